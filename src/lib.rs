@@ -1,0 +1,21 @@
+//! keyplan: declarative, crash-safe rotation of LUKS keyslots whose passphrases live in a KMS.
+//!
+//! Data flows one way: [`spec`] loads and validates the plan file; [`observe`] reads every
+//! device's LUKS header (through [`luks`], the cryptsetup driver) and every key's versions
+//! (through [`kms`]); [`diff`] compares desired and observed state into a list of changes, each
+//! with a reason; [`graph`] turns changes into a dependency graph of idempotent steps; [`apply`]
+//! runs that graph under a lock with a write-ahead [`journal`], resuming an interrupted run
+//! first. [`render`] prints plans for humans; [`cli`] is the command line. Key material is held
+//! only in [`secret::Passphrase`].
+
+pub mod apply;
+pub mod cli;
+pub mod diff;
+pub mod graph;
+pub mod journal;
+pub mod kms;
+pub mod luks;
+pub mod observe;
+pub mod render;
+pub mod secret;
+pub mod spec;

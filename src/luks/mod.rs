@@ -1,0 +1,164 @@
+//! The cryptsetup driver: the only place keyplan touches LUKS headers.
+//!
+//! Every call runs `cryptsetup` (cryptsetup(8), version 2.6) through `duct` with `LC_ALL=C`,
+//! judges outcomes by exit codes (cryptsetup(8) "RETURN CODES": 0 ok, 1 wrong parameters,
+//! 2 no permission / bad passphrase, 3 out of memory, 4 wrong device, 5 device busy), and passes
+//! passphrases only through pipes: stdin (`--key-file=-`) and, for a second secret, an inherited
+//! pipe on fd 3 (`--new-keyfile=/dev/fd/3`). Nothing secret is ever placed in argv, the
+//! environment or a file.
+//!
+//! PBKDF runs caused by each call are counted in [`PbkdfCounter`] (test: 1; add with a known
+//! unlocking keyslot: 2; kill, dump, token: 0).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::secret::Passphrase;
+use crate::spec::PbkdfSettings;
+
+/// LUKS on-disk format version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum LuksVersion {
+    /// LUKS1: 8 keyslots, no tokens, always bound keyslots.
+    Luks1,
+    /// LUKS2: 32 keyslots, JSON metadata, tokens.
+    Luks2,
+}
+
+impl LuksVersion {
+    /// Number of keyslots: 8 for LUKS1, 32 for LUKS2 (cryptsetup(8), "luksAddKey").
+    pub fn max_keyslots(self) -> u32 {
+        match self {
+            LuksVersion::Luks1 => 8,
+            LuksVersion::Luks2 => 32,
+        }
+    }
+}
+
+/// LUKS2 keyslot priority (cryptsetup(8) `config --priority`): `ignore` keyslots are skipped by
+/// unlocks that do not name a keyslot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priority {
+    /// 0: used only when named with `--key-slot`.
+    Ignore,
+    /// 1: default.
+    Normal,
+    /// 2: tried first.
+    Prefer,
+}
+
+/// One occupied keyslot as read from the header (no PBKDF needed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keyslot {
+    /// True when a digest covering data segment 0 lists this keyslot (LUKS2), always true for
+    /// an enabled LUKS1 keyslot. Only bound keyslots open the data.
+    pub bound: bool,
+    /// The keyslot's KDF salt as printed by cryptsetup (LUKS2: base64 from the JSON metadata;
+    /// LUKS1: the hex bytes of the text dump with white space removed). Changes whenever the
+    /// keyslot is rewritten.
+    pub salt: String,
+    /// LUKS2 priority; `Normal` for LUKS1.
+    pub priority: Priority,
+    /// KDF type, e.g. `pbkdf2`, `argon2id`.
+    pub kdf: String,
+}
+
+/// One LUKS2 token (`tokens` object of the JSON metadata).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Token {
+    /// Token id (0-31).
+    pub id: u32,
+    /// The token's `type` field, e.g. `keyplan`, `systemd-tpm2`.
+    pub token_type: String,
+    /// Keyslots the token is assigned to.
+    pub keyslots: Vec<u32>,
+    /// The whole token JSON object as stored in the header.
+    pub json: serde_json::Value,
+}
+
+/// What `luksDump` says about a device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Header {
+    /// LUKS1 or LUKS2.
+    pub version: LuksVersion,
+    /// The LUKS UUID (lower case as printed).
+    pub uuid: String,
+    /// Occupied keyslots by number.
+    pub keyslots: BTreeMap<u32, Keyslot>,
+    /// LUKS2 tokens by id (always empty for LUKS1).
+    pub tokens: BTreeMap<u32, Token>,
+}
+
+/// Counts PBKDF runs (key derivations) keyplan caused; shared by clones of [`Cryptsetup`].
+#[derive(Debug, Default)]
+pub struct PbkdfCounter(AtomicU64);
+
+impl PbkdfCounter {
+    /// Runs counted so far.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+    /// Adds `n` runs.
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Errors from the cryptsetup driver. Messages name the device, the operation and keyslot,
+/// and include cryptsetup's stderr (which never holds key material: keys go through pipes).
+#[derive(Debug, thiserror::Error)]
+pub enum LuksError {
+    /// The device path does not exist or cannot be read.
+    #[error("device {path}: {message}")]
+    Device {
+        /// Device path.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The device exists but is not a LUKS container (`cryptsetup isLuks` exit 1).
+    #[error("device {path} is not a LUKS device (cryptsetup isLuks said no); nothing was changed")]
+    NotLuks {
+        /// Device path.
+        path: PathBuf,
+    },
+    /// cryptsetup could not be started (not installed?).
+    #[error("could not run {program}: {source}; install cryptsetup (apt-get install -y cryptsetup-bin)")]
+    Spawn {
+        /// Program path.
+        program: PathBuf,
+        /// OS error.
+        source: std::io::Error,
+    },
+    /// cryptsetup ran and failed.
+    #[error("cryptsetup {operation} on {path} failed (exit code {code}): {stderr}")]
+    Failed {
+        /// e.g. `luksAddKey into keyslot 3`.
+        operation: String,
+        /// Device path.
+        path: PathBuf,
+        /// Exit code (cryptsetup(8) RETURN CODES).
+        code: i32,
+        /// cryptsetup's stderr, trimmed.
+        stderr: String,
+    },
+    /// cryptsetup's output could not be understood.
+    #[error("could not parse cryptsetup {operation} output for {path}: {message}")]
+    Parse {
+        /// e.g. `luksDump`.
+        operation: String,
+        /// Device path.
+        path: PathBuf,
+        /// What was unexpected.
+        message: String,
+    },
+}
+
+/// Handle to the `cryptsetup` program. Cheap to clone; clones share the PBKDF counter.
+#[derive(Debug, Clone)]
+pub struct Cryptsetup {
+    program: PathBuf,
+    counter: Arc<PbkdfCounter>,
+}

@@ -1,0 +1,216 @@
+//! Plan file format version 1 (DESIGN.md §3): the raw serde model, exactly as written by the
+//! user, in YAML or TOML. Unknown fields are errors everywhere. [`super::Plan`] is the validated,
+//! resolved form the engine works with.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The whole plan file as written (`version: 1`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PlanFile {
+    /// Format version; only `1` exists.
+    pub version: u32,
+    /// Directory for the journal, lock and LUKS1 records. Default: `.keyplan` beside the plan
+    /// file. Relative paths are relative to the plan file's directory.
+    #[serde(default)]
+    pub state_dir: Option<String>,
+    /// KMS instances by name.
+    #[serde(default)]
+    pub kms: BTreeMap<String, KmsConfig>,
+    /// Keys by id.
+    #[serde(default)]
+    pub keys: BTreeMap<String, KeyFile>,
+    /// Devices by id.
+    #[serde(default)]
+    pub devices: BTreeMap<String, DeviceFile>,
+    /// Run-wide settings.
+    #[serde(default)]
+    pub settings: SettingsFile,
+}
+
+/// One KMS instance, selected by `provider`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(tag = "provider", rename_all = "lowercase", deny_unknown_fields)]
+pub enum KmsConfig {
+    /// Local directory key store (the embedded default). See `kms::file`.
+    File {
+        /// Directory holding the keys; created with mode 0700. Relative to the plan file.
+        path: String,
+    },
+    /// HashiCorp Vault / OpenBao KV v2 (not implemented yet).
+    Vault {
+        /// Server URL, e.g. `http://127.0.0.1:8200`.
+        address: String,
+        /// KV v2 mount; default `secret`.
+        #[serde(default)]
+        mount: Option<String>,
+        /// Name of the environment variable holding the token; default `VAULT_TOKEN`.
+        #[serde(default)]
+        token_env: Option<String>,
+        /// Vault Enterprise namespace.
+        #[serde(default)]
+        namespace: Option<String>,
+        /// CA certificate file (PEM) for TLS.
+        #[serde(default)]
+        ca_cert: Option<String>,
+    },
+    /// Kubernetes core/v1 Secrets (not implemented yet).
+    Kubernetes {
+        /// Namespace of the Secrets.
+        namespace: String,
+        /// kubeconfig context; default: in-cluster config or `KUBECONFIG`.
+        #[serde(default)]
+        context: Option<String>,
+        /// Secret data key holding the passphrase; default `dmcrypt-key` (Rook's).
+        #[serde(default)]
+        data_key: Option<String>,
+    },
+    /// KMIP server over mutual TLS (not implemented yet).
+    Kmip {
+        /// `host:port`.
+        endpoint: String,
+        /// CA certificate (PEM).
+        ca_cert: String,
+        /// Client certificate (PEM).
+        client_cert: String,
+        /// Client private key (PEM).
+        client_key: String,
+    },
+    /// External program speaking a JSON protocol on stdin/stdout (not implemented yet).
+    Exec {
+        /// argv of the helper program.
+        command: Vec<String>,
+    },
+}
+
+impl KmsConfig {
+    /// The provider name as written in the plan file (`file`, `vault`, ...).
+    pub fn provider(&self) -> &'static str {
+        match self {
+            KmsConfig::File { .. } => "file",
+            KmsConfig::Vault { .. } => "vault",
+            KmsConfig::Kubernetes { .. } => "kubernetes",
+            KmsConfig::Kmip { .. } => "kmip",
+            KmsConfig::Exec { .. } => "exec",
+        }
+    }
+}
+
+/// A key as written under `keys:`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KeyFile {
+    /// Name of the KMS instance (a key of `kms:`).
+    pub kms: String,
+    /// Name/path of the key in the KMS; default: the key's id.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Rotate when the current version is older than this, e.g. `90d` (units s, m, h, d, w).
+    #[serde(default)]
+    pub rotate_after: Option<String>,
+    /// Random bytes in a new version (default 32, at least 16, at most 512); the passphrase is
+    /// their standard base64 text.
+    #[serde(default)]
+    pub bytes: Option<usize>,
+}
+
+/// A device as written under `devices:`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceFile {
+    /// Block device or LUKS image file. Relative to the plan file.
+    pub path: String,
+    /// Expected LUKS UUID; keyplan refuses to act on a device whose UUID differs.
+    #[serde(default)]
+    pub uuid: Option<String>,
+    /// Keys that must open this device.
+    #[serde(default)]
+    pub keys: Vec<DeviceKeyFile>,
+    /// What to do with keyslots keyplan cannot attribute to a managed key.
+    #[serde(default)]
+    pub unmanaged_keyslots: UnmanagedKeyslots,
+    /// File holding a passphrase that opens the device today (read whole, no newline
+    /// stripping), used only to enroll keys no keyslot holds yet. Relative to the plan file.
+    #[serde(default)]
+    pub enroll_with: Option<String>,
+}
+
+/// An entry of a device's `keys:` list: a key id, or `{ key: ID, keyslot: N }` to pin.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum DeviceKeyFile {
+    /// Just the key id; keyplan picks a free keyslot.
+    Name(String),
+    /// Key pinned to a keyslot.
+    Pinned(PinnedKeyFile),
+}
+
+/// `{ key: ID, keyslot: N }`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PinnedKeyFile {
+    /// Key id.
+    pub key: String,
+    /// Keyslot number (LUKS1 0-7, LUKS2 0-31).
+    #[serde(default)]
+    pub keyslot: Option<u32>,
+}
+
+/// `unmanaged_keyslots: keep | remove`.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum UnmanagedKeyslots {
+    /// Leave keyslots keyplan did not create alone (default).
+    #[default]
+    Keep,
+    /// Kill them, once a managed key has been verified to open the device.
+    Remove,
+}
+
+/// `settings:`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SettingsFile {
+    /// PBKDF for new keyslots; default: cryptsetup's own default (argon2id, benchmarked).
+    #[serde(default)]
+    pub pbkdf: Option<PbkdfSettings>,
+    /// Devices worked on at once (default 4, at least 1).
+    #[serde(default)]
+    pub parallelism: Option<usize>,
+}
+
+/// PBKDF type, as cryptsetup's `--pbkdf` names it (cryptsetup(8), "--pbkdf").
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum PbkdfType {
+    /// Argon2id (LUKS2 only).
+    Argon2id,
+    /// Argon2i (LUKS2 only).
+    Argon2i,
+    /// PBKDF2 (LUKS1 and LUKS2).
+    Pbkdf2,
+}
+
+/// `settings.pbkdf` (cryptsetup(8): `--pbkdf`, `--pbkdf-memory`, `--pbkdf-parallel`,
+/// `--iter-time`, `--pbkdf-force-iterations`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PbkdfSettings {
+    /// PBKDF algorithm.
+    #[serde(rename = "type")]
+    pub kind: PbkdfType,
+    /// Argon2 memory cost in KiB.
+    #[serde(default)]
+    pub memory_kib: Option<u32>,
+    /// Argon2 parallel threads.
+    #[serde(default)]
+    pub parallel: Option<u32>,
+    /// Target unlock time in milliseconds (makes cryptsetup benchmark).
+    #[serde(default)]
+    pub iter_time_ms: Option<u32>,
+    /// Forced iteration count (PBKDF2 iterations, or Argon2 time cost); no benchmark.
+    #[serde(default)]
+    pub iterations: Option<u32>,
+}
