@@ -88,3 +88,9 @@ pub struct DeviceKey {
     /// Pinned keyslot.
     pub keyslot: Option<u32>,
 }
+
+/// The plan file's text and format, kept for diagnostics (placeholder; spec loader fills it).
+#[derive(Debug, Clone)]
+struct Source {
+    text: String,
+}
