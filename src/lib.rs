@@ -11,6 +11,7 @@
 pub mod apply;
 pub mod cli;
 pub mod diff;
+pub mod fsutil;
 pub mod graph;
 pub mod journal;
 pub mod kms;

@@ -1,1 +1,596 @@
-//! (in progress)
+//! The executor: runs a step graph under the state lock with the write-ahead journal.
+//!
+//! Steps whose predecessors are done run on worker threads, at most `parallelism` at once and
+//! never two on the same device or on the same key's KMS entry. Before each step's effect a
+//! `step_start` record is `fsync`ed; after it, a `step_done` record. An interrupted run (a
+//! `run_start` with no `run_end`) is finished first by the next `apply`: its remaining steps
+//! run again (each is idempotent; an add that was under way when the process died adopts the
+//! keyslot it finds only after testing that the staged passphrase opens it).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{mpsc, Mutex};
+
+use crate::graph::{SlotHolder, Step, StepGraph, Unlock, VersionRef};
+use crate::journal::{Event, Journal, RunSummary};
+use crate::observe::{RecordStatus, SlotRecord, World};
+use crate::secret::Passphrase;
+use crate::spec::Plan;
+
+/// What a finished step reports (journaled).
+#[derive(Debug, Clone, Default)]
+pub struct StepOutcome {
+    /// Human summary, e.g. `added keyslot 3`.
+    pub outcome: String,
+    /// For `stage`: the version staged or reused.
+    pub staged_version: Option<u64>,
+    /// For `verify`: the salt of the verified keyslot.
+    pub verified_salt: Option<String>,
+}
+
+/// The result of a run.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    /// Run id.
+    pub run: String,
+    /// Steps executed by this process (not counting those done by an interrupted process).
+    pub steps_run: usize,
+    /// PBKDF runs caused by this run (cryptsetup calls counted by the driver).
+    pub pbkdf_runs: u64,
+    /// Per step: `(description, outcome)` in completion order.
+    pub log: Vec<(String, String)>,
+}
+
+/// A failed run: what failed, and what was done before.
+#[derive(Debug, Clone)]
+pub struct RunFailure {
+    /// Run id.
+    pub run: String,
+    /// The failing step's description and error.
+    pub error: String,
+    /// Steps completed before the failure.
+    pub completed: Vec<String>,
+}
+
+/// Progress callback: `(step description, outcome or error)`, called on the main thread.
+pub type Progress<'a> = &'a mut dyn FnMut(&str, &Result<String, String>);
+
+/// Shared state of a run.
+struct Exec<'a> {
+    plan: &'a Plan,
+    world: &'a World,
+    /// Key id -> staged version.
+    staged: Mutex<BTreeMap<String, u64>>,
+    /// Verify step index -> (device id, keyslot, salt) verified in this run.
+    verified: Mutex<BTreeMap<usize, (String, u32, String)>>,
+    /// Steps that a previous process started and did not finish.
+    resumed: Vec<bool>,
+}
+
+/// A new run id: `<unix seconds>-<pid>`.
+pub fn new_run_id() -> String {
+    format!("{}-{}", crate::kms::now_unix(), std::process::id())
+}
+
+/// Runs `graph` as run `run_id`, journaling into `journal`. `resume` carries what an
+/// interrupted process already did (done steps are skipped; staged versions and verified
+/// keyslots are taken over). Writes the `run_start` record unless resuming, and always a
+/// `run_end` record.
+///
+/// Errors: the first failing step (later independent steps are not started; running ones
+/// finish), or a journal write failure (the run stops before the next effect).
+pub fn run_graph(
+    plan: &Plan,
+    world: &World,
+    graph: &StepGraph,
+    journal: &mut Journal,
+    run_id: &str,
+    resume: Option<&RunSummary>,
+    parallelism: usize,
+    progress: Progress<'_>,
+) -> Result<RunReport, RunFailure> {
+    let n = graph.len();
+    let fail = |error: String, completed: Vec<String>| RunFailure {
+        run: run_id.to_string(),
+        error,
+        completed,
+    };
+    let mut done = vec![false; n];
+    let mut exec = Exec {
+        plan,
+        world,
+        staged: Mutex::new(BTreeMap::new()),
+        verified: Mutex::new(BTreeMap::new()),
+        resumed: vec![false; n],
+    };
+    match resume {
+        Some(s) => {
+            done.clone_from(&s.done);
+            done.resize(n, false);
+            exec.resumed.clone_from(&s.started_not_done);
+            exec.resumed.resize(n, false);
+            if let Ok(mut m) = exec.staged.lock() {
+                m.extend(s.staged.iter().cloned());
+            }
+            if let Ok(mut m) = exec.verified.lock() {
+                for (i, salt) in &s.verified {
+                    if let Some(Step::Verify { device, slot, .. }) = s.steps.get(*i) {
+                        m.insert(*i, (device.clone(), *slot, salt.clone()));
+                    }
+                }
+            }
+            journal
+                .append(
+                    run_id,
+                    Event::RunResumed {
+                        pid: std::process::id(),
+                    },
+                )
+                .map_err(|e| fail(e.to_string(), Vec::new()))?;
+        }
+        None => {
+            let devices = plan
+                .devices
+                .values()
+                .map(|d| (d.id.clone(), d.path.display().to_string()))
+                .collect();
+            journal
+                .append(
+                    run_id,
+                    Event::RunStart {
+                        steps: graph.steps(),
+                        deps: graph.deps(),
+                        plan_file: plan.source_path.display().to_string(),
+                        devices,
+                        pid: std::process::id(),
+                        host: gethostname::gethostname().to_string_lossy().into_owned(),
+                    },
+                )
+                .map_err(|e| fail(e.to_string(), Vec::new()))?;
+        }
+    }
+    let pbkdf_before = world.cs.pbkdf_runs();
+    let preds: Vec<Vec<usize>> = (0..n).map(|i| graph.predecessors(i)).collect();
+    let parallelism = parallelism.max(1);
+    let mut running: BTreeSet<usize> = BTreeSet::new();
+    let mut busy: BTreeSet<String> = BTreeSet::new();
+    let mut failure: Option<String> = None;
+    let mut log: Vec<(String, String)> = Vec::new();
+    let mut steps_run = 0usize;
+    let resource = |s: &Step| -> Option<String> {
+        s.device()
+            .map(|d| format!("device:{d}"))
+            .or_else(|| s.kms_key().map(|k| format!("key:{k}")))
+    };
+    let exec = &exec;
+    let outcome: Result<(), String> = std::thread::scope(|scope| {
+        let (tx, rx) = mpsc::channel::<(usize, Result<StepOutcome, String>)>();
+        loop {
+            if failure.is_none() {
+                for i in 0..n {
+                    if running.len() >= parallelism {
+                        break;
+                    }
+                    if done[i] || running.contains(&i) || !preds[i].iter().all(|p| done[*p]) {
+                        continue;
+                    }
+                    let step = graph.step(i);
+                    let res = resource(step);
+                    if let Some(r) = &res {
+                        if busy.contains(r) {
+                            continue;
+                        }
+                    }
+                    journal
+                        .append(run_id, Event::StepStart { step: i })
+                        .map_err(|e| e.to_string())?;
+                    if let Some(r) = res {
+                        busy.insert(r);
+                    }
+                    running.insert(i);
+                    let tx = tx.clone();
+                    let step = step.clone();
+                    scope.spawn(move || {
+                        let r = exec.run(i, &step);
+                        let _ = tx.send((i, r));
+                    });
+                }
+            }
+            if running.is_empty() {
+                break;
+            }
+            let Ok((i, result)) = rx.recv() else {
+                return Err("a worker thread vanished".to_string());
+            };
+            running.remove(&i);
+            if let Some(r) = resource(graph.step(i)) {
+                busy.remove(&r);
+            }
+            steps_run += 1;
+            let desc = graph.step(i).to_string();
+            match result {
+                Ok(o) => {
+                    done[i] = true;
+                    progress(&desc, &Ok(o.outcome.clone()));
+                    log.push((desc, o.outcome.clone()));
+                    journal
+                        .append(
+                            run_id,
+                            Event::StepDone {
+                                step: i,
+                                outcome: o.outcome,
+                                staged_version: o.staged_version,
+                                verified_salt: o.verified_salt,
+                            },
+                        )
+                        .map_err(|e| e.to_string())?;
+                }
+                Err(e) => {
+                    progress(&desc, &Err(e.clone()));
+                    let _ = journal.append(
+                        run_id,
+                        Event::StepFailed {
+                            step: i,
+                            error: e.clone(),
+                        },
+                    );
+                    failure.get_or_insert(format!("{desc}: {e}"));
+                }
+            }
+        }
+        Ok(())
+    });
+    let completed: Vec<String> = log.iter().map(|(d, _)| d.clone()).collect();
+    let error = match (outcome, failure) {
+        (Err(e), _) => Some(e),
+        (Ok(()), Some(f)) => Some(f),
+        (Ok(()), None) if done.iter().any(|d| !d) => {
+            Some("some steps could not be scheduled (dependency cycle)".to_string())
+        }
+        _ => None,
+    };
+    match error {
+        Some(e) => {
+            let _ = journal.append(
+                run_id,
+                Event::RunEnd {
+                    outcome: "failed".into(),
+                    message: Some(e.clone()),
+                },
+            );
+            Err(fail(e, completed))
+        }
+        None => {
+            journal
+                .append(
+                    run_id,
+                    Event::RunEnd {
+                        outcome: "success".into(),
+                        message: None,
+                    },
+                )
+                .map_err(|e| fail(e.to_string(), completed.clone()))?;
+            Ok(RunReport {
+                run: run_id.to_string(),
+                steps_run,
+                pbkdf_runs: world.cs.pbkdf_runs() - pbkdf_before,
+                log,
+            })
+        }
+    }
+}
+
+impl Exec<'_> {
+    fn key_ctx(&self, key: &str) -> Result<(&dyn crate::kms::Kms, String, usize), String> {
+        let spec = self
+            .plan
+            .keys
+            .get(key)
+            .ok_or_else(|| format!("key {key} is no longer in the plan"))?;
+        let kms = self.world.kms_for(self.plan, key)?;
+        Ok((kms, spec.name.clone(), spec.bytes))
+    }
+
+    fn device_path(&self, device: &str) -> Result<std::path::PathBuf, String> {
+        self.plan
+            .devices
+            .get(device)
+            .map(|d| d.path.clone())
+            .ok_or_else(|| format!("device {device} is no longer in the plan"))
+    }
+
+    fn resolve(&self, key: &str, v: VersionRef) -> Result<u64, String> {
+        match v {
+            VersionRef::Version(n) => Ok(n),
+            VersionRef::Staged => self
+                .staged
+                .lock()
+                .map_err(|_| "internal lock poisoned".to_string())?
+                .get(key)
+                .copied()
+                .ok_or_else(|| format!("no version of {key} was staged in this run")),
+        }
+    }
+
+    fn material(&self, key: &str, v: VersionRef) -> Result<(u64, Passphrase), String> {
+        let version = self.resolve(key, v)?;
+        let (kms, name, _) = self.key_ctx(key)?;
+        let p = kms.get(&name, version).map_err(|e| e.to_string())?;
+        if p.is_empty() {
+            return Err(format!("{key} v{version} is empty in the KMS"));
+        }
+        Ok((version, p))
+    }
+
+    fn run(&self, idx: usize, step: &Step) -> Result<StepOutcome, String> {
+        let cs = &self.world.cs;
+        let ok = |s: String| Ok(StepOutcome {
+            outcome: s,
+            ..StepOutcome::default()
+        });
+        match step {
+            Step::Stage { key, at_least } => {
+                let (kms, name, bytes) = self.key_ctx(key)?;
+                let st = kms.read(&name).map_err(|e| e.to_string())?;
+                let (v, what) = match st.pending {
+                    Some(p) => (p, format!("reused pending v{p}")),
+                    None => {
+                        let material = Passphrase::generate(bytes)?;
+                        let v = kms
+                            .stage(&name, &material, *at_least)
+                            .map_err(|e| e.to_string())?;
+                        (v, format!("staged v{v}"))
+                    }
+                };
+                self.staged
+                    .lock()
+                    .map_err(|_| "internal lock poisoned".to_string())?
+                    .insert(key.clone(), v);
+                Ok(StepOutcome {
+                    outcome: what,
+                    staged_version: Some(v),
+                    verified_salt: None,
+                })
+            }
+            Step::AddKeyslot {
+                device,
+                key,
+                version,
+                slot,
+                unlock,
+            } => {
+                let path = self.device_path(device)?;
+                let (v, material) = self.material(key, *version)?;
+                let header = cs.dump(&path).map_err(|e| e.to_string())?;
+                if header.keyslots.contains_key(slot) {
+                    let recs = self.world.read_records(&header)?;
+                    if recs.iter().any(|r| {
+                        r.slot == *slot
+                            && r.status == RecordStatus::Valid
+                            && r.record.key == *key
+                            && r.record.version == v
+                    }) {
+                        return ok(format!("keyslot {slot} already holds {key} v{v}"));
+                    }
+                    if self.resumed.get(idx).copied().unwrap_or(false)
+                        && !recs.iter().any(|r| r.slot == *slot && r.status == RecordStatus::Valid)
+                        && cs
+                            .test_passphrase(&path, *slot, &material)
+                            .map_err(|e| e.to_string())?
+                    {
+                        let salt = header.keyslots.get(slot).map(|k| k.salt.clone()).unwrap_or_default();
+                        self.world.write_record(
+                            &path,
+                            &header,
+                            *slot,
+                            &SlotRecord {
+                                key: key.clone(),
+                                version: v,
+                                salt,
+                            },
+                        )?;
+                        return ok(format!(
+                            "adopted keyslot {slot} (added by the interrupted run, opens with {key} v{v})"
+                        ));
+                    }
+                    return Err(format!(
+                        "keyslot {slot} of device {device} became occupied after planning (drift); nothing was changed. Run `keyplan plan` again"
+                    ));
+                }
+                let (unlock_slot, unlock_pass) = match unlock {
+                    Unlock::Key {
+                        key: k2,
+                        version: v2,
+                        slot: s2,
+                    } => {
+                        if !header.keyslots.contains_key(s2) {
+                            return Err(format!(
+                                "keyslot {s2} of device {device}, which should open it with {k2}, is gone (drift); nothing was changed. Run `keyplan plan` again"
+                            ));
+                        }
+                        let (_, p) = self.material(k2, *v2)?;
+                        (Some(*s2), p)
+                    }
+                    Unlock::EnrollWith => {
+                        let file = self
+                            .plan
+                            .devices
+                            .get(device)
+                            .and_then(|d| d.enroll_with.clone())
+                            .ok_or_else(|| format!("device {device} has no enroll_with file"))?;
+                        let bytes = std::fs::read(&file).map_err(|e| {
+                            format!("cannot read enroll_with file {}: {e}", file.display())
+                        })?;
+                        if bytes.is_empty() {
+                            return Err(format!(
+                                "enroll_with file {} is empty; it must hold a passphrase that opens device {device}",
+                                file.display()
+                            ));
+                        }
+                        (None, Passphrase::new(bytes))
+                    }
+                };
+                cs.add_keyslot(
+                    &path,
+                    header.version,
+                    unlock_slot,
+                    &unlock_pass,
+                    *slot,
+                    &material,
+                    self.plan.pbkdf.as_ref(),
+                )
+                .map_err(|e| format!("{e}; nothing was changed on the device"))?;
+                let header = cs.dump(&path).map_err(|e| e.to_string())?;
+                let salt = header
+                    .keyslots
+                    .get(slot)
+                    .map(|k| k.salt.clone())
+                    .ok_or_else(|| format!("keyslot {slot} of {device} is empty after luksAddKey"))?;
+                self.world.write_record(
+                    &path,
+                    &header,
+                    *slot,
+                    &SlotRecord {
+                        key: key.clone(),
+                        version: v,
+                        salt,
+                    },
+                )?;
+                ok(format!("added keyslot {slot} ({key} v{v})"))
+            }
+            Step::Verify {
+                device,
+                key,
+                version,
+                slot,
+            } => {
+                let path = self.device_path(device)?;
+                let (v, material) = self.material(key, *version)?;
+                let header = cs.dump(&path).map_err(|e| e.to_string())?;
+                let ks = header.keyslots.get(slot).ok_or_else(|| {
+                    format!("keyslot {slot} of device {device} is empty; expected {key} v{v}")
+                })?;
+                if !ks.bound {
+                    return Err(format!(
+                        "keyslot {slot} of device {device} is not bound to the data segment: it would open nothing"
+                    ));
+                }
+                if !cs
+                    .test_passphrase(&path, *slot, &material)
+                    .map_err(|e| e.to_string())?
+                {
+                    return Err(format!(
+                        "{key} v{v} does not open keyslot {slot} of device {device}; nothing was committed or killed"
+                    ));
+                }
+                let salt = ks.salt.clone();
+                self.verified
+                    .lock()
+                    .map_err(|_| "internal lock poisoned".to_string())?
+                    .insert(idx, (device.clone(), *slot, salt.clone()));
+                Ok(StepOutcome {
+                    outcome: format!("{key} v{v} opens keyslot {slot}"),
+                    staged_version: None,
+                    verified_salt: Some(salt),
+                })
+            }
+            Step::Commit {
+                key,
+                expected_current,
+            } => {
+                let v = self.resolve(key, VersionRef::Staged)?;
+                let (kms, name, _) = self.key_ctx(key)?;
+                kms.commit(&name, *expected_current, v)
+                    .map_err(|e| e.to_string())?;
+                let st = kms.read(&name).map_err(|e| e.to_string())?;
+                if st.current != Some(v) {
+                    return Err(format!(
+                        "{}: after commit, the current version of {key} reads back as {:?}, not v{v}",
+                        kms.describe(),
+                        st.current
+                    ));
+                }
+                ok(format!("{key} v{v} is now current"))
+            }
+            Step::KillKeyslot {
+                device,
+                slot,
+                holder,
+                anchor,
+            } => {
+                let path = self.device_path(device)?;
+                let header = cs.dump(&path).map_err(|e| e.to_string())?;
+                let Some(ks) = header.keyslots.get(slot) else {
+                    self.world.remove_record(&path, &header, *slot)?;
+                    return ok(format!("keyslot {slot} already empty"));
+                };
+                match holder {
+                    SlotHolder::Record { key, version } => {
+                        let v = self.resolve(key, *version)?;
+                        let recs = self.world.read_records(&header)?;
+                        if !recs.iter().any(|r| {
+                            r.slot == *slot
+                                && r.status == RecordStatus::Valid
+                                && r.record.key == *key
+                                && r.record.version == v
+                        }) {
+                            return Err(format!(
+                                "keyslot {slot} of device {device} no longer holds {key} v{v} (changed after planning); not killed"
+                            ));
+                        }
+                    }
+                    SlotHolder::Unmanaged { salt } => {
+                        if ks.salt != *salt {
+                            return Err(format!(
+                                "keyslot {slot} of device {device} was rewritten after planning; not killed"
+                            ));
+                        }
+                    }
+                }
+                let verified = self
+                    .verified
+                    .lock()
+                    .map_err(|_| "internal lock poisoned".to_string())?
+                    .get(anchor)
+                    .cloned();
+                let Some((adev, aslot, asalt)) = verified else {
+                    return Err(format!(
+                        "refusing to kill keyslot {slot} of device {device}: no other keyslot was verified in this run"
+                    ));
+                };
+                let anchor_ok = adev == *device
+                    && aslot != *slot
+                    && header
+                        .keyslots
+                        .get(&aslot)
+                        .is_some_and(|a| a.bound && a.salt == asalt);
+                if !anchor_ok {
+                    return Err(format!(
+                        "refusing to kill keyslot {slot} of device {device}: keyslot {aslot}, verified to open it, is no longer as verified"
+                    ));
+                }
+                cs.kill_keyslot(&path, *slot).map_err(|e| e.to_string())?;
+                let header = cs.dump(&path).map_err(|e| e.to_string())?;
+                self.world.remove_record(&path, &header, *slot)?;
+                ok(format!("killed keyslot {slot} (keyslot {aslot} verified)"))
+            }
+            Step::ForgetRecord { device, slot } => {
+                let path = self.device_path(device)?;
+                let header = cs.dump(&path).map_err(|e| e.to_string())?;
+                let recs = self.world.read_records(&header)?;
+                if recs
+                    .iter()
+                    .any(|r| r.slot == *slot && r.status == RecordStatus::Valid)
+                {
+                    return ok(format!("record of keyslot {slot} is valid again; kept"));
+                }
+                self.world.remove_record(&path, &header, *slot)?;
+                ok(format!("dropped the record of keyslot {slot}"))
+            }
+            Step::Retire { key, version } => {
+                let (kms, name, _) = self.key_ctx(key)?;
+                kms.retire(&name, *version).map_err(|e| e.to_string())?;
+                ok(format!("retired {key} v{version}"))
+            }
+        }
+    }
+}

@@ -1,6 +1,629 @@
-//! Command line (in progress).
+//! The command line (DESIGN.md §4): clap definitions, one function per command, and the
+//! mapping of outcomes to exit codes (`0` success / no changes, `1` error, `2` changes present
+//! with `--detailed-exitcode`).
 
-/// Entry point.
-pub fn main() -> std::process::ExitCode {
-    std::process::ExitCode::SUCCESS
+use std::io::{self, BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use miette::{miette, IntoDiagnostic, Result};
+
+use crate::apply::{self, RunFailure};
+use crate::diff::{self, DiffOptions};
+use crate::journal::{self, Journal, StateLock};
+use crate::observe::{self, World};
+use crate::render;
+use crate::spec::{self, Plan};
+
+/// keyplan: declarative, crash-safe rotation of LUKS keyslots whose passphrases live in a KMS.
+#[derive(Debug, Parser)]
+#[command(name = "keyplan", version, about, long_about = None)]
+pub struct Cli {
+    /// State directory (journal, lock, LUKS1 records); overrides the plan's `state_dir`.
+    #[arg(long, global = true, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// More log output on stderr (-v info, -vv debug, -vvv trace).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Only errors on stderr.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+    /// Colour output (honours NO_COLOR when `auto`).
+    #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
+    pub color: ColorChoice,
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// `--color`.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum ColorChoice {
+    /// Colour when stderr is a terminal and NO_COLOR is unset.
+    Auto,
+    /// Always colour.
+    Always,
+    /// Never colour.
+    Never,
+}
+
+/// `-f PLAN`.
+#[derive(Debug, Clone, Args)]
+pub struct PlanArg {
+    /// Plan file (default: keyplan.yaml, keyplan.yml or keyplan.toml in the current directory).
+    #[arg(short = 'f', long = "file", value_name = "PLAN")]
+    pub file: Option<PathBuf>,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Check a plan file: syntax, references, values. Touches no device and no KMS.
+    Validate {
+        #[command(flatten)]
+        plan: PlanArg,
+        /// Print a JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show what `apply` would change. Writes nothing anywhere.
+    Plan {
+        #[command(flatten)]
+        plan: PlanArg,
+        /// Exit 0 when there are no changes, 2 when there are, 1 on error.
+        #[arg(long)]
+        detailed_exitcode: bool,
+        /// Rotate KEY now, whatever its age (repeatable).
+        #[arg(long, value_name = "KEY")]
+        rotate: Vec<String>,
+        /// Also test every managed keyslot with its KMS version (one PBKDF run each).
+        #[arg(long)]
+        verify: bool,
+        /// Print a JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make devices and KMS match the plan (finishing an interrupted run first).
+    Apply {
+        #[command(flatten)]
+        plan: PlanArg,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        auto_approve: bool,
+        /// Rotate KEY now, whatever its age (repeatable).
+        #[arg(long, value_name = "KEY")]
+        rotate: Vec<String>,
+        /// Devices worked on at once (overrides settings.parallelism).
+        #[arg(long, value_name = "N")]
+        parallelism: Option<usize>,
+    },
+    /// Check that every enrolled key's current version opens a bound keyslot of each device
+    /// (one PBKDF run per key and device). Read-only.
+    Verify {
+        #[command(flatten)]
+        plan: PlanArg,
+    },
+    /// Key operations.
+    Key {
+        /// The key subcommand.
+        #[command(subcommand)]
+        command: KeyCommand,
+    },
+    /// Show the journal of runs.
+    Journal {
+        #[command(flatten)]
+        plan: PlanArg,
+        /// Print JSON (an array of records) instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `keyplan key ...`.
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Break-glass: write a key version's passphrase bytes to stdout (exactly, no newline).
+    /// Refuses when stdout is a terminal unless --reveal is given.
+    Get {
+        /// Key id from the plan.
+        key: String,
+        #[command(flatten)]
+        plan: PlanArg,
+        /// Version (default: current).
+        #[arg(long)]
+        version: Option<u64>,
+        /// Allow printing to a terminal.
+        #[arg(long)]
+        reveal: bool,
+    },
+}
+
+/// Process entry point: parses arguments, runs the command, maps the outcome to an exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli);
+    let color = match cli.color {
+        ColorChoice::Always => true,
+        ColorChoice::Never => false,
+        ColorChoice::Auto => std::env::var_os("NO_COLOR").is_none() && io::stderr().is_terminal(),
+    };
+    // Wrap long messages only for a person at a terminal; logs and pipelines get whole lines.
+    let wrap = io::stderr().is_terminal();
+    let _ = miette::set_hook(Box::new(move |_| {
+        Box::new(
+            miette::MietteHandlerOpts::new()
+                .color(color)
+                .unicode(color)
+                .wrap_lines(wrap)
+                .build(),
+        )
+    }));
+    match run(&cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("{e:?}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn init_logging(cli: &Cli) {
+    let level = if cli.quiet {
+        "error"
+    } else {
+        match cli.verbose {
+            0 => "warn",
+            1 => "info",
+            2 => "debug",
+            _ => "trace",
+        }
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KEYPLAN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+fn load_plan(cli: &Cli, arg: &PlanArg) -> Result<Plan> {
+    let path = match &arg.file {
+        Some(p) => p.clone(),
+        None => {
+            let cwd = std::env::current_dir().into_diagnostic()?;
+            spec::find_default(&cwd)?
+        }
+    };
+    let mut plan = spec::load(&path)?;
+    if let Some(dir) = &cli.state_dir {
+        plan.state_dir = std::path::absolute(dir).into_diagnostic()?;
+    }
+    Ok(plan)
+}
+
+fn run(cli: &Cli) -> Result<ExitCode> {
+    match &cli.command {
+        Command::Validate { plan, json } => cmd_validate(cli, plan, *json),
+        Command::Plan {
+            plan,
+            detailed_exitcode,
+            rotate,
+            verify,
+            json,
+        } => cmd_plan(cli, plan, *detailed_exitcode, rotate, *verify, *json),
+        Command::Apply {
+            plan,
+            auto_approve,
+            rotate,
+            parallelism,
+        } => cmd_apply(cli, plan, *auto_approve, rotate, *parallelism),
+        Command::Verify { plan } => cmd_verify(cli, plan),
+        Command::Key {
+            command:
+                KeyCommand::Get {
+                    key,
+                    plan,
+                    version,
+                    reveal,
+                },
+        } => cmd_key_get(cli, plan, key, *version, *reveal),
+        Command::Journal { plan, json } => cmd_journal(cli, plan, *json),
+    }
+}
+
+fn cmd_validate(cli: &Cli, arg: &PlanArg, json: bool) -> Result<ExitCode> {
+    match load_plan(cli, arg) {
+        Ok(plan) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"format_version": "1.0", "valid": true, "error_count": 0, "warning_count": 0, "diagnostics": []})
+                );
+            } else {
+                println!(
+                    "The plan file {} is valid: {} KMS, {} keys, {} devices.",
+                    plan.source_path.display(),
+                    plan.kms.len(),
+                    plan.keys.len(),
+                    plan.devices.len()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) if json => {
+            println!(
+                "{}",
+                serde_json::json!({"format_version": "1.0", "valid": false, "error_count": 1, "warning_count": 0,
+                    "diagnostics": [{"severity": "error", "summary": e.to_string(), "detail": format!("{e:?}")}]})
+            );
+            Ok(ExitCode::from(1))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn check_rotate_keys(plan: &Plan, rotate: &[String]) -> Result<()> {
+    for k in rotate {
+        if !plan.keys.contains_key(k) {
+            return Err(miette!(
+                help = format!(
+                    "keys in {}: {}",
+                    plan.source_path.display(),
+                    plan.keys.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
+                "--rotate {k}: no such key in the plan"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Observes and diffs; errors from the diff become one report.
+fn make_diff(plan: &Plan, world: &World, rotate: &[String], verify: bool) -> Result<diff::Diff> {
+    let mut observed = observe::observe(plan, world)?;
+    if verify {
+        verify_records(plan, world, &mut observed)?;
+    }
+    diff::diff(
+        plan,
+        &observed,
+        &DiffOptions {
+            rotate: rotate.to_vec(),
+        },
+    )
+    .map_err(|errs| {
+        miette!(
+            "no safe plan exists:\n  - {}",
+            errs.iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n  - ")
+        )
+    })
+}
+
+/// `plan --verify`: test every valid record of a current version; failures become drift.
+fn verify_records(plan: &Plan, world: &World, observed: &mut observe::Observed) -> Result<()> {
+    for dev in observed.devices.values_mut() {
+        for r in dev.records.iter_mut() {
+            if r.status != observe::RecordStatus::Valid {
+                continue;
+            }
+            let Some(key) = plan.keys.get(&r.record.key) else {
+                continue;
+            };
+            let kms = world.kms_for(plan, &key.id).map_err(|e| miette!("{e}"))?;
+            let Ok(p) = kms.get(&key.name, r.record.version) else {
+                r.status = observe::RecordStatus::FailedVerify;
+                continue;
+            };
+            let bound = dev.header.keyslots.get(&r.slot).is_some_and(|k| k.bound);
+            let opens = world
+                .cs
+                .test_passphrase(&dev.path, r.slot, &p)
+                .map_err(|e| miette!("{e}"))?;
+            if !(opens && bound) {
+                r.status = observe::RecordStatus::FailedVerify;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn interrupted_note(plan: &Plan) -> Option<String> {
+    let records = journal::read(&plan.state_dir).ok()?;
+    let s = journal::last_run(&records)?;
+    if s.ended.is_some() {
+        return None;
+    }
+    Some(format!(
+        "Note: run {} was interrupted ({} of {} steps done); `keyplan apply` will finish it first.",
+        s.run,
+        s.done.iter().filter(|d| **d).count(),
+        s.steps.len()
+    ))
+}
+
+fn cmd_plan(
+    cli: &Cli,
+    arg: &PlanArg,
+    detailed: bool,
+    rotate: &[String],
+    verify: bool,
+    json: bool,
+) -> Result<ExitCode> {
+    let plan = load_plan(cli, arg)?;
+    check_rotate_keys(&plan, rotate)?;
+    let world = World::open(&plan)?;
+    let d = make_diff(&plan, &world, rotate, verify)?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&render::plan_json(&d)).into_diagnostic()?
+        );
+    } else {
+        if let Some(note) = interrupted_note(&plan) {
+            println!("{note}\n");
+        }
+        print!("{}", render::plan_text(&plan, &d));
+    }
+    Ok(if detailed && !d.is_empty() {
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn progress_printer(quiet: bool) -> impl FnMut(&str, &std::result::Result<String, String>) {
+    move |desc, res| {
+        if quiet {
+            return;
+        }
+        match res {
+            Ok(o) => println!("  {desc}: {o}"),
+            Err(e) => println!("  {desc}: FAILED: {e}"),
+        }
+    }
+}
+
+fn failure_report(f: RunFailure, what: &str) -> miette::Report {
+    miette!(
+        help = "every step is idempotent and the journal records progress: fix the cause, then run `keyplan apply` again. The KMS's current version still opens every device.",
+        "{what} {} failed: {}\n({} steps completed before the failure)",
+        f.run,
+        f.error,
+        f.completed.len()
+    )
+}
+
+fn cmd_apply(
+    cli: &Cli,
+    arg: &PlanArg,
+    auto_approve: bool,
+    rotate: &[String],
+    parallelism: Option<usize>,
+) -> Result<ExitCode> {
+    let plan = load_plan(cli, arg)?;
+    check_rotate_keys(&plan, rotate)?;
+    let parallelism = parallelism.unwrap_or(plan.parallelism).max(1);
+    let world = World::open(&plan)?;
+    let _lock = StateLock::acquire(&plan.state_dir).map_err(|e| miette!("{e}"))?;
+    let mut journal = Journal::open(&plan.state_dir).map_err(|e| miette!("{e}"))?;
+    let records = journal::read(&plan.state_dir).map_err(|e| miette!("{e}"))?;
+    let mut pbkdf_total = 0;
+    if let Some(s) = journal::last_run(&records).filter(|s| s.ended.is_none()) {
+        let done = s.done.iter().filter(|d| **d).count();
+        println!(
+            "Resuming interrupted run {} ({done} of {} steps done).",
+            s.run,
+            s.steps.len()
+        );
+        for (id, path) in &s.devices {
+            if let Some(d) = plan.devices.get(id) {
+                if d.path.display().to_string() != *path {
+                    return Err(miette!(
+                        help = "restore the device's path in the plan file to finish the interrupted run, then change it",
+                        "device {id} was {path} in the interrupted run but is now {} in the plan; refusing to resume",
+                        d.path.display()
+                    ));
+                }
+            }
+        }
+        let graph = crate::graph::StepGraph::from_parts(s.steps.clone(), &s.deps);
+        let mut progress = progress_printer(cli.quiet);
+        let report = apply::run_graph(
+            &plan,
+            &world,
+            &graph,
+            &mut journal,
+            &s.run,
+            Some(&s),
+            parallelism,
+            &mut progress,
+        )
+        .map_err(|f| failure_report(f, "finishing interrupted run"))?;
+        pbkdf_total += report.pbkdf_runs;
+        println!("Interrupted run {} finished.\n", s.run);
+    }
+    let d = make_diff(&plan, &world, rotate, false)?;
+    if d.is_empty() {
+        println!("{}", render::NO_CHANGES);
+        return Ok(ExitCode::SUCCESS);
+    }
+    print!("{}", render::plan_text(&plan, &d));
+    if !auto_approve {
+        if !io::stdin().is_terminal() {
+            return Err(miette!(
+                help = "run `keyplan apply --auto-approve` in scripts and pipelines",
+                "refusing to apply: no terminal to ask for confirmation on; nothing was changed"
+            ));
+        }
+        print!("\nDo you want to perform these actions? Only 'yes' will be accepted: ");
+        io::stdout().flush().into_diagnostic()?;
+        let mut answer = String::new();
+        io::stdin()
+            .lock()
+            .read_line(&mut answer)
+            .into_diagnostic()?;
+        if answer.trim() != "yes" {
+            println!("Apply cancelled; nothing was changed.");
+            return Ok(ExitCode::from(1));
+        }
+    }
+    println!();
+    let run_id = apply::new_run_id();
+    let mut progress = progress_printer(cli.quiet);
+    let report = apply::run_graph(
+        &plan,
+        &world,
+        &d.graph,
+        &mut journal,
+        &run_id,
+        None,
+        parallelism,
+        &mut progress,
+    )
+    .map_err(|f| failure_report(f, "run"))?;
+    pbkdf_total += report.pbkdf_runs;
+    println!(
+        "\nApply complete! {} added, {} removed, {} keys rotated. ({} steps, {} PBKDF runs)",
+        d.adds(),
+        d.removes(),
+        d.rotations(),
+        report.steps_run,
+        pbkdf_total
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cmd_verify(cli: &Cli, arg: &PlanArg) -> Result<ExitCode> {
+    let plan = load_plan(cli, arg)?;
+    let world = World::open(&plan)?;
+    let observed = observe::observe(&plan, &world)?;
+    let mut failures = 0usize;
+    for dev in plan.devices.values() {
+        let Some(st) = observed.devices.get(&dev.id) else {
+            continue;
+        };
+        for k in &dev.keys {
+            let Some(key) = plan.keys.get(&k.key) else {
+                continue;
+            };
+            let Some(cur) = observed.keys.get(&k.key).and_then(|s| s.current) else {
+                println!("FAIL  {}: {} has no current version in the KMS", dev.id, k.key);
+                failures += 1;
+                continue;
+            };
+            let Some((slot, _)) = st.slots_of(&k.key).into_iter().find(|(_, v)| *v == cur) else {
+                println!("FAIL  {}: {} v{cur} is not enrolled (no keyslot recorded)", dev.id, k.key);
+                failures += 1;
+                continue;
+            };
+            let kms = world.kms_for(&plan, &k.key).map_err(|e| miette!("{e}"))?;
+            let pass = kms.get(&key.name, cur).map_err(|e| miette!("{e}"))?;
+            let bound = st.header.keyslots.get(&slot).is_some_and(|s| s.bound);
+            let opens = world
+                .cs
+                .test_passphrase(&dev.path, slot, &pass)
+                .map_err(|e| miette!("{e}"))?;
+            if opens && bound {
+                println!("ok    {}: {} v{cur} opens bound keyslot {slot}", dev.id, k.key);
+            } else {
+                println!(
+                    "FAIL  {}: {} v{cur} {} keyslot {slot}",
+                    dev.id,
+                    k.key,
+                    if opens { "opens an UNBOUND" } else { "does not open" }
+                );
+                failures += 1;
+            }
+        }
+    }
+    if failures > 0 {
+        return Err(miette!(
+            help = "run `keyplan plan --verify` to see what keyplan would repair",
+            "verification failed for {failures} key(s)"
+        ));
+    }
+    println!("All keys verified ({} PBKDF runs).", world.cs.pbkdf_runs());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cmd_key_get(cli: &Cli, arg: &PlanArg, key: &str, version: Option<u64>, reveal: bool) -> Result<ExitCode> {
+    let plan = load_plan(cli, arg)?;
+    let Some(spec) = plan.keys.get(key) else {
+        return Err(miette!("no key {key:?} in {}", plan.source_path.display()));
+    };
+    let world = World::open(&plan)?;
+    let kms = world.kms_for(&plan, key).map_err(|e| miette!("{e}"))?;
+    let version = match version {
+        Some(v) => v,
+        None => kms
+            .read(&spec.name)
+            .map_err(|e| miette!("{e}"))?
+            .current
+            .ok_or_else(|| miette!("{}: key {key} has no current version yet; run `keyplan apply`", kms.describe()))?,
+    };
+    let stdout = io::stdout();
+    if stdout.is_terminal() && !reveal {
+        return Err(miette!(
+            help = "pipe it (`keyplan key get KEY | cryptsetup open --key-file=- ...`) or add --reveal",
+            "refusing to print key material to a terminal"
+        ));
+    }
+    let pass = kms.get(&spec.name, version).map_err(|e| miette!("{e}"))?;
+    let mut lock = stdout.lock();
+    lock.write_all(pass.expose()).into_diagnostic()?;
+    lock.flush().into_diagnostic()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cmd_journal(cli: &Cli, arg: &PlanArg, json: bool) -> Result<ExitCode> {
+    let plan = load_plan(cli, arg)?;
+    let records = journal::read(&plan.state_dir).map_err(|e| miette!("{e}"))?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&records).into_diagnostic()?
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    if records.is_empty() {
+        println!("The journal in {} is empty.", plan.state_dir.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut steps: Vec<crate::graph::Step> = Vec::new();
+    for r in &records {
+        let ts = humantime::format_rfc3339_seconds(
+            std::time::UNIX_EPOCH + std::time::Duration::from_secs(r.ts),
+        );
+        let line = match &r.event {
+            journal::Event::RunStart { steps: s, host, pid, .. } => {
+                steps.clone_from(s);
+                format!("run started: {} steps (pid {pid} on {host})", s.len())
+            }
+            journal::Event::StepStart { step } => format!("start  {}", describe(&steps, *step)),
+            journal::Event::StepDone { step, outcome, .. } => {
+                format!("done   {}: {outcome}", describe(&steps, *step))
+            }
+            journal::Event::StepFailed { step, error } => {
+                format!("FAILED {}: {error}", describe(&steps, *step))
+            }
+            journal::Event::RunResumed { pid } => format!("run resumed by pid {pid}"),
+            journal::Event::RunEnd { outcome, message } => match message {
+                Some(m) => format!("run ended: {outcome}: {m}"),
+                None => format!("run ended: {outcome}"),
+            },
+        };
+        println!("{ts}  {}  {line}", r.run);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn describe(steps: &[crate::graph::Step], i: usize) -> String {
+    steps
+        .get(i)
+        .map_or_else(|| format!("step {i}"), |s| format!("[{i}] {s}"))
 }

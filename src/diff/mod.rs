@@ -1,1 +1,793 @@
-//! (in progress)
+//! Desired vs observed: the changes a run would make, each with a reason, and the step graph
+//! that makes them (DESIGN.md §5).
+//!
+//! [`diff`] decides everything that can be decided without key material: which keys rotate and
+//! why, which keyslot each new version goes into (chosen now, so the journal names concrete
+//! keyslots), which keyslot unlocks each device, which keyslots are killed and which verified
+//! keyslot must remain ("anchor") before each kill. It costs no PBKDF run.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::graph::{SlotHolder, Step, StepGraph, Unlock, VersionRef};
+use crate::observe::{DeviceState, Observed, RecordStatus};
+use crate::spec::{Plan, UnmanagedKeyslots};
+
+/// What happens to a key in the KMS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyAction {
+    /// The key does not exist in the KMS yet: create version 1 (or the next free number).
+    Create,
+    /// Stage a new version, enroll it everywhere, commit it, remove the old keyslots.
+    Rotate,
+    /// Finish a rotation whose pending version an interrupted run staged.
+    Finish,
+}
+
+/// One key-level change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KeyChange {
+    /// Key id.
+    pub key: String,
+    /// KMS instance name.
+    pub kms: String,
+    /// Action.
+    pub action: KeyAction,
+    /// Current version before the run.
+    pub from: Option<u64>,
+    /// The version that will become current: the pending one, or the predicted next number.
+    pub to: u64,
+    /// Why, e.g. `rotate_after exceeded: age 41d > 30d`.
+    pub reason: String,
+}
+
+/// What happens to a keyslot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SlotAction {
+    /// A keyslot is added (`+`).
+    Add,
+    /// A keyslot is killed (`-`).
+    Remove,
+    /// keyplan's record is corrected (`~`): drift found.
+    Drift,
+}
+
+/// One keyslot-level change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SlotChange {
+    /// Device id.
+    pub device: String,
+    /// Keyslot.
+    pub slot: u32,
+    /// Action.
+    pub action: SlotAction,
+    /// Key id, when the keyslot belongs to a key.
+    pub key: Option<String>,
+    /// Version, when known (`None` for an unmanaged keyslot).
+    pub version: Option<u64>,
+    /// Why.
+    pub reason: String,
+}
+
+/// The result of [`diff`].
+#[derive(Debug, Clone, Default)]
+pub struct Diff {
+    /// Key-level changes, in key order.
+    pub keys: Vec<KeyChange>,
+    /// Keyslot-level changes, by device then in planning order.
+    pub slots: Vec<SlotChange>,
+    /// Steps that make the changes.
+    pub graph: StepGraph,
+}
+
+impl Diff {
+    /// True when nothing would change.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty() && self.slots.is_empty() && self.graph.is_empty()
+    }
+    /// Keyslots to add.
+    pub fn adds(&self) -> usize {
+        self.count(SlotAction::Add)
+    }
+    /// Keyslots to remove.
+    pub fn removes(&self) -> usize {
+        self.count(SlotAction::Remove)
+    }
+    /// Keys to rotate (rotations and finished rotations; creations are not rotations).
+    pub fn rotations(&self) -> usize {
+        self.keys
+            .iter()
+            .filter(|k| k.action != KeyAction::Create)
+            .count()
+    }
+    fn count(&self, a: SlotAction) -> usize {
+        self.slots.iter().filter(|s| s.action == a).count()
+    }
+}
+
+/// Options of a plan.
+#[derive(Debug, Clone, Default)]
+pub struct DiffOptions {
+    /// Keys to rotate regardless of age (`--rotate KEY`).
+    pub rotate: Vec<String>,
+}
+
+/// A problem that makes the plan impossible; reported with device and keyslot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiffError(pub String);
+
+impl fmt::Display for DiffError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Renders a duration in the largest whole unit among d, h, m, s (e.g. `41d`).
+pub fn short_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    if s >= 86_400 {
+        format!("{}d", s / 86_400)
+    } else if s >= 3_600 {
+        format!("{}h", s / 3_600)
+    } else if s >= 60 {
+        format!("{}m", s / 60)
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// Per-device planning state.
+#[derive(Default)]
+struct Dev {
+    /// Keyslots chosen as targets in this run.
+    reserved: BTreeSet<u32>,
+    /// Verify step usable as anchor for kills (a keyslot that stays).
+    anchor: Option<usize>,
+    /// Steps that read a keyslot (unlock or verify), by keyslot.
+    readers: BTreeMap<u32, Vec<usize>>,
+    /// Kill steps by keyslot.
+    kills: BTreeMap<u32, usize>,
+    /// Forget-record steps (run before anything else on the device).
+    forgets: Vec<usize>,
+    /// Keyslots being added, so they are not taken for unmanaged.
+    added: BTreeSet<u32>,
+}
+
+struct Planner<'a> {
+    plan: &'a Plan,
+    obs: &'a Observed,
+    g: StepGraph,
+    keys: Vec<KeyChange>,
+    slots: Vec<SlotChange>,
+    devs: BTreeMap<String, Dev>,
+    errors: Vec<String>,
+}
+
+/// Compares `plan` with `observed` and builds the step graph.
+///
+/// Errors: every device/key for which no safe plan exists, each message naming the device and
+/// keyslot and what to do (no free keyslot, nothing to unlock a device with, a pinned keyslot
+/// occupied by something else, a kill that would leave no verified keyslot).
+pub fn diff(plan: &Plan, observed: &Observed, opts: &DiffOptions) -> Result<Diff, Vec<DiffError>> {
+    let mut p = Planner {
+        plan,
+        obs: observed,
+        g: StepGraph::new(),
+        keys: Vec::new(),
+        slots: Vec::new(),
+        devs: BTreeMap::new(),
+        errors: Vec::new(),
+    };
+    for id in observed.devices.keys() {
+        p.devs.insert(id.clone(), Dev::default());
+    }
+    p.drift();
+    for key in plan.keys.keys() {
+        p.key(key, opts);
+    }
+    p.removals();
+    p.ordering();
+    if !p.errors.is_empty() {
+        return Err(p.errors.into_iter().map(DiffError).collect());
+    }
+    let mut slots = p.slots;
+    // Stable order for display: by device, keeping planning order within a device.
+    slots.sort_by(|a, b| a.device.cmp(&b.device));
+    Ok(Diff {
+        keys: p.keys,
+        slots,
+        graph: p.g,
+    })
+}
+
+impl Planner<'_> {
+    fn dev(&mut self, id: &str) -> &mut Dev {
+        self.devs.entry(id.to_string()).or_default()
+    }
+
+    fn state(&self, id: &str) -> Option<&DeviceState> {
+        self.obs.devices.get(id)
+    }
+
+    fn change(&mut self, device: &str, slot: u32, action: SlotAction, key: Option<&str>, version: Option<u64>, reason: String) {
+        self.slots.push(SlotChange {
+            device: device.to_string(),
+            slot,
+            action,
+            key: key.map(str::to_string),
+            version,
+            reason,
+        });
+    }
+
+    /// Records whose keyslot was killed or rewritten outside keyplan.
+    fn drift(&mut self) {
+        let mut todo = Vec::new();
+        for (id, d) in &self.obs.devices {
+            for r in &d.records {
+                let reason = match r.status {
+                    RecordStatus::Valid => continue,
+                    RecordStatus::KeyslotGone => format!(
+                        "drift: keyslot {} removed outside keyplan (it held {} v{}); record dropped",
+                        r.slot, r.record.key, r.record.version
+                    ),
+                    RecordStatus::Rewritten => format!(
+                        "drift: keyslot {} rewritten outside keyplan; it no longer holds {} v{} and is now unmanaged",
+                        r.slot, r.record.key, r.record.version
+                    ),
+                    RecordStatus::FailedVerify => format!(
+                        "drift: keyslot {} no longer opens with {} v{}; record dropped, keyslot now unmanaged",
+                        r.slot, r.record.key, r.record.version
+                    ),
+                };
+                todo.push((id.clone(), r.slot, r.record.key.clone(), r.record.version, reason));
+            }
+        }
+        for (id, slot, key, version, reason) in todo {
+            let s = self.g.add(Step::ForgetRecord {
+                device: id.clone(),
+                slot,
+            });
+            self.dev(&id).forgets.push(s);
+            self.change(&id, slot, SlotAction::Drift, Some(&key), Some(version), reason);
+        }
+    }
+
+    fn pinned(&self, device: &str, key: &str) -> Option<u32> {
+        self.plan
+            .devices
+            .get(device)
+            .and_then(|d| d.keys.iter().find(|k| k.key == key))
+            .and_then(|k| k.keyslot)
+    }
+
+    fn pins_of_others(&self, device: &str, key: &str) -> BTreeSet<u32> {
+        self.plan
+            .devices
+            .get(device)
+            .map(|d| {
+                d.keys
+                    .iter()
+                    .filter(|k| k.key != key)
+                    .filter_map(|k| k.keyslot)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Picks the keyslot for a new keyslot of `key` on `device`: the pinned one when free,
+    /// else the lowest free keyslot not pinned by another key and not already chosen.
+    fn target(&mut self, device: &str, key: &str, allow_pinned: bool) -> Option<u32> {
+        let st = self.state(device)?;
+        let free = st.free_slots();
+        let others = self.pins_of_others(device, key);
+        let pinned = self.pinned(device, key);
+        let reserved = self.devs.get(device).map(|d| d.reserved.clone()).unwrap_or_default();
+        let pick = match pinned {
+            Some(n) if allow_pinned && free.contains(&n) && !reserved.contains(&n) => Some(n),
+            _ => free
+                .into_iter()
+                .find(|s| !others.contains(s) && !reserved.contains(s) && Some(*s) != pinned),
+        };
+        match pick {
+            Some(s) => {
+                let d = self.dev(device);
+                d.reserved.insert(s);
+                d.added.insert(s);
+                Some(s)
+            }
+            None => {
+                let max = st_max(self.state(device));
+                self.errors.push(format!(
+                    "device {device}: no free keyslot for {key} (all {max} keyslots are in use or pinned); nothing was changed. Free a keyslot (cryptsetup luksKillSlot) or set unmanaged_keyslots: remove"
+                ));
+                None
+            }
+        }
+    }
+
+    /// How to open `device` to add a keyslot of `key`: the key's own `current` keyslot, another
+    /// managed key's current keyslot, or the device's `enroll_with` file.
+    fn unlock(&mut self, device: &str, key: &str, current: Option<u64>) -> Option<Unlock> {
+        let st = self.state(device)?;
+        if let Some(c) = current {
+            if let Some((slot, _)) = st.slots_of(key).into_iter().find(|(_, v)| *v == c) {
+                return Some(Unlock::Key {
+                    key: key.to_string(),
+                    version: VersionRef::Version(c),
+                    slot,
+                });
+            }
+        }
+        let dev = self.plan.devices.get(device)?;
+        for other in dev.keys.iter().filter(|k| k.key != key) {
+            let Some(oc) = self.obs.keys.get(&other.key).and_then(|k| k.current) else {
+                continue;
+            };
+            if let Some((slot, _)) = st.slots_of(&other.key).into_iter().find(|(_, v)| *v == oc) {
+                return Some(Unlock::Key {
+                    key: other.key.clone(),
+                    version: VersionRef::Version(oc),
+                    slot,
+                });
+            }
+        }
+        if dev.enroll_with.is_some() {
+            return Some(Unlock::EnrollWith);
+        }
+        self.errors.push(format!(
+            "device {device}: keyplan holds no key that opens it, so it cannot enroll {key}; nothing was changed. Set `enroll_with:` to a file holding a passphrase that opens the device today"
+        ));
+        None
+    }
+
+    fn add_reader(&mut self, device: &str, slot: u32, step: usize) {
+        self.dev(device).readers.entry(slot).or_default().push(step);
+    }
+
+    fn add_step(&mut self, device: &str, key: &str, version: VersionRef, slot: u32, unlock: Unlock) -> (usize, usize) {
+        let unlock_slot = match &unlock {
+            Unlock::Key { slot, .. } => Some(*slot),
+            Unlock::EnrollWith => None,
+        };
+        let a = self.g.add(Step::AddKeyslot {
+            device: device.to_string(),
+            key: key.to_string(),
+            version,
+            slot,
+            unlock,
+        });
+        if let Some(s) = unlock_slot {
+            self.add_reader(device, s, a);
+        }
+        let v = self.g.add(Step::Verify {
+            device: device.to_string(),
+            key: key.to_string(),
+            version,
+            slot,
+        });
+        self.g.dep(a, v);
+        (a, v)
+    }
+
+    fn verify_step(&mut self, device: &str, key: &str, version: VersionRef, slot: u32) -> usize {
+        let v = self.g.add(Step::Verify {
+            device: device.to_string(),
+            key: key.to_string(),
+            version,
+            slot,
+        });
+        self.add_reader(device, slot, v);
+        v
+    }
+
+    fn kill(&mut self, device: &str, slot: u32, holder: SlotHolder, anchor: usize) -> usize {
+        let k = self.g.add(Step::KillKeyslot {
+            device: device.to_string(),
+            slot,
+            holder,
+            anchor,
+        });
+        self.g.dep(anchor, k);
+        self.dev(device).kills.insert(slot, k);
+        k
+    }
+
+    fn rotate_reason(&self, key: &str, opts: &DiffOptions) -> Option<(KeyAction, String)> {
+        let st = self.obs.keys.get(key)?;
+        if let Some(p) = st.pending {
+            return Some((
+                KeyAction::Finish,
+                format!("pending v{p} was staged by an interrupted run; finishing that rotation"),
+            ));
+        }
+        let Some(cur) = st.current_info() else {
+            return Some((KeyAction::Create, "not in KMS".to_string()));
+        };
+        if opts.rotate.iter().any(|k| k == key) {
+            return Some((KeyAction::Rotate, "--rotate".to_string()));
+        }
+        let spec = self.plan.keys.get(key)?;
+        if let Some(max) = spec.rotate_after {
+            let age = Duration::from_secs(self.obs.now.saturating_sub(cur.created_at));
+            if age > max {
+                let written = spec
+                    .rotate_after_text
+                    .clone()
+                    .unwrap_or_else(|| short_duration(max));
+                return Some((
+                    KeyAction::Rotate,
+                    format!("rotate_after exceeded: age {} > {written}", short_duration(age)),
+                ));
+            }
+        }
+        None
+    }
+
+    fn devices_of(&self, key: &str) -> Vec<String> {
+        self.plan
+            .devices
+            .values()
+            .filter(|d| d.keys.iter().any(|k| k.key == key))
+            .filter(|d| self.obs.devices.contains_key(&d.id))
+            .map(|d| d.id.clone())
+            .collect()
+    }
+
+    fn key(&mut self, key: &str, opts: &DiffOptions) {
+        let Some(st) = self.obs.keys.get(key).cloned() else {
+            return;
+        };
+        let devices = self.devices_of(key);
+        match self.rotate_reason(key, opts) {
+            Some((action, reason)) => self.rotate(key, &st, &devices, action, reason),
+            None => {
+                let Some(c) = st.current else { return };
+                for d in &devices {
+                    self.converge(key, c, d);
+                }
+            }
+        }
+    }
+
+    /// Key with a current version and no rotation: make sure each device holds exactly one
+    /// keyslot with it (in the pinned keyslot if any), and no keyslot with older versions.
+    fn converge(&mut self, key: &str, c: u64, device: &str) {
+        let Some(st) = self.state(device).cloned() else { return };
+        let recs = st.slots_of(key);
+        let pinned = self.pinned(device, key);
+        let with_c: Vec<u32> = recs.iter().filter(|(_, v)| *v == c).map(|(s, _)| *s).collect();
+        let keep = match pinned {
+            Some(n) => with_c.iter().copied().find(|s| *s == n),
+            None => with_c.first().copied(),
+        };
+        let (keep_slot, anchor) = match keep {
+            Some(s) => (s, None),
+            None => {
+                if let Some(n) = pinned {
+                    if st.header.keyslots.contains_key(&n) {
+                        self.errors.push(format!(
+                            "device {device}: keyslot {n} is pinned for {key} but already holds another keyslot{}; nothing was changed. Free keyslot {n} or pin another one",
+                            match st.record(n) { Some(r) => format!(" ({} v{})", r.key, r.version), None => " that keyplan did not create".to_string() }
+                        ));
+                        return;
+                    }
+                }
+                let Some(target) = self.target(device, key, true) else { return };
+                let Some(unlock) = self.unlock(device, key, Some(c)) else { return };
+                let (a, v) = self.add_step(device, key, VersionRef::Version(c), target, unlock);
+                let _ = a;
+                let reason = if !with_c.is_empty() {
+                    format!("move to pinned keyslot {target}")
+                } else {
+                    "not enrolled".to_string()
+                };
+                self.change(device, target, SlotAction::Add, Some(key), Some(c), reason);
+                (target, Some(v))
+            }
+        };
+        let extras: Vec<(u32, u64)> = recs.iter().copied().filter(|(s, _)| *s != keep_slot).collect();
+        if extras.is_empty() {
+            return;
+        }
+        let anchor = match anchor {
+            Some(a) => a,
+            None => self.verify_step(device, key, VersionRef::Version(c), keep_slot),
+        };
+        self.dev(device).anchor.get_or_insert(anchor);
+        for (s, v) in extras {
+            let reason = if v != c {
+                format!("old version v{v} of {key} (current is v{c})")
+            } else if pinned.is_some() {
+                format!("{key} moved to pinned keyslot {keep_slot}")
+            } else {
+                format!("duplicate keyslot of {key} v{c} (keeping keyslot {keep_slot})")
+            };
+            self.kill(
+                device,
+                s,
+                SlotHolder::Record {
+                    key: key.to_string(),
+                    version: VersionRef::Version(v),
+                },
+                anchor,
+            );
+            self.change(device, s, SlotAction::Remove, Some(key), Some(v), reason);
+            self.retire_if_unheld(key, v, c);
+        }
+    }
+
+    fn max_recorded(&self, key: &str) -> u64 {
+        self.obs
+            .devices
+            .values()
+            .flat_map(|d| d.records.iter())
+            .filter(|r| r.record.key == key)
+            .map(|r| r.record.version)
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn rotate(&mut self, key: &str, st: &crate::kms::KeyState, devices: &[String], action: KeyAction, reason: String) {
+        let c = st.current;
+        let max_known = st.versions.keys().copied().max().unwrap_or(0);
+        let at_least = self.max_recorded(key).max(max_known) + 1;
+        let to = st.pending.unwrap_or(at_least);
+        let kms = self.plan.keys.get(key).map(|k| k.kms.clone()).unwrap_or_default();
+        self.keys.push(KeyChange {
+            key: key.to_string(),
+            kms,
+            action,
+            from: c,
+            to,
+            reason: reason.clone(),
+        });
+        let stage = self.g.add(Step::Stage {
+            key: key.to_string(),
+            at_least,
+        });
+        let commit = self.g.add(Step::Commit {
+            key: key.to_string(),
+            expected_current: c,
+        });
+        self.g.dep(stage, commit);
+        let mut kills_of_version: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+        for device in devices {
+            let Some(ds) = self.state(device).cloned() else { continue };
+            let recs = ds.slots_of(key);
+            let pinned = self.pinned(device, key);
+            let already = st
+                .pending
+                .and_then(|p| recs.iter().find(|(_, v)| *v == p).map(|(s, _)| *s));
+            let (new_slot, verify) = match already {
+                Some(s) => {
+                    let v = self.verify_step(device, key, VersionRef::Staged, s);
+                    self.g.dep(stage, v);
+                    (s, v)
+                }
+                None => {
+                    if let Some(n) = pinned {
+                        let held_by_key = recs.iter().any(|(s, _)| *s == n);
+                        if ds.header.keyslots.contains_key(&n) && !held_by_key {
+                            self.errors.push(format!(
+                                "device {device}: keyslot {n} is pinned for {key} but holds a keyslot that is not {key}'s; nothing was changed. Free keyslot {n} or pin another one"
+                            ));
+                            continue;
+                        }
+                    }
+                    let Some(target) = self.target(device, key, true) else { continue };
+                    let Some(unlock) = self.unlock(device, key, c) else { continue };
+                    let (a, v) = self.add_step(device, key, VersionRef::Staged, target, unlock);
+                    self.g.dep(stage, a);
+                    let why = match action {
+                        KeyAction::Create => "not in KMS: new key".to_string(),
+                        _ => format!("rotate {key}"),
+                    };
+                    self.change(device, target, SlotAction::Add, Some(key), Some(to), why);
+                    (target, v)
+                }
+            };
+            self.g.dep(verify, commit);
+            self.dev(device).anchor.get_or_insert(verify);
+            let mut pinned_kill = None;
+            for (s, v) in recs.iter().copied().filter(|(s, _)| *s != new_slot) {
+                let k = self.kill(
+                    device,
+                    s,
+                    SlotHolder::Record {
+                        key: key.to_string(),
+                        version: VersionRef::Version(v),
+                    },
+                    verify,
+                );
+                self.g.dep(commit, k);
+                kills_of_version.entry(v).or_default().push(k);
+                self.change(device, s, SlotAction::Remove, Some(key), Some(v), format!("replaced by {key} v{to}"));
+                if Some(s) == pinned {
+                    pinned_kill = Some(k);
+                }
+            }
+            // A pinned key whose pinned keyslot held the old version: move the new version
+            // into the pinned keyslot once it is free (3 more PBKDF runs; see docs).
+            if let (Some(n), Some(k)) = (pinned, pinned_kill) {
+                let unlock = Unlock::Key {
+                    key: key.to_string(),
+                    version: VersionRef::Staged,
+                    slot: new_slot,
+                };
+                let (a2, v2) = self.add_step(device, key, VersionRef::Staged, n, unlock);
+                self.g.dep(k, a2);
+                self.change(device, n, SlotAction::Add, Some(key), Some(to), format!("move {key} v{to} back to pinned keyslot {n}"));
+                let k2 = self.kill(
+                    device,
+                    new_slot,
+                    SlotHolder::Record {
+                        key: key.to_string(),
+                        version: VersionRef::Staged,
+                    },
+                    v2,
+                );
+                self.change(device, new_slot, SlotAction::Remove, Some(key), Some(to), format!("temporary keyslot of the rotation (pinned keyslot is {n})"));
+                let d = self.dev(device);
+                d.anchor = Some(v2);
+                let _ = k2;
+            }
+        }
+        // Records of this key on devices that no longer list it are removed by `removals`.
+        // Retire versions no device holds any more once their keyslots are gone.
+        let mut held: BTreeSet<u64> = BTreeSet::new();
+        for (id, d) in &self.obs.devices {
+            if devices.contains(id) {
+                continue;
+            }
+            for (_, v) in d.slots_of(key) {
+                held.insert(v);
+            }
+        }
+        let mut retire: BTreeSet<u64> = st
+            .versions
+            .values()
+            .filter(|v| {
+                matches!(
+                    v.state,
+                    crate::kms::VersionState::Current | crate::kms::VersionState::Previous
+                )
+            })
+            .map(|v| v.version)
+            .collect();
+        retire.retain(|v| !held.contains(v) && Some(*v) != st.pending);
+        for v in retire {
+            let r = self.g.add(Step::Retire {
+                key: key.to_string(),
+                version: v,
+            });
+            self.g.dep(commit, r);
+            for k in kills_of_version.get(&v).cloned().unwrap_or_default() {
+                self.g.dep(k, r);
+            }
+        }
+    }
+
+    fn retire_if_unheld(&mut self, _key: &str, _v: u64, _c: u64) {
+        // Old versions found on devices outside a rotation are left in the KMS: retiring is
+        // done only as the last step of a rotation (DESIGN.md §5 step 6).
+    }
+
+    /// Keyslots of keys no longer listed for a device, and unmanaged keyslots under `remove`.
+    fn removals(&mut self) {
+        let ids: Vec<String> = self.obs.devices.keys().cloned().collect();
+        for id in ids {
+            let Some(st) = self.state(&id).cloned() else { continue };
+            let Some(spec) = self.plan.devices.get(&id).cloned() else { continue };
+            let listed: BTreeSet<&str> = spec.keys.iter().map(|k| k.key.as_str()).collect();
+            let mut victims: Vec<(u32, SlotHolder, Option<String>, Option<u64>, String)> = Vec::new();
+            for r in st.records.iter().filter(|r| r.status == RecordStatus::Valid) {
+                if !listed.contains(r.record.key.as_str()) {
+                    victims.push((
+                        r.slot,
+                        SlotHolder::Record {
+                            key: r.record.key.clone(),
+                            version: VersionRef::Version(r.record.version),
+                        },
+                        Some(r.record.key.clone()),
+                        Some(r.record.version),
+                        format!("key {} is no longer listed for this device", r.record.key),
+                    ));
+                }
+            }
+            if spec.unmanaged == UnmanagedKeyslots::Remove {
+                for (slot, ks) in &st.header.keyslots {
+                    if st.record(*slot).is_some() {
+                        continue;
+                    }
+                    victims.push((
+                        *slot,
+                        SlotHolder::Unmanaged {
+                            salt: ks.salt.clone(),
+                        },
+                        None,
+                        None,
+                        "not created by keyplan (unmanaged_keyslots: remove)".to_string(),
+                    ));
+                }
+            }
+            if victims.is_empty() {
+                continue;
+            }
+            let Some(anchor) = self.anchor(&id) else {
+                self.errors.push(format!(
+                    "device {id}: keyslot(s) {} would be removed, but no keyslot of a key in the plan is known to open the device, so removing them could lock you out; nothing was changed. List a key for this device (with enroll_with if needed) first",
+                    victims.iter().map(|v| v.0.to_string()).collect::<Vec<_>>().join(", ")
+                ));
+                continue;
+            };
+            for (slot, holder, key, version, reason) in victims {
+                if self.dev(&id).kills.contains_key(&slot) {
+                    continue;
+                }
+                self.kill(&id, slot, holder, anchor);
+                self.change(&id, slot, SlotAction::Remove, key.as_deref(), version, reason);
+            }
+        }
+    }
+
+    /// A verify step of a keyslot that stays on `device`: one planned already, or a new verify
+    /// of the first listed key whose current version is recorded there.
+    fn anchor(&mut self, device: &str) -> Option<usize> {
+        if let Some(a) = self.devs.get(device).and_then(|d| d.anchor) {
+            return Some(a);
+        }
+        let spec = self.plan.devices.get(device)?.clone();
+        let st = self.state(device)?.clone();
+        for k in &spec.keys {
+            let Some(c) = self.obs.keys.get(&k.key).and_then(|s| s.current) else {
+                continue;
+            };
+            if let Some((slot, _)) = st.slots_of(&k.key).into_iter().find(|(_, v)| *v == c) {
+                let v = self.verify_step(device, &k.key, VersionRef::Version(c), slot);
+                self.dev(device).anchor = Some(v);
+                return Some(v);
+            }
+        }
+        None
+    }
+
+    /// Cross-step ordering on each device: forgotten records first; every step reading a
+    /// keyslot before the kill of that keyslot.
+    fn ordering(&mut self) {
+        let devs: Vec<(String, Vec<usize>, BTreeMap<u32, Vec<usize>>, BTreeMap<u32, usize>)> = self
+            .devs
+            .iter()
+            .map(|(id, d)| (id.clone(), d.forgets.clone(), d.readers.clone(), d.kills.clone()))
+            .collect();
+        let by_device = self.g.by_device();
+        for (id, forgets, readers, kills) in devs {
+            for f in &forgets {
+                for s in by_device.get(&id).into_iter().flatten() {
+                    if !forgets.contains(s) {
+                        self.g.dep(*f, *s);
+                    }
+                }
+            }
+            for (slot, k) in &kills {
+                for r in readers.get(slot).into_iter().flatten() {
+                    if let Step::KillKeyslot { anchor, .. } = self.g.step(*k) {
+                        if anchor == r {
+                            continue;
+                        }
+                    }
+                    self.g.dep(*r, *k);
+                }
+            }
+        }
+    }
+}
+
+fn st_max(st: Option<&DeviceState>) -> u32 {
+    st.map_or(32, |s| s.header.version.max_keyslots())
+}

@@ -1,1 +1,310 @@
-//! (in progress)
+//! Steps and the step graph.
+//!
+//! A [`Step`] is one idempotent operation of DESIGN.md §5 (stage, add keyslot, verify, commit,
+//! kill keyslot, forget record, retire). [`StepGraph`] holds steps and their dependencies in a
+//! petgraph DAG; the executor runs a step once all its predecessors are done. Steps are
+//! serializable (they go into the journal's `run_start` record) and hold no key material.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use petgraph::graph::{DiGraph, NodeIndex};
+use serde::{Deserialize, Serialize};
+
+/// Which version of a key a step means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VersionRef {
+    /// A version known at planning time.
+    Version(u64),
+    /// The version the run's `stage` step of that key staged (or found pending).
+    Staged,
+}
+
+impl fmt::Display for VersionRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            VersionRef::Version(v) => write!(f, "v{v}"),
+            VersionRef::Staged => write!(f, "new version"),
+        }
+    }
+}
+
+/// How an add step opens the device to derive the volume key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unlock {
+    /// A key version from the KMS, through the keyslot keyplan recorded for it.
+    Key {
+        /// Key id.
+        key: String,
+        /// Version.
+        version: VersionRef,
+        /// Keyslot holding that version.
+        slot: u32,
+    },
+    /// The device's `enroll_with` passphrase file (no keyslot known: cryptsetup tries each).
+    EnrollWith,
+}
+
+impl fmt::Display for Unlock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unlock::Key { key, version, slot } => {
+                write!(f, "{key} {version} in keyslot {slot}")
+            }
+            Unlock::EnrollWith => write!(f, "the enroll_with passphrase"),
+        }
+    }
+}
+
+/// What a keyslot about to be killed is expected to hold (checked again right before killing).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SlotHolder {
+    /// A keyslot keyplan recorded for this key version.
+    Record {
+        /// Key id.
+        key: String,
+        /// Version.
+        version: VersionRef,
+    },
+    /// A keyslot keyplan cannot attribute, identified by its KDF salt.
+    Unmanaged {
+        /// KDF salt seen at planning time.
+        salt: String,
+    },
+}
+
+/// One idempotent operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Step {
+    /// Generate a new version and store it as pending, or reuse the pending one.
+    Stage {
+        /// Key id.
+        key: String,
+        /// Lowest version number acceptable (above any version a device record names).
+        at_least: u64,
+    },
+    /// Add `version` of `key` into `slot`, unlocking with `unlock`; then record it.
+    AddKeyslot {
+        /// Device id.
+        device: String,
+        /// Key id.
+        key: String,
+        /// Version to add.
+        version: VersionRef,
+        /// Target keyslot.
+        slot: u32,
+        /// How to open the device.
+        unlock: Unlock,
+    },
+    /// `version` of `key` opens `slot`, and the keyslot is bound to the data segment.
+    Verify {
+        /// Device id.
+        device: String,
+        /// Key id.
+        key: String,
+        /// Version.
+        version: VersionRef,
+        /// Keyslot.
+        slot: u32,
+    },
+    /// Staged version becomes current (compare-and-swap on `expected_current`).
+    Commit {
+        /// Key id.
+        key: String,
+        /// Current version when planned.
+        expected_current: Option<u64>,
+    },
+    /// Kill `slot`, which must hold `holder`, once `anchor` (another keyslot) was verified.
+    KillKeyslot {
+        /// Device id.
+        device: String,
+        /// Keyslot to kill.
+        slot: u32,
+        /// What it must hold.
+        holder: SlotHolder,
+        /// Index of the verify step whose keyslot stays and opens the device.
+        anchor: usize,
+    },
+    /// Drop keyplan's record of `slot` (the keyslot was killed or rewritten outside keyplan).
+    ForgetRecord {
+        /// Device id.
+        device: String,
+        /// Keyslot the record names.
+        slot: u32,
+    },
+    /// Destroy a non-current version in the KMS.
+    Retire {
+        /// Key id.
+        key: String,
+        /// Version.
+        version: u64,
+    },
+}
+
+impl Step {
+    /// The device this step works on, if any (steps on one device never run at once).
+    pub fn device(&self) -> Option<&str> {
+        match self {
+            Step::AddKeyslot { device, .. }
+            | Step::Verify { device, .. }
+            | Step::KillKeyslot { device, .. }
+            | Step::ForgetRecord { device, .. } => Some(device),
+            _ => None,
+        }
+    }
+
+    /// The key whose KMS entry this step writes, if any.
+    pub fn kms_key(&self) -> Option<&str> {
+        match self {
+            Step::Stage { key, .. } | Step::Commit { key, .. } | Step::Retire { key, .. } => {
+                Some(key)
+            }
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::Stage { key, .. } => write!(f, "stage a new version of {key}"),
+            Step::AddKeyslot {
+                device,
+                key,
+                version,
+                slot,
+                unlock,
+            } => write!(
+                f,
+                "{device}: add {key} {version} into keyslot {slot} (unlock with {unlock})"
+            ),
+            Step::Verify {
+                device,
+                key,
+                version,
+                slot,
+            } => write!(f, "{device}: verify {key} {version} opens keyslot {slot}"),
+            Step::Commit { key, .. } => write!(f, "commit the new version of {key}"),
+            Step::KillKeyslot {
+                device,
+                slot,
+                holder,
+                ..
+            } => match holder {
+                SlotHolder::Record { key, version } => {
+                    write!(f, "{device}: kill keyslot {slot} ({key} {version})")
+                }
+                SlotHolder::Unmanaged { .. } => {
+                    write!(f, "{device}: kill keyslot {slot} (unmanaged)")
+                }
+            },
+            Step::ForgetRecord { device, slot } => {
+                write!(f, "{device}: forget the record of keyslot {slot}")
+            }
+            Step::Retire { key, version } => write!(f, "retire {key} v{version}"),
+        }
+    }
+}
+
+/// Steps with dependencies; node indices equal positions in [`StepGraph::steps`].
+#[derive(Debug, Clone, Default)]
+pub struct StepGraph {
+    graph: DiGraph<Step, ()>,
+}
+
+impl StepGraph {
+    /// An empty graph.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Rebuilds a graph from journaled steps and `(before, after)` edges. Edges naming steps
+    /// out of range are ignored.
+    pub fn from_parts(steps: Vec<Step>, deps: &[(usize, usize)]) -> Self {
+        let mut g = StepGraph::new();
+        for s in steps {
+            g.add(s);
+        }
+        for &(a, b) in deps {
+            g.dep(a, b);
+        }
+        g
+    }
+
+    /// Adds a step, returning its index. Adding a step equal to an existing one returns the
+    /// existing index (steps are idempotent, so duplicates would only cost PBKDF runs).
+    pub fn add(&mut self, step: Step) -> usize {
+        if let Some(i) = self.graph.node_indices().find(|&i| self.graph[i] == step) {
+            return i.index();
+        }
+        self.graph.add_node(step).index()
+    }
+
+    /// Makes `after` wait for `before`. Self-edges and duplicates are ignored.
+    pub fn dep(&mut self, before: usize, after: usize) {
+        if before == after || before >= self.len() || after >= self.len() {
+            return;
+        }
+        let (a, b) = (NodeIndex::new(before), NodeIndex::new(after));
+        if !self.graph.contains_edge(a, b) {
+            self.graph.add_edge(a, b, ());
+        }
+    }
+
+    /// Number of steps.
+    pub fn len(&self) -> usize {
+        self.graph.node_count()
+    }
+
+    /// True when there is nothing to do.
+    pub fn is_empty(&self) -> bool {
+        self.graph.node_count() == 0
+    }
+
+    /// Step `i`.
+    pub fn step(&self, i: usize) -> &Step {
+        &self.graph[NodeIndex::new(i)]
+    }
+
+    /// All steps in index order.
+    pub fn steps(&self) -> Vec<Step> {
+        self.graph.node_weights().cloned().collect()
+    }
+
+    /// All edges `(before, after)`.
+    pub fn deps(&self) -> Vec<(usize, usize)> {
+        self.graph
+            .raw_edges()
+            .iter()
+            .map(|e| (e.source().index(), e.target().index()))
+            .collect()
+    }
+
+    /// Indices of the steps `i` waits for.
+    pub fn predecessors(&self, i: usize) -> Vec<usize> {
+        self.graph
+            .neighbors_directed(NodeIndex::new(i), petgraph::Direction::Incoming)
+            .map(|n| n.index())
+            .collect()
+    }
+
+    /// True when the graph has no cycle (always the case for graphs built by `diff`).
+    pub fn is_acyclic(&self) -> bool {
+        !petgraph::algo::is_cyclic_directed(&self.graph)
+    }
+
+    /// Indices of steps per device, for tests and rendering.
+    pub fn by_device(&self) -> BTreeMap<String, Vec<usize>> {
+        let mut m: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for i in self.graph.node_indices() {
+            if let Some(d) = self.graph[i].device() {
+                m.entry(d.to_string()).or_default().push(i.index());
+            }
+        }
+        m
+    }
+}

@@ -1,1 +1,379 @@
-//! (in progress)
+//! The write-ahead journal and the state-directory lock.
+//!
+//! The journal is `<state_dir>/journal.jsonl`: one JSON object per line (JSON Lines), appended
+//! and `fsync`ed before the effect it announces (`step_start`) and after the effect
+//! (`step_done`). A crash can tear only the last line; [`read`] ignores a torn last line, and
+//! [`Journal::open`] terminates it before appending. It never holds key material: steps name
+//! keys, versions, devices and keyslots only.
+//!
+//! The lock is `<state_dir>/lock`, held with `flock(2)` (through `File::try_lock`) for the
+//! whole run, so a lock left by a dead process never blocks the next run: the kernel drops it.
+//! The file's content names the holder (pid, host, start time) for the refusal message.
+
+use std::fs;
+use std::io::{self, BufRead, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::fsutil;
+use crate::graph::Step;
+
+/// Journal file name inside the state directory.
+pub const JOURNAL_FILE: &str = "journal.jsonl";
+/// Lock file name inside the state directory.
+pub const LOCK_FILE: &str = "lock";
+
+/// One journal line.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Record {
+    /// Time of writing, seconds since the Unix epoch.
+    pub ts: u64,
+    /// Run id (`<unix seconds>-<pid>`).
+    pub run: String,
+    /// What happened.
+    #[serde(flatten)]
+    pub event: Event,
+}
+
+/// Journal events.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// A run begins: the whole step graph, so an interrupted run can be finished.
+    RunStart {
+        /// Steps in index order.
+        steps: Vec<Step>,
+        /// Dependency edges `(before, after)` by step index.
+        deps: Vec<(usize, usize)>,
+        /// Plan file path.
+        plan_file: String,
+        /// Device id -> device path at planning time.
+        devices: Vec<(String, String)>,
+        /// Process id of the writer.
+        pid: u32,
+        /// Host name of the writer.
+        host: String,
+    },
+    /// Written before a step's effect.
+    StepStart {
+        /// Step index.
+        step: usize,
+    },
+    /// Written after a step's effect is durable.
+    StepDone {
+        /// Step index.
+        step: usize,
+        /// What was done, e.g. `added keyslot 3` or `already done`.
+        outcome: String,
+        /// For `stage`: the version staged (or reused).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        staged_version: Option<u64>,
+        /// For `verify`: the KDF salt of the keyslot that was verified.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        verified_salt: Option<String>,
+    },
+    /// A step failed; its effect may or may not have happened (it is idempotent).
+    StepFailed {
+        /// Step index.
+        step: usize,
+        /// The error message (never key material).
+        error: String,
+    },
+    /// An interrupted run is being finished by a later process.
+    RunResumed {
+        /// Process id of the resuming process.
+        pid: u32,
+    },
+    /// A run ended.
+    RunEnd {
+        /// `success`, `failed` or `interrupted` (signal).
+        outcome: String,
+        /// Error summary when not successful.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+    },
+}
+
+/// Errors reading or writing the journal or the lock.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// I/O on the journal or lock file.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// Operation.
+        what: &'static str,
+        /// File.
+        path: PathBuf,
+        /// OS error.
+        source: io::Error,
+    },
+    /// A line other than the last cannot be parsed.
+    #[error("journal {path} line {line} is corrupt ({message}); keyplan will not guess: move the file aside to start a fresh journal")]
+    Corrupt {
+        /// Journal path.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// Parser message.
+        message: String,
+    },
+    /// Another process holds the state-directory lock.
+    #[error("another keyplan run holds the lock on {path}: {holder}; wait for it to finish (a lock of a dead process is released by the kernel)")]
+    Locked {
+        /// Lock file.
+        path: PathBuf,
+        /// `pid N on host H since T`, as recorded by the holder.
+        holder: String,
+    },
+}
+
+/// An open journal for appending.
+#[derive(Debug)]
+pub struct Journal {
+    path: PathBuf,
+    file: fs::File,
+}
+
+impl Journal {
+    /// Opens (creating, mode 0600, in a 0700 state directory) `<state_dir>/journal.jsonl` for
+    /// appending; a torn last line left by a crash is terminated with a newline first.
+    ///
+    /// Errors: [`JournalError::Io`].
+    pub fn open(state_dir: &Path) -> Result<Journal, JournalError> {
+        let path = state_dir.join(JOURNAL_FILE);
+        let io_err = |what, source| JournalError::Io {
+            what,
+            path: path.clone(),
+            source,
+        };
+        fsutil::ensure_private_dir(state_dir).map_err(|e| io_err("creating directory of", e))?;
+        let mut file = fsutil::open_lock_file(&path).map_err(|e| io_err("opening", e))?;
+        let len = file
+            .seek(SeekFrom::End(0))
+            .map_err(|e| io_err("seeking", e))?;
+        if len > 0 {
+            let mut last = [0u8; 1];
+            file.seek(SeekFrom::End(-1))
+                .and_then(|_| io::Read::read_exact(&mut file, &mut last))
+                .map_err(|e| io_err("reading", e))?;
+            if last[0] != b'\n' {
+                file.write_all(b"\n").map_err(|e| io_err("repairing", e))?;
+            }
+        }
+        Ok(Journal { path, file })
+    }
+
+    /// Appends one record as a line and `fsync`s it before returning (write-ahead).
+    ///
+    /// Errors: [`JournalError::Io`]; the caller must then stop before the step's effect.
+    pub fn append(&mut self, run: &str, event: Event) -> Result<(), JournalError> {
+        let record = Record {
+            ts: crate::kms::now_unix(),
+            run: run.to_string(),
+            event,
+        };
+        let mut line = serde_json::to_vec(&record).map_err(|e| JournalError::Io {
+            what: "encoding a record for",
+            path: self.path.clone(),
+            source: io::Error::other(e),
+        })?;
+        line.push(b'\n');
+        self.file
+            .seek(SeekFrom::End(0))
+            .and_then(|_| self.file.write_all(&line))
+            .and_then(|()| self.file.sync_data())
+            .map_err(|source| JournalError::Io {
+                what: "appending to",
+                path: self.path.clone(),
+                source,
+            })
+    }
+}
+
+/// Reads every record of `<state_dir>/journal.jsonl` (none if the file does not exist). A last
+/// line that does not parse is a torn write and is ignored; any other bad line is an error.
+///
+/// Errors: [`JournalError::Io`], [`JournalError::Corrupt`].
+pub fn read(state_dir: &Path) -> Result<Vec<Record>, JournalError> {
+    let path = state_dir.join(JOURNAL_FILE);
+    let file = match fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(JournalError::Io {
+                what: "opening",
+                path,
+                source,
+            })
+        }
+    };
+    let mut lines = Vec::new();
+    for line in io::BufReader::new(file).split(b'\n') {
+        lines.push(line.map_err(|source| JournalError::Io {
+            what: "reading",
+            path: path.clone(),
+            source,
+        })?);
+    }
+    let mut out = Vec::new();
+    let count = lines.len();
+    for (i, line) in lines.into_iter().enumerate() {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        match serde_json::from_slice::<Record>(&line) {
+            Ok(r) => out.push(r),
+            Err(_) if i + 1 == count => break,
+            Err(e) => {
+                return Err(JournalError::Corrupt {
+                    path,
+                    line: i + 1,
+                    message: e.to_string(),
+                })
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The state of the most recent run in a journal.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSummary {
+    /// Run id.
+    pub run: String,
+    /// When it started (Unix seconds).
+    pub started: u64,
+    /// The steps.
+    pub steps: Vec<Step>,
+    /// Dependencies `(before, after)`.
+    pub deps: Vec<(usize, usize)>,
+    /// Device id -> path at planning time.
+    pub devices: Vec<(String, String)>,
+    /// Steps with a `step_done` record.
+    pub done: Vec<bool>,
+    /// Steps with a `step_start` but no `step_done` (their effect may have happened).
+    pub started_not_done: Vec<bool>,
+    /// Staged version per key id, from `stage` steps' done records.
+    pub staged: Vec<(String, u64)>,
+    /// `(step index, salt)` from done `verify` steps.
+    pub verified: Vec<(usize, String)>,
+    /// `Some(outcome)` when a `run_end` record exists.
+    pub ended: Option<String>,
+    /// Last error message seen for the run.
+    pub last_error: Option<String>,
+}
+
+/// Summarizes the last run found in `records`, if any.
+pub fn last_run(records: &[Record]) -> Option<RunSummary> {
+    let start = records
+        .iter()
+        .rposition(|r| matches!(r.event, Event::RunStart { .. }))?;
+    let first = &records[start];
+    let Event::RunStart {
+        steps,
+        deps,
+        devices,
+        ..
+    } = &first.event
+    else {
+        return None;
+    };
+    let mut s = RunSummary {
+        run: first.run.clone(),
+        started: first.ts,
+        steps: steps.clone(),
+        deps: deps.clone(),
+        devices: devices.clone(),
+        done: vec![false; steps.len()],
+        started_not_done: vec![false; steps.len()],
+        staged: Vec::new(),
+        verified: Vec::new(),
+        ended: None,
+        last_error: None,
+    };
+    for r in records[start + 1..].iter().filter(|r| r.run == s.run) {
+        match &r.event {
+            Event::StepStart { step } if *step < s.steps.len() => {
+                if !s.done[*step] {
+                    s.started_not_done[*step] = true;
+                }
+            }
+            Event::StepDone {
+                step,
+                staged_version,
+                verified_salt,
+                ..
+            } if *step < s.steps.len() => {
+                s.done[*step] = true;
+                s.started_not_done[*step] = false;
+                if let (Some(v), Step::Stage { key, .. }) = (staged_version, &s.steps[*step]) {
+                    s.staged.push((key.clone(), *v));
+                }
+                if let Some(salt) = verified_salt {
+                    s.verified.push((*step, salt.clone()));
+                }
+            }
+            Event::StepFailed { error, .. } => s.last_error = Some(error.clone()),
+            Event::RunEnd { outcome, message } => {
+                s.ended = Some(outcome.clone());
+                if message.is_some() {
+                    s.last_error = message.clone();
+                }
+            }
+            _ => {}
+        }
+    }
+    Some(s)
+}
+
+/// The exclusive state-directory lock; released when dropped (or when the process dies).
+#[derive(Debug)]
+pub struct StateLock {
+    _file: fs::File,
+}
+
+impl StateLock {
+    /// Takes `<state_dir>/lock` without waiting, writing `pid P on host H since T` into it.
+    ///
+    /// Errors: [`JournalError::Locked`] naming the holder when another process has it;
+    /// [`JournalError::Io`].
+    pub fn acquire(state_dir: &Path) -> Result<StateLock, JournalError> {
+        let path = state_dir.join(LOCK_FILE);
+        let io_err = |what, source| JournalError::Io {
+            what,
+            path: path.clone(),
+            source,
+        };
+        fsutil::ensure_private_dir(state_dir).map_err(|e| io_err("creating directory of", e))?;
+        let mut file = fsutil::open_lock_file(&path).map_err(|e| io_err("opening", e))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                let holder = fs::read_to_string(&path).unwrap_or_default();
+                let holder = holder.trim();
+                return Err(JournalError::Locked {
+                    path,
+                    holder: if holder.is_empty() {
+                        "unknown holder".to_string()
+                    } else {
+                        holder.to_string()
+                    },
+                });
+            }
+            Err(fs::TryLockError::Error(e)) => return Err(io_err("locking", e)),
+        }
+        let info = format!(
+            "pid {} on host {} since {}\n",
+            std::process::id(),
+            gethostname::gethostname().to_string_lossy(),
+            humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+        );
+        file.set_len(0)
+            .and_then(|()| file.seek(SeekFrom::Start(0)))
+            .and_then(|_| file.write_all(info.as_bytes()))
+            .and_then(|()| file.sync_data())
+            .map_err(|e| io_err("writing", e))?;
+        Ok(StateLock { _file: file })
+    }
+}

@@ -1,1 +1,171 @@
-//! (in progress)
+//! KMS providers: where key versions live.
+//!
+//! Every provider implements [`Kms`]: read a key's version metadata, fetch one version's
+//! passphrase, stage a new `pending` version, commit it as `current` with compare-and-swap,
+//! and retire old versions (DESIGN.md §5). Only the `file` provider exists so far; the others
+//! in the plan format are accepted by `validate` and refused by [`open`] with a clear error.
+
+pub mod file;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::secret::Passphrase;
+use crate::spec::KmsConfig;
+
+/// Lifecycle of one key version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VersionState {
+    /// Staged by a rotation, not yet committed; devices may already hold it.
+    Pending,
+    /// The version every managed device must open with.
+    Current,
+    /// Superseded but still retained (material kept) until no device holds it.
+    Previous,
+    /// Destroyed: metadata kept for the record, material removed.
+    Retired,
+}
+
+/// Metadata of one key version (never the material).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionInfo {
+    /// Version number, starting at 1, increasing by 1 per staged version.
+    pub version: u64,
+    /// Creation time, seconds since the Unix epoch (UTC).
+    pub created_at: u64,
+    /// Lifecycle state.
+    pub state: VersionState,
+}
+
+/// What a KMS holds for one key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyState {
+    /// The current version, if the key exists.
+    pub current: Option<u64>,
+    /// The staged version, if a rotation is under way.
+    pub pending: Option<u64>,
+    /// All versions known, by number (including retired ones).
+    pub versions: BTreeMap<u64, VersionInfo>,
+}
+
+impl KeyState {
+    /// The metadata of the current version.
+    pub fn current_info(&self) -> Option<&VersionInfo> {
+        self.current.and_then(|v| self.versions.get(&v))
+    }
+    /// Versions whose material is still held (not retired), other than current and pending.
+    pub fn retained_previous(&self) -> Vec<u64> {
+        self.versions
+            .values()
+            .filter(|v| v.state == VersionState::Previous)
+            .map(|v| v.version)
+            .collect()
+    }
+}
+
+/// KMS errors. Messages name the KMS instance, the key and the version; never material.
+#[derive(Debug, thiserror::Error)]
+pub enum KmsError {
+    /// The key or version does not exist (or holds no material any more).
+    #[error("{kms}: key {key:?} has no version {version}")]
+    NoSuchVersion {
+        /// KMS description.
+        kms: String,
+        /// Key name in the KMS.
+        key: String,
+        /// Requested version.
+        version: u64,
+    },
+    /// Compare-and-swap failed: somebody else changed the key since keyplan read it.
+    #[error("{kms}: key {key:?} changed concurrently: {detail}; nothing was overwritten. Run `keyplan plan` again to see the new state")]
+    Conflict {
+        /// KMS description.
+        kms: String,
+        /// Key name in the KMS.
+        key: String,
+        /// What differed (versions only).
+        detail: String,
+    },
+    /// The stored data is unreadable or inconsistent.
+    #[error("{kms}: key {key:?}: {detail}")]
+    Corrupt {
+        /// KMS description.
+        kms: String,
+        /// Key name in the KMS.
+        key: String,
+        /// What is wrong and where.
+        detail: String,
+    },
+    /// An I/O error talking to the store.
+    #[error("{kms}: {what}: {source}")]
+    Io {
+        /// KMS description.
+        kms: String,
+        /// The operation and path.
+        what: String,
+        /// Underlying error.
+        source: std::io::Error,
+    },
+    /// The provider named in the plan is not available in this build.
+    #[error("KMS {name:?}: provider {provider:?} is not implemented yet; use provider \"file\"")]
+    Unsupported {
+        /// KMS instance name.
+        name: String,
+        /// Provider name.
+        provider: String,
+    },
+}
+
+/// A key store holding passphrase versions (DESIGN.md §5 steps stage, commit, retire).
+///
+/// Implementations are safe to call from several threads; writes are atomic and
+/// [`Kms::commit`] is compare-and-swap, so a concurrent writer causes
+/// [`KmsError::Conflict`], never an overwrite (invariant I5).
+pub trait Kms: Send + Sync {
+    /// Human description for messages, e.g. `file KMS "local" (/srv/keys)`.
+    fn describe(&self) -> String;
+    /// Version metadata of key `name`; an unknown key gives an empty [`KeyState`].
+    fn read(&self, name: &str) -> Result<KeyState, KmsError>;
+    /// The passphrase of `version` (pending, current or previous).
+    fn get(&self, name: &str, version: u64) -> Result<Passphrase, KmsError>;
+    /// Stores `material` as a new pending version and returns its number: the highest known
+    /// version + 1, or `at_least` if that is higher (so a number a stale device record still
+    /// names is never reused). Fails with [`KmsError::Conflict`] when a pending version exists
+    /// already (callers reuse it instead: invariant I3).
+    fn stage(&self, name: &str, material: &Passphrase, at_least: u64) -> Result<u64, KmsError>;
+    /// Makes `pending` the current version if, and only if, the current version is still
+    /// `expected_current` and `pending` is still pending (compare-and-swap); the old current
+    /// becomes `Previous`. Committing a version that is already current is a no-op.
+    fn commit(
+        &self,
+        name: &str,
+        expected_current: Option<u64>,
+        pending: u64,
+    ) -> Result<(), KmsError>;
+    /// Destroys the material of a non-current version and marks it `Retired`. Idempotent.
+    fn retire(&self, name: &str, version: u64) -> Result<(), KmsError>;
+}
+
+/// Opens the KMS instance `name` configured as `config` (paths already absolute).
+///
+/// Errors: [`KmsError::Unsupported`] for providers not built yet.
+pub fn open(name: &str, config: &KmsConfig) -> Result<Box<dyn Kms>, KmsError> {
+    match config {
+        KmsConfig::File { path } => Ok(Box::new(file::FileKms::new(name, PathBuf::from(path)))),
+        other => Err(KmsError::Unsupported {
+            name: name.to_string(),
+            provider: other.provider().to_string(),
+        }),
+    }
+}
+
+/// Current time in seconds since the Unix epoch (0 if the clock is before 1970).
+pub fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}

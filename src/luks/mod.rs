@@ -7,16 +7,22 @@
 //! pipe on fd 3 (`--new-keyfile=/dev/fd/3`). Nothing secret is ever placed in argv, the
 //! environment or a file.
 //!
-//! PBKDF runs caused by each call are counted in [`PbkdfCounter`] (test: 1; add with a known
-//! unlocking keyslot: 2; kill, dump, token: 0).
+//! PBKDF runs caused by each call are counted in [`PbkdfCounter`] (test: 1; add: 2, a lower bound
+//! when no unlocking keyslot is named; format: 1; kill, dump, token: 0).
+//!
+//! Layout: this file declares the types; `driver` implements [`Cryptsetup`]'s operations, `dump`
+//! parses `luksDump` output and `run` starts the child processes (locale, pipes, capture).
+
+mod driver;
+mod dump;
+mod run;
+
+pub use driver::{pbkdf_args, PROGRAM_ENV};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-use crate::secret::Passphrase;
-use crate::spec::PbkdfSettings;
 
 /// LUKS on-disk format version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -125,7 +131,9 @@ pub enum LuksError {
         path: PathBuf,
     },
     /// cryptsetup could not be started (not installed?).
-    #[error("could not run {program}: {source}; install cryptsetup (apt-get install -y cryptsetup-bin)")]
+    #[error(
+        "could not run {program}: {source}; install cryptsetup (apt-get install -y cryptsetup-bin)"
+    )]
     Spawn {
         /// Program path.
         program: PathBuf,
@@ -144,6 +152,19 @@ pub enum LuksError {
         /// cryptsetup's stderr, trimmed.
         stderr: String,
     },
+    /// keyplan refused the request before running cryptsetup, because it is invalid or unsafe:
+    /// an empty passphrase, a keyslot or token id out of range, killing the last bound keyslot,
+    /// a token on a LUKS1 device, malformed token JSON. Nothing was run and nothing changed.
+    /// (Added by the driver; not in the original declaration.)
+    #[error("refusing {operation} on {path}: {reason}; nothing was changed")]
+    Refused {
+        /// e.g. `luksKillSlot of keyslot 0`.
+        operation: String,
+        /// Device path.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// cryptsetup's output could not be understood.
     #[error("could not parse cryptsetup {operation} output for {path}: {message}")]
     Parse {
@@ -161,4 +182,28 @@ pub enum LuksError {
 pub struct Cryptsetup {
     program: PathBuf,
     counter: Arc<PbkdfCounter>,
+}
+
+/// A size for test and example images that suits both versions as [`Cryptsetup::format`] lays
+/// them out: 9 MiB (LUKS2: 2 × 16 KiB metadata + 8 MiB keyslots area; LUKS1 needs 2 MiB). The
+/// data segment of such an image is empty, which is fine: keyplan only touches headers.
+pub const TEST_IMAGE_BYTES: u64 = 9 << 20;
+
+/// Creates a new sparse image file of `size_bytes` bytes for [`Cryptsetup::format`] (tests and
+/// examples). Never overwrites: the file must not exist yet.
+///
+/// Errors: [`LuksError::Device`] when the file exists already or cannot be created or sized.
+pub fn create_image(path: &Path, size_bytes: u64) -> Result<(), LuksError> {
+    let device_error = |what: &str, e: std::io::Error| LuksError::Device {
+        path: path.to_owned(),
+        message: format!("cannot {what} image file: {e}"),
+    };
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| device_error("create", e))?;
+    file.set_len(size_bytes)
+        .map_err(|e| device_error("size", e))?;
+    Ok(())
 }

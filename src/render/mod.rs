@@ -1,1 +1,87 @@
-//! (in progress)
+//! Human output: terraform-like plan rendering.
+
+use std::fmt::Write as _;
+
+use crate::diff::{Diff, KeyAction, SlotAction};
+use crate::spec::Plan;
+
+/// The line printed when nothing would change.
+pub const NO_CHANGES: &str = "No changes. Devices and KMS match the plan.";
+
+/// Renders `diff` as text: one block per key with a KMS change, one block per device, then the
+/// summary line `Plan: N to add, M to remove, K keys to rotate.`
+pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
+    if diff.is_empty() {
+        return format!("{NO_CHANGES}\n");
+    }
+    let mut out = String::new();
+    let _ = writeln!(out, "keyplan will perform the following actions:\n");
+    for k in &diff.keys {
+        let kms = plan
+            .kms
+            .get(&k.kms)
+            .map(|c| format!("{} KMS {:?}", c.provider(), k.kms))
+            .unwrap_or_else(|| k.kms.clone());
+        let _ = writeln!(out, "  # key {} ({kms})", k.key);
+        let line = match (k.action, k.from) {
+            (KeyAction::Create, _) => format!("  + key {} v{}", k.key, k.to),
+            (_, Some(from)) => format!("  ~ key {} v{from} -> v{}", k.key, k.to),
+            (_, None) => format!("  ~ key {} -> v{}", k.key, k.to),
+        };
+        let _ = writeln!(out, "{line:<44} ({})\n", k.reason);
+    }
+    let mut current: Option<&str> = None;
+    for s in &diff.slots {
+        if current != Some(s.device.as_str()) {
+            if current.is_some() {
+                out.push('\n');
+            }
+            current = Some(s.device.as_str());
+            let path = plan
+                .devices
+                .get(&s.device)
+                .map(|d| d.path.display().to_string())
+                .unwrap_or_default();
+            let _ = writeln!(out, "  # device {} ({path})", s.device);
+        }
+        let sign = match s.action {
+            SlotAction::Add => '+',
+            SlotAction::Remove => '-',
+            SlotAction::Drift => '~',
+        };
+        let what = match (&s.key, s.version) {
+            (Some(k), Some(v)) => format!("{k} v{v}"),
+            (Some(k), None) => k.clone(),
+            (None, _) => "unmanaged".to_string(),
+        };
+        let line = format!("  {sign} keyslot {:<2} {what}", s.slot);
+        let _ = writeln!(out, "{line:<44} ({})", s.reason);
+    }
+    if current.is_some() {
+        out.push('\n');
+    }
+    let _ = writeln!(
+        out,
+        "Plan: {} to add, {} to remove, {} keys to rotate.",
+        diff.adds(),
+        diff.removes(),
+        diff.rotations()
+    );
+    out
+}
+
+/// The plan as a JSON document (`format_version` "1.0"): keys and keyslot changes, no secrets.
+pub fn plan_json(diff: &Diff) -> serde_json::Value {
+    serde_json::json!({
+        "format_version": "1.0",
+        "changes_present": !diff.is_empty(),
+        "summary": {
+            "add": diff.adds(),
+            "remove": diff.removes(),
+            "rotate": diff.rotations(),
+        },
+        "keys": diff.keys,
+        "keyslots": diff.slots,
+        "steps": diff.graph.steps(),
+    })
+}

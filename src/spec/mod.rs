@@ -6,13 +6,166 @@
 //! Errors that can only be found later (after a device's header was read, e.g. a keyslot out of
 //! range for LUKS1) are built with [`Plan::error_at`], so they point at the plan file too.
 
+//!
+//! How locations are found: the text is parsed twice, once into the serde model
+//! ([`model::PlanFile`], which catches unknown fields, missing fields and wrong types at the
+//! parser's reported position) and once into a schema-free tree whose every node and mapping key
+//! carries its byte span (`serde_saphyr::Spanned` / `toml::Spanned` around a hand-written
+//! visitor). A path of [`PathSeg`]s is looked up in that tree to label semantic errors.
+
+mod diag;
+mod load;
+mod locate;
 pub mod model;
+mod validate;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use model::{KmsConfig, PbkdfSettings, PbkdfType, UnmanagedKeyslots};
+
+use diag::{Label, PlanError, SourceFile};
+use locate::Located;
+
+/// Plan file syntax.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// YAML 1.2 (`.yaml`, `.yml`).
+    Yaml,
+    /// TOML 1.0 (`.toml`).
+    Toml,
+}
+
+impl Format {
+    /// The format an extension names: `yaml`/`yml` or `toml` (case-insensitive); `None` for any
+    /// other extension or none.
+    pub fn from_path(path: &Path) -> Option<Format> {
+        let ext = path.extension()?.to_str()?.to_ascii_lowercase();
+        match ext.as_str() {
+            "yaml" | "yml" => Some(Format::Yaml),
+            "toml" => Some(Format::Toml),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Format::Yaml => "YAML",
+            Format::Toml => "TOML",
+        })
+    }
+}
+
+/// Finds the default plan file in `dir`: exactly one of `keyplan.yaml`, `keyplan.yml` or
+/// `keyplan.toml`, returned as `dir` joined with its name.
+///
+/// Errors (as a `miette::Report` with a help text): none of them exists, or more than one does
+/// (the report names them).
+pub fn find_default(dir: &Path) -> Result<PathBuf, miette::Report> {
+    load::find_default(dir)
+}
+
+/// Reads, parses, validates and resolves the plan file at `path`.
+///
+/// The format follows the extension (`.yaml`/`.yml`: YAML, `.toml`: TOML); with any other
+/// extension it is detected (TOML if the text parses as TOML, else YAML). Relative paths in the
+/// plan are resolved against the file's directory. The reports carry the file's text under
+/// `path` as given, and a label at the offending place; see [`load_str`] for the checks.
+pub fn load(path: &Path) -> Result<Plan, miette::Report> {
+    let text = load::read(path)?;
+    let format = Format::from_path(path).unwrap_or_else(|| load::detect(&text));
+    let base_dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let mut plan = load_str(&text, &path.display().to_string(), format, base_dir)?;
+    plan.source_path = path.to_path_buf();
+    Ok(plan)
+}
+
+/// Parses, validates and resolves plan `text` in `format`. `name` is the file name shown in
+/// diagnostics (`name:line:column`) and kept as [`Plan::source_path`]; `base_dir` is the
+/// directory relative paths are resolved against (made absolute with the current directory if
+/// it is relative).
+///
+/// Errors are `miette::Report`s with the text as a named source and a labeled span:
+/// - syntax errors, wrong types, unknown fields, missing fields and bad enum values: one
+///   report, at the parser's position, naming the field path (`devices.osd0.keys[1]`);
+/// - semantic errors, all of them at once (one report, or a summary with each error as a
+///   `related` diagnostic, in file order): `version` other than 1, undefined KMS instances or
+///   keys, a key listed twice on a device, two keys pinned to one keyslot, keyslots above 31,
+///   `rotate_after` not a positive duration in s/m/h/d/w, `bytes` outside 16..=512,
+///   `parallelism` 0, two devices with the same path (after resolving relative paths and
+///   symlinks) or the same UUID (ignoring case), file-KMS key names that are not safe file
+///   names, invalid instance/key/device ids, and empty paths.
+pub fn load_str(
+    text: &str,
+    name: &str,
+    format: Format,
+    base_dir: &Path,
+) -> Result<Plan, miette::Report> {
+    let src = load::source_file(text, name);
+    let (file, tree) = load::parse(&src, format).map_err(PlanError::report)?;
+    let base = absolute_dir(base_dir);
+    let order = |path: &[PathSeg]| {
+        tree.get(path)
+            .map(|t| t.key.unwrap_or(t.value.span).start)
+            .unwrap_or(usize::MAX)
+    };
+    let source = Source {
+        file: src,
+        format,
+        tree: Arc::new(tree.clone()),
+    };
+    match validate::validate(file, &base, &order) {
+        Ok(r) => Ok(Plan {
+            source_path: PathBuf::from(name),
+            base_dir: base,
+            state_dir: r.state_dir,
+            kms: r.kms,
+            keys: r.keys,
+            devices: r.devices,
+            pbkdf: r.pbkdf,
+            parallelism: r.parallelism,
+            source,
+        }),
+        Err(issues) => {
+            let errors = issues
+                .into_iter()
+                .map(|i| {
+                    let mut labels = Vec::new();
+                    if let Some(l) = source.label(&i.path, i.label) {
+                        labels.push(l);
+                    }
+                    for (path, text) in i.also {
+                        if let Some(mut l) = source.label(&path, text) {
+                            l.primary = false;
+                            labels.push(l);
+                        }
+                    }
+                    PlanError::new(&source.file, i.code, i.message, labels, Some(i.help))
+                })
+                .collect();
+            Err(diag::combine(&source.file, errors))
+        }
+    }
+}
+
+/// `dir` as an absolute path (`.` for an empty one); unchanged if the current directory is
+/// unknown.
+fn absolute_dir(dir: &Path) -> PathBuf {
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf())
+}
 
 /// One segment of a path into the plan document, e.g. `devices` / `osd0` / `keys` / `1`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,8 +242,83 @@ pub struct DeviceKey {
     pub keyslot: Option<u32>,
 }
 
-/// The plan file's text and format, kept for diagnostics (placeholder; spec loader fills it).
-#[derive(Debug, Clone)]
+impl Plan {
+    /// A diagnostic pointing at the plan-file location of `path`, e.g.
+    /// `[Key("devices"), Key("osd0"), Key("keys"), Index(1), Key("keyslot")]`, for errors found
+    /// after reading the plan (e.g. keyslot 9 on a LUKS1 device).
+    ///
+    /// The label marks the value at `path` (or the mapping key naming it, for a mapping or
+    /// list). When `path` is not written in the plan (a default), the label marks its nearest
+    /// written ancestor; when not even the first segment is written, the report shows the file
+    /// without a label. `help` should say what to do.
+    pub fn error_at(
+        &self,
+        path: &[PathSeg],
+        message: impl Into<String>,
+        help: Option<String>,
+    ) -> miette::Report {
+        let (matched, _) = self.source.tree.nearest(path);
+        let text = if matched == path.len() {
+            "here".to_owned()
+        } else {
+            format!(
+                "`{}` is not written in the plan; this is the nearest place",
+                locate::display_path(path)
+            )
+        };
+        let labels = self.source.label(path, text).into_iter().collect();
+        PlanError::new(
+            &self.source.file,
+            "keyplan::plan::error",
+            message,
+            labels,
+            help,
+        )
+        .report()
+    }
+
+    /// Line and column (both 1-based) where `path` is written in the plan file: the value, or
+    /// for a mapping or list the mapping key naming it. Columns count bytes, as in miette's
+    /// `file:line:column`. `None` if `path` is empty or not written in the plan.
+    pub fn location_of(&self, path: &[PathSeg]) -> Option<(usize, usize)> {
+        let target = self.source.tree.get(path)?;
+        let span = locate::label_span(&self.source.file.text, &target);
+        Some(locate::line_col(&self.source.file.text, span.start))
+    }
+
+    /// The syntax the plan file was read as.
+    pub fn format(&self) -> Format {
+        self.source.format
+    }
+}
+
+/// The plan file's text, format and located tree, kept for diagnostics.
+#[derive(Clone)]
 struct Source {
-    text: String,
+    file: SourceFile,
+    format: Format,
+    tree: Arc<Located>,
+}
+
+impl Source {
+    /// A primary label at `path`, or at its nearest written ancestor; `None` when nothing along
+    /// `path` is written.
+    fn label(&self, path: &[PathSeg], text: String) -> Option<Label> {
+        let (_, target) = self.tree.nearest(path);
+        let target = target?;
+        Some(Label {
+            span: locate::label_span(&self.file.text, &target),
+            text,
+            primary: true,
+        })
+    }
+}
+
+impl fmt::Debug for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Source")
+            .field("file", &load::debug_source(&self.file))
+            .field("format", &self.format)
+            .finish_non_exhaustive()
+    }
 }

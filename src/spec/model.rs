@@ -138,13 +138,58 @@ pub struct DeviceFile {
 }
 
 /// An entry of a device's `keys:` list: a key id, or `{ key: ID, keyslot: N }` to pin.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+///
+/// Serialized untagged; deserialized by hand (not `#[serde(untagged)]`) so that a bad pinned
+/// entry reports the real problem (e.g. an unknown field) at its place in the file, instead of
+/// serde's "data did not match any variant".
+#[derive(Debug, Clone, Serialize, PartialEq)]
 #[serde(untagged)]
 pub enum DeviceKeyFile {
     /// Just the key id; keyplan picks a free keyslot.
     Name(String),
     /// Key pinned to a keyslot.
     Pinned(PinnedKeyFile),
+}
+
+impl<'de> Deserialize<'de> for DeviceKeyFile {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct EntryVisitor;
+
+        impl<'de> serde::de::Visitor<'de> for EntryVisitor {
+            type Value = DeviceKeyFile;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a key id, or a mapping `{ key: ID, keyslot: N }`")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(DeviceKeyFile::Name(v.to_owned()))
+            }
+
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(DeviceKeyFile::Name(v))
+            }
+
+            // A plain YAML scalar such as `- 1234` arrives as a number: take it as the id text.
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(DeviceKeyFile::Name(v.to_string()))
+            }
+
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(DeviceKeyFile::Name(v.to_string()))
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
+                PinnedKeyFile::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(DeviceKeyFile::Pinned)
+            }
+        }
+
+        deserializer.deserialize_any(EntryVisitor)
+    }
 }
 
 /// `{ key: ID, keyslot: N }`.

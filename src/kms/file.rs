@@ -1,0 +1,294 @@
+//! The `file` KMS: a local directory key store (the embedded default).
+//!
+//! Layout, documented for operators in the README ("Recovering a key by hand"):
+//!
+//! ```text
+//! <path>/                     mode 0700
+//!   <key name>/               mode 0700, one directory per key
+//!     meta.json               mode 0600: {"format":1,"current":N|null,"pending":N|null,
+//!                             "versions":[{"version":N,"created_at":UNIX_SECONDS,"state":"current"|
+//!                             "pending"|"previous"|"retired"}]}
+//!     v<N>.key                mode 0600: the passphrase bytes of version N, exactly (no newline)
+//!     .lock                   flock(2) taken around every read-modify-write
+//! ```
+//!
+//! Every file is written atomically (temporary file in the same directory, `fsync`, `rename`,
+//! `fsync` of the directory). A version's `.key` file is written before `meta.json` names it,
+//! so `meta.json` never points at missing material.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::{now_unix, KeyState, Kms, KmsError, VersionInfo, VersionState};
+use crate::fsutil;
+use crate::secret::Passphrase;
+
+/// On-disk `meta.json`.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Meta {
+    format: u32,
+    current: Option<u64>,
+    pending: Option<u64>,
+    versions: Vec<VersionInfo>,
+}
+
+/// A file KMS rooted at a directory.
+#[derive(Debug, Clone)]
+pub struct FileKms {
+    name: String,
+    root: PathBuf,
+}
+
+impl FileKms {
+    /// A file KMS named `name` (the plan's KMS instance name) rooted at `root` (created 0700
+    /// on first write).
+    pub fn new(name: &str, root: PathBuf) -> Self {
+        FileKms {
+            name: name.to_string(),
+            root,
+        }
+    }
+
+    fn key_dir(&self, key: &str) -> PathBuf {
+        self.root.join(key)
+    }
+
+    fn io(&self, what: String, source: io::Error) -> KmsError {
+        KmsError::Io {
+            kms: self.describe(),
+            what,
+            source,
+        }
+    }
+
+    fn read_meta(&self, key: &str) -> Result<Meta, KmsError> {
+        let path = self.key_dir(key).join("meta.json");
+        match fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| KmsError::Corrupt {
+                kms: self.describe(),
+                key: key.to_string(),
+                detail: format!(
+                    "{} is not valid: {e}; restore it from a backup or fix it by hand (see README, file KMS layout)",
+                    path.display()
+                ),
+            }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Meta {
+                format: 1,
+                ..Meta::default()
+            }),
+            Err(e) => Err(self.io(format!("reading {}", path.display()), e)),
+        }
+    }
+
+    fn write_meta(&self, key: &str, meta: &Meta) -> Result<(), KmsError> {
+        let path = self.key_dir(key).join("meta.json");
+        let mut text = serde_json::to_vec_pretty(meta).map_err(|e| KmsError::Corrupt {
+            kms: self.describe(),
+            key: key.to_string(),
+            detail: format!("cannot encode metadata: {e}"),
+        })?;
+        text.push(b'\n');
+        fsutil::write_atomic(&path, &text, 0o600)
+            .map_err(|e| self.io(format!("writing {}", path.display()), e))
+    }
+
+    /// Runs `f` with the key directory created and its `.lock` held exclusively.
+    fn locked<T>(
+        &self,
+        key: &str,
+        f: impl FnOnce(&Path) -> Result<T, KmsError>,
+    ) -> Result<T, KmsError> {
+        let dir = self.key_dir(key);
+        fsutil::ensure_private_dir(&self.root)
+            .and_then(|()| fsutil::ensure_private_dir(&dir))
+            .map_err(|e| self.io(format!("creating {}", dir.display()), e))?;
+        let lock_path = dir.join(".lock");
+        let lock = fsutil::open_lock_file(&lock_path)
+            .map_err(|e| self.io(format!("opening {}", lock_path.display()), e))?;
+        lock.lock()
+            .map_err(|e| self.io(format!("locking {}", lock_path.display()), e))?;
+        let out = f(&dir);
+        drop(lock);
+        out
+    }
+
+    fn conflict(&self, key: &str, detail: String) -> KmsError {
+        KmsError::Conflict {
+            kms: self.describe(),
+            key: key.to_string(),
+            detail,
+        }
+    }
+}
+
+fn set_state(meta: &mut Meta, version: u64, state: VersionState) {
+    if let Some(v) = meta.versions.iter_mut().find(|v| v.version == version) {
+        v.state = state;
+    }
+}
+
+impl Kms for FileKms {
+    fn describe(&self) -> String {
+        format!("file KMS {:?} ({})", self.name, self.root.display())
+    }
+
+    fn read(&self, name: &str) -> Result<KeyState, KmsError> {
+        let meta = self.read_meta(name)?;
+        Ok(KeyState {
+            current: meta.current,
+            pending: meta.pending,
+            versions: meta.versions.into_iter().map(|v| (v.version, v)).collect(),
+        })
+    }
+
+    fn get(&self, name: &str, version: u64) -> Result<Passphrase, KmsError> {
+        let path = self.key_dir(name).join(format!("v{version}.key"));
+        match fs::read(&path) {
+            Ok(bytes) if bytes.is_empty() => Err(KmsError::Corrupt {
+                kms: self.describe(),
+                key: name.to_string(),
+                detail: format!("{} is empty", path.display()),
+            }),
+            Ok(bytes) => Ok(Passphrase::new(bytes)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(KmsError::NoSuchVersion {
+                kms: self.describe(),
+                key: name.to_string(),
+                version,
+            }),
+            Err(e) => Err(self.io(format!("reading {}", path.display()), e)),
+        }
+    }
+
+    fn stage(&self, name: &str, material: &Passphrase, at_least: u64) -> Result<u64, KmsError> {
+        self.locked(name, |dir| {
+            let mut meta = self.read_meta(name)?;
+            if let Some(p) = meta.pending {
+                return Err(self.conflict(
+                    name,
+                    format!(
+                        "version {p} is already pending; it must be committed or discarded first"
+                    ),
+                ));
+            }
+            let version =
+                (meta.versions.iter().map(|v| v.version).max().unwrap_or(0) + 1).max(at_least);
+            let key_path = dir.join(format!("v{version}.key"));
+            fsutil::write_atomic(&key_path, material.expose(), 0o600)
+                .map_err(|e| self.io(format!("writing {}", key_path.display()), e))?;
+            meta.format = 1;
+            meta.pending = Some(version);
+            meta.versions.push(VersionInfo {
+                version,
+                created_at: now_unix(),
+                state: VersionState::Pending,
+            });
+            self.write_meta(name, &meta)?;
+            Ok(version)
+        })
+    }
+
+    fn commit(
+        &self,
+        name: &str,
+        expected_current: Option<u64>,
+        pending: u64,
+    ) -> Result<(), KmsError> {
+        self.locked(name, |_| {
+            let mut meta = self.read_meta(name)?;
+            if meta.current == Some(pending) && meta.pending.is_none() {
+                return Ok(());
+            }
+            if meta.current != expected_current || meta.pending != Some(pending) {
+                return Err(self.conflict(
+                    name,
+                    format!(
+                        "expected current {} and pending {pending}, found current {} and pending {}",
+                        show(expected_current),
+                        show(meta.current),
+                        show(meta.pending)
+                    ),
+                ));
+            }
+            if let Some(old) = meta.current {
+                set_state(&mut meta, old, VersionState::Previous);
+            }
+            set_state(&mut meta, pending, VersionState::Current);
+            meta.current = Some(pending);
+            meta.pending = None;
+            self.write_meta(name, &meta)
+        })
+    }
+
+    fn retire(&self, name: &str, version: u64) -> Result<(), KmsError> {
+        self.locked(name, |dir| {
+            let mut meta = self.read_meta(name)?;
+            if meta.current == Some(version) || meta.pending == Some(version) {
+                return Err(self.conflict(
+                    name,
+                    format!("version {version} is current or pending and cannot be retired"),
+                ));
+            }
+            set_state(&mut meta, version, VersionState::Retired);
+            self.write_meta(name, &meta)?;
+            let key_path = dir.join(format!("v{version}.key"));
+            match fs::remove_file(&key_path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(self.io(format!("removing {}", key_path.display()), e)),
+            }
+            fsutil::sync_dir(dir).map_err(|e| self.io(format!("syncing {}", dir.display()), e))
+        })
+    }
+}
+
+fn show(v: Option<u64>) -> String {
+    v.map_or_else(|| "none".to_string(), |v| format!("v{v}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn stage_commit_retire_cycle() {
+        let dir = tempfile::tempdir().unwrap();
+        let kms = FileKms::new("local", dir.path().join("keys"));
+        assert_eq!(kms.read("k").unwrap(), KeyState::default());
+        let v1 = kms
+            .stage("k", &Passphrase::new(b"one".to_vec()), 1)
+            .unwrap();
+        assert_eq!(v1, 1);
+        assert!(kms
+            .stage("k", &Passphrase::new(b"again".to_vec()), 1)
+            .is_err());
+        kms.commit("k", None, 1).unwrap();
+        kms.commit("k", None, 1).unwrap(); // idempotent
+        let v2 = kms
+            .stage("k", &Passphrase::new(b"two".to_vec()), 1)
+            .unwrap();
+        // Concurrent writer: CAS on a wrong expectation fails.
+        assert!(matches!(
+            kms.commit("k", Some(7), v2),
+            Err(KmsError::Conflict { .. })
+        ));
+        kms.commit("k", Some(1), v2).unwrap();
+        let st = kms.read("k").unwrap();
+        assert_eq!(st.current, Some(2));
+        assert_eq!(st.retained_previous(), vec![1]);
+        assert_eq!(kms.get("k", 1).unwrap().expose(), b"one");
+        kms.retire("k", 1).unwrap();
+        kms.retire("k", 1).unwrap();
+        assert!(kms.get("k", 1).is_err());
+        assert!(kms.retire("k", 2).is_err());
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir.path().join("keys")), 0o700);
+        assert_eq!(mode(&dir.path().join("keys/k")), 0o700);
+        assert_eq!(mode(&dir.path().join("keys/k/v2.key")), 0o600);
+        assert_eq!(mode(&dir.path().join("keys/k/meta.json")), 0o600);
+    }
+}

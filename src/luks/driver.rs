@@ -1,0 +1,742 @@
+//! [`Cryptsetup`]'s operations: one cryptsetup(8) action each (cryptsetup 2.6 documents every
+//! action in its own page, cryptsetup-ACTION(8), referenced below).
+//!
+//! Exit codes observed with cryptsetup 2.6.1 (`LC_ALL=C`), which the code relies on:
+//!
+//! | situation | exit |
+//! |---|---|
+//! | `open --test-passphrase`: wrong passphrase for the keyslot | 2 |
+//! | `open --test-passphrase`: named keyslot empty, or out of range | 1 |
+//! | `open --test-passphrase` on an unbound keyslot with its passphrase | 0 (!) |
+//! | `luksAddKey`: target keyslot occupied / keyslots area full / out of range | 1 |
+//! | `luksAddKey`: wrong passphrase for the unlocking keyslot | 2 |
+//! | `luksAddKey`: unlocking keyslot empty | 1 |
+//! | `luksKillSlot --batch-mode` with stdin `/dev/null`, even the last keyslot | 0 (!) |
+//! | `luksKillSlot`: keyslot not active | 1 |
+//! | `token import`: id in use without `--token-replace`, keyslot missing, metadata full | 1 |
+//! | `token remove`: token not in use | 1 |
+//! | `isLuks`: not LUKS (also an empty file) | 1; missing path or directory: 4 |
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::run::{self, Outcome};
+use super::{dump, Cryptsetup, Header, LuksError, LuksVersion, PbkdfCounter};
+use crate::secret::Passphrase;
+use crate::spec::{PbkdfSettings, PbkdfType};
+
+/// Highest keyslot count of any LUKS version (LUKS2: 32); LUKS2 also allows 32 tokens.
+const MAX_IDS: u32 = 32;
+
+/// Environment variable naming the cryptsetup program to run (see [`Cryptsetup::new`]).
+pub const PROGRAM_ENV: &str = "KEYPLAN_CRYPTSETUP";
+
+impl Default for Cryptsetup {
+    /// Same as [`Cryptsetup::new`].
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Cryptsetup {
+    /// A driver running the program named by the `KEYPLAN_CRYPTSETUP` environment variable when
+    /// it is set and not empty, else `cryptsetup` looked up in `PATH`. Starts nothing; a missing
+    /// program shows up as [`LuksError::Spawn`] on first use. Fresh PBKDF counter at 0.
+    pub fn new() -> Self {
+        let program = std::env::var_os(PROGRAM_ENV)
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("cryptsetup"));
+        Self::with_program(program)
+    }
+
+    /// A driver running `program` (a path, or a name looked up in `PATH`) instead of
+    /// `cryptsetup`. Fresh PBKDF counter at 0.
+    pub fn with_program(program: PathBuf) -> Self {
+        Cryptsetup {
+            program,
+            counter: Arc::new(PbkdfCounter::default()),
+        }
+    }
+
+    /// The program this driver runs.
+    pub fn program(&self) -> &Path {
+        &self.program
+    }
+
+    /// PBKDF runs (key derivations) counted so far by this driver and its clones (a count, not a
+    /// time). See each operation for what it adds.
+    pub fn pbkdf_runs(&self) -> u64 {
+        self.counter.get()
+    }
+
+    /// The shared PBKDF counter (the same one clones of this driver add to).
+    pub fn counter(&self) -> Arc<PbkdfCounter> {
+        Arc::clone(&self.counter)
+    }
+
+    /// Reads the LUKS header of `dev` without any key derivation (adds 0 PBKDF runs).
+    ///
+    /// Runs `cryptsetup isLuks DEV` (cryptsetup-isLuks(8)), then `cryptsetup luksDump DEV`
+    /// (cryptsetup-luksDump(8)) whose `Version:` line gives the version and whose `UUID:` line
+    /// gives the UUID. LUKS1 keyslots come from the same text (`Key Slot N: ENABLED`, salt = the
+    /// hex of the multi-line `Salt:` field without white space; all enabled LUKS1 keyslots are
+    /// bound, priority normal, KDF pbkdf2). LUKS2 keyslots and tokens come from
+    /// `cryptsetup luksDump --dump-json-metadata DEV`: bound = listed by a digest whose
+    /// `segments` contains `"0"`, priority from the optional `priority` field (0 ignore,
+    /// 1 normal, 2 prefer), salt = `kdf.salt` (base64), KDF = `kdf.type`.
+    ///
+    /// Errors: [`LuksError::Device`] when `dev` does not exist, is a directory, or cryptsetup
+    /// cannot use it (isLuks exit 4); [`LuksError::NotLuks`] when isLuks says no (exit 1);
+    /// [`LuksError::Spawn`], [`LuksError::Failed`] for other failures; [`LuksError::Parse`] when
+    /// the dump is not understood.
+    pub fn dump(&self, dev: &Path) -> Result<Header, LuksError> {
+        check_device(dev)?;
+        let out = self.exec(args(["isLuks"], dev), None, None)?;
+        match out.code {
+            Some(0) => {}
+            Some(1) => {
+                return Err(LuksError::NotLuks {
+                    path: dev.to_owned(),
+                })
+            }
+            Some(4) => {
+                return Err(LuksError::Device {
+                    path: dev.to_owned(),
+                    message: format!(
+                        "cryptsetup isLuks cannot use it (exit code 4, wrong device or file): {}",
+                        out.stderr
+                    ),
+                })
+            }
+            _ => return Err(failed("isLuks", dev, &out, None)),
+        }
+
+        let text = self.exec(args(["luksDump"], dev), None, None)?;
+        if !text.success() {
+            return Err(failed("luksDump", dev, &text, None));
+        }
+        let parse_error = |operation: &str, message: String| LuksError::Parse {
+            operation: operation.to_owned(),
+            path: dev.to_owned(),
+            message,
+        };
+        let version = dump::version(&text.stdout).map_err(|m| parse_error("luksDump", m))?;
+        let uuid = dump::uuid(&text.stdout).map_err(|m| parse_error("luksDump", m))?;
+        match version {
+            LuksVersion::Luks1 => {
+                let keyslots =
+                    dump::luks1_keyslots(&text.stdout).map_err(|m| parse_error("luksDump", m))?;
+                Ok(Header {
+                    version,
+                    uuid,
+                    keyslots,
+                    tokens: Default::default(),
+                })
+            }
+            LuksVersion::Luks2 => {
+                let operation = "luksDump --dump-json-metadata";
+                let json =
+                    self.exec(args(["luksDump", "--dump-json-metadata"], dev), None, None)?;
+                if !json.success() {
+                    return Err(failed(operation, dev, &json, None));
+                }
+                let (keyslots, tokens) =
+                    dump::luks2_metadata(&json.stdout).map_err(|m| parse_error(operation, m))?;
+                Ok(Header {
+                    version,
+                    uuid,
+                    keyslots,
+                    tokens,
+                })
+            }
+        }
+    }
+
+    /// Tests whether `pass` opens keyslot `slot` of `dev`, without activating anything
+    /// (cryptsetup-open(8), `--test-passphrase`): runs
+    /// `cryptsetup open --test-passphrase --key-slot SLOT --key-file=- DEV` with the passphrase
+    /// on stdin, read whole (no newline handling). Adds 1 PBKDF run whenever cryptsetup is run
+    /// (also when it fails before deriving, e.g. on an empty keyslot).
+    ///
+    /// Returns `Ok(true)` when it opens (exit 0), `Ok(false)` on a wrong passphrase (exit 2) and
+    /// when keyslot `slot` is empty (exit 1, confirmed by a fresh dump). Beware: an UNBOUND
+    /// keyslot also gives `Ok(true)`; check [`super::Keyslot::bound`] from [`Self::dump`].
+    ///
+    /// Errors: [`LuksError::Refused`] for an empty passphrase or `slot` ≥ 32 (or beyond the
+    /// device's keyslot count), [`LuksError::Device`]/[`LuksError::NotLuks`] for a bad device,
+    /// [`LuksError::Failed`] for any other failure (the header is only read, never changed).
+    pub fn test_passphrase(
+        &self,
+        dev: &Path,
+        slot: u32,
+        pass: &Passphrase,
+    ) -> Result<bool, LuksError> {
+        let operation = format!("open --test-passphrase of keyslot {slot}");
+        if pass.is_empty() {
+            return Err(refused(&operation, dev, "the passphrase is empty"));
+        }
+        check_slot(&operation, dev, slot, MAX_IDS)?;
+        check_device(dev)?;
+        let argv: Vec<OsString> = vec![
+            "open".into(),
+            "--test-passphrase".into(),
+            "--key-slot".into(),
+            slot.to_string().into(),
+            "--key-file=-".into(),
+            dev.as_os_str().to_owned(),
+        ];
+        let out = self.exec(argv, Some(pass.expose()), None)?;
+        self.counter.add(1);
+        match out.code {
+            Some(0) => Ok(true),
+            Some(2) => Ok(false),
+            Some(1) => {
+                // Exit 1 is also "wrong parameters"; only an empty keyslot counts as "does not
+                // open", judged by the header rather than by the message.
+                let header = self.dump(dev)?;
+                check_slot(&operation, dev, slot, header.version.max_keyslots())?;
+                if header.keyslots.contains_key(&slot) {
+                    Err(failed(
+                        &operation,
+                        dev,
+                        &out,
+                        Some("the header was only read"),
+                    ))
+                } else {
+                    Ok(false)
+                }
+            }
+            _ => Err(failed(
+                &operation,
+                dev,
+                &out,
+                Some("the header was only read"),
+            )),
+        }
+    }
+
+    /// Adds passphrase `new` in keyslot `new_slot` of `dev`, unlocking the volume key with
+    /// `unlock` (cryptsetup-luksAddKey(8)): runs `cryptsetup luksAddKey --batch-mode
+    /// [--key-slot UNLOCK] --new-key-slot NEW --key-file=- --new-keyfile=/dev/fd/3 [PBKDF] DEV`,
+    /// `unlock` on stdin and `new` through a pipe on the child's fd 3. With `unlock_slot` `None`,
+    /// `--key-slot` is omitted and cryptsetup tries every keyslot (skipping priority `ignore`).
+    ///
+    /// `version` is the device's LUKS version as read by [`Self::dump`] (not looked up again);
+    /// it decides the PBKDF arguments, see [`pbkdf_args`]: LUKS1 ignores argon2 settings.
+    /// `pbkdf` `None` lets cryptsetup use its defaults (with a benchmark).
+    ///
+    /// Adds 2 PBKDF runs (unlock + derive) whenever cryptsetup is run; without `unlock_slot`
+    /// that is a lower bound (each keyslot tried costs one more).
+    ///
+    /// Errors: [`LuksError::Refused`] (nothing run) when either passphrase is empty or a keyslot
+    /// number is beyond `version`'s keyslot count; [`LuksError::Failed`] when cryptsetup fails:
+    /// exit 1 for an occupied `new_slot`, an empty unlocking keyslot or a full keyslots area,
+    /// exit 2 for a wrong `unlock` passphrase. luksAddKey never modifies existing keyslots.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_keyslot(
+        &self,
+        dev: &Path,
+        version: LuksVersion,
+        unlock_slot: Option<u32>,
+        unlock: &Passphrase,
+        new_slot: u32,
+        new: &Passphrase,
+        pbkdf: Option<&PbkdfSettings>,
+    ) -> Result<(), LuksError> {
+        let operation = match unlock_slot {
+            Some(u) => format!("luksAddKey into keyslot {new_slot} unlocking with keyslot {u}"),
+            None => format!("luksAddKey into keyslot {new_slot} unlocking with any keyslot"),
+        };
+        if unlock.is_empty() {
+            return Err(refused(
+                &operation,
+                dev,
+                "the unlocking passphrase is empty",
+            ));
+        }
+        if new.is_empty() {
+            return Err(refused(&operation, dev, "the new passphrase is empty"));
+        }
+        let max = version.max_keyslots();
+        check_slot(&operation, dev, new_slot, max)?;
+        if let Some(u) = unlock_slot {
+            check_slot(&operation, dev, u, max)?;
+        }
+        check_device(dev)?;
+
+        let mut argv: Vec<OsString> = vec!["luksAddKey".into(), "--batch-mode".into()];
+        if let Some(u) = unlock_slot {
+            argv.extend(["--key-slot".into(), u.to_string().into()]);
+        }
+        argv.extend([
+            "--new-key-slot".into(),
+            new_slot.to_string().into(),
+            "--key-file=-".into(),
+            format!("--new-keyfile=/dev/fd/{}", run::SECRET_FD).into(),
+        ]);
+        argv.extend(pbkdf_args(version, pbkdf));
+        argv.push(dev.as_os_str().to_owned());
+
+        let out = self.exec(argv, Some(unlock.expose()), Some(new.expose()))?;
+        self.counter.add(2);
+        if out.success() {
+            Ok(())
+        } else {
+            Err(failed(
+                &operation,
+                dev,
+                &out,
+                Some("existing keyslots were left untouched"),
+            ))
+        }
+    }
+
+    /// Removes keyslot `slot` of `dev` without asking for any passphrase
+    /// (cryptsetup-luksKillSlot(8)): `cryptsetup luksKillSlot --batch-mode DEV SLOT` with stdin
+    /// `/dev/null`. Adds 0 PBKDF runs.
+    ///
+    /// cryptsetup itself checks nothing in this mode (2.6.1 kills even the last keyslot), so
+    /// the caller must have verified that another bound keyslot opens the device. As a last
+    /// guard this function reads the header first and refuses when `slot` is the only occupied
+    /// bound keyslot.
+    ///
+    /// Errors: [`LuksError::Refused`] (nothing run, keyslot left untouched) when `slot` is out of
+    /// range, empty, or the only bound keyslot; errors of [`Self::dump`];
+    /// [`LuksError::Failed`] when cryptsetup fails.
+    pub fn kill_keyslot(&self, dev: &Path, slot: u32) -> Result<(), LuksError> {
+        let operation = format!("luksKillSlot of keyslot {slot}");
+        check_slot(&operation, dev, slot, MAX_IDS)?;
+        let header = self.dump(dev)?;
+        check_slot(&operation, dev, slot, header.version.max_keyslots())?;
+        let Some(target) = header.keyslots.get(&slot) else {
+            return Err(refused(
+                &operation,
+                dev,
+                &format!("keyslot {slot} is empty (already removed?)"),
+            ));
+        };
+        let other_bound = header.keyslots.iter().any(|(n, k)| *n != slot && k.bound);
+        if target.bound && !other_bound {
+            return Err(refused(
+                &operation,
+                dev,
+                &format!(
+                    "keyslot {slot} is the only bound keyslot; removing it would make the data \
+                     unopenable, so keyslot {slot} was left untouched"
+                ),
+            ));
+        }
+        let mut argv = args(["luksKillSlot", "--batch-mode"], dev);
+        argv.push(slot.to_string().into());
+        let out = self.exec(argv, None, None)?;
+        if out.success() {
+            Ok(())
+        } else {
+            Err(failed(
+                &operation,
+                dev,
+                &out,
+                Some("other keyslots were left untouched"),
+            ))
+        }
+    }
+
+    /// Stores token `json` in the LUKS2 header of `dev` (cryptsetup-token(8), `import`):
+    /// `cryptsetup token import --json-file - --token-id ID [--token-replace] DEV` with the JSON
+    /// on stdin. With `token_id` `Some`, that id is written, replacing a token already there
+    /// (`--token-replace`); with `None`, the lowest free id of a fresh dump is used. Returns the
+    /// id written. Adds 0 PBKDF runs.
+    ///
+    /// `json` must be an object with a string `type` and a `keyslots` array of decimal strings
+    /// naming occupied keyslots (checked here against a fresh dump; cryptsetup checks it too).
+    ///
+    /// Errors: [`LuksError::Refused`] (nothing run) for a LUKS1 device, malformed JSON, a
+    /// keyslot that is not occupied, `token_id` ≥ 32 or no free id; errors of [`Self::dump`];
+    /// [`LuksError::Failed`] when cryptsetup fails (exit 1, also when the JSON metadata area is
+    /// too small for the token).
+    pub fn token_import(
+        &self,
+        dev: &Path,
+        token_id: Option<u32>,
+        json: &serde_json::Value,
+    ) -> Result<u32, LuksError> {
+        let operation = match token_id {
+            Some(id) => format!("token import as token {id}"),
+            None => "token import".to_owned(),
+        };
+        let keyslots = token_keyslots(json).map_err(|m| refused(&operation, dev, &m))?;
+        if let Some(id) = token_id {
+            if id >= MAX_IDS {
+                return Err(refused(
+                    &operation,
+                    dev,
+                    &format!("token id {id} is out of range (LUKS2 tokens are 0-31)"),
+                ));
+            }
+        }
+        let header = self.dump(dev)?;
+        if header.version != LuksVersion::Luks2 {
+            return Err(refused(
+                &operation,
+                dev,
+                "the device is LUKS1, which has no tokens",
+            ));
+        }
+        if let Some(missing) = keyslots.iter().find(|k| !header.keyslots.contains_key(k)) {
+            return Err(refused(
+                &operation,
+                dev,
+                &format!("the token names keyslot {missing}, which is empty"),
+            ));
+        }
+        let id = match token_id {
+            Some(id) => id,
+            None => (0..MAX_IDS)
+                .find(|i| !header.tokens.contains_key(i))
+                .ok_or_else(|| refused(&operation, dev, "all 32 token ids are in use"))?,
+        };
+        let operation = format!("token import as token {id}");
+        let mut argv: Vec<OsString> = [
+            "token",
+            "import",
+            "--json-file",
+            "-",
+            "--token-id",
+            &id.to_string(),
+        ]
+        .into_iter()
+        .map(OsString::from)
+        .collect();
+        if token_id.is_some() {
+            argv.push("--token-replace".into());
+        }
+        argv.push(dev.as_os_str().to_owned());
+        let body =
+            serde_json::to_vec(json).map_err(|e| refused(&operation, dev, &e.to_string()))?;
+        let out = self.exec(argv, Some(&body), None)?;
+        if out.success() {
+            Ok(id)
+        } else {
+            Err(failed(
+                &operation,
+                dev,
+                &out,
+                Some(
+                    "keyslots were left untouched; a full LUKS2 metadata area also fails this way",
+                ),
+            ))
+        }
+    }
+
+    /// Removes token `token_id` from the LUKS2 header of `dev` (cryptsetup-token(8), `remove`):
+    /// `cryptsetup token remove --token-id ID DEV`. Adds 0 PBKDF runs.
+    ///
+    /// Errors: [`LuksError::Refused`] (nothing run) for `token_id` ≥ 32;
+    /// [`LuksError::Device`] for a missing path or directory; [`LuksError::Failed`] when
+    /// cryptsetup fails (exit 1 when the token is not in use or the device is LUKS1).
+    pub fn token_remove(&self, dev: &Path, token_id: u32) -> Result<(), LuksError> {
+        let operation = format!("token remove of token {token_id}");
+        if token_id >= MAX_IDS {
+            return Err(refused(
+                &operation,
+                dev,
+                &format!("token id {token_id} is out of range (LUKS2 tokens are 0-31)"),
+            ));
+        }
+        check_device(dev)?;
+        let argv: Vec<OsString> = vec![
+            "token".into(),
+            "remove".into(),
+            "--token-id".into(),
+            token_id.to_string().into(),
+            dev.as_os_str().to_owned(),
+        ];
+        let out = self.exec(argv, None, None)?;
+        if out.success() {
+            Ok(())
+        } else {
+            Err(failed(
+                &operation,
+                dev,
+                &out,
+                Some("keyslots and other tokens were left untouched"),
+            ))
+        }
+    }
+
+    /// Formats the existing file or device `dev` as a new LUKS container with `pass` in keyslot
+    /// 0 (cryptsetup-luksFormat(8)); for tests and examples. DESTROYS any data and header on
+    /// `dev`. Runs `cryptsetup luksFormat --batch-mode --type luks1|luks2 --key-file=- [--uuid U]
+    /// [PBKDF] DEV` with `pass` on stdin; LUKS2 gets a small header (`--luks2-metadata-size 16k
+    /// --luks2-keyslots-size 8m`: 12 KiB of JSON, room for 32 keyslots of 512-bit keys), so an
+    /// image of [`super::TEST_IMAGE_BYTES`] (9 MiB, see [`super::create_image`]) suits both
+    /// versions. Adds 1 PBKDF run.
+    ///
+    /// Errors: [`LuksError::Refused`] for an empty passphrase; [`LuksError::Device`] when `dev`
+    /// is missing or a directory; [`LuksError::Failed`] when cryptsetup fails (e.g. exit 1 for a
+    /// malformed `uuid`).
+    pub fn format(
+        &self,
+        dev: &Path,
+        version: LuksVersion,
+        pass: &Passphrase,
+        pbkdf: Option<&PbkdfSettings>,
+        uuid: Option<&str>,
+    ) -> Result<(), LuksError> {
+        let operation = "luksFormat (keyslot 0)";
+        if pass.is_empty() {
+            return Err(refused(operation, dev, "the passphrase is empty"));
+        }
+        check_device(dev)?;
+        let mut argv: Vec<OsString> = vec![
+            "luksFormat".into(),
+            "--batch-mode".into(),
+            "--type".into(),
+            match version {
+                LuksVersion::Luks1 => "luks1".into(),
+                LuksVersion::Luks2 => "luks2".into(),
+            },
+            "--key-file=-".into(),
+        ];
+        if version == LuksVersion::Luks2 {
+            argv.extend([
+                "--luks2-metadata-size".into(),
+                "16k".into(),
+                "--luks2-keyslots-size".into(),
+                "8m".into(),
+            ]);
+        }
+        if let Some(u) = uuid {
+            argv.extend(["--uuid".into(), u.into()]);
+        }
+        argv.extend(pbkdf_args(version, pbkdf));
+        argv.push(dev.as_os_str().to_owned());
+        let out = self.exec(argv, Some(pass.expose()), None)?;
+        self.counter.add(1);
+        if out.success() {
+            Ok(())
+        } else {
+            Err(failed(operation, dev, &out, None))
+        }
+    }
+
+    /// Runs cryptsetup with `argv`; only start failures are errors.
+    fn exec(
+        &self,
+        argv: Vec<OsString>,
+        stdin: Option<&[u8]>,
+        fd3: Option<&[u8]>,
+    ) -> Result<Outcome, LuksError> {
+        run::run(&self.program, &argv, stdin, fd3).map_err(|source| LuksError::Spawn {
+            program: self.program.clone(),
+            source,
+        })
+    }
+}
+
+/// cryptsetup arguments for PBKDF `settings` on a device of `version` (cryptsetup(8) options
+/// `--pbkdf`, `--pbkdf-force-iterations`, `--iter-time` (milliseconds), `--pbkdf-memory` (KiB),
+/// `--pbkdf-parallel` (threads)):
+///
+/// * `None`: nothing (cryptsetup's defaults, with a benchmark).
+/// * pbkdf2: `--pbkdf pbkdf2`, then `--pbkdf-force-iterations N` when `iterations` is set, else
+///   `--iter-time MS` when `iter_time_ms` is set. cryptsetup refuses both together, so forced
+///   iterations win. `memory_kib`/`parallel` are not passed (meaningless for pbkdf2).
+/// * argon2id/argon2i on LUKS2: `--pbkdf TYPE`, `--pbkdf-memory KiB`, `--pbkdf-parallel N`,
+///   and `--pbkdf-force-iterations N` (time cost) or else `--iter-time MS`, each when set.
+/// * argon2 on LUKS1: nothing (LUKS1 only knows pbkdf2; cryptsetup uses its pbkdf2 default).
+pub fn pbkdf_args(version: LuksVersion, settings: Option<&PbkdfSettings>) -> Vec<OsString> {
+    let Some(s) = settings else {
+        return Vec::new();
+    };
+    let name = match (s.kind, version) {
+        (PbkdfType::Pbkdf2, _) => "pbkdf2",
+        (_, LuksVersion::Luks1) => return Vec::new(),
+        (PbkdfType::Argon2id, LuksVersion::Luks2) => "argon2id",
+        (PbkdfType::Argon2i, LuksVersion::Luks2) => "argon2i",
+    };
+    let mut out: Vec<OsString> = vec!["--pbkdf".into(), name.into()];
+    if s.kind != PbkdfType::Pbkdf2 {
+        if let Some(m) = s.memory_kib {
+            out.extend(["--pbkdf-memory".into(), m.to_string().into()]);
+        }
+        if let Some(p) = s.parallel {
+            out.extend(["--pbkdf-parallel".into(), p.to_string().into()]);
+        }
+    }
+    if let Some(i) = s.iterations {
+        out.extend(["--pbkdf-force-iterations".into(), i.to_string().into()]);
+    } else if let Some(t) = s.iter_time_ms {
+        out.extend(["--iter-time".into(), t.to_string().into()]);
+    }
+    out
+}
+
+/// `words...` followed by the device path.
+fn args<const N: usize>(words: [&str; N], dev: &Path) -> Vec<OsString> {
+    let mut v: Vec<OsString> = words.into_iter().map(OsString::from).collect();
+    v.push(dev.as_os_str().to_owned());
+    v
+}
+
+/// Checks that `dev` exists and is not a directory, so cryptsetup's vaguer exit 4 is avoided.
+fn check_device(dev: &Path) -> Result<(), LuksError> {
+    let message = match std::fs::metadata(dev) {
+        Ok(m) if m.is_dir() => {
+            "is a directory, not a block device or LUKS image file; nothing was changed".to_owned()
+        }
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            "does not exist (no such block device or image file); nothing was changed".to_owned()
+        }
+        Err(e) => format!("cannot be accessed: {e}; nothing was changed"),
+    };
+    Err(LuksError::Device {
+        path: dev.to_owned(),
+        message,
+    })
+}
+
+/// Refuses keyslot numbers at or above `max`.
+fn check_slot(operation: &str, dev: &Path, slot: u32, max: u32) -> Result<(), LuksError> {
+    if slot >= max {
+        Err(refused(
+            operation,
+            dev,
+            &format!(
+                "keyslot {slot} is out of range (this device has keyslots 0-{})",
+                max - 1
+            ),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+fn refused(operation: &str, dev: &Path, reason: &str) -> LuksError {
+    LuksError::Refused {
+        operation: operation.to_owned(),
+        path: dev.to_owned(),
+        reason: reason.to_owned(),
+    }
+}
+
+/// A [`LuksError::Failed`] from a finished child; `note` says what was left untouched.
+fn failed(operation: &str, dev: &Path, out: &Outcome, note: Option<&str>) -> LuksError {
+    let mut stderr = if out.stderr.is_empty() {
+        "(no message)".to_owned()
+    } else {
+        out.stderr.clone()
+    };
+    if out.code.is_none() {
+        stderr.push_str(" (killed by a signal)");
+    }
+    if let Some(n) = note {
+        stderr.push_str("; ");
+        stderr.push_str(n);
+    }
+    LuksError::Failed {
+        operation: operation.to_owned(),
+        path: dev.to_owned(),
+        code: out.code.unwrap_or(-1),
+        stderr,
+    }
+}
+
+/// The keyslot numbers of a token JSON object; errors describe what is malformed.
+fn token_keyslots(json: &serde_json::Value) -> Result<Vec<u32>, String> {
+    let object = json.as_object().ok_or("the token JSON is not an object")?;
+    match object.get("type").and_then(serde_json::Value::as_str) {
+        Some(t) if !t.is_empty() => {}
+        _ => return Err("the token JSON has no non-empty string \"type\"".to_owned()),
+    }
+    object
+        .get("keyslots")
+        .and_then(serde_json::Value::as_array)
+        .ok_or("the token JSON has no \"keyslots\" array")?
+        .iter()
+        .map(|v| dump::number_string(v, "token keyslot"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(kind: PbkdfType) -> PbkdfSettings {
+        PbkdfSettings {
+            kind,
+            memory_kib: Some(65536),
+            parallel: Some(2),
+            iter_time_ms: Some(500),
+            iterations: None,
+        }
+    }
+
+    fn strings(v: Vec<OsString>) -> Vec<String> {
+        v.into_iter()
+            .map(|s| s.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn pbkdf_arguments() {
+        use LuksVersion::*;
+        assert!(pbkdf_args(Luks2, None).is_empty());
+        assert_eq!(
+            strings(pbkdf_args(Luks2, Some(&settings(PbkdfType::Argon2id)))),
+            [
+                "--pbkdf",
+                "argon2id",
+                "--pbkdf-memory",
+                "65536",
+                "--pbkdf-parallel",
+                "2",
+                "--iter-time",
+                "500"
+            ]
+        );
+        assert!(pbkdf_args(Luks1, Some(&settings(PbkdfType::Argon2i))).is_empty());
+        let mut p = settings(PbkdfType::Pbkdf2);
+        assert_eq!(
+            strings(pbkdf_args(Luks1, Some(&p))),
+            ["--pbkdf", "pbkdf2", "--iter-time", "500"]
+        );
+        p.iterations = Some(1000);
+        assert_eq!(
+            strings(pbkdf_args(Luks2, Some(&p))),
+            ["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"]
+        );
+        let mut a = settings(PbkdfType::Argon2i);
+        a.iterations = Some(4);
+        a.memory_kib = None;
+        assert_eq!(
+            strings(pbkdf_args(Luks2, Some(&a))),
+            [
+                "--pbkdf",
+                "argon2i",
+                "--pbkdf-parallel",
+                "2",
+                "--pbkdf-force-iterations",
+                "4"
+            ]
+        );
+    }
+
+    #[test]
+    fn token_json_checks() {
+        let ok = serde_json::json!({"type": "keyplan", "keyslots": ["1", "3"]});
+        assert_eq!(token_keyslots(&ok).unwrap(), [1, 3]);
+        for bad in [
+            serde_json::json!([]),
+            serde_json::json!({"keyslots": []}),
+            serde_json::json!({"type": "", "keyslots": []}),
+            serde_json::json!({"type": "k"}),
+            serde_json::json!({"type": "k", "keyslots": [1]}),
+        ] {
+            assert!(token_keyslots(&bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! Parsing `cryptsetup luksDump` output (cryptsetup(8), "luksDump"), without running anything.
+//!
+//! * The text dump (both versions) gives the format version (`Version:` line) and the UUID
+//!   (`UUID:` line); for LUKS1 it is the only source: `Key Slot N: ENABLED|DISABLED` blocks, each
+//!   enabled one with a multi-line `Salt:` field of hex bytes.
+//! * LUKS2 keyslots, digests and tokens come from `luksDump --dump-json-metadata` (the JSON
+//!   metadata area, see the LUKS2 on-disk format specification): keyslots with `kdf.type`,
+//!   `kdf.salt` and an optional `priority` (0 ignore, 1 normal, 2 prefer); a keyslot is bound when
+//!   a digest whose `segments` contains `"0"` lists it; tokens with `type` and `keyslots`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{Keyslot, LuksVersion, Priority, Token};
+
+/// The format version from a text dump's `Version:` line.
+///
+/// Errors: no `Version:` line, or a version other than 1 or 2 (message for `LuksError::Parse`).
+pub(crate) fn version(text: &str) -> Result<LuksVersion, String> {
+    match field(text, "Version:") {
+        Some("1") => Ok(LuksVersion::Luks1),
+        Some("2") => Ok(LuksVersion::Luks2),
+        Some(other) => Err(format!("unsupported LUKS version {other:?}")),
+        None => Err("no \"Version:\" line".to_owned()),
+    }
+}
+
+/// The UUID from a text dump's `UUID:` line, lower-cased.
+///
+/// Errors: no `UUID:` line (message for `LuksError::Parse`). An empty UUID is returned as "".
+pub(crate) fn uuid(text: &str) -> Result<String, String> {
+    field(text, "UUID:")
+        .map(str::to_ascii_lowercase)
+        .ok_or_else(|| "no \"UUID:\" line".to_owned())
+}
+
+/// Value of the first unindented line starting with `name`, trimmed.
+fn field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name))
+        .map(str::trim)
+}
+
+/// Occupied keyslots of a LUKS1 text dump. Every enabled LUKS1 keyslot is bound, has priority
+/// normal and KDF `pbkdf2`; its salt is the hex of the `Salt:` field without white space, in
+/// lower case.
+///
+/// Errors: a malformed `Key Slot` line, or an enabled keyslot without a hex salt.
+pub(crate) fn luks1_keyslots(text: &str) -> Result<BTreeMap<u32, Keyslot>, String> {
+    let mut slots = BTreeMap::new();
+    let mut current: Option<u32> = None;
+    let mut in_salt = false;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("Key Slot ") {
+            in_salt = false;
+            let (number, state) = rest
+                .split_once(':')
+                .ok_or_else(|| format!("malformed keyslot line {line:?}"))?;
+            let number: u32 = number
+                .trim()
+                .parse()
+                .map_err(|_| format!("malformed keyslot number in {line:?}"))?;
+            current = match state.trim() {
+                "ENABLED" => {
+                    slots.insert(
+                        number,
+                        Keyslot {
+                            bound: true,
+                            salt: String::new(),
+                            priority: Priority::Normal,
+                            kdf: "pbkdf2".to_owned(),
+                        },
+                    );
+                    Some(number)
+                }
+                "DISABLED" => None,
+                other => return Err(format!("keyslot {number} has unknown state {other:?}")),
+            };
+            continue;
+        }
+        let Some(number) = current else { continue };
+        let Some(slot) = slots.get_mut(&number) else {
+            continue;
+        };
+        let trimmed = line.trim();
+        if let Some(hex) = trimmed.strip_prefix("Salt:") {
+            slot.salt.extend(hex.chars().filter(|c| !c.is_whitespace()));
+            in_salt = true;
+        } else if in_salt && !trimmed.is_empty() && !trimmed.contains(':') {
+            slot.salt
+                .extend(trimmed.chars().filter(|c| !c.is_whitespace()));
+        } else {
+            in_salt = false;
+        }
+    }
+    for (number, slot) in slots.iter_mut() {
+        if slot.salt.is_empty() || !slot.salt.chars().all(|c| c.is_ascii_hexdigit()) {
+            return Err(format!("keyslot {number} has no hex salt"));
+        }
+        // cryptsetup prints lower case; normalise anyway so salts compare reliably
+        slot.salt.make_ascii_lowercase();
+    }
+    Ok(slots)
+}
+
+/// Keyslots and tokens of a LUKS2 JSON metadata dump.
+///
+/// Errors: invalid JSON, a missing `keyslots`/`digests`/`tokens` object, a keyslot or token id
+/// that is not a number, a `priority` other than 0, 1 or 2, a token without string `type` or
+/// string-array `keyslots`.
+#[allow(clippy::type_complexity)]
+pub(crate) fn luks2_metadata(
+    json_text: &str,
+) -> Result<(BTreeMap<u32, Keyslot>, BTreeMap<u32, Token>), String> {
+    let root: serde_json::Value =
+        serde_json::from_str(json_text).map_err(|e| format!("invalid JSON: {e}"))?;
+    let object = |name: &str| {
+        root.get(name)
+            .and_then(serde_json::Value::as_object)
+            .ok_or_else(|| format!("JSON metadata has no {name:?} object"))
+    };
+
+    let mut bound = BTreeSet::new();
+    for (id, digest) in object("digests")? {
+        let covers_segment_0 = digest
+            .get("segments")
+            .and_then(serde_json::Value::as_array)
+            .is_some_and(|s| s.iter().any(|v| v.as_str() == Some("0")));
+        if !covers_segment_0 {
+            continue;
+        }
+        let slots = digest
+            .get("keyslots")
+            .and_then(serde_json::Value::as_array)
+            .ok_or_else(|| format!("digest {id} has no \"keyslots\" array"))?;
+        for slot in slots {
+            bound.insert(number_string(slot, &format!("digest {id} keyslot"))?);
+        }
+    }
+
+    let mut keyslots = BTreeMap::new();
+    for (id, slot) in object("keyslots")? {
+        let number: u32 = id
+            .parse()
+            .map_err(|_| format!("keyslot id {id:?} is not a number"))?;
+        let kdf = slot.get("kdf");
+        let kdf_type = kdf
+            .and_then(|k| k.get("type"))
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("none")
+            .to_owned();
+        let salt = kdf
+            .and_then(|k| k.get("salt"))
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        let priority = match slot.get("priority") {
+            None => Priority::Normal,
+            Some(p) => match p.as_u64() {
+                Some(0) => Priority::Ignore,
+                Some(1) => Priority::Normal,
+                Some(2) => Priority::Prefer,
+                _ => return Err(format!("keyslot {number} has unknown priority {p}")),
+            },
+        };
+        keyslots.insert(
+            number,
+            Keyslot {
+                bound: bound.contains(&number),
+                salt,
+                priority,
+                kdf: kdf_type,
+            },
+        );
+    }
+
+    let mut tokens = BTreeMap::new();
+    for (id, token) in object("tokens")? {
+        let number: u32 = id
+            .parse()
+            .map_err(|_| format!("token id {id:?} is not a number"))?;
+        let token_type = token
+            .get("type")
+            .and_then(serde_json::Value::as_str)
+            .ok_or_else(|| format!("token {number} has no string \"type\""))?
+            .to_owned();
+        let slots = token
+            .get("keyslots")
+            .and_then(serde_json::Value::as_array)
+            .ok_or_else(|| format!("token {number} has no \"keyslots\" array"))?
+            .iter()
+            .map(|v| number_string(v, &format!("token {number} keyslot")))
+            .collect::<Result<Vec<u32>, String>>()?;
+        tokens.insert(
+            number,
+            Token {
+                id: number,
+                token_type,
+                keyslots: slots,
+                json: token.clone(),
+            },
+        );
+    }
+    Ok((keyslots, tokens))
+}
+
+/// A JSON string holding a decimal number, as LUKS2 metadata writes ids (`"3"`).
+pub(crate) fn number_string(value: &serde_json::Value, what: &str) -> Result<u32, String> {
+    value
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("{what} {value} is not a number in a string"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LUKS1: &str = "LUKS header information for x.img\n\nVersion:       \t1\nCipher name:   \taes\n\
+MK salt:       \t5e b3 af a8 5c fe c9 3c de b6 72 f8 4b 1f c9 4d \n               \td9 16 43 d4 10 ce 5d b4 bf c3 48 3b 68 68 4e dd \n\
+MK iterations: \t1000\nUUID:          \t4C7A4862-2bf2-42c6-b2b7-c38e303bca82\n\n\
+Key Slot 0: ENABLED\n\tIterations:         \t1000\n\tSalt:               \t23 47 72 84 08 e7 97 61 b3 7c 93 aa 1b b4 fa 1a \n\
+\t                      \t71 b5 3b 83 58 9d d3 a4 17 9e 6a db 6b 24 14 ef \n\tKey material offset:\t8\n\tAF stripes:            \t4000\n\
+Key Slot 1: DISABLED\nKey Slot 2: ENABLED\n\tIterations:         \t1000\n\tSalt:               \tAA bb \n\tKey material offset:\t8\n\
+Key Slot 3: DISABLED\n";
+
+    #[test]
+    fn luks1_text() {
+        assert_eq!(version(LUKS1), Ok(LuksVersion::Luks1));
+        assert_eq!(uuid(LUKS1).unwrap(), "4c7a4862-2bf2-42c6-b2b7-c38e303bca82");
+        let slots = luks1_keyslots(LUKS1).unwrap();
+        assert_eq!(slots.keys().copied().collect::<Vec<_>>(), [0, 2]);
+        assert_eq!(
+            slots[&0].salt,
+            "2347728408e79761b37c93aa1bb4fa1a71b53b83589dd3a4179e6adb6b2414ef"
+        );
+        assert_eq!(slots[&2].salt, "aabb");
+        assert!(slots[&0].bound);
+        assert_eq!(slots[&0].priority, Priority::Normal);
+        assert_eq!(slots[&0].kdf, "pbkdf2");
+    }
+
+    #[test]
+    fn luks1_bad_input() {
+        assert!(luks1_keyslots("Key Slot x: ENABLED\n").is_err());
+        assert!(luks1_keyslots("Key Slot 0: ENABLED\n\tIterations: 1\n").is_err());
+        assert!(luks1_keyslots("Key Slot 0: WEIRD\n").is_err());
+        assert!(version("Version: 3\n").is_err());
+        assert!(version("nothing\n").is_err());
+        assert!(uuid("Version: 1\n").is_err());
+    }
+
+    #[test]
+    fn luks2_json() {
+        let json = r#"{
+          "keyslots": {
+            "0": {"type":"luks2","kdf":{"type":"pbkdf2","salt":"AAA="}},
+            "1": {"type":"luks2","priority":0,"kdf":{"type":"argon2id","salt":"BBB="}},
+            "2": {"type":"luks2","priority":2,"kdf":{"type":"pbkdf2","salt":"CCC="}},
+            "3": {"type":"reencrypt","kdf":{"type":"none"}}
+          },
+          "tokens": {"4": {"type":"keyplan","keyslots":["0","2"],"key":"k"}},
+          "segments": {"0": {}},
+          "digests": {
+            "0": {"keyslots":["0","1"],"segments":["0"]},
+            "1": {"keyslots":["2"],"segments":[]}
+          }
+        }"#;
+        let (slots, tokens) = luks2_metadata(json).unwrap();
+        assert!(slots[&0].bound && slots[&1].bound && !slots[&2].bound && !slots[&3].bound);
+        assert_eq!(slots[&1].priority, Priority::Ignore);
+        assert_eq!(slots[&2].priority, Priority::Prefer);
+        assert_eq!(slots[&0].priority, Priority::Normal);
+        assert_eq!(slots[&1].kdf, "argon2id");
+        assert_eq!(slots[&1].salt, "BBB=");
+        assert_eq!(
+            (slots[&3].kdf.as_str(), slots[&3].salt.as_str()),
+            ("none", "")
+        );
+        assert_eq!(tokens[&4].keyslots, [0, 2]);
+        assert_eq!(tokens[&4].token_type, "keyplan");
+        assert_eq!(tokens[&4].json["key"], "k");
+    }
+
+    #[test]
+    fn luks2_bad_input() {
+        assert!(luks2_metadata("{").is_err());
+        assert!(luks2_metadata(r#"{"keyslots":{},"tokens":{}}"#).is_err());
+        let bad_priority = r#"{"keyslots":{"0":{"priority":7}},"tokens":{},"digests":{}}"#;
+        assert!(luks2_metadata(bad_priority).is_err());
+        let bad_token =
+            r#"{"keyslots":{},"tokens":{"0":{"type":"x","keyslots":[1]}},"digests":{}}"#;
+        assert!(luks2_metadata(bad_token).is_err());
+    }
+}
