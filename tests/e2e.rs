@@ -49,7 +49,10 @@ fn enroll_then_idempotent() {
     let out = s.ok(&["plan", "--detailed-exitcode"], 2);
     assert!(out.contains("+ key osd-kek v1"), "{out}");
     assert!(out.contains("+ keyslot 1  osd-kek v1"), "{out}");
-    assert!(out.contains("Plan: 3 to add, 0 to remove, 0 keys to rotate."), "{out}");
+    assert!(
+        out.contains("Plan: 3 to add, 0 to remove, 0 keys to rotate."),
+        "{out}"
+    );
     // plan wrote nothing: no KMS dir, no state dir
     assert!(!s.path("keys").exists());
     assert!(!s.path(".keyplan").exists());
@@ -59,18 +62,31 @@ fn enroll_then_idempotent() {
     let key = s.key_get("osd-kek", None);
     assert_eq!(key.len(), 44, "32 random bytes as base64");
     for d in &devs {
-        assert!(opens(d, &key, Some(1)), "key opens keyslot 1 of {}", d.display());
+        assert!(
+            opens(d, &key, Some(1)),
+            "key opens keyslot 1 of {}",
+            d.display()
+        );
         assert!(bound(d, 1));
         assert!(opens(d, INITIAL, Some(0)), "unmanaged keyslot 0 kept");
         // the token records key, version and salt
         let json = luks2_json(d);
-        let tok = json["tokens"].as_object().unwrap().values().next().unwrap().clone();
+        let tok = json["tokens"]
+            .as_object()
+            .unwrap()
+            .values()
+            .next()
+            .unwrap()
+            .clone();
         assert_eq!(tok["type"], "keyplan");
         assert_eq!(tok["key"], "osd-kek");
         assert_eq!(tok["version"], 1);
         assert_eq!(tok["salt"], json["keyslots"]["1"]["kdf"]["salt"]);
     }
-    assert_eq!(s.ok(&["plan", "--detailed-exitcode"], 0).trim(), "No changes. Devices and KMS match the plan.");
+    assert_eq!(
+        s.ok(&["plan", "--detailed-exitcode"], 0).trim(),
+        "No changes. Devices and KMS match the plan."
+    );
     let out = s.ok(&["apply", "--auto-approve"], 0);
     assert!(out.contains("No changes."), "{out}");
     let out = s.ok(&["verify"], 0);
@@ -86,7 +102,10 @@ fn rotate_shared_key_across_three_devices() {
     let out = s.ok(&["plan", "--rotate", "osd-kek", "--detailed-exitcode"], 2);
     assert!(out.contains("~ key osd-kek v1 -> v2"), "{out}");
     assert!(out.contains("(--rotate)"), "{out}");
-    assert!(out.contains("Plan: 3 to add, 3 to remove, 1 keys to rotate."), "{out}");
+    assert!(
+        out.contains("Plan: 3 to add, 3 to remove, 1 keys to rotate."),
+        "{out}"
+    );
     let out = s.ok(&["apply", "--auto-approve", "--rotate", "osd-kek"], 0);
     // 3 devices x (unlock + derive + verify) = 9 PBKDF runs
     assert!(out.contains("9 PBKDF runs"), "{out}");
@@ -94,7 +113,11 @@ fn rotate_shared_key_across_three_devices() {
     assert_ne!(old, new);
     for d in &devs {
         assert!(opens(d, &new, None), "new key opens {}", d.display());
-        assert!(!opens(d, &old, None), "old key opens nothing on {}", d.display());
+        assert!(
+            !opens(d, &old, None),
+            "old key opens nothing on {}",
+            d.display()
+        );
         assert!(opens(d, INITIAL, Some(0)));
         assert_eq!(keyslots(d), vec![0, 2]);
     }
@@ -129,7 +152,10 @@ fn rotate_after_exceeded_is_planned() {
     meta["versions"][0]["created_at"] = serde_json::json!(now - 41 * 86_400);
     std::fs::write(&meta_path, serde_json::to_vec(&meta).unwrap()).unwrap();
     let out = s.ok(&["plan", "--detailed-exitcode"], 2);
-    assert!(out.contains("rotate_after exceeded: age 41d > 30d"), "{out}");
+    assert!(
+        out.contains("rotate_after exceeded: age 41d > 30d"),
+        "{out}"
+    );
     s.ok(&["apply", "--auto-approve"], 0);
     s.ok(&["plan", "--detailed-exitcode"], 0);
 }
@@ -160,11 +186,17 @@ devices:
     let key = s.key_get("k", None);
     for d in [&l1, &l2] {
         assert!(opens(d, &key, None));
-        assert!(!opens(d, INITIAL, None), "initial keyslot removed on {}", d.display());
+        assert!(
+            !opens(d, INITIAL, None),
+            "initial keyslot removed on {}",
+            d.display()
+        );
         assert_eq!(keyslots(d), vec![1]);
     }
     // LUKS1 records live in the state directory
-    let recs: Vec<_> = std::fs::read_dir(s.path(".keyplan/luks1")).unwrap().collect();
+    let recs: Vec<_> = std::fs::read_dir(s.path(".keyplan/luks1"))
+        .unwrap()
+        .collect();
     assert_eq!(recs.len(), 1);
     s.ok(&["plan", "--detailed-exitcode"], 0);
     s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
@@ -240,7 +272,10 @@ fn pinned_keyslot_survives_rotation() {
     assert!(opens(&d, &k1, Some(5)));
     s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
     let k2 = s.key_get("k", None);
-    assert!(opens(&d, &k2, Some(5)), "new version back in pinned keyslot 5");
+    assert!(
+        opens(&d, &k2, Some(5)),
+        "new version back in pinned keyslot 5"
+    );
     assert!(!opens(&d, &k1, None));
     assert_eq!(keyslots(&d), vec![0, 5]);
     s.ok(&["plan", "--detailed-exitcode"], 0);
@@ -272,8 +307,14 @@ fn drift_keyslot_killed_or_rewritten_outside_keyplan() {
         .unwrap();
     assert!(st.success());
     let out = s.ok(&["plan", "--detailed-exitcode"], 2);
-    assert!(out.contains("drift: keyslot 1 removed outside keyplan"), "{out}");
-    assert!(out.contains("drift: keyslot 1 rewritten outside keyplan"), "{out}");
+    assert!(
+        out.contains("drift: keyslot 1 removed outside keyplan"),
+        "{out}"
+    );
+    assert!(
+        out.contains("drift: keyslot 1 rewritten outside keyplan"),
+        "{out}"
+    );
     s.ok(&["apply", "--auto-approve"], 0);
     for d in &devs {
         assert!(opens(d, &key, None), "re-enrolled on {}", d.display());
@@ -291,7 +332,10 @@ fn second_apply_is_refused_while_locked() {
     let _lock = keyplan::journal::StateLock::acquire(&s.path(".keyplan")).unwrap();
     let out = s.ok(&["apply", "--auto-approve"], 1);
     assert!(out.contains("another keyplan run holds the lock"), "{out}");
-    assert!(out.contains(&format!("pid {}", std::process::id())), "{out}");
+    assert!(
+        out.contains(&format!("pid {}", std::process::id())),
+        "{out}"
+    );
     assert!(!s.path("keys").exists());
 }
 
@@ -349,7 +393,17 @@ fn full_keyslot_table_is_refused() {
     let d = s.image("full.img", "luks1");
     for slot in 1..8 {
         let st = std::process::Command::new("cryptsetup")
-            .args(["luksAddKey", "--batch-mode", "--pbkdf-force-iterations", "1000", "--key-slot", "0", "--new-key-slot", &slot.to_string(), "--key-file"])
+            .args([
+                "luksAddKey",
+                "--batch-mode",
+                "--pbkdf-force-iterations",
+                "1000",
+                "--key-slot",
+                "0",
+                "--new-key-slot",
+                &slot.to_string(),
+                "--key-file",
+            ])
             .arg(s.path("initial.pass"))
             .arg(&d)
             .arg(s.path("initial.pass"))
@@ -374,8 +428,10 @@ fn key_enrolled_via_another_managed_key() {
     let devs = setup_three(&s);
     s.ok(&["apply", "--auto-approve"], 0);
     // add a second key to the plan; no enroll_with needed: osd-kek opens the devices.
-    let plan = three_device_plan("  backup-kek:\n    kms: local\n")
-        .replace("keys: [osd-kek]\n    enroll_with: initial.pass", "keys: [osd-kek, backup-kek]");
+    let plan = three_device_plan("  backup-kek:\n    kms: local\n").replace(
+        "keys: [osd-kek]\n    enroll_with: initial.pass",
+        "keys: [osd-kek, backup-kek]",
+    );
     s.plan("keyplan.yaml", &plan);
     let out = s.ok(&["plan"], 0);
     assert!(out.contains("+ key backup-kek v1"), "{out}");
@@ -386,9 +442,15 @@ fn key_enrolled_via_another_managed_key() {
     }
     s.ok(&["plan", "--detailed-exitcode"], 0);
     // removing backup-kek from the devices removes its keyslots
-    s.plan("keyplan.yaml", &three_device_plan("  backup-kek:\n    kms: local\n"));
+    s.plan(
+        "keyplan.yaml",
+        &three_device_plan("  backup-kek:\n    kms: local\n"),
+    );
     let out = s.ok(&["plan"], 0);
-    assert!(out.contains("key backup-kek is no longer listed for this device"), "{out}");
+    assert!(
+        out.contains("key backup-kek is no longer listed for this device"),
+        "{out}"
+    );
     s.ok(&["apply", "--auto-approve"], 0);
     for d in &devs {
         assert!(!opens(d, &b, None));
@@ -400,9 +462,14 @@ fn key_enrolled_via_another_managed_key() {
 /// each gets its own plan (one plan refuses two devices with one UUID).
 #[test]
 fn cryptsetup_project_images() {
-    for (name, extra) in [("compatimage", None), ("compatimage2", Some((1, &b"0123456789abcdef"[..])))] {
+    for (name, extra) in [
+        ("compatimage", None),
+        ("compatimage2", Some((1, &b"0123456789abcdef"[..]))),
+    ] {
         let s = Scratch::new();
-        let Some(img) = shared_image(name, s.dir.path()) else { return };
+        let Some(img) = shared_image(name, s.dir.path()) else {
+            return;
+        };
         std::fs::write(s.path("compat.pass"), b"compatkey").unwrap();
         s.plan(
             "keyplan.yaml",
@@ -413,7 +480,10 @@ fn cryptsetup_project_images() {
         s.ok(&["apply", "--auto-approve"], 0);
         let k1 = s.key_get("k", None);
         assert!(opens(&img, &k1, None), "{name}");
-        assert!(opens(&img, b"compatkey", Some(0)), "original keyslot kept on {name}");
+        assert!(
+            opens(&img, b"compatkey", Some(0)),
+            "original keyslot kept on {name}"
+        );
         if let Some((slot, pass)) = extra {
             assert!(opens(&img, pass, Some(slot)));
         }
@@ -442,7 +512,11 @@ fn resume_after_kill_during_add() {
         ),
     )
     .unwrap();
-    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let out = assert_cmd::Command::cargo_bin("keyplan")
         .unwrap()
         .current_dir(s.dir.path())
@@ -464,7 +538,12 @@ fn resume_after_kill_during_add() {
     let key = s.key_get("osd-kek", None);
     for d in &devs {
         assert!(opens(d, &key, Some(1)));
-        assert_eq!(keyslots(d), vec![0, 1], "no orphan keyslot on {}", d.display());
+        assert_eq!(
+            keyslots(d),
+            vec![0, 1],
+            "no orphan keyslot on {}",
+            d.display()
+        );
     }
     s.ok(&["plan", "--detailed-exitcode"], 0);
     let journal = s.ok(&["journal"], 0);

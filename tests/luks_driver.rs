@@ -293,7 +293,7 @@ fn kill_keyslot_removes_and_refuses_last_bound() {
     }
 }
 
-/// `cryptsetup luksAddKey --unbound` with the passphrase on stdin (test-only helper).
+/// `cryptsetup luksAddKey --unbound` into `slot` with the passphrase on stdin (test-only helper).
 fn add_unbound(dev: &Path, slot: u32, secret: &str) {
     let mut child = Command::new("cryptsetup")
         .args([
@@ -302,7 +302,9 @@ fn add_unbound(dev: &Path, slot: u32, secret: &str) {
             "--unbound",
             "--key-size",
             "256",
-            "--new-key-slot",
+            // with --unbound, cryptsetup 2.6.1 takes the target from --key-slot and ignores
+            // --new-key-slot
+            "--key-slot",
             &slot.to_string(),
             "--new-keyfile=-",
             "--pbkdf",

@@ -71,23 +71,42 @@ pub fn new_run_id() -> String {
     format!("{}-{}", crate::kms::now_unix(), std::process::id())
 }
 
-/// Runs `graph` as run `run_id`, journaling into `journal`. `resume` carries what an
-/// interrupted process already did (done steps are skipped; staged versions and verified
-/// keyslots are taken over). Writes the `run_start` record unless resuming, and always a
-/// `run_end` record.
+/// What [`run_graph`] runs.
+pub struct RunInput<'a> {
+    /// The plan (device paths, KMS bindings, PBKDF settings).
+    pub plan: &'a Plan,
+    /// cryptsetup and the KMS instances.
+    pub world: &'a World,
+    /// The steps.
+    pub graph: &'a StepGraph,
+    /// Run id (a new one, or the interrupted run's when resuming).
+    pub run_id: &'a str,
+    /// What an interrupted process already did, when finishing its run.
+    pub resume: Option<&'a RunSummary>,
+    /// Steps at once (>= 1).
+    pub parallelism: usize,
+}
+
+/// Runs `input.graph` as run `input.run_id`, journaling into `journal`. `input.resume` carries
+/// what an interrupted process already did (done steps are skipped; staged versions and
+/// verified keyslots are taken over). Writes the `run_start` record unless resuming, and
+/// always a `run_end` record.
 ///
 /// Errors: the first failing step (later independent steps are not started; running ones
 /// finish), or a journal write failure (the run stops before the next effect).
 pub fn run_graph(
-    plan: &Plan,
-    world: &World,
-    graph: &StepGraph,
+    input: RunInput<'_>,
     journal: &mut Journal,
-    run_id: &str,
-    resume: Option<&RunSummary>,
-    parallelism: usize,
     progress: Progress<'_>,
 ) -> Result<RunReport, RunFailure> {
+    let RunInput {
+        plan,
+        world,
+        graph,
+        run_id,
+        resume,
+        parallelism,
+    } = input;
     let n = graph.len();
     let fail = |error: String, completed: Vec<String>| RunFailure {
         run: run_id.to_string(),
@@ -323,10 +342,12 @@ impl Exec<'_> {
 
     fn run(&self, idx: usize, step: &Step) -> Result<StepOutcome, String> {
         let cs = &self.world.cs;
-        let ok = |s: String| Ok(StepOutcome {
-            outcome: s,
-            ..StepOutcome::default()
-        });
+        let ok = |s: String| {
+            Ok(StepOutcome {
+                outcome: s,
+                ..StepOutcome::default()
+            })
+        };
         match step {
             Step::Stage { key, at_least } => {
                 let (kms, name, bytes) = self.key_ctx(key)?;
@@ -372,12 +393,18 @@ impl Exec<'_> {
                         return ok(format!("keyslot {slot} already holds {key} v{v}"));
                     }
                     if self.resumed.get(idx).copied().unwrap_or(false)
-                        && !recs.iter().any(|r| r.slot == *slot && r.status == RecordStatus::Valid)
+                        && !recs
+                            .iter()
+                            .any(|r| r.slot == *slot && r.status == RecordStatus::Valid)
                         && cs
                             .test_passphrase(&path, *slot, &material)
                             .map_err(|e| e.to_string())?
                     {
-                        let salt = header.keyslots.get(slot).map(|k| k.salt.clone()).unwrap_or_default();
+                        let salt = header
+                            .keyslots
+                            .get(slot)
+                            .map(|k| k.salt.clone())
+                            .unwrap_or_default();
                         self.world.write_record(
                             &path,
                             &header,
@@ -444,7 +471,9 @@ impl Exec<'_> {
                     .keyslots
                     .get(slot)
                     .map(|k| k.salt.clone())
-                    .ok_or_else(|| format!("keyslot {slot} of {device} is empty after luksAddKey"))?;
+                    .ok_or_else(|| {
+                        format!("keyslot {slot} of {device} is empty after luksAddKey")
+                    })?;
                 self.world.write_record(
                     &path,
                     &header,

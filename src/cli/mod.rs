@@ -433,17 +433,16 @@ fn cmd_apply(
         }
         let graph = crate::graph::StepGraph::from_parts(s.steps.clone(), &s.deps);
         let mut progress = progress_printer(cli.quiet);
-        let report = apply::run_graph(
-            &plan,
-            &world,
-            &graph,
-            &mut journal,
-            &s.run,
-            Some(&s),
+        let input = apply::RunInput {
+            plan: &plan,
+            world: &world,
+            graph: &graph,
+            run_id: &s.run,
+            resume: Some(&s),
             parallelism,
-            &mut progress,
-        )
-        .map_err(|f| failure_report(f, "finishing interrupted run"))?;
+        };
+        let report = apply::run_graph(input, &mut journal, &mut progress)
+            .map_err(|f| failure_report(f, "finishing interrupted run"))?;
         pbkdf_total += report.pbkdf_runs;
         println!("Interrupted run {} finished.\n", s.run);
     }
@@ -475,17 +474,16 @@ fn cmd_apply(
     println!();
     let run_id = apply::new_run_id();
     let mut progress = progress_printer(cli.quiet);
-    let report = apply::run_graph(
-        &plan,
-        &world,
-        &d.graph,
-        &mut journal,
-        &run_id,
-        None,
+    let input = apply::RunInput {
+        plan: &plan,
+        world: &world,
+        graph: &d.graph,
+        run_id: &run_id,
+        resume: None,
         parallelism,
-        &mut progress,
-    )
-    .map_err(|f| failure_report(f, "run"))?;
+    };
+    let report = apply::run_graph(input, &mut journal, &mut progress)
+        .map_err(|f| failure_report(f, "run"))?;
     pbkdf_total += report.pbkdf_runs;
     println!(
         "\nApply complete! {} added, {} removed, {} keys rotated. ({} steps, {} PBKDF runs)",
@@ -512,12 +510,18 @@ fn cmd_verify(cli: &Cli, arg: &PlanArg) -> Result<ExitCode> {
                 continue;
             };
             let Some(cur) = observed.keys.get(&k.key).and_then(|s| s.current) else {
-                println!("FAIL  {}: {} has no current version in the KMS", dev.id, k.key);
+                println!(
+                    "FAIL  {}: {} has no current version in the KMS",
+                    dev.id, k.key
+                );
                 failures += 1;
                 continue;
             };
             let Some((slot, _)) = st.slots_of(&k.key).into_iter().find(|(_, v)| *v == cur) else {
-                println!("FAIL  {}: {} v{cur} is not enrolled (no keyslot recorded)", dev.id, k.key);
+                println!(
+                    "FAIL  {}: {} v{cur} is not enrolled (no keyslot recorded)",
+                    dev.id, k.key
+                );
                 failures += 1;
                 continue;
             };
@@ -529,13 +533,20 @@ fn cmd_verify(cli: &Cli, arg: &PlanArg) -> Result<ExitCode> {
                 .test_passphrase(&dev.path, slot, &pass)
                 .map_err(|e| miette!("{e}"))?;
             if opens && bound {
-                println!("ok    {}: {} v{cur} opens bound keyslot {slot}", dev.id, k.key);
+                println!(
+                    "ok    {}: {} v{cur} opens bound keyslot {slot}",
+                    dev.id, k.key
+                );
             } else {
                 println!(
                     "FAIL  {}: {} v{cur} {} keyslot {slot}",
                     dev.id,
                     k.key,
-                    if opens { "opens an UNBOUND" } else { "does not open" }
+                    if opens {
+                        "opens an UNBOUND"
+                    } else {
+                        "does not open"
+                    }
                 );
                 failures += 1;
             }
@@ -551,7 +562,13 @@ fn cmd_verify(cli: &Cli, arg: &PlanArg) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn cmd_key_get(cli: &Cli, arg: &PlanArg, key: &str, version: Option<u64>, reveal: bool) -> Result<ExitCode> {
+fn cmd_key_get(
+    cli: &Cli,
+    arg: &PlanArg,
+    key: &str,
+    version: Option<u64>,
+    reveal: bool,
+) -> Result<ExitCode> {
     let plan = load_plan(cli, arg)?;
     let Some(spec) = plan.keys.get(key) else {
         return Err(miette!("no key {key:?} in {}", plan.source_path.display()));
@@ -564,7 +581,12 @@ fn cmd_key_get(cli: &Cli, arg: &PlanArg, key: &str, version: Option<u64>, reveal
             .read(&spec.name)
             .map_err(|e| miette!("{e}"))?
             .current
-            .ok_or_else(|| miette!("{}: key {key} has no current version yet; run `keyplan apply`", kms.describe()))?,
+            .ok_or_else(|| {
+                miette!(
+                    "{}: key {key} has no current version yet; run `keyplan apply`",
+                    kms.describe()
+                )
+            })?,
     };
     let stdout = io::stdout();
     if stdout.is_terminal() && !reveal {
@@ -600,7 +622,12 @@ fn cmd_journal(cli: &Cli, arg: &PlanArg, json: bool) -> Result<ExitCode> {
             std::time::UNIX_EPOCH + std::time::Duration::from_secs(r.ts),
         );
         let line = match &r.event {
-            journal::Event::RunStart { steps: s, host, pid, .. } => {
+            journal::Event::RunStart {
+                steps: s,
+                host,
+                pid,
+                ..
+            } => {
                 steps.clone_from(s);
                 format!("run started: {} steps (pid {pid} on {host})", s.len())
             }

@@ -214,7 +214,15 @@ impl Planner<'_> {
         self.obs.devices.get(id)
     }
 
-    fn change(&mut self, device: &str, slot: u32, action: SlotAction, key: Option<&str>, version: Option<u64>, reason: String) {
+    fn change(
+        &mut self,
+        device: &str,
+        slot: u32,
+        action: SlotAction,
+        key: Option<&str>,
+        version: Option<u64>,
+        reason: String,
+    ) {
         self.slots.push(SlotChange {
             device: device.to_string(),
             slot,
@@ -245,7 +253,13 @@ impl Planner<'_> {
                         r.slot, r.record.key, r.record.version
                     ),
                 };
-                todo.push((id.clone(), r.slot, r.record.key.clone(), r.record.version, reason));
+                todo.push((
+                    id.clone(),
+                    r.slot,
+                    r.record.key.clone(),
+                    r.record.version,
+                    reason,
+                ));
             }
         }
         for (id, slot, key, version, reason) in todo {
@@ -254,7 +268,14 @@ impl Planner<'_> {
                 slot,
             });
             self.dev(&id).forgets.push(s);
-            self.change(&id, slot, SlotAction::Drift, Some(&key), Some(version), reason);
+            self.change(
+                &id,
+                slot,
+                SlotAction::Drift,
+                Some(&key),
+                Some(version),
+                reason,
+            );
         }
     }
 
@@ -287,7 +308,11 @@ impl Planner<'_> {
         let free = st.free_slots();
         let others = self.pins_of_others(device, key);
         let pinned = self.pinned(device, key);
-        let reserved = self.devs.get(device).map(|d| d.reserved.clone()).unwrap_or_default();
+        let reserved = self
+            .devs
+            .get(device)
+            .map(|d| d.reserved.clone())
+            .unwrap_or_default();
         let pick = match pinned {
             Some(n) if allow_pinned && free.contains(&n) && !reserved.contains(&n) => Some(n),
             _ => free
@@ -350,7 +375,14 @@ impl Planner<'_> {
         self.dev(device).readers.entry(slot).or_default().push(step);
     }
 
-    fn add_step(&mut self, device: &str, key: &str, version: VersionRef, slot: u32, unlock: Unlock) -> (usize, usize) {
+    fn add_step(
+        &mut self,
+        device: &str,
+        key: &str,
+        version: VersionRef,
+        slot: u32,
+        unlock: Unlock,
+    ) -> (usize, usize) {
         let unlock_slot = match &unlock {
             Unlock::Key { slot, .. } => Some(*slot),
             Unlock::EnrollWith => None,
@@ -422,7 +454,10 @@ impl Planner<'_> {
                     .unwrap_or_else(|| short_duration(max));
                 return Some((
                     KeyAction::Rotate,
-                    format!("rotate_after exceeded: age {} > {written}", short_duration(age)),
+                    format!(
+                        "rotate_after exceeded: age {} > {written}",
+                        short_duration(age)
+                    ),
                 ));
             }
         }
@@ -458,10 +493,16 @@ impl Planner<'_> {
     /// Key with a current version and no rotation: make sure each device holds exactly one
     /// keyslot with it (in the pinned keyslot if any), and no keyslot with older versions.
     fn converge(&mut self, key: &str, c: u64, device: &str) {
-        let Some(st) = self.state(device).cloned() else { return };
+        let Some(st) = self.state(device).cloned() else {
+            return;
+        };
         let recs = st.slots_of(key);
         let pinned = self.pinned(device, key);
-        let with_c: Vec<u32> = recs.iter().filter(|(_, v)| *v == c).map(|(s, _)| *s).collect();
+        let with_c: Vec<u32> = recs
+            .iter()
+            .filter(|(_, v)| *v == c)
+            .map(|(s, _)| *s)
+            .collect();
         let keep = match pinned {
             Some(n) => with_c.iter().copied().find(|s| *s == n),
             None => with_c.first().copied(),
@@ -478,8 +519,12 @@ impl Planner<'_> {
                         return;
                     }
                 }
-                let Some(target) = self.target(device, key, true) else { return };
-                let Some(unlock) = self.unlock(device, key, Some(c)) else { return };
+                let Some(target) = self.target(device, key, true) else {
+                    return;
+                };
+                let Some(unlock) = self.unlock(device, key, Some(c)) else {
+                    return;
+                };
                 let (a, v) = self.add_step(device, key, VersionRef::Version(c), target, unlock);
                 let _ = a;
                 let reason = if !with_c.is_empty() {
@@ -491,7 +536,11 @@ impl Planner<'_> {
                 (target, Some(v))
             }
         };
-        let extras: Vec<(u32, u64)> = recs.iter().copied().filter(|(s, _)| *s != keep_slot).collect();
+        let extras: Vec<(u32, u64)> = recs
+            .iter()
+            .copied()
+            .filter(|(s, _)| *s != keep_slot)
+            .collect();
         if extras.is_empty() {
             return;
         }
@@ -533,12 +582,24 @@ impl Planner<'_> {
             .unwrap_or(0)
     }
 
-    fn rotate(&mut self, key: &str, st: &crate::kms::KeyState, devices: &[String], action: KeyAction, reason: String) {
+    fn rotate(
+        &mut self,
+        key: &str,
+        st: &crate::kms::KeyState,
+        devices: &[String],
+        action: KeyAction,
+        reason: String,
+    ) {
         let c = st.current;
         let max_known = st.versions.keys().copied().max().unwrap_or(0);
         let at_least = self.max_recorded(key).max(max_known) + 1;
         let to = st.pending.unwrap_or(at_least);
-        let kms = self.plan.keys.get(key).map(|k| k.kms.clone()).unwrap_or_default();
+        let kms = self
+            .plan
+            .keys
+            .get(key)
+            .map(|k| k.kms.clone())
+            .unwrap_or_default();
         self.keys.push(KeyChange {
             key: key.to_string(),
             kms,
@@ -558,7 +619,9 @@ impl Planner<'_> {
         self.g.dep(stage, commit);
         let mut kills_of_version: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
         for device in devices {
-            let Some(ds) = self.state(device).cloned() else { continue };
+            let Some(ds) = self.state(device).cloned() else {
+                continue;
+            };
             let recs = ds.slots_of(key);
             let pinned = self.pinned(device, key);
             let already = st
@@ -580,8 +643,12 @@ impl Planner<'_> {
                             continue;
                         }
                     }
-                    let Some(target) = self.target(device, key, true) else { continue };
-                    let Some(unlock) = self.unlock(device, key, c) else { continue };
+                    let Some(target) = self.target(device, key, true) else {
+                        continue;
+                    };
+                    let Some(unlock) = self.unlock(device, key, c) else {
+                        continue;
+                    };
                     let (a, v) = self.add_step(device, key, VersionRef::Staged, target, unlock);
                     self.g.dep(stage, a);
                     let why = match action {
@@ -607,7 +674,14 @@ impl Planner<'_> {
                 );
                 self.g.dep(commit, k);
                 kills_of_version.entry(v).or_default().push(k);
-                self.change(device, s, SlotAction::Remove, Some(key), Some(v), format!("replaced by {key} v{to}"));
+                self.change(
+                    device,
+                    s,
+                    SlotAction::Remove,
+                    Some(key),
+                    Some(v),
+                    format!("replaced by {key} v{to}"),
+                );
                 if Some(s) == pinned {
                     pinned_kill = Some(k);
                 }
@@ -622,7 +696,14 @@ impl Planner<'_> {
                 };
                 let (a2, v2) = self.add_step(device, key, VersionRef::Staged, n, unlock);
                 self.g.dep(k, a2);
-                self.change(device, n, SlotAction::Add, Some(key), Some(to), format!("move {key} v{to} back to pinned keyslot {n}"));
+                self.change(
+                    device,
+                    n,
+                    SlotAction::Add,
+                    Some(key),
+                    Some(to),
+                    format!("move {key} v{to} back to pinned keyslot {n}"),
+                );
                 let k2 = self.kill(
                     device,
                     new_slot,
@@ -632,7 +713,14 @@ impl Planner<'_> {
                     },
                     v2,
                 );
-                self.change(device, new_slot, SlotAction::Remove, Some(key), Some(to), format!("temporary keyslot of the rotation (pinned keyslot is {n})"));
+                self.change(
+                    device,
+                    new_slot,
+                    SlotAction::Remove,
+                    Some(key),
+                    Some(to),
+                    format!("temporary keyslot of the rotation (pinned keyslot is {n})"),
+                );
                 let d = self.dev(device);
                 d.anchor = Some(v2);
                 let _ = k2;
@@ -682,11 +770,19 @@ impl Planner<'_> {
     fn removals(&mut self) {
         let ids: Vec<String> = self.obs.devices.keys().cloned().collect();
         for id in ids {
-            let Some(st) = self.state(&id).cloned() else { continue };
-            let Some(spec) = self.plan.devices.get(&id).cloned() else { continue };
+            let Some(st) = self.state(&id).cloned() else {
+                continue;
+            };
+            let Some(spec) = self.plan.devices.get(&id).cloned() else {
+                continue;
+            };
             let listed: BTreeSet<&str> = spec.keys.iter().map(|k| k.key.as_str()).collect();
-            let mut victims: Vec<(u32, SlotHolder, Option<String>, Option<u64>, String)> = Vec::new();
-            for r in st.records.iter().filter(|r| r.status == RecordStatus::Valid) {
+            let mut victims: Vec<Victim> = Vec::new();
+            for r in st
+                .records
+                .iter()
+                .filter(|r| r.status == RecordStatus::Valid)
+            {
                 if !listed.contains(r.record.key.as_str()) {
                     victims.push((
                         r.slot,
@@ -731,7 +827,14 @@ impl Planner<'_> {
                     continue;
                 }
                 self.kill(&id, slot, holder, anchor);
-                self.change(&id, slot, SlotAction::Remove, key.as_deref(), version, reason);
+                self.change(
+                    &id,
+                    slot,
+                    SlotAction::Remove,
+                    key.as_deref(),
+                    version,
+                    reason,
+                );
             }
         }
     }
@@ -760,22 +863,18 @@ impl Planner<'_> {
     /// Cross-step ordering on each device: forgotten records first; every step reading a
     /// keyslot before the kill of that keyslot.
     fn ordering(&mut self) {
-        let devs: Vec<(String, Vec<usize>, BTreeMap<u32, Vec<usize>>, BTreeMap<u32, usize>)> = self
-            .devs
-            .iter()
-            .map(|(id, d)| (id.clone(), d.forgets.clone(), d.readers.clone(), d.kills.clone()))
-            .collect();
+        let devs = std::mem::take(&mut self.devs);
         let by_device = self.g.by_device();
-        for (id, forgets, readers, kills) in devs {
-            for f in &forgets {
-                for s in by_device.get(&id).into_iter().flatten() {
-                    if !forgets.contains(s) {
+        for (id, d) in &devs {
+            for f in &d.forgets {
+                for s in by_device.get(id).into_iter().flatten() {
+                    if !d.forgets.contains(s) {
                         self.g.dep(*f, *s);
                     }
                 }
             }
-            for (slot, k) in &kills {
-                for r in readers.get(slot).into_iter().flatten() {
+            for (slot, k) in &d.kills {
+                for r in d.readers.get(slot).into_iter().flatten() {
                     if let Step::KillKeyslot { anchor, .. } = self.g.step(*k) {
                         if anchor == r {
                             continue;
@@ -787,6 +886,9 @@ impl Planner<'_> {
         }
     }
 }
+
+/// A keyslot `removals` plans to kill: `(keyslot, holder, key, version, reason)`.
+type Victim = (u32, SlotHolder, Option<String>, Option<u64>, String);
 
 fn st_max(st: Option<&DeviceState>) -> u32 {
     st.map_or(32, |s| s.header.version.max_keyslots())

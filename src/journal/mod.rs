@@ -294,10 +294,8 @@ pub fn last_run(records: &[Record]) -> Option<RunSummary> {
     };
     for r in records[start + 1..].iter().filter(|r| r.run == s.run) {
         match &r.event {
-            Event::StepStart { step } if *step < s.steps.len() => {
-                if !s.done[*step] {
-                    s.started_not_done[*step] = true;
-                }
+            Event::StepStart { step } if *step < s.steps.len() && !s.done[*step] => {
+                s.started_not_done[*step] = true;
             }
             Event::StepDone {
                 step,

@@ -726,9 +726,9 @@ mod tests {
     }
 
     #[test]
-    fn token_json_checks() {
+    fn token_json_checks() -> Result<(), String> {
         let ok = serde_json::json!({"type": "keyplan", "keyslots": ["1", "3"]});
-        assert_eq!(token_keyslots(&ok).unwrap(), [1, 3]);
+        assert_eq!(token_keyslots(&ok)?, [1, 3]);
         for bad in [
             serde_json::json!([]),
             serde_json::json!({"keyslots": []}),
@@ -738,5 +738,6 @@ mod tests {
         ] {
             assert!(token_keyslots(&bad).is_err(), "{bad}");
         }
+        Ok(())
     }
 }

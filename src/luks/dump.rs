@@ -224,10 +224,10 @@ Key Slot 1: DISABLED\nKey Slot 2: ENABLED\n\tIterations:         \t1000\n\tSalt:
 Key Slot 3: DISABLED\n";
 
     #[test]
-    fn luks1_text() {
+    fn luks1_text() -> Result<(), String> {
         assert_eq!(version(LUKS1), Ok(LuksVersion::Luks1));
-        assert_eq!(uuid(LUKS1).unwrap(), "4c7a4862-2bf2-42c6-b2b7-c38e303bca82");
-        let slots = luks1_keyslots(LUKS1).unwrap();
+        assert_eq!(uuid(LUKS1)?, "4c7a4862-2bf2-42c6-b2b7-c38e303bca82");
+        let slots = luks1_keyslots(LUKS1)?;
         assert_eq!(slots.keys().copied().collect::<Vec<_>>(), [0, 2]);
         assert_eq!(
             slots[&0].salt,
@@ -237,6 +237,7 @@ Key Slot 3: DISABLED\n";
         assert!(slots[&0].bound);
         assert_eq!(slots[&0].priority, Priority::Normal);
         assert_eq!(slots[&0].kdf, "pbkdf2");
+        Ok(())
     }
 
     #[test]
@@ -250,7 +251,7 @@ Key Slot 3: DISABLED\n";
     }
 
     #[test]
-    fn luks2_json() {
+    fn luks2_json() -> Result<(), String> {
         let json = r#"{
           "keyslots": {
             "0": {"type":"luks2","kdf":{"type":"pbkdf2","salt":"AAA="}},
@@ -265,7 +266,7 @@ Key Slot 3: DISABLED\n";
             "1": {"keyslots":["2"],"segments":[]}
           }
         }"#;
-        let (slots, tokens) = luks2_metadata(json).unwrap();
+        let (slots, tokens) = luks2_metadata(json)?;
         assert!(slots[&0].bound && slots[&1].bound && !slots[&2].bound && !slots[&3].bound);
         assert_eq!(slots[&1].priority, Priority::Ignore);
         assert_eq!(slots[&2].priority, Priority::Prefer);
@@ -279,6 +280,7 @@ Key Slot 3: DISABLED\n";
         assert_eq!(tokens[&4].keyslots, [0, 2]);
         assert_eq!(tokens[&4].token_type, "keyplan");
         assert_eq!(tokens[&4].json["key"], "k");
+        Ok(())
     }
 
     #[test]

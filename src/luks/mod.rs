@@ -149,7 +149,8 @@ pub enum LuksError {
         path: PathBuf,
         /// Exit code (cryptsetup(8) RETURN CODES).
         code: i32,
-        /// cryptsetup's stderr, trimmed.
+        /// cryptsetup's stderr, trimmed, lines joined with `"; "`, followed by what keyplan
+        /// knows was left untouched (e.g. `; existing keyslots were left untouched`).
         stderr: String,
     },
     /// keyplan refused the request before running cryptsetup, because it is invalid or unsafe:

@@ -153,7 +153,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pipes_reach_stdin_and_fd3_unchanged() {
+    fn pipes_reach_stdin_and_fd3_unchanged() -> io::Result<()> {
         let secret_in = b"first\nsecret\0bytes\n".to_vec();
         let secret_3 = vec![b'z'; 200_000]; // larger than a default pipe buffer
         let out = run(
@@ -164,8 +164,7 @@ mod tests {
             ],
             Some(&secret_in),
             Some(&secret_3),
-        )
-        .unwrap();
+        )?;
         assert!(out.success());
         let (echoed, rest) = out.stdout.split_at(secret_in.len());
         assert_eq!(echoed.as_bytes(), &secret_in[..]);
@@ -173,25 +172,27 @@ mod tests {
         // all 200000 bytes arrived on fd 3, which was at end-of-file afterwards
         assert_eq!(rest, ["|C|C|200000", "0"]);
         assert_eq!(out.stderr, "warn; more");
+        Ok(())
     }
 
     #[test]
-    fn child_that_never_reads_does_not_hang() {
+    fn child_that_never_reads_does_not_hang() -> io::Result<()> {
         let big = vec![b'x'; 1 << 20];
         let out = run(
             Path::new("sh"),
             &["-c".into(), "exit 7".into()],
             Some(&big),
             Some(&big),
-        )
-        .unwrap();
+        )?;
         assert_eq!(out.code, Some(7));
+        Ok(())
     }
 
     #[test]
-    fn stdin_null_is_empty() {
-        let out = run(Path::new("sh"), &["-c".into(), "wc -c".into()], None, None).unwrap();
+    fn stdin_null_is_empty() -> io::Result<()> {
+        let out = run(Path::new("sh"), &["-c".into(), "wc -c".into()], None, None)?;
         assert_eq!(out.stdout.trim(), "0");
+        Ok(())
     }
 
     #[test]

@@ -144,20 +144,46 @@ fn sanitize(text: &str) -> String {
 
 /// Parses `src` in `format`: the located tree first (its failure is a syntax error), then the
 /// version, then the serde model.
-pub(crate) fn parse(src: &SourceFile, format: Format) -> Result<(PlanFile, Located), PlanError> {
+pub(crate) fn parse(
+    src: &SourceFile,
+    format: Format,
+) -> Result<(PlanFile, Located), miette::Report> {
     let text: &str = &src.text;
+    if is_blank(text) {
+        return Err(PlanError::new(
+            src,
+            "keyplan::plan::empty",
+            format!("plan file {} is empty", src.name),
+            Vec::new(),
+            Some(format!(
+                "a plan file starts with `{}`, then lists `kms`, `keys` and `devices`",
+                version_line(format)
+            )),
+        )
+        .report());
+    }
     let tree = match format {
-        Format::Yaml => locate::parse_yaml(text).map_err(|e| syntax_error(src, format, yaml_raw(&e))),
-        Format::Toml => locate::parse_toml(text).map_err(|e| syntax_error(src, format, toml_raw(&e))),
+        Format::Yaml => {
+            locate::parse_yaml(text).map_err(|e| syntax_error(src, format, yaml_raw(&e)))
+        }
+        Format::Toml => {
+            locate::parse_toml(text).map_err(|e| syntax_error(src, format, toml_raw(&e)))
+        }
     }?;
     check_version(src, format, &tree)?;
     let file = match format {
         Format::Yaml => serde_saphyr::from_str::<PlanFile>(text)
-            .map_err(|e| schema_error(src, format, &tree, yaml_raw(&e))),
+            .map_err(|e| schema_error(src, format, &tree, yaml_raw(&e)).report()),
         Format::Toml => toml::from_str::<PlanFile>(text)
-            .map_err(|e| schema_error(src, format, &tree, toml_raw(&e))),
+            .map_err(|e| schema_error(src, format, &tree, toml_raw(&e)).report()),
     }?;
     Ok((file, tree))
+}
+
+/// Only blanks and comments (both formats use `#`).
+fn is_blank(text: &str) -> bool {
+    text.lines()
+        .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
 }
 
 fn version_line(format: Format) -> &'static str {
@@ -168,7 +194,7 @@ fn version_line(format: Format) -> &'static str {
 }
 
 /// `version` is checked before the model, because another version may well have other fields.
-fn check_version(src: &SourceFile, format: Format, tree: &Located) -> Result<(), PlanError> {
+fn check_version(src: &SourceFile, format: Format, tree: &Located) -> Result<(), miette::Report> {
     let Some((_, value)) = tree.entry("version") else {
         return Ok(());
     };
@@ -190,7 +216,8 @@ fn check_version(src: &SourceFile, format: Format, tree: &Located) -> Result<(),
                 "this keyplan reads plan format version 1: write `{}` and use the version 1 fields",
                 version_line(format)
             )),
-        )),
+        )
+        .report()),
     }
 }
 
@@ -213,34 +240,34 @@ fn syntax_error(src: &SourceFile, format: Format, raw: RawError) -> PlanError {
     );
     let mut code = "keyplan::plan::syntax";
     if let Some(rest) = message.strip_prefix("duplicate mapping key: ") {
-        let key = rest.split(", set DuplicateKeyPolicy").next().unwrap_or(rest);
+        let key = rest
+            .split(", set DuplicateKeyPolicy")
+            .next()
+            .unwrap_or(rest);
         message = format!("duplicate key `{key}`");
         help = "each key may appear only once in a mapping: remove one of them or merge their contents".to_owned();
         code = "keyplan::plan::duplicate_key";
     } else if message == "duplicate key" {
-        help = "each key may appear only once in a table: remove one of them or merge their contents".to_owned();
+        help =
+            "each key may appear only once in a table: remove one of them or merge their contents"
+                .to_owned();
         code = "keyplan::plan::duplicate_key";
     } else if message.starts_with("multiple YAML documents") {
         message = "the plan file holds more than one YAML document".to_owned();
-        help = "keep a single document: remove the `---` separator and what follows, or merge them".to_owned();
+        help = "keep a single document: remove the `---` separator and what follows, or merge them"
+            .to_owned();
+    } else if message.starts_with("budget breached") || message.contains("recurs") {
+        message = format!("the document is nested too deeply or is too large ({message})");
+        help = "a plan file needs only a few levels of nesting: simplify the marked structure"
+            .to_owned();
     } else if message.starts_with("unexpected end of") {
-        let blank = src
-            .text
-            .lines()
-            .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'));
-        if blank {
-            message = "the plan file is empty".to_owned();
-            help = format!("a plan file starts with `{}`", version_line(format));
-            code = "keyplan::plan::empty";
-        } else {
-            message = "unexpected end of the YAML document".to_owned();
-        }
+        message = format!("unexpected end of the {lang} document");
     }
     let message = format!("invalid {lang}: {message}");
     let labels = raw
         .span
         .map(|s| Label {
-            span: locate::widen_to_line(&src.text, s),
+            span: locate::at_least_one_char(&src.text, s),
             text: "here".to_owned(),
             primary: true,
         })
@@ -281,7 +308,16 @@ fn is_int_type_message(message: &str) -> bool {
     };
     matches!(
         ty,
-        "u8" | "u16" | "u32" | "u64" | "u128" | "usize" | "i8" | "i16" | "i32" | "i64" | "i128"
+        "u8" | "u16"
+            | "u32"
+            | "u64"
+            | "u128"
+            | "usize"
+            | "i8"
+            | "i16"
+            | "i32"
+            | "i64"
+            | "i128"
             | "isize"
     )
 }
@@ -322,14 +358,16 @@ fn schema_error(src: &SourceFile, format: Format, tree: &Located, raw: RawError)
         );
     } else if let Some(field) = backticked_after(&message, "missing field `") {
         code = "keyplan::plan::missing_field";
-        // Reported at the start of the mapping, which is also its first key.
+        // Reported at the start of the mapping, which is also its first key (YAML), or at the
+        // table's header (TOML; the root table has an empty span at 0).
         if let Some(Hit::Key(_)) = hit {
             path.pop();
         }
+        if format == Format::Toml && raw.span.is_some_and(|s| s.len == 0 && s.start == 0) {
+            path.clear();
+        }
         if let Some(t) = tree.get(&path) {
             span = Some(locate::label_span(text, &t));
-        } else if path.is_empty() {
-            span = None;
         }
         detail = message.clone();
         help = if path.is_empty() && field == "version" {
@@ -341,6 +379,14 @@ fn schema_error(src: &SourceFile, format: Format, tree: &Located, raw: RawError)
         };
     } else if message.starts_with("unknown variant `") {
         code = "keyplan::plan::bad_value";
+        // Internally tagged enums (`provider:`) report at the key: mark the value.
+        if let Some(Hit::Key(p)) = &hit {
+            if let Some(t) = tree.get(p) {
+                if let Node::Scalar(_) = t.value.node {
+                    span = Some(t.value.span);
+                }
+            }
+        }
         detail = message.clone();
         help = "use one of the values listed".to_owned();
     } else {

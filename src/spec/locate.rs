@@ -232,8 +232,7 @@ pub(crate) fn display_path(path: &[PathSeg]) -> String {
                     out.push('.');
                 }
                 let plain = !k.is_empty()
-                    && k
-                        .chars()
+                    && k.chars()
                         .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
                 if plain {
                     out.push_str(k);
@@ -304,11 +303,18 @@ pub(crate) fn widen_to_line(text: &str, span: Span) -> Span {
         Some(i) => &line[..i],
         None => line,
     };
+    let mut len = line.trim_end().len().min(MAX_WIDENED);
+    while len > 0 && !line.is_char_boundary(len) {
+        len -= 1;
+    }
     Span {
         start: span.start,
-        len: line.trim_end().len(),
+        len,
     }
 }
+
+/// Longest label [`widen_to_line`] makes, in bytes.
+const MAX_WIDENED: usize = 60;
 
 /// The span a label on `target` should cover: the scalar value itself; for a collection, the
 /// mapping key that names it (or the collection, when it has a visible extent).
@@ -322,6 +328,22 @@ pub(crate) fn label_span(text: &str, target: &Target<'_>) -> Span {
         (Node::Map(_) | Node::Seq(_), None) => value.span,
     };
     widen_to_line(text, span)
+}
+
+/// A zero-length span widened to the character at its start (unless that is a line end), so a
+/// syntax error label marks one visible character.
+pub(crate) fn at_least_one_char(text: &str, span: Span) -> Span {
+    let span = clamp(text, span);
+    if span.len > 0 {
+        return span;
+    }
+    match text[span.start..].chars().next() {
+        Some(c) if c != '\n' && c != '\r' => Span {
+            start: span.start,
+            len: c.len_utf8(),
+        },
+        _ => span,
+    }
 }
 
 /// How a format wraps a value with its location.
@@ -470,10 +492,7 @@ impl<'de, S: Spanner> Visitor<'de> for TreeVisitor<S> {
         deserializer.deserialize_any(self)
     }
 
-    fn visit_newtype_struct<D: Deserializer<'de>>(
-        self,
-        deserializer: D,
-    ) -> Result<Node, D::Error> {
+    fn visit_newtype_struct<D: Deserializer<'de>>(self, deserializer: D) -> Result<Node, D::Error> {
         deserializer.deserialize_any(self)
     }
 
@@ -509,7 +528,13 @@ mod tests {
     fn yaml_paths_map_to_spans() {
         let tree = parse_yaml(YAML).unwrap();
         let t = tree
-            .get(&[k("devices"), k("a"), k("keys"), PathSeg::Index(1), k("keyslot")])
+            .get(&[
+                k("devices"),
+                k("a"),
+                k("keys"),
+                PathSeg::Index(1),
+                k("keyslot"),
+            ])
             .unwrap();
         let s = label_span(YAML, &t);
         assert_eq!(&YAML[s.start..s.end()], "3");
@@ -526,7 +551,13 @@ mod tests {
         let text = "version = 1\n[devices.a]\npath = \"x\"\nkeys = [\"k1\", { key = \"k2\", keyslot = 3 }]\n";
         let tree = parse_toml(text).unwrap();
         let t = tree
-            .get(&[k("devices"), k("a"), k("keys"), PathSeg::Index(1), k("keyslot")])
+            .get(&[
+                k("devices"),
+                k("a"),
+                k("keys"),
+                PathSeg::Index(1),
+                k("keyslot"),
+            ])
             .unwrap();
         let s = label_span(text, &t);
         assert_eq!(&text[s.start..s.end()], "3");
@@ -538,7 +569,13 @@ mod tests {
         let off = YAML.find("keyslot").unwrap();
         assert_eq!(
             tree.hit(off),
-            Hit::Key(vec![k("devices"), k("a"), k("keys"), PathSeg::Index(1), k("keyslot")])
+            Hit::Key(vec![
+                k("devices"),
+                k("a"),
+                k("keys"),
+                PathSeg::Index(1),
+                k("keyslot")
+            ])
         );
         let off = YAML.find("k1").unwrap();
         assert_eq!(

@@ -5,7 +5,6 @@
 //! `miette::Report` with the source file attached and a label on the offending span.
 //! Errors that can only be found later (after a device's header was read, e.g. a keyslot out of
 //! range for LUKS1) are built with [`Plan::error_at`], so they point at the plan file too.
-
 //!
 //! How locations are found: the text is parsed twice, once into the serde model
 //! ([`model::PlanFile`], which catches unknown fields, missing fields and wrong types at the
@@ -110,7 +109,7 @@ pub fn load_str(
     base_dir: &Path,
 ) -> Result<Plan, miette::Report> {
     let src = load::source_file(text, name);
-    let (file, tree) = load::parse(&src, format).map_err(PlanError::report)?;
+    let (file, tree) = load::parse(&src, format)?;
     let base = absolute_dir(base_dir);
     let order = |path: &[PathSeg]| {
         tree.get(path)
@@ -266,7 +265,14 @@ impl Plan {
                 locate::display_path(path)
             )
         };
-        let labels = self.source.label(path, text).into_iter().collect();
+        let labels: Vec<Label> = self.source.label(path, text).into_iter().collect();
+        let message = message.into();
+        // Without a label miette shows no file name: put it in the message.
+        let message = if labels.is_empty() {
+            format!("{}: {message}", self.source.file.name)
+        } else {
+            message
+        };
         PlanError::new(
             &self.source.file,
             "keyplan::plan::error",

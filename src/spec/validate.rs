@@ -66,8 +66,7 @@ fn p(segs: &[&str]) -> Vec<PathSeg> {
 /// KMS instance names, key ids and device ids: non-empty `[A-Za-z0-9._-]+`.
 pub(crate) fn is_id(s: &str) -> bool {
     !s.is_empty()
-        && s
-            .chars()
+        && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
 }
 
@@ -167,12 +166,7 @@ fn identity(abs: &Path) -> PathBuf {
 }
 
 /// A resolved path as the `String` the KMS model holds.
-fn resolve_string(
-    base: &Path,
-    path: &str,
-    at: Vec<PathSeg>,
-    issues: &mut Vec<Issue>,
-) -> String {
+fn resolve_string(base: &Path, path: &str, at: Vec<PathSeg>, issues: &mut Vec<Issue>) -> String {
     let resolved = resolve(base, path);
     match resolved.to_str() {
         Some(s) => s.to_owned(),
@@ -358,12 +352,12 @@ pub(crate) fn validate(
             None => {
                 let help = if file.kms.is_empty() {
                     format!(
-                        "define a KMS instance `{}` under `kms:` (e.g. `provider: file`)",
+                        "define a KMS instance `{}` under `kms` (e.g. `provider: file`)",
                         k.kms
                     )
                 } else {
                     format!(
-                        "use one of the defined KMS instances ({}), or define `{}` under `kms:`",
+                        "use one of the defined KMS instances ({}), or define `{}` under `kms`",
                         list(file.kms.keys()),
                         k.kms
                     )
@@ -372,7 +366,7 @@ pub(crate) fn validate(
                     path: at("kms"),
                     code: "keyplan::plan::undefined_kms",
                     message: format!(
-                        "key `{id}` uses KMS `{}`, which is not defined under `kms:`",
+                        "key `{id}` uses KMS `{}`, which is not defined under `kms`",
                         k.kms
                     ),
                     label: "undefined KMS instance".to_owned(),
@@ -509,9 +503,7 @@ pub(crate) fn validate(
                 issues.push(Issue {
                     path: at("path"),
                     code: "keyplan::plan::duplicate_device",
-                    message: format!(
-                        "device `{id}` has the same path as device `{first}`{same}"
-                    ),
+                    message: format!("device `{id}` has the same path as device `{first}`{same}"),
                     label: format!("same device as `{first}`"),
                     help: format!(
                         "list each device once: remove `{id}` or `{first}`, and merge their keys"
@@ -590,10 +582,10 @@ pub(crate) fn validate(
             };
             if !file.keys.contains_key(kid) {
                 let help = if file.keys.is_empty() {
-                    format!("define key `{kid}` under `keys:`")
+                    format!("define key `{kid}` under `keys`")
                 } else {
                     format!(
-                        "use one of the defined keys ({}), or define `{kid}` under `keys:`",
+                        "use one of the defined keys ({}), or define `{kid}` under `keys`",
                         list(file.keys.keys())
                     )
                 };
@@ -601,7 +593,7 @@ pub(crate) fn validate(
                     path: kid_path.clone(),
                     code: "keyplan::plan::undefined_key",
                     message: format!(
-                        "device `{id}` lists key `{kid}`, which is not defined under `keys:`"
+                        "device `{id}` lists key `{kid}`, which is not defined under `keys`"
                     ),
                     label: "undefined key".to_owned(),
                     help,
@@ -730,14 +722,30 @@ mod tests {
             parse_rotate_after("1w 3d").unwrap(),
             Duration::from_secs(10 * 86400)
         );
-        assert_eq!(parse_rotate_after("30m").unwrap(), Duration::from_secs(1800));
+        assert_eq!(
+            parse_rotate_after("30m").unwrap(),
+            Duration::from_secs(1800)
+        );
         for bad in [
-            "90x", "3 months", "0d", "1y", "2M", "", "d", "90", "1.5h", "-1d", "10ms", "12h!",
+            "90x",
+            "3 months",
+            "0d",
+            "1y",
+            "2M",
+            "",
+            "d",
+            "90",
+            "1.5h",
+            "-1d",
+            "10ms",
+            "12h!",
             "99999999999999999999w",
         ] {
             assert!(parse_rotate_after(bad).is_err(), "{bad} accepted");
         }
-        assert!(parse_rotate_after("3 months").unwrap_err().contains("months"));
+        assert!(parse_rotate_after("3 months")
+            .unwrap_err()
+            .contains("months"));
     }
 
     #[test]
@@ -758,6 +766,9 @@ mod tests {
             resolve(Path::new("/plans"), "./img/../x.img"),
             PathBuf::from("/plans/img/../x.img")
         );
-        assert_eq!(resolve(Path::new("/plans"), "/dev/sda"), PathBuf::from("/dev/sda"));
+        assert_eq!(
+            resolve(Path::new("/plans"), "/dev/sda"),
+            PathBuf::from("/dev/sda")
+        );
     }
 }

@@ -11,7 +11,8 @@ use std::process::{Command, Output, Stdio};
 pub const INITIAL: &[u8] = b"initial passphrase";
 
 /// Fast PBKDF settings for plans in tests only.
-pub const FAST_PBKDF: &str = "settings:\n  pbkdf: { type: pbkdf2, iterations: 1000 }\n  parallelism: 4\n";
+pub const FAST_PBKDF: &str =
+    "settings:\n  pbkdf: { type: pbkdf2, iterations: 1000 }\n  parallelism: 4\n";
 
 /// A scratch directory with images and a plan.
 pub struct Scratch {
@@ -55,9 +56,18 @@ impl Scratch {
             .stderr(Stdio::piped())
             .spawn()
             .expect("cryptsetup");
-        child.stdin.take().expect("stdin").write_all(INITIAL).expect("write");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(INITIAL)
+            .expect("write");
         let out = child.wait_with_output().expect("wait");
-        assert!(out.status.success(), "luksFormat: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "luksFormat: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         p
     }
 
@@ -102,7 +112,11 @@ impl Scratch {
             args.push(&v);
         }
         let out = self.keyplan(&args);
-        assert!(out.status.success(), "key get: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "key get: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         out.stdout
     }
 }
@@ -133,7 +147,12 @@ pub fn opens(dev: &Path, pass: &[u8], slot: Option<u32>) -> bool {
         .stderr(Stdio::null())
         .spawn()
         .expect("cryptsetup");
-    child.stdin.take().expect("stdin").write_all(pass).expect("write");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(pass)
+        .expect("write");
     child.wait().expect("wait").success()
 }
 
@@ -180,12 +199,18 @@ pub fn keyslots(dev: &Path) -> Vec<u32> {
 /// Is keyslot `slot` of a LUKS2 `dev` bound (listed in a digest of segment 0)?
 pub fn bound(dev: &Path, slot: u32) -> bool {
     let json = luks2_json(dev);
-    json["digests"].as_object().expect("digests").values().any(|d| {
-        d["segments"].as_array().is_some_and(|s| s.iter().any(|x| x == "0"))
-            && d["keyslots"]
+    json["digests"]
+        .as_object()
+        .expect("digests")
+        .values()
+        .any(|d| {
+            d["segments"]
                 .as_array()
-                .is_some_and(|k| k.iter().any(|x| x == &serde_json::json!(slot.to_string())))
-    })
+                .is_some_and(|s| s.iter().any(|x| x == "0"))
+                && d["keyslots"]
+                    .as_array()
+                    .is_some_and(|k| k.iter().any(|x| x == &serde_json::json!(slot.to_string())))
+        })
 }
 
 /// The cryptsetup project's test images, decompressed into `into`, or None (with a SKIPPED
@@ -193,14 +218,23 @@ pub fn bound(dev: &Path, slot: u32) -> bool {
 pub fn shared_image(name: &str, into: &Path) -> Option<PathBuf> {
     let base = std::env::var_os("KEYPLAN_TESTDATA")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata/cryptsetup"));
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/testdata/cryptsetup")
+        });
     let src = base.join(format!("{name}.img.xz"));
     if !src.exists() {
-        eprintln!("SKIPPED: {} not found (../shared/testdata absent)", src.display());
+        eprintln!(
+            "SKIPPED: {} not found (../shared/testdata absent)",
+            src.display()
+        );
         return None;
     }
     let dst = into.join(format!("{name}.img"));
-    let out = Command::new("xz").arg("-dc").arg(&src).output().expect("xz");
+    let out = Command::new("xz")
+        .arg("-dc")
+        .arg(&src)
+        .output()
+        .expect("xz");
     assert!(out.status.success(), "xz -dc {}", src.display());
     std::fs::write(&dst, out.stdout).expect("write image");
     Some(dst)
