@@ -362,8 +362,33 @@ impl Planner<'_> {
                 });
             }
         }
-        if dev.enroll_with.is_some() {
-            return Some(Unlock::EnrollWith);
+        if let Some(file) = &dev.enroll_with {
+            // Checked now (size only, the content is read by apply) so that a missing file
+            // stops the run before anything is staged in the KMS.
+            return match std::fs::metadata(file) {
+                Ok(m) if m.is_file() && m.len() > 0 => Some(Unlock::EnrollWith),
+                Ok(m) if m.is_file() => {
+                    self.errors.push(format!(
+                        "device {device}: enroll_with file {} is empty; it must hold a passphrase that opens the device today. Nothing was changed",
+                        file.display()
+                    ));
+                    None
+                }
+                Ok(_) => {
+                    self.errors.push(format!(
+                        "device {device}: enroll_with {} is not a regular file. Nothing was changed",
+                        file.display()
+                    ));
+                    None
+                }
+                Err(e) => {
+                    self.errors.push(format!(
+                        "device {device}: cannot read enroll_with file {}: {e}. Nothing was changed",
+                        file.display()
+                    ));
+                    None
+                }
+            };
         }
         self.errors.push(format!(
             "device {device}: keyplan holds no key that opens it, so it cannot enroll {key}; nothing was changed. Set `enroll_with:` to a file holding a passphrase that opens the device today"
@@ -435,7 +460,9 @@ impl Planner<'_> {
         if let Some(p) = st.pending {
             return Some((
                 KeyAction::Finish,
-                format!("pending v{p} was staged by an interrupted run; finishing that rotation"),
+                format!(
+                    "pending v{p} was staged by an earlier run that did not finish; finishing it"
+                ),
             ));
         }
         let Some(cur) = st.current_info() else {
