@@ -456,7 +456,7 @@ impl Exec<'_> {
                         (None, Passphrase::new(bytes))
                     }
                 };
-                cs.add_keyslot(
+                let mut added = cs.add_keyslot(
                     &path,
                     header.version,
                     unlock_slot,
@@ -464,8 +464,35 @@ impl Exec<'_> {
                     *slot,
                     &material,
                     self.plan.pbkdf.as_ref(),
-                )
-                .map_err(|e| format!("{e}; nothing was changed on the device"))?;
+                );
+                // cryptsetup skips keyslots with priority `ignore` unless named with
+                // --key-slot (cryptsetup-config(8)); an enroll_with passphrase may live in one.
+                if unlock_slot.is_none()
+                    && matches!(
+                        added,
+                        Err(crate::luks::LuksError::Failed { code: 1 | 2, .. })
+                    )
+                {
+                    for (s, _) in header
+                        .keyslots
+                        .iter()
+                        .filter(|(_, k)| k.priority == crate::luks::Priority::Ignore && k.bound)
+                    {
+                        added = cs.add_keyslot(
+                            &path,
+                            header.version,
+                            Some(*s),
+                            &unlock_pass,
+                            *slot,
+                            &material,
+                            self.plan.pbkdf.as_ref(),
+                        );
+                        if added.is_ok() {
+                            break;
+                        }
+                    }
+                }
+                added.map_err(|e| format!("{e}; nothing was changed on the device"))?;
                 let header = cs.dump(&path).map_err(|e| e.to_string())?;
                 let salt = header
                     .keyslots
@@ -474,16 +501,21 @@ impl Exec<'_> {
                     .ok_or_else(|| {
                         format!("keyslot {slot} of {device} is empty after luksAddKey")
                     })?;
-                self.world.write_record(
-                    &path,
-                    &header,
-                    *slot,
-                    &SlotRecord {
-                        key: key.clone(),
-                        version: v,
-                        salt,
-                    },
-                )?;
+                let record = SlotRecord {
+                    key: key.clone(),
+                    version: v,
+                    salt,
+                };
+                if let Err(e) = self.world.write_record(&path, &header, *slot, &record) {
+                    // An unrecorded keyslot would be an orphan nobody can attribute. It holds a
+                    // version that is not current yet, and the unlocking keyslot remains, so
+                    // removing it again cannot lock anyone out.
+                    let undo = cs.kill_keyslot(&path, *slot);
+                    return Err(match undo {
+                        Ok(()) => format!("{e}; the new keyslot {slot} was removed again, so device {device} is as before"),
+                        Err(k) => format!("{e}; removing the unrecorded keyslot {slot} also failed ({k}): it holds {key} v{v}, not yet current; kill it by hand (cryptsetup luksKillSlot {} {slot})", path.display()),
+                    });
+                }
                 ok(format!("added keyslot {slot} ({key} v{v})"))
             }
             Step::Verify {

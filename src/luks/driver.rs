@@ -270,10 +270,14 @@ impl Cryptsetup {
         if let Some(u) = unlock_slot {
             argv.extend(["--key-slot".into(), u.to_string().into()]);
         }
+        // The unlocking passphrase is read from stdin through the path /dev/fd/0 rather than
+        // `-`: cryptsetup 2.6.1 refuses a keyslot with priority `ignore` even when named with
+        // --key-slot if the key file is `-` ("No usable keyslot is available"), but not when
+        // it is a path. The bytes read are the same (whole input, no newline handling).
         argv.extend([
             "--new-key-slot".into(),
             new_slot.to_string().into(),
-            "--key-file=-".into(),
+            "--key-file=/dev/fd/0".into(),
             format!("--new-keyfile=/dev/fd/{}", run::SECRET_FD).into(),
         ]);
         argv.extend(pbkdf_args(version, pbkdf));
