@@ -263,9 +263,7 @@ fn pinned_keyslot_survives_rotation() {
     let d = s.image("d.img", "luks2");
     s.plan(
         "keyplan.yaml",
-        &format!(
-            "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  k: {{ kms: local }}\ndevices:\n  d:\n    path: d.img\n    keys:\n      - {{ key: k, keyslot: 5 }}\n    enroll_with: initial.pass\n{FAST_PBKDF}"
-        ),
+        &one_key_plan("  d:\n    path: d.img\n    keys:\n      - { key: k, keyslot: 5 }\n    enroll_with: initial.pass"),
     );
     s.ok(&["apply", "--auto-approve"], 0);
     let k1 = s.key_get("k", None);
@@ -361,9 +359,7 @@ fn luks1_keyslot_out_of_range_points_at_plan_line() {
     s.image("old.img", "luks1");
     s.plan(
         "keyplan.yaml",
-        &format!(
-            "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  k: {{ kms: local }}\ndevices:\n  old:\n    path: old.img\n    keys:\n      - {{ key: k, keyslot: 9 }}\n    enroll_with: initial.pass\n{FAST_PBKDF}"
-        ),
+        &one_key_plan("  old:\n    path: old.img\n    keys:\n      - { key: k, keyslot: 9 }\n    enroll_with: initial.pass"),
     );
     let out = s.ok(&["plan"], 1);
     assert!(out.contains("keyslot 9 is out of range"), "{out}");
@@ -378,9 +374,7 @@ fn same_device_twice_by_uuid_is_refused() {
     std::fs::copy(&a, s.path("b.img")).unwrap();
     s.plan(
         "keyplan.yaml",
-        &format!(
-            "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  k: {{ kms: local }}\ndevices:\n  a: {{ path: a.img, keys: [k], enroll_with: initial.pass }}\n  b: {{ path: b.img, keys: [k], enroll_with: initial.pass }}\n{FAST_PBKDF}"
-        ),
+        &one_key_plan("  a: { path: a.img, keys: [k], enroll_with: initial.pass }\n  b: { path: b.img, keys: [k], enroll_with: initial.pass }"),
     );
     let out = s.ok(&["plan"], 1);
     assert!(out.contains("are the same LUKS device"), "{out}");
@@ -413,9 +407,7 @@ fn full_keyslot_table_is_refused() {
     }
     s.plan(
         "keyplan.yaml",
-        &format!(
-            "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  k: {{ kms: local }}\ndevices:\n  full: {{ path: full.img, keys: [k], enroll_with: initial.pass }}\n{FAST_PBKDF}"
-        ),
+        &one_key_plan("  full: { path: full.img, keys: [k], enroll_with: initial.pass }"),
     );
     let out = s.ok(&["plan"], 1);
     assert!(out.contains("no free keyslot"), "{out}");
@@ -473,9 +465,9 @@ fn cryptsetup_project_images() {
         std::fs::write(s.path("compat.pass"), b"compatkey").unwrap();
         s.plan(
             "keyplan.yaml",
-            &format!(
-                "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  k: {{ kms: local }}\ndevices:\n  d: {{ path: {name}.img, keys: [k], enroll_with: compat.pass }}\n{FAST_PBKDF}"
-            ),
+            &one_key_plan(&format!(
+                "  d: {{ path: {name}.img, keys: [k], enroll_with: compat.pass }}"
+            )),
         );
         s.ok(&["apply", "--auto-approve"], 0);
         let k1 = s.key_get("k", None);
@@ -503,20 +495,14 @@ fn cryptsetup_project_images() {
 fn resume_after_kill_during_add() {
     let s = Scratch::new();
     let devs = setup_three(&s);
-    let wrapper = s.path("cryptsetup-crash");
-    std::fs::write(
-        &wrapper,
-        format!(
+    let wrapper = script(
+        s.dir.path(),
+        "cryptsetup-crash",
+        &format!(
             "#!/bin/sh\ncryptsetup \"$@\"\nrc=$?\ncase \" $* \" in *' luksAddKey '*) if [ ! -e {m} ]; then touch {m}; kill -9 $PPID; fi;; esac\nexit $rc\n",
             m = s.path("crashed").display()
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &wrapper,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    );
     let out = assert_cmd::Command::cargo_bin("keyplan")
         .unwrap()
         .current_dir(s.dir.path())

@@ -49,25 +49,17 @@ fn key_material_never_leaks() {
     s.image("b.img", "luks1");
     s.plan(
         "keyplan.yaml",
-        &format!(
-            "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  k: {{ kms: local }}\ndevices:\n  a: {{ path: a.img, keys: [k], enroll_with: initial.pass }}\n  b: {{ path: b.img, keys: [k], enroll_with: initial.pass }}\n{FAST_PBKDF}"
-        ),
+        &one_key_plan("  a: { path: a.img, keys: [k], enroll_with: initial.pass }\n  b: { path: b.img, keys: [k], enroll_with: initial.pass }"),
     );
     let log = s.path("argv-env.log");
-    let wrapper = s.path("cs-wrapper");
-    std::fs::write(
-        &wrapper,
-        format!(
+    let wrapper = script(
+        s.dir.path(),
+        "cs-wrapper",
+        &format!(
             "#!/bin/sh\n{{ echo \"ARGV: $*\"; env; }} >> {}\nexec cryptsetup \"$@\"\n",
             log.display()
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &wrapper,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    );
     let mut outputs = Vec::new();
     let mut seen: Vec<Vec<u8>> = Vec::new();
     for args in [
@@ -167,8 +159,8 @@ fn enroll_with_binary_passphrase() {
     assert!(st.success());
     s.plan(
         "keyplan.yaml",
-        &format!(
-            "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  k: {{ kms: local }}\ndevices:\n  d: {{ path: d.img, keys: [k], enroll_with: bin.pass, unmanaged_keyslots: remove }}\n{FAST_PBKDF}"
+        &one_key_plan(
+            "  d: { path: d.img, keys: [k], enroll_with: bin.pass, unmanaged_keyslots: remove }",
         ),
     );
     s.ok(&["apply", "--auto-approve"], 0);
@@ -190,9 +182,7 @@ fn enroll_with_missing_or_empty_changes_nothing() {
         }
         s.plan(
             "keyplan.yaml",
-            &format!(
-                "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  k: {{ kms: local }}\ndevices:\n  d: {{ path: d.img, keys: [k], enroll_with: initial.pass }}\n{FAST_PBKDF}"
-            ),
+            &one_key_plan("  d: { path: d.img, keys: [k], enroll_with: initial.pass }"),
         );
         let before = std::fs::read(&img).unwrap();
         let out = s.ok(&["apply", "--auto-approve"], 1);
@@ -216,9 +206,7 @@ fn wrong_enroll_with_then_fixed() {
     std::fs::write(s.path("initial.pass"), b"wrong").unwrap();
     s.plan(
         "keyplan.yaml",
-        &format!(
-            "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  k: {{ kms: local }}\ndevices:\n  d: {{ path: d.img, keys: [k], enroll_with: initial.pass }}\n{FAST_PBKDF}"
-        ),
+        &one_key_plan("  d: { path: d.img, keys: [k], enroll_with: initial.pass }"),
     );
     let out = s.ok(&["apply", "--auto-approve"], 1);
     assert!(out.contains("luksAddKey"), "{out}");
@@ -265,9 +253,9 @@ fn every_bundled_plan_validates() {
 fn single_device_plan(s: &Scratch, extra: &str) {
     s.plan(
         "keyplan.yaml",
-        &format!(
-            "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  k: {{ kms: local }}\ndevices:\n  d: {{ path: d.img, keys: [k], enroll_with: initial.pass{extra} }}\n{FAST_PBKDF}"
-        ),
+        &one_key_plan(&format!(
+            "  d: {{ path: d.img, keys: [k], enroll_with: initial.pass{extra} }}"
+        )),
     );
 }
 

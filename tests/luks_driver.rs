@@ -587,7 +587,7 @@ fn secrets_travel_only_through_pipes() {
             "4",
             "--new-key-slot",
             "9",
-            "--key-file=-",
+            "--key-file=/dev/fd/0",
             "--new-keyfile=/dev/fd/3",
             "--pbkdf",
             "pbkdf2",

@@ -3,7 +3,7 @@
 //! Every call runs `cryptsetup` (cryptsetup(8), version 2.6) through `duct` with `LC_ALL=C`,
 //! judges outcomes by exit codes (cryptsetup(8) "RETURN CODES": 0 ok, 1 wrong parameters,
 //! 2 no permission / bad passphrase, 3 out of memory, 4 wrong device, 5 device busy), and passes
-//! passphrases only through pipes: stdin (`--key-file=-`) and, for a second secret, an inherited
+//! passphrases only through pipes: stdin (`--key-file=-`, or `/dev/fd/0` for luksAddKey) and, for a second secret, an inherited
 //! pipe on fd 3 (`--new-keyfile=/dev/fd/3`). Nothing secret is ever placed in argv, the
 //! environment or a file.
 //!

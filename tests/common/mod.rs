@@ -239,3 +239,20 @@ pub fn shared_image(name: &str, into: &Path) -> Option<PathBuf> {
     std::fs::write(&dst, out.stdout).expect("write image");
     Some(dst)
 }
+
+/// A plan with the file KMS `local` (at `keys`), one key `k`, fast PBKDF, and `devices` (YAML
+/// lines that go under `devices:`, indented by two spaces).
+pub fn one_key_plan(devices: &str) -> String {
+    format!(
+        "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  k: {{ kms: local }}\ndevices:\n{devices}\n{FAST_PBKDF}"
+    )
+}
+
+/// Writes an executable shell script `name` into `dir` and returns its path.
+pub fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join(name);
+    std::fs::write(&p, body).expect("write script");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    p
+}
