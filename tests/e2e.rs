@@ -121,20 +121,28 @@ fn rotate_shared_key_across_three_devices() {
         assert!(opens(d, INITIAL, Some(0)));
         assert_eq!(keyslots(d), vec![0, 2]);
     }
-    // old version retired in the file KMS, new one current
-    assert!(!s.path("keys/osd-kek/v1.key").exists());
+    // the old version is kept as `previous` (it opens nothing any more), the new one current
+    assert_eq!(s.key_get("osd-kek", Some(1)), old);
     let meta: serde_json::Value =
         serde_json::from_slice(&std::fs::read(s.path("keys/osd-kek/meta.json")).unwrap()).unwrap();
     assert_eq!(meta["current"], 2);
     assert_eq!(meta["pending"], serde_json::Value::Null);
+    assert_eq!(meta["versions"][0]["state"], "previous");
     s.ok(&["plan", "--detailed-exitcode"], 0);
-    // rotate again: goes back into keyslot 1
+    // rotate again: goes back into keyslot 1; v1 is destroyed, v2 becomes previous
+    let out = s.ok(&["plan", "--rotate", "osd-kek"], 0);
+    assert!(out.contains("- key osd-kek v1"), "{out}");
+    assert!(out.contains("destroyed"), "{out}");
     s.ok(&["apply", "--auto-approve", "--rotate", "osd-kek"], 0);
     let newer = s.key_get("osd-kek", None);
     for d in &devs {
         assert!(opens(d, &newer, Some(1)));
         assert!(!opens(d, &new, None));
     }
+    assert!(!s.path("keys/osd-kek/v1.key").exists());
+    let out = s.ok(&["key", "get", "osd-kek", "--version", "1"], 1);
+    assert!(out.contains("was retired"), "{out}");
+    assert_eq!(s.key_get("osd-kek", Some(2)), new);
 }
 
 #[test]
@@ -518,8 +526,13 @@ fn resume_after_kill_during_add() {
     }
     let out = s.ok(&["plan"], 0);
     assert!(out.contains("was interrupted"), "{out}");
+    // without a terminal and without --auto-approve, even the resume is refused
+    let out = s.ok(&["apply"], 1);
+    assert!(out.contains("refusing to apply"), "{out}");
     let out = s.ok(&["apply", "--auto-approve"], 0);
-    assert!(out.contains("Resuming interrupted run"), "{out}");
+    assert!(out.contains("finishes it first"), "{out}");
+    assert!(out.contains("(was under way)"), "{out}");
+    assert!(out.contains("Interrupted run"), "{out}");
     assert!(out.contains("adopted keyslot 1"), "{out}");
     let key = s.key_get("osd-kek", None);
     for d in &devs {

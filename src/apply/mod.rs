@@ -206,6 +206,7 @@ pub fn run_graph(
                         busy.insert(r);
                     }
                     running.insert(i);
+                    tracing::info!(run = run_id, step = i, "start: {}", step);
                     let tx = tx.clone();
                     let step = step.clone();
                     scope.spawn(move || {
@@ -226,6 +227,10 @@ pub fn run_graph(
             }
             steps_run += 1;
             let desc = graph.step(i).to_string();
+            match &result {
+                Ok(o) => tracing::info!(run = run_id, step = i, "done: {desc}: {}", o.outcome),
+                Err(e) => tracing::warn!(run = run_id, step = i, "failed: {desc}: {e}"),
+            }
             match result {
                 Ok(o) => {
                     done[i] = true;
@@ -492,7 +497,21 @@ impl Exec<'_> {
                         }
                     }
                 }
-                added.map_err(|e| format!("{e}; nothing was changed on the device"))?;
+                added.map_err(|e| match (&e, unlock) {
+                    (crate::luks::LuksError::Failed { code: 1 | 2, .. }, Unlock::EnrollWith) => {
+                        let file = self
+                            .plan
+                            .devices
+                            .get(device)
+                            .and_then(|d| d.enroll_with.as_ref())
+                            .map(|f| f.display().to_string())
+                            .unwrap_or_default();
+                        format!(
+                            "the enroll_with passphrase in {file} opens no keyslot of device {device} (keyplan uses the file's bytes exactly: a trailing newline counts); nothing was changed on the device ({e})"
+                        )
+                    }
+                    _ => format!("{e}; nothing was changed on the device"),
+                })?;
                 let header = cs.dump(&path).map_err(|e| e.to_string())?;
                 let salt = header
                     .keyslots

@@ -94,8 +94,8 @@ pub enum Command {
         /// Rotate KEY now, whatever its age (repeatable).
         #[arg(long, value_name = "KEY")]
         rotate: Vec<String>,
-        /// Devices worked on at once (overrides settings.parallelism).
-        #[arg(long, value_name = "N")]
+        /// Steps (devices) worked on at once, at least 1 (overrides settings.parallelism).
+        #[arg(long, value_name = "N", value_parser = parse_parallelism)]
         parallelism: Option<usize>,
     },
     /// Check that every enrolled key's current version opens a bound keyslot of each device
@@ -137,6 +137,13 @@ pub enum KeyCommand {
         #[arg(long)]
         reveal: bool,
     },
+}
+
+fn parse_parallelism(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err("must be a whole number of at least 1".to_string()),
+    }
 }
 
 /// Process entry point: parses arguments, runs the command, maps the outcome to an exit code.
@@ -281,12 +288,17 @@ fn check_rotate_keys(plan: &Plan, rotate: &[String]) -> Result<()> {
 }
 
 /// Observes and diffs; errors from the diff become one report.
-fn make_diff(plan: &Plan, world: &World, rotate: &[String], verify: bool) -> Result<diff::Diff> {
+fn make_diff(
+    plan: &Plan,
+    world: &World,
+    rotate: &[String],
+    verify: bool,
+) -> Result<(observe::Observed, diff::Diff)> {
     let mut observed = observe::observe(plan, world)?;
     if verify {
         verify_records(plan, world, &mut observed)?;
     }
-    diff::diff(
+    let d = diff::diff(
         plan,
         &observed,
         &DiffOptions {
@@ -301,7 +313,8 @@ fn make_diff(plan: &Plan, world: &World, rotate: &[String], verify: bool) -> Res
                 .collect::<Vec<_>>()
                 .join("\n  - ")
         )
-    })
+    })?;
+    Ok((observed, d))
 }
 
 /// `plan --verify`: test every valid record of a current version; failures become drift.
@@ -332,18 +345,29 @@ fn verify_records(plan: &Plan, world: &World, observed: &mut observe::Observed) 
     Ok(())
 }
 
-fn interrupted_note(plan: &Plan) -> Option<String> {
+/// The last run of the journal when it was interrupted (no `run_end`).
+fn interrupted_run(plan: &Plan) -> Option<journal::RunSummary> {
     let records = journal::read(&plan.state_dir).ok()?;
-    let s = journal::last_run(&records)?;
-    if s.ended.is_some() {
-        return None;
-    }
-    Some(format!(
-        "Note: run {} was interrupted ({} of {} steps done); `keyplan apply` will finish it first.",
+    journal::last_run(&records).filter(|s| s.ended.is_none())
+}
+
+/// Describes an interrupted run and the steps it has left.
+fn interrupted_text(s: &journal::RunSummary) -> String {
+    let done = s.done.iter().filter(|d| **d).count();
+    let mut out = format!(
+        "Run {} was interrupted ({done} of {} steps done). `keyplan apply` finishes it first; remaining steps:\n",
         s.run,
-        s.done.iter().filter(|d| **d).count(),
         s.steps.len()
-    ))
+    );
+    for (i, step) in s.steps.iter().enumerate().filter(|(i, _)| !s.done[*i]) {
+        let note = if s.started_not_done[i] {
+            "  (was under way)"
+        } else {
+            ""
+        };
+        out.push_str(&format!("  - [{i}] {step}{note}\n"));
+    }
+    out
 }
 
 fn cmd_plan(
@@ -357,16 +381,36 @@ fn cmd_plan(
     let plan = load_plan(cli, arg)?;
     check_rotate_keys(&plan, rotate)?;
     let world = World::open(&plan)?;
-    let d = make_diff(&plan, &world, rotate, verify)?;
+    if let Some(s) = interrupted_run(&plan) {
+        // What is on the devices now is half of that run: a diff would mislead.
+        if json {
+            let doc = serde_json::json!({
+                "format_version": "1.0",
+                "changes_present": true,
+                "interrupted_run": {
+                    "run": s.run,
+                    "steps": s.steps,
+                    "done": s.done,
+                },
+            });
+            println!("{}", serde_json::to_string_pretty(&doc).into_diagnostic()?);
+        } else {
+            print!("{}", interrupted_text(&s));
+            println!("\nRun `keyplan apply` to finish it, then `keyplan plan` again.");
+        }
+        return Ok(if detailed {
+            ExitCode::from(2)
+        } else {
+            ExitCode::SUCCESS
+        });
+    }
+    let (_, d) = make_diff(&plan, &world, rotate, verify)?;
     if json {
         println!(
             "{}",
             serde_json::to_string_pretty(&render::plan_json(&d)).into_diagnostic()?
         );
     } else {
-        if let Some(note) = interrupted_note(&plan) {
-            println!("{note}\n");
-        }
         print!("{}", render::plan_text(&plan, &d));
     }
     Ok(if detailed && !d.is_empty() {
@@ -398,6 +442,18 @@ fn failure_report(f: RunFailure, what: &str) -> miette::Report {
     )
 }
 
+/// Asks `question` on the terminal; true only for the answer `yes`.
+fn confirm(question: &str) -> Result<bool> {
+    print!("\n{question} Only 'yes' will be accepted: ");
+    io::stdout().flush().into_diagnostic()?;
+    let mut answer = String::new();
+    io::stdin()
+        .lock()
+        .read_line(&mut answer)
+        .into_diagnostic()?;
+    Ok(answer.trim() == "yes")
+}
+
 fn cmd_apply(
     cli: &Cli,
     arg: &PlanArg,
@@ -407,19 +463,19 @@ fn cmd_apply(
 ) -> Result<ExitCode> {
     let plan = load_plan(cli, arg)?;
     check_rotate_keys(&plan, rotate)?;
-    let parallelism = parallelism.unwrap_or(plan.parallelism).max(1);
+    if !auto_approve && !io::stdin().is_terminal() {
+        return Err(miette!(
+            help = "run `keyplan apply --auto-approve` in scripts and pipelines",
+            "refusing to apply: no terminal to ask for confirmation on; nothing was changed"
+        ));
+    }
+    let parallelism = parallelism.unwrap_or(plan.parallelism);
     let world = World::open(&plan)?;
     let _lock = StateLock::acquire(&plan.state_dir).map_err(|e| miette!("{e}"))?;
     let mut journal = Journal::open(&plan.state_dir).map_err(|e| miette!("{e}"))?;
     let records = journal::read(&plan.state_dir).map_err(|e| miette!("{e}"))?;
     let mut pbkdf_total = 0;
     if let Some(s) = journal::last_run(&records).filter(|s| s.ended.is_none()) {
-        let done = s.done.iter().filter(|d| **d).count();
-        println!(
-            "Resuming interrupted run {} ({done} of {} steps done).",
-            s.run,
-            s.steps.len()
-        );
         for (id, path) in &s.devices {
             if let Some(d) = plan.devices.get(id) {
                 if d.path.display().to_string() != *path {
@@ -431,6 +487,13 @@ fn cmd_apply(
                 }
             }
         }
+        print!("{}", interrupted_text(&s));
+        if !auto_approve && !confirm("Finish the interrupted run now?")? {
+            println!("Apply cancelled; nothing was changed.");
+            return Ok(ExitCode::from(1));
+        }
+        println!();
+        tracing::info!(run = %s.run, "finishing interrupted run");
         let graph = crate::graph::StepGraph::from_parts(s.steps.clone(), &s.deps);
         let mut progress = progress_printer(cli.quiet);
         let input = apply::RunInput {
@@ -446,33 +509,20 @@ fn cmd_apply(
         pbkdf_total += report.pbkdf_runs;
         println!("Interrupted run {} finished.\n", s.run);
     }
-    let d = make_diff(&plan, &world, rotate, false)?;
+    let (observed, d) = make_diff(&plan, &world, rotate, false)?;
     if d.is_empty() {
         println!("{}", render::NO_CHANGES);
         return Ok(ExitCode::SUCCESS);
     }
     print!("{}", render::plan_text(&plan, &d));
-    if !auto_approve {
-        if !io::stdin().is_terminal() {
-            return Err(miette!(
-                help = "run `keyplan apply --auto-approve` in scripts and pipelines",
-                "refusing to apply: no terminal to ask for confirmation on; nothing was changed"
-            ));
-        }
-        print!("\nDo you want to perform these actions? Only 'yes' will be accepted: ");
-        io::stdout().flush().into_diagnostic()?;
-        let mut answer = String::new();
-        io::stdin()
-            .lock()
-            .read_line(&mut answer)
-            .into_diagnostic()?;
-        if answer.trim() != "yes" {
-            println!("Apply cancelled; nothing was changed.");
-            return Ok(ExitCode::from(1));
-        }
+    if !auto_approve && !confirm("Do you want to perform these actions?")? {
+        println!("Apply cancelled; nothing was changed.");
+        return Ok(ExitCode::from(1));
     }
     println!();
+    observe::update_registry(&plan.state_dir, &observed).map_err(|e| miette!("{e}"))?;
     let run_id = apply::new_run_id();
+    tracing::info!(run = %run_id, steps = d.graph.len(), "starting run");
     let mut progress = progress_printer(cli.quiet);
     let input = apply::RunInput {
         plan: &plan,
@@ -594,6 +644,15 @@ fn cmd_key_get(
             help = "pipe it (`keyplan key get KEY | cryptsetup open --key-file=- ...`) or add --reveal",
             "refusing to print key material to a terminal"
         ));
+    }
+    let state = kms.read(&spec.name).map_err(|e| miette!("{e}"))?;
+    if let Some(info) = state.versions.get(&version) {
+        if info.state == crate::kms::VersionState::Retired {
+            return Err(miette!(
+                "{}: {key} v{version} was retired: its material was destroyed after a rotation, as no device held it any more",
+                kms.describe()
+            ));
+        }
     }
     let pass = kms.get(&spec.name, version).map_err(|e| miette!("{e}"))?;
     let mut lock = stdout.lock();

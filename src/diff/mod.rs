@@ -43,6 +43,9 @@ pub struct KeyChange {
     pub to: u64,
     /// Why, e.g. `rotate_after exceeded: age 41d > 30d`.
     pub reason: String,
+    /// Old versions destroyed in the KMS at the end of the run (older than the version that
+    /// becomes `previous`, and held by no device keyplan knows).
+    pub retire: Vec<u64>,
 }
 
 /// What happens to a keyslot.
@@ -83,6 +86,9 @@ pub struct Diff {
     pub slots: Vec<SlotChange>,
     /// Steps that make the changes.
     pub graph: StepGraph,
+    /// Facts worth knowing that are not changes (e.g. a device that left the plan still holds
+    /// a key version, which is therefore kept).
+    pub notes: Vec<String>,
 }
 
 impl Diff {
@@ -98,11 +104,12 @@ impl Diff {
     pub fn removes(&self) -> usize {
         self.count(SlotAction::Remove)
     }
-    /// Keys to rotate (rotations and finished rotations; creations are not rotations).
+    /// Keys to rotate (rotations and finished rotations of existing keys; creating a key,
+    /// or finishing its creation, is not a rotation).
     pub fn rotations(&self) -> usize {
         self.keys
             .iter()
-            .filter(|k| k.action != KeyAction::Create)
+            .filter(|k| k.action != KeyAction::Create && k.from.is_some())
             .count()
     }
     fn count(&self, a: SlotAction) -> usize {
@@ -166,6 +173,7 @@ struct Planner<'a> {
     slots: Vec<SlotChange>,
     devs: BTreeMap<String, Dev>,
     errors: Vec<String>,
+    notes: Vec<String>,
 }
 
 /// Compares `plan` with `observed` and builds the step graph.
@@ -182,6 +190,7 @@ pub fn diff(plan: &Plan, observed: &Observed, opts: &DiffOptions) -> Result<Diff
         slots: Vec::new(),
         devs: BTreeMap::new(),
         errors: Vec::new(),
+        notes: Vec::new(),
     };
     for id in observed.devices.keys() {
         p.devs.insert(id.clone(), Dev::default());
@@ -202,6 +211,7 @@ pub fn diff(plan: &Plan, observed: &Observed, opts: &DiffOptions) -> Result<Diff
         keys: p.keys,
         slots,
         graph: p.g,
+        notes: p.notes,
     })
 }
 
@@ -328,8 +338,18 @@ impl Planner<'_> {
             }
             None => {
                 let max = st_max(self.state(device));
+                let remove = self
+                    .plan
+                    .devices
+                    .get(device)
+                    .is_some_and(|d| d.unmanaged == UnmanagedKeyslots::Remove);
+                let advice = if remove {
+                    "unmanaged keyslots are removed only after the plan's keys are in place: run `keyplan apply` without --rotate first, or free a keyslot by hand (cryptsetup luksKillSlot)"
+                } else {
+                    "free a keyslot by hand (cryptsetup luksKillSlot) or set unmanaged_keyslots: remove"
+                };
                 self.errors.push(format!(
-                    "device {device}: no free keyslot for {key} (all {max} keyslots are in use or pinned); nothing was changed. Free a keyslot (cryptsetup luksKillSlot) or set unmanaged_keyslots: remove"
+                    "device {device}: no free keyslot for {key} (all {max} keyslots are in use or pinned); nothing was changed. {advice}"
                 ));
                 None
             }
@@ -505,6 +525,43 @@ impl Planner<'_> {
         let Some(st) = self.obs.keys.get(key).cloned() else {
             return;
         };
+        if let Some(c) = st.current {
+            if st.current_info().is_none() {
+                self.errors.push(format!(
+                    "key {key}: the KMS names v{c} as current but has no such version; its metadata is damaged. Nothing was changed: repair it (see README, file KMS layout) or restore it from a backup"
+                ));
+                return;
+            }
+        }
+        if st.versions.is_empty() {
+            let held: Vec<String> = self
+                .obs
+                .devices
+                .values()
+                .chain(self.obs.former.values())
+                .flat_map(|d| {
+                    d.records
+                        .iter()
+                        .filter(|r| r.status == RecordStatus::Valid && r.record.key == key)
+                        .map(move |r| {
+                            format!("{} keyslot {} ({key} v{})", d.id, r.slot, r.record.version)
+                        })
+                })
+                .collect();
+            if !held.is_empty() {
+                let kms = self
+                    .plan
+                    .keys
+                    .get(key)
+                    .map(|k| k.kms.clone())
+                    .unwrap_or_default();
+                self.errors.push(format!(
+                    "key {key}: KMS {kms} holds no version of it, yet keyplan recorded it on {}. Was the KMS lost, or did its path change? keyplan will not create a new key over keyslots it cannot open. Nothing was changed: restore the KMS (or fix its path); to start over on purpose, kill those keyslots by hand",
+                    held.join(", ")
+                ));
+                return;
+            }
+        }
         let devices = self.devices_of(key);
         match self.rotate_reason(key, opts) {
             Some((action, reason)) => self.rotate(key, &st, &devices, action, reason),
@@ -552,8 +609,8 @@ impl Planner<'_> {
                 let Some(unlock) = self.unlock(device, key, Some(c)) else {
                     return;
                 };
-                let (a, v) = self.add_step(device, key, VersionRef::Version(c), target, unlock);
-                let _ = a;
+                let (_, v) = self.add_step(device, key, VersionRef::Version(c), target, unlock);
+                self.dev(device).anchor.get_or_insert(v);
                 let reason = if !with_c.is_empty() {
                     format!("move to pinned keyslot {target}")
                 } else {
@@ -594,7 +651,6 @@ impl Planner<'_> {
                 anchor,
             );
             self.change(device, s, SlotAction::Remove, Some(key), Some(v), reason);
-            self.retire_if_unheld(key, v, c);
         }
     }
 
@@ -627,6 +683,7 @@ impl Planner<'_> {
             .get(key)
             .map(|k| k.kms.clone())
             .unwrap_or_default();
+        let change_index = self.keys.len();
         self.keys.push(KeyChange {
             key: key.to_string(),
             kms,
@@ -634,6 +691,7 @@ impl Planner<'_> {
             from: c,
             to,
             reason: reason.clone(),
+            retire: Vec::new(),
         });
         let stage = self.g.add(Step::Stage {
             key: key.to_string(),
@@ -753,30 +811,48 @@ impl Planner<'_> {
                 let _ = k2;
             }
         }
-        // Records of this key on devices that no longer list it are removed by `removals`.
-        // Retire versions no device holds any more once their keyslots are gone.
-        let mut held: BTreeSet<u64> = BTreeSet::new();
-        for (id, d) in &self.obs.devices {
+        // Retention: the version superseded now stays as `previous` (a device that was
+        // offline, or left the plan, can still be opened with it). Older versions are destroyed
+        // once no device keyplan knows holds them: plan devices that do not list this key (their
+        // keyslots are removed by `removals`, but only after this run's retire would be too
+        // late to matter) and former devices that left the plan but are still present.
+        let mut held: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+        for (id, d) in self.obs.devices.iter().chain(self.obs.former.iter()) {
             if devices.contains(id) {
                 continue;
             }
-            for (_, v) in d.slots_of(key) {
-                held.insert(v);
+            for (slot, v) in d.slots_of(key) {
+                held.entry(v)
+                    .or_default()
+                    .push(format!("{id} keyslot {slot}"));
             }
         }
-        let mut retire: BTreeSet<u64> = st
+        let old: Vec<u64> = st
             .versions
             .values()
-            .filter(|v| {
-                matches!(
-                    v.state,
-                    crate::kms::VersionState::Current | crate::kms::VersionState::Previous
-                )
-            })
+            .filter(|v| v.state == crate::kms::VersionState::Previous)
             .map(|v| v.version)
             .collect();
-        retire.retain(|v| !held.contains(v) && Some(*v) != st.pending);
-        for v in retire {
+        let mut retired = Vec::new();
+        for v in old {
+            if let Some(where_) = held.get(&v) {
+                let former = self
+                    .obs
+                    .former
+                    .keys()
+                    .any(|f| where_.iter().any(|w| w.starts_with(f.as_str())));
+                self.notes.push(format!(
+                    "{key} v{v} is kept in the KMS: {} still hold{} it{}",
+                    where_.join(", "),
+                    if where_.len() == 1 { "s" } else { "" },
+                    if former {
+                        " (a device no longer in the plan; keyplan does not touch it)"
+                    } else {
+                        ""
+                    }
+                ));
+                continue;
+            }
             let r = self.g.add(Step::Retire {
                 key: key.to_string(),
                 version: v,
@@ -785,12 +861,20 @@ impl Planner<'_> {
             for k in kills_of_version.get(&v).cloned().unwrap_or_default() {
                 self.g.dep(k, r);
             }
+            retired.push(v);
         }
-    }
-
-    fn retire_if_unheld(&mut self, _key: &str, _v: u64, _c: u64) {
-        // Old versions found on devices outside a rotation are left in the KMS: retiring is
-        // done only as the last step of a rotation (DESIGN.md §5 step 6).
+        if let Some(c) = c {
+            if let Some(where_) = held.get(&c) {
+                self.notes.push(format!(
+                    "{key} v{c} stays in the KMS as the previous version; {} still hold{} it",
+                    where_.join(", "),
+                    if where_.len() == 1 { "s" } else { "" }
+                ));
+            }
+        }
+        if let Some(k) = self.keys.get_mut(change_index) {
+            k.retire = retired;
+        }
     }
 
     /// Keyslots of keys no longer listed for a device, and unmanaged keyslots under `remove`.

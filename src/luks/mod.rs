@@ -33,6 +33,15 @@ pub enum LuksVersion {
     Luks2,
 }
 
+impl std::fmt::Display for LuksVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LuksVersion::Luks1 => "LUKS1",
+            LuksVersion::Luks2 => "LUKS2",
+        })
+    }
+}
+
 impl LuksVersion {
     /// Number of keyslots: 8 for LUKS1, 32 for LUKS2 (cryptsetup(8), "luksAddKey").
     pub fn max_keyslots(self) -> u32 {

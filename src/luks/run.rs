@@ -60,6 +60,15 @@ pub(crate) fn run(
     stdin: Option<&[u8]>,
     fd3: Option<&[u8]>,
 ) -> io::Result<Outcome> {
+    // argv holds no secret (keys travel through stdin and fd 3), so it can be logged.
+    tracing::debug!(
+        "running {} {}",
+        program.display(),
+        args.iter()
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
     let output = std::thread::scope(|scope| -> io::Result<std::process::Output> {
         let mut expr = duct::cmd(program.as_os_str(), args)
             .env("LC_ALL", "C")

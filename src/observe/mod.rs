@@ -107,8 +107,54 @@ pub struct Observed {
     pub devices: BTreeMap<String, DeviceState>,
     /// KMS state by key id.
     pub keys: BTreeMap<String, KeyState>,
+    /// Devices keyplan worked on in earlier runs that are no longer in the plan but still
+    /// present (same path, same LUKS UUID), by their former id. keyplan never changes them,
+    /// but keeps every key version they hold.
+    pub former: BTreeMap<String, DeviceState>,
     /// Observation time, Unix seconds.
     pub now: u64,
+}
+
+/// File name of the device registry in the state directory.
+pub const REGISTRY_FILE: &str = "devices.json";
+
+/// One device keyplan has worked on (`<state_dir>/devices.json`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistryEntry {
+    /// Device path.
+    pub path: PathBuf,
+    /// LUKS UUID.
+    pub uuid: String,
+}
+
+/// Reads `<state_dir>/devices.json` (device id -> entry); empty when missing or unreadable.
+pub fn read_registry(state_dir: &Path) -> BTreeMap<String, RegistryEntry> {
+    std::fs::read(state_dir.join(REGISTRY_FILE))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// Adds every observed device to `<state_dir>/devices.json` (atomically, mode 0600), keeping
+/// entries of devices no longer in the plan, so a later rotation can see what they hold.
+///
+/// Errors: the file could not be written.
+pub fn update_registry(state_dir: &Path, observed: &Observed) -> Result<(), String> {
+    let mut reg = read_registry(state_dir);
+    for (id, d) in &observed.devices {
+        reg.insert(
+            id.clone(),
+            RegistryEntry {
+                path: d.path.clone(),
+                uuid: d.header.uuid.clone(),
+            },
+        );
+    }
+    let mut text = serde_json::to_vec_pretty(&reg).map_err(|e| e.to_string())?;
+    text.push(b'\n');
+    fsutil::ensure_private_dir(state_dir)
+        .and_then(|()| fsutil::write_atomic(&state_dir.join(REGISTRY_FILE), &text, 0o600))
+        .map_err(|e| format!("writing {}: {e}", state_dir.join(REGISTRY_FILE).display()))
 }
 
 /// The doors to the world: cryptsetup, the KMS instances, the LUKS1 record directory.
@@ -353,23 +399,25 @@ pub fn observe(plan: &Plan, world: &World) -> Result<Observed, miette::Report> {
         for (i, k) in dev.keys.iter().enumerate() {
             if let Some(slot) = k.keyslot {
                 if slot >= max {
-                    errors.push(plan.error_at(
-                        &[
-                            dev_path(id).as_slice(),
+                    errors.push(
+                        plan.error_at(
                             &[
-                                PathSeg::Key("keys".into()),
-                                PathSeg::Index(i),
-                                PathSeg::Key("keyslot".into()),
-                            ],
-                        ]
-                        .concat(),
-                        format!(
-                            "keyslot {slot} is out of range: device {id} is {:?} with keyslots 0-{}",
+                                dev_path(id).as_slice(),
+                                &[
+                                    PathSeg::Key("keys".into()),
+                                    PathSeg::Index(i),
+                                    PathSeg::Key("keyslot".into()),
+                                ],
+                            ]
+                            .concat(),
+                            format!(
+                            "keyslot {slot} is out of range: device {id} is {} with keyslots 0-{}",
                             header.version,
                             max - 1
                         ),
-                        Some(format!("pin a keyslot between 0 and {}", max - 1)),
-                    ));
+                            Some(format!("pin a keyslot between 0 and {}", max - 1)),
+                        ),
+                    );
                 }
             }
         }
@@ -380,6 +428,14 @@ pub fn observe(plan: &Plan, world: &World) -> Result<Observed, miette::Report> {
                 continue;
             }
         };
+        tracing::debug!(
+            device = %id,
+            "{} {}: {} keyslots, {} keyplan records",
+            header.version,
+            header.uuid,
+            header.keyslots.len(),
+            records.len()
+        );
         devices.insert(
             id.clone(),
             DeviceState {
@@ -409,9 +465,34 @@ pub fn observe(plan: &Plan, world: &World) -> Result<Observed, miette::Report> {
     if !errors.is_empty() {
         return Err(combine(errors));
     }
+    // Former devices: in the registry, not in the plan, still there with the same UUID.
+    let mut former = BTreeMap::new();
+    for (id, entry) in read_registry(&plan.state_dir) {
+        if plan.devices.contains_key(&id) || uuids.contains_key(&entry.uuid.to_lowercase()) {
+            continue;
+        }
+        let Ok(header) = world.cs.dump(&entry.path) else {
+            continue;
+        };
+        if !header.uuid.eq_ignore_ascii_case(&entry.uuid) {
+            continue;
+        }
+        if let Ok(records) = world.read_records(&header) {
+            former.insert(
+                id.clone(),
+                DeviceState {
+                    id,
+                    path: entry.path,
+                    header,
+                    records,
+                },
+            );
+        }
+    }
     Ok(Observed {
         devices,
         keys,
+        former,
         now: kms::now_unix(),
     })
 }

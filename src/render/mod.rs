@@ -24,11 +24,25 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
             .unwrap_or_else(|| k.kms.clone());
         let _ = writeln!(out, "  # key {} ({kms})", k.key);
         let line = match (k.action, k.from) {
-            (KeyAction::Create, _) => format!("  + key {} v{}", k.key, k.to),
+            (KeyAction::Create, _) | (_, None) => format!("  + key {} v{}", k.key, k.to),
             (_, Some(from)) => format!("  ~ key {} v{from} -> v{}", k.key, k.to),
-            (_, None) => format!("  ~ key {} -> v{}", k.key, k.to),
         };
-        let _ = writeln!(out, "{line:<44} ({})\n", k.reason);
+        let _ = writeln!(out, "{line:<44} ({})", k.reason);
+        if let Some(from) = k.from {
+            let _ = writeln!(
+                out,
+                "{:<44} (kept as the previous version)",
+                format!("    key {} v{from}", k.key)
+            );
+        }
+        for v in &k.retire {
+            let _ = writeln!(
+                out,
+                "{:<44} (destroyed: older than the previous version, no device holds it)",
+                format!("  - key {} v{v}", k.key)
+            );
+        }
+        out.push('\n');
     }
     let mut current: Option<&str> = None;
     for s in &diff.slots {
@@ -60,6 +74,12 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
     if current.is_some() {
         out.push('\n');
     }
+    for n in &diff.notes {
+        let _ = writeln!(out, "Note: {n}");
+    }
+    if !diff.notes.is_empty() {
+        out.push('\n');
+    }
     let _ = writeln!(
         out,
         "Plan: {} to add, {} to remove, {} keys to rotate.",
@@ -82,6 +102,7 @@ pub fn plan_json(diff: &Diff) -> serde_json::Value {
         },
         "keys": diff.keys,
         "keyslots": diff.slots,
+        "notes": diff.notes,
         "steps": diff.graph.steps(),
     })
 }

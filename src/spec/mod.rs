@@ -108,6 +108,20 @@ pub fn load_str(
     format: Format,
     base_dir: &Path,
 ) -> Result<Plan, miette::Report> {
+    // A file naming none of the top-level fields is no plan file. Refuse it without quoting
+    // it: `-f` pointed at a key or passphrase file must not echo the secret in a snippet.
+    let content = text
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .count();
+    let fields = ["version", "kms", "keys", "devices", "settings", "state_dir"];
+    if content > 0 && !fields.iter().any(|f| text.contains(f)) {
+        return Err(miette::miette!(
+            code = "keyplan::plan::not_a_plan",
+            help = "a plan file starts with `version: 1`; check the -f argument",
+            "{name} is not a keyplan plan file: it names none of the plan fields (version, kms, keys, devices, settings, state_dir); its content is not shown"
+        ));
+    }
     let src = load::source_file(text, name);
     let (file, tree) = load::parse(&src, format)?;
     let base = absolute_dir(base_dir);

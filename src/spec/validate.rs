@@ -456,6 +456,35 @@ pub(crate) fn validate(
         );
     }
 
+    // Two keys naming the same entry of the same KMS would rotate (and retire) each other's
+    // versions: a lock-out. Reported at the second key in file order.
+    let mut key_ids: Vec<&String> = keys.keys().collect();
+    key_ids.sort_by_key(|id| order(&p(&["keys", id])));
+    let mut by_entry: HashMap<(String, String), &str> = HashMap::new();
+    for id in key_ids {
+        let Some(k) = keys.get(id) else { continue };
+        if let Some(first) = by_entry.insert((k.kms.clone(), k.name.clone()), id) {
+            let path = if file.keys.get(id).is_some_and(|f| f.name.is_some()) {
+                p(&["keys", id, "name"])
+            } else {
+                p(&["keys", id])
+            };
+            issues.push(Issue {
+                path,
+                code: "keyplan::plan::duplicate_key_name",
+                message: format!(
+                    "keys `{first}` and `{id}` both use `{}` in KMS `{}`: rotating one would replace and retire the other's versions",
+                    k.name, k.kms
+                ),
+                label: "same KMS entry as another key".to_owned(),
+                help: format!(
+                    "give `{id}` its own `name:`, or list key `{first}` on the devices instead"
+                ),
+                also: vec![(p(&["keys", first]), format!("`{first}` uses it first"))],
+            });
+        }
+    }
+
     // Devices, in file order (for "first"/"second" among duplicates).
     let mut ids: Vec<&String> = file.devices.keys().collect();
     ids.sort_by_key(|id| order(&p(&["devices", id])));

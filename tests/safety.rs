@@ -1,0 +1,162 @@
+//! Regression tests for lock-out hazards found by trying to break keyplan: each checks the
+//! outcome with cryptsetup directly.
+
+mod common;
+
+use common::*;
+
+fn two_device_plan(devices: &[&str], unmanaged: &str) -> String {
+    let mut p = String::from(
+        "version: 1\nkms:\n  local: { provider: file, path: keys }\nkeys:\n  k1: { kms: local }\ndevices:\n",
+    );
+    for d in devices {
+        p.push_str(&format!(
+            "  {d}: {{ path: {d}.img, keys: [k1], enroll_with: initial.pass, unmanaged_keyslots: {unmanaged} }}\n"
+        ));
+    }
+    p + FAST_PBKDF
+}
+
+/// A device taken out of the plan keeps every key version it holds: rotations never destroy
+/// them while the device is still there, and the plan says why.
+#[test]
+fn device_removed_from_plan_keeps_its_key_version() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let d1 = s.image("d1.img", "luks2");
+    let d2 = s.image("d2.img", "luks2");
+    s.plan("keyplan.yaml", &two_device_plan(&["d1", "d2"], "remove"));
+    s.ok(&["apply", "--auto-approve"], 0);
+    let v1 = s.key_get("k1", None);
+    assert!(!opens(&d2, INITIAL, None), "d2 opens only with k1 now");
+    s.plan("keyplan.yaml", &two_device_plan(&["d1"], "remove"));
+    for _ in 0..3 {
+        let out = s.ok(&["apply", "--auto-approve", "--rotate", "k1"], 0);
+        assert!(
+            out.contains("d2 keyslot 1"),
+            "the plan names the former device: {out}"
+        );
+    }
+    assert!(
+        opens(&d2, &s.key_get("k1", Some(1)), None),
+        "d2 still opens with k1 v1"
+    );
+    assert_eq!(s.key_get("k1", Some(1)), v1);
+    assert!(opens(&d1, &s.key_get("k1", None), None));
+    // versions 2 and 3 (held by no device) were destroyed; 4 is current
+    assert!(!s.path("keys/k1/v2.key").exists());
+    assert!(s.path("keys/k1/v3.key").exists(), "previous version kept");
+}
+
+/// A lost KMS (directory deleted or path changed) is not mistaken for a new key.
+#[test]
+fn lost_kms_is_refused_not_recreated() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let d1 = s.image("d1.img", "luks2");
+    s.image("d2.img", "luks2");
+    s.plan("keyplan.yaml", &two_device_plan(&["d1", "d2"], "remove"));
+    s.ok(&["apply", "--auto-approve"], 0);
+    let key = s.key_get("k1", None);
+    std::fs::rename(s.path("keys"), s.path("keys.moved")).unwrap();
+    let before = std::fs::read(&d1).unwrap();
+    for cmd in [&["plan"][..], &["apply", "--auto-approve"][..]] {
+        let out = s.ok(cmd, 1);
+        assert!(out.contains("Was the KMS lost"), "{out}");
+        assert!(out.contains("d1 keyslot 1 (k1 v1)"), "{out}");
+    }
+    assert_eq!(std::fs::read(&d1).unwrap(), before, "header untouched");
+    assert!(!s.path("keys").exists(), "no new KMS created");
+    std::fs::rename(s.path("keys.moved"), s.path("keys")).unwrap();
+    s.ok(&["plan", "--detailed-exitcode"], 0);
+    assert!(opens(&d1, &key, Some(1)));
+}
+
+/// KMS metadata naming a current version that does not exist is refused.
+#[test]
+fn damaged_kms_metadata_is_refused() {
+    let s = Scratch::new();
+    s.initial_pass();
+    s.image("d1.img", "luks2");
+    s.plan("keyplan.yaml", &two_device_plan(&["d1"], "keep"));
+    s.ok(&["apply", "--auto-approve"], 0);
+    let meta = s.path("keys/k1/meta.json");
+    let text = std::fs::read_to_string(&meta)
+        .unwrap()
+        .replace("\"current\": 1", "\"current\": 5");
+    std::fs::write(&meta, text).unwrap();
+    let out = s.ok(&["plan"], 1);
+    assert!(
+        out.contains("names v5 as current but has no such version"),
+        "{out}"
+    );
+}
+
+/// Under `unmanaged_keyslots: remove`, a managed keyslot rewritten behind keyplan's back is
+/// repaired: the key is enrolled again (through enroll_with) and the rewritten keyslot, now
+/// unmanaged, is removed once the new one is verified.
+#[test]
+fn drift_repair_under_remove() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let d = s.image("d1.img", "luks2");
+    s.plan("keyplan.yaml", &two_device_plan(&["d1"], "remove"));
+    s.ok(&["apply", "--auto-approve"], 0);
+    let key = s.key_get("k1", None);
+    std::fs::write(s.path("k.cur"), &key).unwrap();
+    std::fs::write(s.path("initial.pass"), b"evil").unwrap();
+    let st = std::process::Command::new("cryptsetup")
+        .args([
+            "luksChangeKey",
+            "--batch-mode",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--key-slot",
+            "1",
+            "--key-file",
+        ])
+        .arg(s.path("k.cur"))
+        .arg(&d)
+        .arg(s.path("initial.pass"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    std::fs::remove_file(s.path("k.cur")).unwrap();
+    assert!(!opens(&d, &key, None), "the rewrite really locked k1 out");
+    let out = s.ok(&["plan"], 0);
+    assert!(out.contains("rewritten outside keyplan"), "{out}");
+    s.ok(&["apply", "--auto-approve"], 0);
+    assert!(opens(&d, &key, None), "k1 enrolled again");
+    assert!(
+        !opens(&d, b"evil", None),
+        "the rewritten keyslot was removed"
+    );
+    s.ok(&["plan", "--detailed-exitcode"], 0);
+}
+
+/// Two keys naming the same KMS entry are refused by validate (they would retire each
+/// other's versions).
+#[test]
+fn two_keys_with_one_kms_name_are_refused() {
+    let s = Scratch::new();
+    s.plan(
+        "keyplan.yaml",
+        "version: 1\nkms:\n  local: { provider: file, path: keys }\nkeys:\n  k1: { kms: local, name: shared }\n  k2: { kms: local, name: shared }\n",
+    );
+    let out = s.ok(&["validate"], 1);
+    assert!(out.contains("both use `shared` in KMS `local`"), "{out}");
+    assert!(out.contains("keyplan.yaml:6:"), "{out}");
+}
+
+/// `-f` pointed at a key file does not echo the key in the error.
+#[test]
+fn validate_of_a_key_file_does_not_echo_it() {
+    let s = Scratch::new();
+    let secret = "H5+gZ3kq0sExampleKeyMaterial0123456789abcd=";
+    std::fs::write(s.path("v1.key"), secret).unwrap();
+    let out = s.ok(&["validate", "-f", "v1.key"], 1);
+    assert!(out.contains("not a keyplan plan file"), "{out}");
+    assert!(!out.contains("H5+g"), "{out}");
+}
