@@ -160,3 +160,24 @@ fn validate_of_a_key_file_does_not_echo_it() {
     assert!(out.contains("not a keyplan plan file"), "{out}");
     assert!(!out.contains("H5+g"), "{out}");
 }
+
+/// `--verify` catches a record whose KMS version does not open its keyslot (here: the KMS
+/// material was replaced by hand); `apply --verify` repairs it with the KMS as the truth.
+#[test]
+fn verify_failure_is_repaired_by_apply_verify() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let d = s.image("d1.img", "luks2");
+    s.plan("keyplan.yaml", &two_device_plan(&["d1"], "keep"));
+    s.ok(&["apply", "--auto-approve"], 0);
+    std::fs::write(s.path("keys/k1/v1.key"), b"replaced-material-0123456789").unwrap();
+    let out = s.ok(&["verify"], 1);
+    assert!(out.contains("does not open"), "{out}");
+    s.ok(&["plan", "--detailed-exitcode"], 0); // without --verify the salt still matches
+    let out = s.ok(&["plan", "--verify", "--detailed-exitcode"], 2);
+    assert!(out.contains("no longer opens with k1 v1"), "{out}");
+    s.ok(&["apply", "--auto-approve", "--verify"], 0);
+    assert!(opens(&d, b"replaced-material-0123456789", None));
+    s.ok(&["verify"], 0);
+    s.ok(&["plan", "--verify", "--detailed-exitcode"], 0);
+}

@@ -653,13 +653,18 @@ impl Exec<'_> {
                 self.world.remove_record(&path, &header, *slot)?;
                 ok(format!("killed keyslot {slot} (keyslot {aslot} verified)"))
             }
-            Step::ForgetRecord { device, slot } => {
+            Step::ForgetRecord {
+                device,
+                slot,
+                failed_verify,
+            } => {
                 let path = self.device_path(device)?;
                 let header = cs.dump(&path).map_err(|e| e.to_string())?;
                 let recs = self.world.read_records(&header)?;
-                if recs
-                    .iter()
-                    .any(|r| r.slot == *slot && r.status == RecordStatus::Valid)
+                if !failed_verify
+                    && recs
+                        .iter()
+                        .any(|r| r.slot == *slot && r.status == RecordStatus::Valid)
                 {
                     return ok(format!("record of keyslot {slot} is valid again; kept"));
                 }

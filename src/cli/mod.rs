@@ -94,6 +94,10 @@ pub enum Command {
         /// Rotate KEY now, whatever its age (repeatable).
         #[arg(long, value_name = "KEY")]
         rotate: Vec<String>,
+        /// Also test every recorded keyslot first (one PBKDF run each) and repair those whose
+        /// recorded version does not open them.
+        #[arg(long)]
+        verify: bool,
         /// Steps (devices) worked on at once, at least 1 (overrides settings.parallelism).
         #[arg(long, value_name = "N", value_parser = parse_parallelism)]
         parallelism: Option<usize>,
@@ -224,8 +228,9 @@ fn run(cli: &Cli) -> Result<ExitCode> {
             plan,
             auto_approve,
             rotate,
+            verify,
             parallelism,
-        } => cmd_apply(cli, plan, *auto_approve, rotate, *parallelism),
+        } => cmd_apply(cli, plan, *auto_approve, rotate, *verify, *parallelism),
         Command::Verify { plan } => cmd_verify(cli, plan),
         Command::Key {
             command:
@@ -459,6 +464,7 @@ fn cmd_apply(
     arg: &PlanArg,
     auto_approve: bool,
     rotate: &[String],
+    verify: bool,
     parallelism: Option<usize>,
 ) -> Result<ExitCode> {
     let plan = load_plan(cli, arg)?;
@@ -509,7 +515,7 @@ fn cmd_apply(
         pbkdf_total += report.pbkdf_runs;
         println!("Interrupted run {} finished.\n", s.run);
     }
-    let (observed, d) = make_diff(&plan, &world, rotate, false)?;
+    let (observed, d) = make_diff(&plan, &world, rotate, verify)?;
     if d.is_empty() {
         println!("{}", render::NO_CHANGES);
         return Ok(ExitCode::SUCCESS);

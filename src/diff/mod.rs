@@ -269,13 +269,15 @@ impl Planner<'_> {
                     r.record.key.clone(),
                     r.record.version,
                     reason,
+                    r.status == RecordStatus::FailedVerify,
                 ));
             }
         }
-        for (id, slot, key, version, reason) in todo {
+        for (id, slot, key, version, reason, failed_verify) in todo {
             let s = self.g.add(Step::ForgetRecord {
                 device: id.clone(),
                 slot,
+                failed_verify,
             });
             self.dev(&id).forgets.push(s);
             self.change(

@@ -129,12 +129,17 @@ pub enum Step {
         /// Index of the verify step whose keyslot stays and opens the device.
         anchor: usize,
     },
-    /// Drop keyplan's record of `slot` (the keyslot was killed or rewritten outside keyplan).
+    /// Drop keyplan's record of `slot` (the keyslot was killed or rewritten outside keyplan,
+    /// or `--verify` found that its recorded version does not open it).
     ForgetRecord {
         /// Device id.
         device: String,
         /// Keyslot the record names.
         slot: u32,
+        /// Set when `--verify` failed the record: it is dropped even though its salt still
+        /// matches the header.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        failed_verify: bool,
     },
     /// Destroy a non-current version in the KMS.
     Retire {
@@ -202,7 +207,7 @@ impl fmt::Display for Step {
                     write!(f, "{device}: kill keyslot {slot} (unmanaged)")
                 }
             },
-            Step::ForgetRecord { device, slot } => {
+            Step::ForgetRecord { device, slot, .. } => {
                 write!(f, "{device}: forget the record of keyslot {slot}")
             }
             Step::Retire { key, version } => write!(f, "retire {key} v{version}"),
