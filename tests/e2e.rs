@@ -338,6 +338,8 @@ fn second_apply_is_refused_while_locked() {
     let _lock = keyplan::journal::StateLock::acquire(&s.path(".keyplan")).unwrap();
     let out = s.ok(&["apply", "--auto-approve"], 1);
     assert!(out.contains("another keyplan run holds the lock"), "{out}");
+    let out = s.ok(&["plan"], 1);
+    assert!(out.contains("a keyplan run is in progress"), "{out}");
     assert!(
         out.contains(&format!("pid {}", std::process::id())),
         "{out}"

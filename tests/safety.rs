@@ -181,3 +181,122 @@ fn verify_failure_is_repaired_by_apply_verify() {
     s.ok(&["verify"], 0);
     s.ok(&["plan", "--verify", "--detailed-exitcode"], 0);
 }
+
+/// A device that left the plan during a rotation, and comes back, is enrolled again through
+/// the version it still holds (kept as `previous`), with no enroll_with passphrase at hand.
+#[test]
+fn returning_device_is_reenrolled_through_previous_version() {
+    let s = Scratch::new();
+    s.initial_pass();
+    s.image("d1.img", "luks2");
+    let d2 = s.image("d2.img", "luks2");
+    s.plan("keyplan.yaml", &two_device_plan(&["d1", "d2"], "remove"));
+    s.ok(&["apply", "--auto-approve"], 0);
+    std::fs::remove_file(s.path("initial.pass")).unwrap();
+    s.plan("keyplan.yaml", &two_device_plan(&["d1"], "remove"));
+    s.ok(&["apply", "--auto-approve", "--rotate", "k1"], 0);
+    s.plan("keyplan.yaml", &two_device_plan(&["d1", "d2"], "remove"));
+    let out = s.ok(&["apply", "--auto-approve"], 0);
+    assert!(out.contains("unlock with k1 v1"), "{out}");
+    assert!(opens(&d2, &s.key_get("k1", None), None));
+    assert!(
+        !opens(&d2, &s.key_get("k1", Some(1)), None),
+        "old keyslot removed"
+    );
+    s.ok(&["plan", "--detailed-exitcode"], 0);
+}
+
+/// While a device keyplan worked on is absent (offline, moved), no version is destroyed.
+#[test]
+fn offline_former_device_blocks_destruction() {
+    let s = Scratch::new();
+    s.initial_pass();
+    s.image("d1.img", "luks2");
+    let d2 = s.image("d2.img", "luks2");
+    s.plan("keyplan.yaml", &two_device_plan(&["d1", "d2"], "remove"));
+    s.ok(&["apply", "--auto-approve"], 0);
+    s.plan("keyplan.yaml", &two_device_plan(&["d1"], "remove"));
+    std::fs::rename(&d2, s.path("d2.offline")).unwrap();
+    for i in 0..3 {
+        let out = s.ok(&["apply", "--auto-approve", "--rotate", "k1"], 0);
+        if i > 0 {
+            assert!(out.contains("cannot be read now"), "{out}");
+        }
+        assert!(!out.contains("destroyed"), "{out}");
+    }
+    std::fs::rename(s.path("d2.offline"), &d2).unwrap();
+    assert!(
+        opens(&d2, &s.key_get("k1", Some(1)), None),
+        "d2 still opens with v1"
+    );
+}
+
+/// A corrupt device registry is an error, never read as empty.
+#[test]
+fn corrupt_registry_is_refused() {
+    let s = Scratch::new();
+    s.initial_pass();
+    s.image("d1.img", "luks2");
+    s.plan("keyplan.yaml", &two_device_plan(&["d1"], "keep"));
+    s.ok(&["apply", "--auto-approve"], 0);
+    std::fs::write(s.path(".keyplan/devices.json"), "{garbage").unwrap();
+    let out = s.ok(&["plan", "--rotate", "k1"], 1);
+    assert!(out.contains("devices.json is corrupt"), "{out}");
+    s.ok(&["apply", "--auto-approve", "--rotate", "k1"], 1);
+}
+
+/// A pinned rotation whose kill failed after commit converges with a plain apply: the new
+/// version is moved from the spare keyslot into the pinned one.
+#[test]
+fn pinned_rotation_interrupted_after_commit_converges() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let d = s.image("d.img", "luks2");
+    s.plan(
+        "keyplan.yaml",
+        &one_key_plan("  d:\n    path: d.img\n    keys:\n      - { key: k, keyslot: 2 }\n    enroll_with: initial.pass"),
+    );
+    s.ok(&["apply", "--auto-approve"], 0);
+    let wrapper = script(
+        s.dir.path(),
+        "cs-failkill",
+        "#!/bin/sh\ncase \" $* \" in *' luksKillSlot '*) echo 'injected failure' >&2; exit 1;; esac\nexec cryptsetup \"$@\"\n",
+    );
+    let out = assert_cmd::Command::cargo_bin("keyplan")
+        .unwrap()
+        .current_dir(s.dir.path())
+        .env("KEYPLAN_CRYPTSETUP", &wrapper)
+        .args(["apply", "--auto-approve", "--rotate", "k"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let k2 = s.key_get("k", None);
+    assert!(opens(&d, &k2, None), "committed version opens the device");
+    let out = s.ok(&["plan"], 0);
+    assert!(out.contains("move k v2 into pinned keyslot 2"), "{out}");
+    s.ok(&["apply", "--auto-approve"], 0);
+    assert!(opens(&d, &k2, Some(2)));
+    assert!(!opens(&d, &s.key_get("k", Some(1)), None));
+    assert_eq!(keyslots(&d), vec![0, 2]);
+    s.ok(&["plan", "--detailed-exitcode"], 0);
+}
+
+/// Pinning a key onto the keyslot of the install passphrase, with `remove`, replaces it.
+#[test]
+fn pin_onto_unmanaged_keyslot_under_remove() {
+    for luks in ["luks1", "luks2"] {
+        let s = Scratch::new();
+        s.initial_pass();
+        let d = s.image("d.img", luks);
+        s.plan(
+            "keyplan.yaml",
+            &one_key_plan("  d:\n    path: d.img\n    keys:\n      - { key: k, keyslot: 0 }\n    enroll_with: initial.pass\n    unmanaged_keyslots: remove"),
+        );
+        s.ok(&["apply", "--auto-approve"], 0);
+        let k = s.key_get("k", None);
+        assert!(opens(&d, &k, Some(0)), "{luks}");
+        assert!(!opens(&d, INITIAL, None), "{luks}");
+        assert_eq!(keyslots(&d), vec![0], "{luks}");
+        s.ok(&["plan", "--detailed-exitcode"], 0);
+    }
+}

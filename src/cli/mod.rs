@@ -153,12 +153,12 @@ fn parse_parallelism(s: &str) -> std::result::Result<usize, String> {
 /// Process entry point: parses arguments, runs the command, maps the outcome to an exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli);
     let color = match cli.color {
         ColorChoice::Always => true,
         ColorChoice::Never => false,
         ColorChoice::Auto => std::env::var_os("NO_COLOR").is_none() && io::stderr().is_terminal(),
     };
+    init_logging(&cli, color);
     // Wrap long messages only for a person at a terminal; logs and pipelines get whole lines.
     let wrap = io::stderr().is_terminal();
     let _ = miette::set_hook(Box::new(move |_| {
@@ -179,7 +179,7 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn init_logging(cli: &Cli) {
+fn init_logging(cli: &Cli, color: bool) {
     let level = if cli.quiet {
         "error"
     } else {
@@ -195,6 +195,7 @@ fn init_logging(cli: &Cli) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(io::stderr)
+        .with_ansi(color)
         .with_target(false)
         .try_init();
 }
@@ -351,9 +352,19 @@ fn verify_records(plan: &Plan, world: &World, observed: &mut observe::Observed) 
 }
 
 /// The last run of the journal when it was interrupted (no `run_end`).
-fn interrupted_run(plan: &Plan) -> Option<journal::RunSummary> {
-    let records = journal::read(&plan.state_dir).ok()?;
-    journal::last_run(&records).filter(|s| s.ended.is_none())
+///
+/// Errors: the journal is corrupt, or a run holds the state lock right now (its journal is
+/// in flux: planning against a half-done run would mislead).
+fn interrupted_run(plan: &Plan) -> Result<Option<journal::RunSummary>> {
+    if let Some(holder) = journal::lock_holder(&plan.state_dir) {
+        return Err(miette!(
+            help = "wait for it to finish, then run `keyplan plan` again",
+            "a keyplan run is in progress on {}: {holder}",
+            plan.state_dir.display()
+        ));
+    }
+    let records = journal::read(&plan.state_dir).map_err(|e| miette!("{e}"))?;
+    Ok(journal::last_run(&records).filter(|s| s.ended.is_none()))
 }
 
 /// Describes an interrupted run and the steps it has left.
@@ -386,7 +397,7 @@ fn cmd_plan(
     let plan = load_plan(cli, arg)?;
     check_rotate_keys(&plan, rotate)?;
     let world = World::open(&plan)?;
-    if let Some(s) = interrupted_run(&plan) {
+    if let Some(s) = interrupted_run(&plan)? {
         // What is on the devices now is half of that run: a diff would mislead.
         if json {
             let doc = serde_json::json!({
@@ -439,7 +450,7 @@ fn progress_printer(quiet: bool) -> impl FnMut(&str, &std::result::Result<String
 
 fn failure_report(f: RunFailure, what: &str) -> miette::Report {
     miette!(
-        help = "every step is idempotent and the journal records progress: fix the cause, then run `keyplan apply` again. The KMS's current version still opens every device.",
+        help = "every step is idempotent and the journal records progress: fix the cause, then run `keyplan apply` again. keyplan killed no keyslot without first verifying another one on the same device.",
         "{what} {} failed: {}\n({} steps completed before the failure)",
         f.run,
         f.error,

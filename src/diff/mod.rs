@@ -384,6 +384,27 @@ impl Planner<'_> {
                 });
             }
         }
+        // A keyslot holding a version the KMS still keeps (`previous`): e.g. a device that was
+        // out of the plan, or offline, during a rotation, or whose header was restored.
+        for r in st
+            .records
+            .iter()
+            .filter(|r| r.status == RecordStatus::Valid)
+        {
+            let kept = self
+                .obs
+                .keys
+                .get(&r.record.key)
+                .and_then(|k| k.versions.get(&r.record.version))
+                .is_some_and(|v| v.state == crate::kms::VersionState::Previous);
+            if kept {
+                return Some(Unlock::Key {
+                    key: r.record.key.clone(),
+                    version: VersionRef::Version(r.record.version),
+                    slot: r.slot,
+                });
+            }
+        }
         if let Some(file) = &dev.enroll_with {
             // Checked now (size only, the content is read by apply) so that a missing file
             // stops the run before anything is staged in the KMS.
@@ -598,6 +619,10 @@ impl Planner<'_> {
             None => {
                 if let Some(n) = pinned {
                     if st.header.keyslots.contains_key(&n) {
+                        if let Some(holder) = self.evictable(device, key, n) {
+                            self.move_into_pin(device, key, c, n, holder, &with_c, &recs);
+                            return;
+                        }
                         self.errors.push(format!(
                             "device {device}: keyslot {n} is pinned for {key} but already holds another keyslot{}; nothing was changed. Free keyslot {n} or pin another one",
                             match st.record(n) { Some(r) => format!(" ({} v{})", r.key, r.version), None => " that keyplan did not create".to_string() }
@@ -653,6 +678,135 @@ impl Planner<'_> {
                 anchor,
             );
             self.change(device, s, SlotAction::Remove, Some(key), Some(v), reason);
+        }
+    }
+
+    /// What keyslot `n` (pinned for `key` on `device`) holds, if keyplan may kill it to make
+    /// room: an older version of the same key, or an unmanaged keyslot under
+    /// `unmanaged_keyslots: remove`.
+    fn evictable(&self, device: &str, key: &str, n: u32) -> Option<SlotHolder> {
+        let st = self.state(device)?;
+        if let Some(r) = st.record(n) {
+            return (r.key == key).then(|| SlotHolder::Record {
+                key: key.to_string(),
+                version: VersionRef::Version(r.version),
+            });
+        }
+        let remove = self
+            .plan
+            .devices
+            .get(device)
+            .is_some_and(|d| d.unmanaged == UnmanagedKeyslots::Remove);
+        let ks = st.header.keyslots.get(&n)?;
+        remove.then(|| SlotHolder::Unmanaged {
+            salt: ks.salt.clone(),
+        })
+    }
+
+    /// Puts `key` v`c` into its pinned keyslot `n`, which holds `holder`: the version goes to
+    /// (or already is in) a spare keyslot M, is verified there, `n` is killed, the version is
+    /// added into `n` through M and verified, and M is killed. Other keyslots of the key are
+    /// removed once `n` is verified.
+    #[allow(clippy::too_many_arguments)]
+    fn move_into_pin(
+        &mut self,
+        device: &str,
+        key: &str,
+        c: u64,
+        n: u32,
+        holder: SlotHolder,
+        with_c: &[u32],
+        recs: &[(u32, u64)],
+    ) {
+        let version = VersionRef::Version(c);
+        let (m, vm) = match with_c.first() {
+            Some(&m) => (m, self.verify_step(device, key, version, m)),
+            None => {
+                let Some(m) = self.target(device, key, false) else {
+                    return;
+                };
+                let Some(unlock) = self.unlock(device, key, Some(c)) else {
+                    return;
+                };
+                let (_, vm) = self.add_step(device, key, version, m, unlock);
+                self.change(
+                    device,
+                    m,
+                    SlotAction::Add,
+                    Some(key),
+                    Some(c),
+                    format!("temporary keyslot: pinned keyslot {n} is occupied"),
+                );
+                (m, vm)
+            }
+        };
+        let (hkey, hversion) = match &holder {
+            SlotHolder::Record {
+                key,
+                version: VersionRef::Version(v),
+            } => (Some(key.clone()), Some(*v)),
+            _ => (None, None),
+        };
+        let kn = self.kill(device, n, holder, vm);
+        self.change(
+            device,
+            n,
+            SlotAction::Remove,
+            hkey.as_deref(),
+            hversion,
+            format!("make room in pinned keyslot {n} for {key} v{c}"),
+        );
+        let unlock = Unlock::Key {
+            key: key.to_string(),
+            version,
+            slot: m,
+        };
+        let (an, vn) = self.add_step(device, key, version, n, unlock);
+        self.g.dep(kn, an);
+        self.change(
+            device,
+            n,
+            SlotAction::Add,
+            Some(key),
+            Some(c),
+            format!("move {key} v{c} into pinned keyslot {n}"),
+        );
+        self.dev(device).anchor = Some(vn);
+        self.kill(
+            device,
+            m,
+            SlotHolder::Record {
+                key: key.to_string(),
+                version,
+            },
+            vn,
+        );
+        self.change(
+            device,
+            m,
+            SlotAction::Remove,
+            Some(key),
+            Some(c),
+            format!("{key} moved to pinned keyslot {n}"),
+        );
+        for &(s, v) in recs.iter().filter(|(s, _)| *s != n && *s != m) {
+            self.kill(
+                device,
+                s,
+                SlotHolder::Record {
+                    key: key.to_string(),
+                    version: VersionRef::Version(v),
+                },
+                vn,
+            );
+            self.change(
+                device,
+                s,
+                SlotAction::Remove,
+                Some(key),
+                Some(v),
+                format!("{key} moved to pinned keyslot {n}"),
+            );
         }
     }
 
@@ -723,7 +877,10 @@ impl Planner<'_> {
                 None => {
                     if let Some(n) = pinned {
                         let held_by_key = recs.iter().any(|(s, _)| *s == n);
-                        if ds.header.keyslots.contains_key(&n) && !held_by_key {
+                        if ds.header.keyslots.contains_key(&n)
+                            && !held_by_key
+                            && self.evictable(device, key, n).is_none()
+                        {
                             self.errors.push(format!(
                                 "device {device}: keyslot {n} is pinned for {key} but holds a keyslot that is not {key}'s; nothing was changed. Free keyslot {n} or pin another one"
                             ));
@@ -771,6 +928,27 @@ impl Planner<'_> {
                 );
                 if Some(s) == pinned {
                     pinned_kill = Some(k);
+                }
+            }
+            // A pinned keyslot held by an unmanaged keyslot (under `remove`): kill it after
+            // commit, like an old version, to make room.
+            if let Some(n) = pinned {
+                if pinned_kill.is_none() && n != new_slot && ds.header.keyslots.contains_key(&n) {
+                    if let Some(holder @ SlotHolder::Unmanaged { .. }) =
+                        self.evictable(device, key, n)
+                    {
+                        let k = self.kill(device, n, holder, verify);
+                        self.g.dep(commit, k);
+                        self.change(
+                            device,
+                            n,
+                            SlotAction::Remove,
+                            None,
+                            None,
+                            format!("make room in pinned keyslot {n} for {key}"),
+                        );
+                        pinned_kill = Some(k);
+                    }
                 }
             }
             // A pinned key whose pinned keyslot held the old version: move the new version
@@ -836,7 +1014,25 @@ impl Planner<'_> {
             .map(|v| v.version)
             .collect();
         let mut retired = Vec::new();
-        for v in old {
+        if !self.obs.former_unreadable.is_empty() && !old.is_empty() {
+            let list: Vec<String> = self
+                .obs
+                .former_unreadable
+                .iter()
+                .map(|(id, path, why)| format!("{id} ({}: {why})", path.display()))
+                .collect();
+            self.notes.push(format!(
+                "{key} v{} {} kept in the KMS: device(s) keyplan worked on before cannot be read now, so nobody knows which versions they hold: {}. Once such a device is gone for good, delete its entry from {}",
+                old.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", v"),
+                if old.len() == 1 { "is" } else { "are" },
+                list.join("; "),
+                self.plan.state_dir.join(crate::observe::REGISTRY_FILE).display()
+            ));
+        }
+        for v in old
+            .into_iter()
+            .filter(|_| self.obs.former_unreadable.is_empty())
+        {
             if let Some(where_) = held.get(&v) {
                 let former = self
                     .obs

@@ -325,6 +325,25 @@ pub fn last_run(records: &[Record]) -> Option<RunSummary> {
     Some(s)
 }
 
+/// Who holds the state lock right now, if anyone: `pid P on host H since T`. Read-only: opens
+/// the lock file without creating or writing it and probes with a shared `flock(2)`.
+pub fn lock_holder(state_dir: &Path) -> Option<String> {
+    let path = state_dir.join(LOCK_FILE);
+    let file = fs::File::open(&path).ok()?;
+    match file.try_lock_shared() {
+        Ok(()) => None,
+        Err(fs::TryLockError::WouldBlock) => {
+            let holder = fs::read_to_string(&path).unwrap_or_default();
+            Some(if holder.trim().is_empty() {
+                "unknown holder".to_string()
+            } else {
+                holder.trim().to_string()
+            })
+        }
+        Err(fs::TryLockError::Error(_)) => None,
+    }
+}
+
 /// The exclusive state-directory lock; released when dropped (or when the process dies).
 #[derive(Debug)]
 pub struct StateLock {

@@ -111,6 +111,10 @@ pub struct Observed {
     /// present (same path, same LUKS UUID), by their former id. keyplan never changes them,
     /// but keeps every key version they hold.
     pub former: BTreeMap<String, DeviceState>,
+    /// Devices keyplan worked on in earlier runs, no longer in the plan, that cannot be read
+    /// now (offline, moved, damaged): `(former id, path, why)`. Nobody knows which versions
+    /// they hold, so no version of any key is destroyed while this list is not empty.
+    pub former_unreadable: Vec<(String, PathBuf, String)>,
     /// Observation time, Unix seconds.
     pub now: u64,
 }
@@ -118,35 +122,60 @@ pub struct Observed {
 /// File name of the device registry in the state directory.
 pub const REGISTRY_FILE: &str = "devices.json";
 
-/// One device keyplan has worked on (`<state_dir>/devices.json`).
+/// One device keyplan has worked on, keyed by LUKS UUID in `<state_dir>/devices.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RegistryEntry {
-    /// Device path.
+    /// Device id in the plan when keyplan last worked on it.
+    pub id: String,
+    /// Device path then.
     pub path: PathBuf,
-    /// LUKS UUID.
-    pub uuid: String,
 }
 
-/// Reads `<state_dir>/devices.json` (device id -> entry); empty when missing or unreadable.
-pub fn read_registry(state_dir: &Path) -> BTreeMap<String, RegistryEntry> {
-    std::fs::read(state_dir.join(REGISTRY_FILE))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
+/// `<state_dir>/devices.json`: every device a run has touched, by LUKS UUID (lower case).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Registry {
+    /// Format version (1).
+    pub format: u32,
+    /// LUKS UUID -> entry.
+    pub devices: BTreeMap<String, RegistryEntry>,
+}
+
+/// Reads `<state_dir>/devices.json`; an empty registry when the file does not exist.
+///
+/// Errors: the file exists but cannot be read or parsed (it is never guessed at: a lost
+/// registry could let a rotation destroy a version an absent device still needs).
+pub fn read_registry(state_dir: &Path) -> Result<Registry, String> {
+    let path = state_dir.join(REGISTRY_FILE);
+    match std::fs::read(&path) {
+        Ok(b) => serde_json::from_slice(&b).map_err(|e| {
+            format!(
+                "{} is corrupt ({e}); keyplan will not guess which devices it worked on. Restore it from a backup, or fix it by hand: {{\"format\":1,\"devices\":{{\"<LUKS UUID>\":{{\"id\":\"<device id>\",\"path\":\"<path>\"}}}}}}",
+                path.display()
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Registry {
+            format: 1,
+            devices: BTreeMap::new(),
+        }),
+        Err(e) => Err(format!("reading {}: {e}", path.display())),
+    }
 }
 
 /// Adds every observed device to `<state_dir>/devices.json` (atomically, mode 0600), keeping
-/// entries of devices no longer in the plan, so a later rotation can see what they hold.
+/// entries of devices no longer in the plan, so later rotations keep what they hold.
 ///
-/// Errors: the file could not be written.
+/// Errors: the registry is corrupt, or could not be written.
 pub fn update_registry(state_dir: &Path, observed: &Observed) -> Result<(), String> {
-    let mut reg = read_registry(state_dir);
+    let mut reg = read_registry(state_dir)?;
+    reg.format = 1;
     for (id, d) in &observed.devices {
-        reg.insert(
-            id.clone(),
+        reg.devices.insert(
+            d.header.uuid.to_lowercase(),
             RegistryEntry {
+                id: id.clone(),
                 path: d.path.clone(),
-                uuid: d.header.uuid.clone(),
             },
         );
     }
@@ -465,34 +494,62 @@ pub fn observe(plan: &Plan, world: &World) -> Result<Observed, miette::Report> {
     if !errors.is_empty() {
         return Err(combine(errors));
     }
-    // Former devices: in the registry, not in the plan, still there with the same UUID.
+    // Former devices: in the registry, not in the plan. Read (never written) when present with
+    // the same UUID; otherwise listed as unreadable, which keeps every key version.
     let mut former = BTreeMap::new();
-    for (id, entry) in read_registry(&plan.state_dir) {
-        if plan.devices.contains_key(&id) || uuids.contains_key(&entry.uuid.to_lowercase()) {
-            continue;
+    let mut former_unreadable = Vec::new();
+    match read_registry(&plan.state_dir) {
+        Err(e) => errors.push(miette!(help = "keyplan changed nothing", "{e}")),
+        Ok(reg) => {
+            for (uuid, entry) in reg.devices {
+                if uuids.contains_key(&uuid) {
+                    continue;
+                }
+                let id = if plan.devices.contains_key(&entry.id) {
+                    format!("{} (formerly at {})", entry.id, entry.path.display())
+                } else {
+                    entry.id.clone()
+                };
+                let header = match world.cs.dump(&entry.path) {
+                    Ok(h) if h.uuid.eq_ignore_ascii_case(&uuid) => h,
+                    Ok(h) => {
+                        former_unreadable.push((
+                            id,
+                            entry.path,
+                            format!("it now holds another LUKS device (UUID {})", h.uuid),
+                        ));
+                        continue;
+                    }
+                    Err(e) => {
+                        former_unreadable.push((id, entry.path, e.to_string()));
+                        continue;
+                    }
+                };
+                match world.read_records(&header) {
+                    Ok(records) => {
+                        former.insert(
+                            id.clone(),
+                            DeviceState {
+                                id,
+                                path: entry.path,
+                                header,
+                                records,
+                            },
+                        );
+                    }
+                    Err(e) => former_unreadable.push((id, entry.path, e)),
+                }
+            }
         }
-        let Ok(header) = world.cs.dump(&entry.path) else {
-            continue;
-        };
-        if !header.uuid.eq_ignore_ascii_case(&entry.uuid) {
-            continue;
-        }
-        if let Ok(records) = world.read_records(&header) {
-            former.insert(
-                id.clone(),
-                DeviceState {
-                    id,
-                    path: entry.path,
-                    header,
-                    records,
-                },
-            );
-        }
+    }
+    if !errors.is_empty() {
+        return Err(combine(errors));
     }
     Ok(Observed {
         devices,
         keys,
         former,
+        former_unreadable,
         now: kms::now_unix(),
     })
 }
