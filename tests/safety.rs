@@ -300,3 +300,16 @@ fn pin_onto_unmanaged_keyslot_under_remove() {
         s.ok(&["plan", "--detailed-exitcode"], 0);
     }
 }
+
+/// The current version's material missing from the file KMS is an error at plan time.
+#[test]
+fn missing_current_material_is_refused() {
+    let s = Scratch::new();
+    s.initial_pass();
+    s.image("d1.img", "luks2");
+    s.plan("keyplan.yaml", &two_device_plan(&["d1"], "keep"));
+    s.ok(&["apply", "--auto-approve"], 0);
+    std::fs::remove_file(s.path("keys/k1/v1.key")).unwrap();
+    let out = s.ok(&["plan"], 1);
+    assert!(out.contains("v1.key is missing"), "{out}");
+}

@@ -138,6 +138,19 @@ impl Kms for FileKms {
 
     fn read(&self, name: &str) -> Result<KeyState, KmsError> {
         let meta = self.read_meta(name)?;
+        for v in meta.current.iter().chain(meta.pending.iter()) {
+            let path = self.key_dir(name).join(format!("v{v}.key"));
+            if !path.is_file() {
+                return Err(KmsError::Corrupt {
+                    kms: self.describe(),
+                    key: name.to_string(),
+                    detail: format!(
+                        "meta.json names v{v} as current or pending, but {} is missing; restore it from a backup (nothing was changed)",
+                        path.display()
+                    ),
+                });
+            }
+        }
         Ok(KeyState {
             current: meta.current,
             pending: meta.pending,
