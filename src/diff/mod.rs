@@ -572,12 +572,7 @@ impl Planner<'_> {
                 })
                 .collect();
             if !held.is_empty() {
-                let kms = self
-                    .plan
-                    .keys
-                    .get(key)
-                    .map(|k| k.kms.clone())
-                    .unwrap_or_default();
+                let kms = self.kms_of(key);
                 self.errors.push(format!(
                     "key {key}: KMS {kms} holds no version of it, yet keyplan recorded it on {}. Was the KMS lost, or did its path change? keyplan will not create a new key over keyslots it cannot open. Nothing was changed: restore the KMS (or fix its path); to start over on purpose, kill those keyslots by hand",
                     held.join(", ")
@@ -810,6 +805,15 @@ impl Planner<'_> {
         }
     }
 
+    /// The KMS instance name of `key` (empty if the key is not in the plan).
+    fn kms_of(&self, key: &str) -> String {
+        self.plan
+            .keys
+            .get(key)
+            .map(|k| k.kms.clone())
+            .unwrap_or_default()
+    }
+
     fn max_recorded(&self, key: &str) -> u64 {
         self.obs
             .devices
@@ -833,12 +837,7 @@ impl Planner<'_> {
         let max_known = st.versions.keys().copied().max().unwrap_or(0);
         let at_least = self.max_recorded(key).max(max_known) + 1;
         let to = st.pending.unwrap_or(at_least);
-        let kms = self
-            .plan
-            .keys
-            .get(key)
-            .map(|k| k.kms.clone())
-            .unwrap_or_default();
+        let kms = self.kms_of(key);
         let change_index = self.keys.len();
         self.keys.push(KeyChange {
             key: key.to_string(),
