@@ -310,3 +310,92 @@ fn missing_current_material_is_refused() {
     let out = s.ok(&["plan"], 1);
     assert!(out.contains("v1.key is missing"), "{out}");
 }
+
+/// Renaming a key id while keeping its KMS entry (`name:`) does not blind retention: the
+/// version a former device holds under the old id is kept.
+#[test]
+fn renamed_key_id_keeps_versions_former_devices_hold() {
+    let s = Scratch::new();
+    s.initial_pass();
+    s.image("d1.img", "luks2");
+    let d2 = s.image("d2.img", "luks2");
+    s.plan(
+        "keyplan.yaml",
+        &format!("version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  data: {{ kms: local }}\ndevices:\n  d1: {{ path: d1.img, keys: [data], enroll_with: initial.pass }}\n  d2: {{ path: d2.img, keys: [data], enroll_with: initial.pass, unmanaged_keyslots: remove }}\n{FAST_PBKDF}"),
+    );
+    s.ok(&["apply", "--auto-approve"], 0);
+    s.plan(
+        "keyplan.yaml",
+        &format!("version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  datakek: {{ kms: local, name: data }}\ndevices:\n  d1: {{ path: d1.img, keys: [datakek], enroll_with: initial.pass }}\n{FAST_PBKDF}"),
+    );
+    s.ok(&["apply", "--auto-approve"], 0);
+    for _ in 0..2 {
+        let out = s.ok(&["apply", "--auto-approve", "--rotate", "datakek"], 0);
+        assert!(!out.contains("- key datakek v1"), "{out}");
+    }
+    assert!(
+        opens(&d2, &s.key_get("datakek", Some(1)), None),
+        "d2 still opens with v1"
+    );
+}
+
+/// Keyslots of a key no longer listed are killed only after the replacing key is committed:
+/// when the run fails before commit, the old key still opens the device.
+#[test]
+fn removal_waits_for_the_replacing_commit() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let d1 = s.image("d1.img", "luks2");
+    s.image("d2.img", "luks2");
+    std::fs::write(s.path("bad.pass"), b"wrong").unwrap();
+    let plan = |d1_keys: &str, d2: bool| {
+        format!(
+            "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  a: {{ kms: local }}\n  b: {{ kms: local }}\ndevices:\n  d1: {{ path: d1.img, keys: [{d1_keys}], enroll_with: initial.pass }}\n{}{FAST_PBKDF}",
+            if d2 { "  d2: { path: d2.img, keys: [b], enroll_with: bad.pass }\n" } else { "" }
+        )
+    };
+    s.plan("keyplan.yaml", &plan("a", false));
+    s.ok(&["apply", "--auto-approve"], 0);
+    let a = s.key_get("a", None);
+    s.plan("keyplan.yaml", &plan("b", true));
+    for _ in 0..3 {
+        s.ok(&["apply", "--auto-approve", "--parallelism", "4"], 1);
+        assert!(
+            opens(&d1, &a, None),
+            "a (the KMS's current key) still opens d1"
+        );
+    }
+}
+
+/// `apply --verify` whose repair cannot succeed (no way to enroll again) keeps the record, so
+/// restoring the KMS material brings everything back.
+#[test]
+fn failed_verify_repair_keeps_the_record() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let d = s.image("d.img", "luks2");
+    s.plan(
+        "keyplan.yaml",
+        &one_key_plan("  d:\n    path: d.img\n    keys:\n      - { key: k, keyslot: 0 }\n    enroll_with: initial.pass\n    unmanaged_keyslots: remove"),
+    );
+    s.ok(&["apply", "--auto-approve"], 0);
+    let good = std::fs::read(s.path("keys/k/v1.key")).unwrap();
+    std::fs::write(s.path("keys/k/v1.key"), b"corrupted-material").unwrap();
+    s.ok(&["apply", "--auto-approve", "--verify"], 1);
+    std::fs::write(s.path("keys/k/v1.key"), &good).unwrap();
+    s.ok(&["verify"], 0);
+    s.ok(&["plan", "--verify", "--detailed-exitcode"], 0);
+    assert!(opens(&d, &good, Some(0)));
+}
+
+/// One file store spelled two ways is one KMS: two keys naming one entry are refused.
+#[test]
+fn kms_path_aliases_are_one_store() {
+    let s = Scratch::new();
+    s.plan(
+        "keyplan.yaml",
+        "version: 1\nkms:\n  a: { provider: file, path: keys }\n  b: { provider: file, path: ./keys/ }\nkeys:\n  k1: { kms: a, name: x }\n  k2: { kms: b, name: x }\n",
+    );
+    let out = s.ok(&["validate"], 1);
+    assert!(out.contains("both use `x`"), "{out}");
+}

@@ -314,6 +314,14 @@ impl Exec<'_> {
         Ok((kms, spec.name.clone(), spec.bytes))
     }
 
+    /// `(KMS instance, name)` of a plan key, for its records.
+    fn entry(&self, key: &str) -> Option<(String, String)> {
+        self.plan
+            .keys
+            .get(key)
+            .map(|k| (k.kms.clone(), k.name.clone()))
+    }
+
     fn device_path(&self, device: &str) -> Result<std::path::PathBuf, String> {
         self.plan
             .devices
@@ -418,6 +426,7 @@ impl Exec<'_> {
                                 key: key.clone(),
                                 version: v,
                                 salt,
+                                entry: self.entry(key),
                             },
                         )?;
                         return ok(format!(
@@ -524,6 +533,7 @@ impl Exec<'_> {
                     key: key.clone(),
                     version: v,
                     salt,
+                    entry: self.entry(key),
                 };
                 if let Err(e) = self.world.write_record(&path, &header, *slot, &record) {
                     // An unrecorded keyslot would be an orphan nobody can attribute. It holds a

@@ -481,9 +481,16 @@ fn cmd_apply(
     let plan = load_plan(cli, arg)?;
     check_rotate_keys(&plan, rotate)?;
     if !auto_approve && !io::stdin().is_terminal() {
+        let pending = match interrupted_run(&plan) {
+            Ok(Some(s)) => format!(
+                " (run {} was interrupted and will be finished first: see `keyplan plan`)",
+                s.run
+            ),
+            _ => String::new(),
+        };
         return Err(miette!(
             help = "run `keyplan apply --auto-approve` in scripts and pipelines",
-            "refusing to apply: no terminal to ask for confirmation on; nothing was changed"
+            "refusing to apply: no terminal to ask for confirmation on; nothing was changed{pending}"
         ));
     }
     let parallelism = parallelism.unwrap_or(plan.parallelism);
@@ -620,6 +627,7 @@ fn cmd_verify(cli: &Cli, arg: &PlanArg) -> Result<ExitCode> {
         }
     }
     if failures > 0 {
+        println!();
         return Err(miette!(
             help = "run `keyplan plan --verify` to see what keyplan would repair",
             "verification failed for {failures} key(s)"

@@ -161,6 +161,13 @@ struct Dev {
     kills: BTreeMap<u32, usize>,
     /// Forget-record steps (run before anything else on the device).
     forgets: Vec<usize>,
+    /// Forget-record steps for records `--verify` failed: they run only once the device's
+    /// anchor (the key enrolled again) is verified, so a failed repair loses no record.
+    verify_forgets: Vec<usize>,
+    /// The commit the anchor's version waits for, when the anchor verifies a staged version:
+    /// kills anchored on it must wait for that commit too (a staged version is not yet the
+    /// KMS's current one).
+    anchor_commit: Option<usize>,
     /// Keyslots being added, so they are not taken for unmanaged.
     added: BTreeSet<u32>,
 }
@@ -279,7 +286,11 @@ impl Planner<'_> {
                 slot,
                 failed_verify,
             });
-            self.dev(&id).forgets.push(s);
+            if failed_verify {
+                self.dev(&id).verify_forgets.push(s);
+            } else {
+                self.dev(&id).forgets.push(s);
+            }
             self.change(
                 &id,
                 slot,
@@ -903,7 +914,11 @@ impl Planner<'_> {
                 }
             };
             self.g.dep(verify, commit);
-            self.dev(device).anchor.get_or_insert(verify);
+            let d = self.dev(device);
+            if d.anchor.is_none() {
+                d.anchor = Some(verify);
+                d.anchor_commit = Some(commit);
+            }
             let mut pinned_kill = None;
             for (s, v) in recs.iter().copied().filter(|(s, _)| *s != new_slot) {
                 let k = self.kill(
@@ -987,6 +1002,7 @@ impl Planner<'_> {
                 );
                 let d = self.dev(device);
                 d.anchor = Some(v2);
+                d.anchor_commit = Some(commit);
                 let _ = k2;
             }
         }
@@ -996,14 +1012,19 @@ impl Planner<'_> {
         // keyslots are removed by `removals`, but only after this run's retire would be too
         // late to matter) and former devices that left the plan but are still present.
         let mut held: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+        let spec = self.plan.keys.get(key).cloned();
         for (id, d) in self.obs.devices.iter().chain(self.obs.former.iter()) {
-            if devices.contains(id) {
-                continue;
-            }
-            for (slot, v) in d.slots_of(key) {
-                held.entry(v)
+            for r in d.records.iter().filter(|r| r.status == RecordStatus::Valid) {
+                // Keyslots of this key on devices that list it are replaced in this run; any
+                // other record of the same KMS entry (another device, or an older key id
+                // naming the same entry) keeps its version.
+                let same_entry = spec.as_ref().is_some_and(|k| r.record.is_of(k));
+                if !same_entry || (devices.contains(id) && r.record.key == key) {
+                    continue;
+                }
+                held.entry(r.record.version)
                     .or_default()
-                    .push(format!("{id} keyslot {slot}"));
+                    .push(format!("{id} keyslot {}", r.slot));
             }
         }
         let old: Vec<u64> = st
@@ -1134,7 +1155,10 @@ impl Planner<'_> {
                 if self.dev(&id).kills.contains_key(&slot) {
                     continue;
                 }
-                self.kill(&id, slot, holder, anchor);
+                let k = self.kill(&id, slot, holder, anchor);
+                if let Some(c) = self.devs.get(&id).and_then(|d| d.anchor_commit) {
+                    self.g.dep(c, k);
+                }
                 self.change(
                     &id,
                     slot,
@@ -1179,6 +1203,14 @@ impl Planner<'_> {
                     if !d.forgets.contains(s) {
                         self.g.dep(*f, *s);
                     }
+                }
+            }
+            for vf in &d.verify_forgets {
+                if let Some(a) = d.anchor {
+                    self.g.dep(a, *vf);
+                }
+                if let Some(c) = d.anchor_commit {
+                    self.g.dep(c, *vf);
                 }
             }
             for (slot, k) in &d.kills {

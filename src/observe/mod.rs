@@ -29,6 +29,23 @@ pub struct SlotRecord {
     pub version: u64,
     /// The keyslot's KDF salt when keyplan wrote it.
     pub salt: String,
+    /// Where the version lives: `(KMS instance, name in the KMS)`. Lets retention recognize a
+    /// keyslot whose key id was renamed in the plan. `None` in records written before it was
+    /// added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry: Option<(String, String)>,
+}
+
+impl SlotRecord {
+    /// True when this record holds a version of the plan key `key` (same id, or same KMS
+    /// instance and name).
+    pub fn is_of(&self, key: &crate::spec::Key) -> bool {
+        self.key == key.id
+            || self
+                .entry
+                .as_ref()
+                .is_some_and(|(kms, name)| *kms == key.kms && *name == key.name)
+    }
 }
 
 /// Whether a record still describes its keyslot.
@@ -248,10 +265,17 @@ impl World {
                 .filter(|t| t.token_type == TOKEN_TYPE)
                 .filter_map(|t| {
                     let slot = t.json.get("slot")?.as_u64()?;
+                    let entry = match (t.json.get("kms"), t.json.get("name")) {
+                        (Some(k), Some(n)) => {
+                            Some((k.as_str()?.to_string(), n.as_str()?.to_string()))
+                        }
+                        _ => None,
+                    };
                     let rec = SlotRecord {
                         key: t.json.get("key")?.as_str()?.to_string(),
                         version: t.json.get("version")?.as_u64()?,
                         salt: t.json.get("salt")?.as_str()?.to_string(),
+                        entry,
                     };
                     Some((u32::try_from(slot).ok()?, rec, Some(t.id)))
                 })
@@ -326,6 +350,14 @@ impl World {
                     "version": record.version,
                     "salt": record.salt,
                 });
+                let json = match (&record.entry, json) {
+                    (Some((kms, name)), serde_json::Value::Object(mut m)) => {
+                        m.insert("kms".into(), kms.clone().into());
+                        m.insert("name".into(), name.clone().into());
+                        serde_json::Value::Object(m)
+                    }
+                    (_, j) => j,
+                };
                 self.cs.token_import(dev, None, &json).map(|_| ()).map_err(|e| {
                     format!(
                         "{e}; keyslot {slot} holds {} v{} but keyplan could not record it (is the LUKS2 JSON metadata area full?)",

@@ -38,7 +38,7 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
         for v in &k.retire {
             let _ = writeln!(
                 out,
-                "{:<44} (destroyed: older than the previous version, no device holds it)",
+                "{:<44} (destroyed at the end: older than the previous version; no other device holds it)",
                 format!("  - key {} v{v}", k.key)
             );
         }

@@ -460,10 +460,20 @@ pub(crate) fn validate(
     // versions: a lock-out. Reported at the second key in file order.
     let mut key_ids: Vec<&String> = keys.keys().collect();
     key_ids.sort_by_key(|id| order(&p(&["keys", id])));
+    // A KMS instance's identity: for the file provider its directory (resolved, so `keys` and
+    // `./keys/` or a symlink are one store); otherwise its instance name.
+    let kms_identity = |name: &str| -> String {
+        match kms.get(name) {
+            Some(KmsConfig::File { path }) => {
+                format!("file:{}", identity(Path::new(path)).display())
+            }
+            _ => format!("instance:{name}"),
+        }
+    };
     let mut by_entry: HashMap<(String, String), &str> = HashMap::new();
     for id in key_ids {
         let Some(k) = keys.get(id) else { continue };
-        if let Some(first) = by_entry.insert((k.kms.clone(), k.name.clone()), id) {
+        if let Some(first) = by_entry.insert((kms_identity(&k.kms), k.name.clone()), id) {
             let path = if file.keys.get(id).is_some_and(|f| f.name.is_some()) {
                 p(&["keys", id, "name"])
             } else {
@@ -473,7 +483,7 @@ pub(crate) fn validate(
                 path,
                 code: "keyplan::plan::duplicate_key_name",
                 message: format!(
-                    "keys `{first}` and `{id}` both use `{}` in KMS `{}`: rotating one would replace and retire the other's versions",
+                    "keys `{first}` and `{id}` both use `{}` in KMS `{}` (the same store): rotating one would replace and retire the other's versions",
                     k.name, k.kms
                 ),
                 label: "same KMS entry as another key".to_owned(),
