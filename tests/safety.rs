@@ -348,9 +348,12 @@ fn removal_waits_for_the_replacing_commit() {
     let d1 = s.image("d1.img", "luks2");
     s.image("d2.img", "luks2");
     std::fs::write(s.path("bad.pass"), b"wrong").unwrap();
+    // Key b appears only with the switch, so it is created (staged, committed at the end) in
+    // the same run that removes a's keyslot from d1.
     let plan = |d1_keys: &str, d2: bool| {
         format!(
-            "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  a: {{ kms: local }}\n  b: {{ kms: local }}\ndevices:\n  d1: {{ path: d1.img, keys: [{d1_keys}], enroll_with: initial.pass }}\n{}{FAST_PBKDF}",
+            "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  a: {{ kms: local }}\n{}devices:\n  d1: {{ path: d1.img, keys: [{d1_keys}], enroll_with: initial.pass }}\n{}{FAST_PBKDF}",
+            if d2 { "  b: { kms: local }\n" } else { "" },
             if d2 { "  d2: { path: d2.img, keys: [b], enroll_with: bad.pass }\n" } else { "" }
         )
     };
@@ -362,8 +365,10 @@ fn removal_waits_for_the_replacing_commit() {
         s.ok(&["apply", "--auto-approve", "--parallelism", "4"], 1);
         assert!(
             opens(&d1, &a, None),
-            "a (the KMS's current key) still opens d1"
+            "a still opens d1: b was never committed"
         );
+        let out = s.ok(&["key", "get", "b"], 1);
+        assert!(out.contains("no current version"), "{out}");
     }
 }
 
