@@ -141,14 +141,12 @@ impl Journal {
     ///
     /// Errors: [`JournalError::Io`].
     pub fn open(state_dir: &Path) -> Result<Journal, JournalError> {
-        let path = state_dir.join(JOURNAL_FILE);
+        let (path, mut file) = open_state_file(state_dir, JOURNAL_FILE)?;
         let io_err = |what, source| JournalError::Io {
             what,
             path: path.clone(),
             source,
         };
-        fsutil::ensure_private_dir(state_dir).map_err(|e| io_err("creating directory of", e))?;
-        let mut file = fsutil::open_lock_file(&path).map_err(|e| io_err("opening", e))?;
         let len = file
             .seek(SeekFrom::End(0))
             .map_err(|e| io_err("seeking", e))?;
@@ -325,6 +323,29 @@ pub fn last_run(records: &[Record]) -> Option<RunSummary> {
     Some(s)
 }
 
+/// Creates the state directory (0700) if needed and opens `<state_dir>/<name>` (created 0600)
+/// for reading and writing.
+fn open_state_file(state_dir: &Path, name: &str) -> Result<(PathBuf, fs::File), JournalError> {
+    let path = state_dir.join(name);
+    let io_err = |what, source| JournalError::Io {
+        what,
+        path: path.clone(),
+        source,
+    };
+    fsutil::ensure_private_dir(state_dir).map_err(|e| io_err("creating directory of", e))?;
+    let file = fsutil::open_lock_file(&path).map_err(|e| io_err("opening", e))?;
+    Ok((path, file))
+}
+
+/// The holder description written into a lock file, or `unknown holder`.
+fn read_holder(path: &Path) -> String {
+    let holder = fs::read_to_string(path).unwrap_or_default();
+    match holder.trim() {
+        "" => "unknown holder".to_string(),
+        h => h.to_string(),
+    }
+}
+
 /// Who holds the state lock right now, if anyone: `pid P on host H since T`. Read-only: opens
 /// the lock file without creating or writing it and probes with a shared `flock(2)`.
 pub fn lock_holder(state_dir: &Path) -> Option<String> {
@@ -332,14 +353,7 @@ pub fn lock_holder(state_dir: &Path) -> Option<String> {
     let file = fs::File::open(&path).ok()?;
     match file.try_lock_shared() {
         Ok(()) => None,
-        Err(fs::TryLockError::WouldBlock) => {
-            let holder = fs::read_to_string(&path).unwrap_or_default();
-            Some(if holder.trim().is_empty() {
-                "unknown holder".to_string()
-            } else {
-                holder.trim().to_string()
-            })
-        }
+        Err(fs::TryLockError::WouldBlock) => Some(read_holder(&path)),
         Err(fs::TryLockError::Error(_)) => None,
     }
 }
@@ -356,27 +370,17 @@ impl StateLock {
     /// Errors: [`JournalError::Locked`] naming the holder when another process has it;
     /// [`JournalError::Io`].
     pub fn acquire(state_dir: &Path) -> Result<StateLock, JournalError> {
-        let path = state_dir.join(LOCK_FILE);
+        let (path, mut file) = open_state_file(state_dir, LOCK_FILE)?;
         let io_err = |what, source| JournalError::Io {
             what,
             path: path.clone(),
             source,
         };
-        fsutil::ensure_private_dir(state_dir).map_err(|e| io_err("creating directory of", e))?;
-        let mut file = fsutil::open_lock_file(&path).map_err(|e| io_err("opening", e))?;
         match file.try_lock() {
             Ok(()) => {}
             Err(fs::TryLockError::WouldBlock) => {
-                let holder = fs::read_to_string(&path).unwrap_or_default();
-                let holder = holder.trim();
-                return Err(JournalError::Locked {
-                    path,
-                    holder: if holder.is_empty() {
-                        "unknown holder".to_string()
-                    } else {
-                        holder.to_string()
-                    },
-                });
+                let holder = read_holder(&path);
+                return Err(JournalError::Locked { path, holder });
             }
             Err(fs::TryLockError::Error(e)) => return Err(io_err("locking", e)),
         }
