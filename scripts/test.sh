@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what the tests need (cryptsetup-bin, xz-utils), then checks
-# formatting and lints and runs every test against the real cryptsetup on LUKS image files.
+# formatting and lints and runs every test against the real cryptsetup on LUKS image files,
+# including the crash matrix and a short chaos run.
 # Tests that use the cryptsetup project's images from ../shared/testdata report SKIPPED when
 # that directory is absent (set KEYPLAN_TESTDATA to point elsewhere).
 set -euo pipefail
@@ -19,5 +20,12 @@ fi
 cryptsetup --version
 
 cargo fmt --all -- --check
+# Lint both builds: release code (no injection points) and the test build (`failpoints`).
 cargo clippy --locked --all-targets -- -D warnings
-cargo test --locked
+cargo clippy --locked --all-targets --features failpoints -- -D warnings
+# `failpoints` compiles keyplan's crash/error injection points (src/failpoint.rs), which the
+# crash matrix (tests/crash.rs) and the KMS fault tests (tests/faults.rs) fire. Set
+# KEYPLAN_CHAOS_RUNS for a longer chaos soak (tests/chaos.rs).
+# Four test threads: the crash matrix and chaos tests wait on fsync and cryptsetup more than
+# they compute, so they overlap well even on 2 cores.
+cargo test --locked --features failpoints -- --test-threads=4

@@ -11,7 +11,10 @@
 pub mod apply;
 pub mod cli;
 pub mod diff;
+pub mod failpoint;
 pub mod fsutil;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod graph;
 pub mod journal;
 pub mod kms;

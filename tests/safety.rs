@@ -347,14 +347,22 @@ fn removal_waits_for_the_replacing_commit() {
     s.initial_pass();
     let d1 = s.image("d1.img", "luks2");
     s.image("d2.img", "luks2");
-    std::fs::write(s.path("bad.pass"), b"wrong").unwrap();
+    // luksAddKey fails on d2 (as on a device that errors mid-run), after plan-time checks.
+    let failing = script(
+        s.dir.path(),
+        "failing-cryptsetup",
+        &format!(
+            "#!/bin/sh\ncase \"$*\" in *luksAddKey*d2.img*) echo 'injected I/O error' >&2; exit 5;; esac\nexec '{}' \"$@\"\n",
+            real_cryptsetup().display()
+        ),
+    );
     // Key b appears only with the switch, so it is created (staged, committed at the end) in
     // the same run that removes a's keyslot from d1.
     let plan = |d1_keys: &str, d2: bool| {
         format!(
             "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  a: {{ kms: local }}\n{}devices:\n  d1: {{ path: d1.img, keys: [{d1_keys}], enroll_with: initial.pass }}\n{}{FAST_PBKDF}",
             if d2 { "  b: { kms: local }\n" } else { "" },
-            if d2 { "  d2: { path: d2.img, keys: [b], enroll_with: bad.pass }\n" } else { "" }
+            if d2 { "  d2: { path: d2.img, keys: [b], enroll_with: initial.pass }\n" } else { "" }
         )
     };
     s.plan("keyplan.yaml", &plan("a", false));
@@ -362,7 +370,16 @@ fn removal_waits_for_the_replacing_commit() {
     let a = s.key_get("a", None);
     s.plan("keyplan.yaml", &plan("b", true));
     for _ in 0..3 {
-        s.ok(&["apply", "--auto-approve", "--parallelism", "4"], 1);
+        let out = assert_cmd::Command::cargo_bin("keyplan")
+            .unwrap()
+            .current_dir(s.dir.path())
+            .env("KEYPLAN_CRYPTSETUP", &failing)
+            .args(["apply", "--auto-approve", "--parallelism", "4"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{text}");
+        assert!(text.contains("injected I/O error"), "{text}");
         assert!(
             opens(&d1, &a, None),
             "a still opens d1: b was never committed"
@@ -370,6 +387,11 @@ fn removal_waits_for_the_replacing_commit() {
         let out = s.ok(&["key", "get", "b"], 1);
         assert!(out.contains("no current version"), "{out}");
     }
+    // without the fault the switch completes
+    s.ok(&["apply", "--auto-approve"], 0);
+    let b = s.key_get("b", None);
+    assert!(opens(&d1, &b, None));
+    assert!(!opens(&d1, &a, None));
 }
 
 /// `apply --verify` whose repair cannot succeed (no way to enroll again) keeps the record, so

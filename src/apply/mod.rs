@@ -8,6 +8,7 @@
 //! keyslot it finds only after testing that the staged passphrase opens it).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Mutex};
 
 use crate::graph::{SlotHolder, Step, StepGraph, Unlock, VersionRef};
@@ -49,6 +50,10 @@ pub struct RunFailure {
     pub error: String,
     /// Steps completed before the failure.
     pub completed: Vec<String>,
+    /// True when the run stopped because [`RunInput::stop`] was set (a signal), not because
+    /// a step failed: the running steps finished, no `run_end` record was written, and the next
+    /// `apply` finishes the run.
+    pub interrupted: bool,
 }
 
 /// Progress callback: `(step description, outcome or error)`, called on the main thread.
@@ -85,6 +90,9 @@ pub struct RunInput<'a> {
     pub resume: Option<&'a RunSummary>,
     /// Steps at once (>= 1).
     pub parallelism: usize,
+    /// When set (by a signal handler), no further step is started; running steps finish and
+    /// the run returns a [`RunFailure`] with `interrupted`, leaving the run open in the journal.
+    pub stop: Option<&'a AtomicBool>,
 }
 
 /// Runs `input.graph` as run `input.run_id`, journaling into `journal`. `input.resume` carries
@@ -106,13 +114,16 @@ pub fn run_graph(
         run_id,
         resume,
         parallelism,
+        stop,
     } = input;
     let n = graph.len();
     let fail = |error: String, completed: Vec<String>| RunFailure {
         run: run_id.to_string(),
         error,
         completed,
+        interrupted: false,
     };
+    let stopping = || stop.is_some_and(|s| s.load(Ordering::SeqCst));
     let mut done = vec![false; n];
     let mut exec = Exec {
         plan,
@@ -184,7 +195,7 @@ pub fn run_graph(
     let outcome: Result<(), String> = std::thread::scope(|scope| {
         let (tx, rx) = mpsc::channel::<(usize, Result<StepOutcome, String>)>();
         loop {
-            if failure.is_none() {
+            if failure.is_none() && !stopping() {
                 for i in 0..n {
                     if running.len() >= parallelism {
                         break;
@@ -210,7 +221,9 @@ pub fn run_graph(
                     let tx = tx.clone();
                     let step = step.clone();
                     scope.spawn(move || {
-                        let r = exec.run(i, &step);
+                        let r = crate::failpoint::check("step.before_effect")
+                            .and_then(|()| exec.run(i, &step))
+                            .and_then(|o| crate::failpoint::check("step.after_effect").map(|()| o));
                         let _ = tx.send((i, r));
                     });
                 }
@@ -264,6 +277,18 @@ pub fn run_graph(
         Ok(())
     });
     let completed: Vec<String> = log.iter().map(|(d, _)| d.clone()).collect();
+    if outcome.is_ok() && failure.is_none() && done.iter().any(|d| !d) && stopping() {
+        // Left open on purpose: the next `apply` finishes the run from the journal.
+        let remaining = done.iter().filter(|d| !**d).count();
+        return Err(RunFailure {
+            run: run_id.to_string(),
+            error: format!(
+                "interrupted by a signal; the running steps finished and {remaining} steps were not started"
+            ),
+            completed,
+            interrupted: true,
+        });
+    }
     let error = match (outcome, failure) {
         (Err(e), _) => Some(e),
         (Ok(()), Some(f)) => Some(f),
@@ -521,6 +546,7 @@ impl Exec<'_> {
                     }
                     _ => format!("{e}; nothing was changed on the device"),
                 })?;
+                crate::failpoint::check("add.after_keyslot")?;
                 let header = cs.dump(&path).map_err(|e| e.to_string())?;
                 let salt = header
                     .keyslots
@@ -659,6 +685,7 @@ impl Exec<'_> {
                     ));
                 }
                 cs.kill_keyslot(&path, *slot).map_err(|e| e.to_string())?;
+                crate::failpoint::check("kill.after_keyslot")?;
                 // Killing a keyslot leaves token ids (and the LUKS1 UUID) as they were, so the
                 // header read before the kill still finds the record: no second dump needed.
                 self.world.remove_record(&path, &header, *slot)?;

@@ -152,6 +152,7 @@ fn parse_parallelism(s: &str) -> std::result::Result<usize, String> {
 
 /// Process entry point: parses arguments, runs the command, maps the outcome to an exit code.
 pub fn main() -> ExitCode {
+    let _failpoints = crate::failpoint::setup();
     let cli = Cli::parse();
     let color = match cli.color {
         ColorChoice::Always => true,
@@ -436,6 +437,66 @@ fn cmd_plan(
     })
 }
 
+/// SIGINT/SIGTERM during `apply`: the first signal lets the running steps finish and then stops
+/// the run (left open in the journal, exit 1); a second signal exits at once (safe at any
+/// instant: the journal and the step algorithm make every instant resumable, and cryptsetup
+/// children die with keyplan, see `luks::run`). Outside a run (planning, the confirmation
+/// prompt) a signal exits at once: nothing is being changed then.
+mod interrupts {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::OnceLock;
+
+    use miette::{IntoDiagnostic as _, Result};
+
+    /// Set by the first signal during a run.
+    static STOP: AtomicBool = AtomicBool::new(false);
+    /// True while a step graph runs.
+    static ACTIVE: AtomicBool = AtomicBool::new(false);
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+
+    fn say(msg: &[u8]) {
+        // SAFETY: write(2) is async-signal-safe; `msg` is a valid buffer of `msg.len()` bytes.
+        unsafe {
+            libc::write(2, msg.as_ptr().cast(), msg.len());
+        }
+    }
+
+    fn on_signal() {
+        if !ACTIVE.load(Ordering::SeqCst) {
+            say(b"\nkeyplan: interrupted\n");
+            signal_hook::low_level::exit(1);
+        }
+        if STOP.swap(true, Ordering::SeqCst) {
+            say(b"\nkeyplan: second signal: exiting now. The journal records the interrupted run; run `keyplan apply` to finish it.\n");
+            signal_hook::low_level::exit(1);
+        }
+        say(b"\nkeyplan: signal received: finishing the running steps, then stopping (send it again to exit at once)\n");
+    }
+
+    /// Installs the SIGINT and SIGTERM handlers (once) and returns the stop flag.
+    ///
+    /// Errors: the handlers could not be installed (sigaction(2) failed).
+    pub(super) fn install() -> Result<&'static AtomicBool> {
+        if INSTALLED.get().is_none() {
+            for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+                // SAFETY: the handler uses only atomics, write(2) and _exit(2), all
+                // async-signal-safe; it allocates and locks nothing.
+                unsafe { signal_hook::low_level::register(sig, on_signal) }.into_diagnostic()?;
+            }
+            let _ = INSTALLED.set(());
+        }
+        Ok(&STOP)
+    }
+
+    /// Runs `f` (a step graph) with signals deferred to the end of the running steps.
+    pub(super) fn during_run<T>(f: impl FnOnce() -> T) -> T {
+        ACTIVE.store(!STOP.load(Ordering::SeqCst), Ordering::SeqCst);
+        let out = f();
+        ACTIVE.store(false, Ordering::SeqCst);
+        out
+    }
+}
+
 fn progress_printer(quiet: bool) -> impl FnMut(&str, &std::result::Result<String, String>) {
     move |desc, res| {
         if quiet {
@@ -449,6 +510,15 @@ fn progress_printer(quiet: bool) -> impl FnMut(&str, &std::result::Result<String
 }
 
 fn failure_report(f: RunFailure, what: &str) -> miette::Report {
+    if f.interrupted {
+        return miette!(
+            help = "run `keyplan apply` again to finish the run: it continues from the journal",
+            "{what} {} was interrupted: {}. {} steps completed; every device still opens with its key's current version",
+            f.run,
+            f.error,
+            f.completed.len()
+        );
+    }
     miette!(
         help = "every step is idempotent and the journal records progress: fix the cause, then run `keyplan apply` again. keyplan killed no keyslot without first verifying another one on the same device.",
         "{what} {} failed: {}\n({} steps completed before the failure)",
@@ -527,9 +597,11 @@ fn cmd_apply(
             run_id: &s.run,
             resume: Some(&s),
             parallelism,
+            stop: Some(interrupts::install()?),
         };
-        let report = apply::run_graph(input, &mut journal, &mut progress)
-            .map_err(|f| failure_report(f, "finishing interrupted run"))?;
+        let report =
+            interrupts::during_run(|| apply::run_graph(input, &mut journal, &mut progress))
+                .map_err(|f| failure_report(f, "finishing interrupted run"))?;
         pbkdf_total += report.pbkdf_runs;
         println!("Interrupted run {} finished.\n", s.run);
     }
@@ -555,8 +627,9 @@ fn cmd_apply(
         run_id: &run_id,
         resume: None,
         parallelism,
+        stop: Some(interrupts::install()?),
     };
-    let report = apply::run_graph(input, &mut journal, &mut progress)
+    let report = interrupts::during_run(|| apply::run_graph(input, &mut journal, &mut progress))
         .map_err(|f| failure_report(f, "run"))?;
     pbkdf_total += report.pbkdf_runs;
     println!(

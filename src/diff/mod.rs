@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::graph::{SlotHolder, Step, StepGraph, Unlock, VersionRef};
 use crate::observe::{DeviceState, Observed, RecordStatus};
-use crate::spec::{Plan, UnmanagedKeyslots};
+use crate::spec::{PathSeg, Plan, UnmanagedKeyslots};
 
 /// What happens to a key in the KMS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -207,9 +207,17 @@ pub fn diff(plan: &Plan, observed: &Observed, opts: &DiffOptions) -> Result<Diff
         p.key(key, opts);
     }
     p.removals();
+    p.writable();
+    p.metadata_room();
     p.ordering();
     if !p.errors.is_empty() {
-        return Err(p.errors.into_iter().map(DiffError).collect());
+        let mut errors: Vec<DiffError> = Vec::new();
+        for e in p.errors {
+            if !errors.iter().any(|x| x.0 == e) {
+                errors.push(DiffError(e));
+            }
+        }
+        return Err(errors);
     }
     let mut slots = p.slots;
     // Stable order for display: by device, keeping planning order within a device.
@@ -229,6 +237,132 @@ impl Planner<'_> {
 
     fn state(&self, id: &str) -> Option<&DeviceState> {
         self.obs.devices.get(id)
+    }
+
+    /// `device ID (PATH, PLAN:LINE:COL)`: how errors name a device, with its place in the plan
+    /// file.
+    fn at(&self, device: &str) -> String {
+        let path = self
+            .plan
+            .devices
+            .get(device)
+            .map(|d| d.path.display().to_string())
+            .unwrap_or_default();
+        match self
+            .plan
+            .location_of(&[PathSeg::Key("devices".into()), PathSeg::Key(device.into())])
+        {
+            Some((line, col)) => format!(
+                "device {device} ({path}, {}:{line}:{col})",
+                self.plan.source_path.display()
+            ),
+            None => format!("device {device} ({path})"),
+        }
+    }
+
+    /// Records of `device` keyplan can no longer use, described for an error message (e.g.
+    /// `keyslot 1 (k v1) was removed outside keyplan`), or an empty string.
+    fn lost_records(&self, device: &str) -> String {
+        let Some(st) = self.state(device) else {
+            return String::new();
+        };
+        let lost: Vec<String> = st
+            .records
+            .iter()
+            .filter_map(|r| {
+                let (slot, key, v) = (r.slot, &r.record.key, r.record.version);
+                Some(match r.status {
+                    RecordStatus::Valid => return None,
+                    RecordStatus::KeyslotGone => {
+                        format!("keyslot {slot} ({key} v{v}) was removed outside keyplan")
+                    }
+                    RecordStatus::Rewritten => {
+                        format!("keyslot {slot} ({key} v{v}) was rewritten outside keyplan")
+                    }
+                    RecordStatus::FailedVerify => format!(
+                        "keyslot {slot} no longer opens with {key} v{v} from the KMS (--verify)"
+                    ),
+                })
+            })
+            .collect();
+        if lost.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", lost.join("; "))
+        }
+    }
+
+    /// Refuses changes on devices that cannot be written (immutable image, read-only
+    /// filesystem or block device), before anything is staged.
+    fn writable(&mut self) {
+        let mut changed: Vec<String> = self.slots.iter().map(|c| c.device.clone()).collect();
+        changed.sort();
+        changed.dedup();
+        for device in changed {
+            let Some(why) = self.state(&device).and_then(|s| s.read_only.clone()) else {
+                continue;
+            };
+            let slots: Vec<String> = self
+                .slots
+                .iter()
+                .filter(|c| c.device == device)
+                .map(|c| {
+                    let sign = match c.action {
+                        SlotAction::Add => "add",
+                        SlotAction::Remove => "remove",
+                        SlotAction::Drift => "update the record of",
+                    };
+                    format!("{sign} keyslot {}", c.slot)
+                })
+                .collect();
+            self.errors.push(format!(
+                "{}: the plan would {} but {why}. Nothing was changed and no key version was staged. Make the device writable, or take it out of the plan",
+                self.at(&device),
+                slots.join(", ")
+            ));
+        }
+    }
+
+    /// Refuses adding keyslots to a LUKS2 header whose JSON metadata area cannot hold them:
+    /// cryptsetup would add the keyslot and then fail to store keyplan's token for it.
+    fn metadata_room(&mut self) {
+        let ids: Vec<String> = self.devs.keys().cloned().collect();
+        for device in ids {
+            let adds = self.devs.get(&device).map_or(0, |d| d.added.len());
+            if adds == 0 {
+                continue;
+            }
+            let Some((size, used)) = self.state(&device).and_then(|s| s.json_area) else {
+                continue;
+            };
+            let keys: Vec<&str> = self
+                .slots
+                .iter()
+                .filter(|c| c.device == device && c.action == SlotAction::Add)
+                .filter_map(|c| c.key.as_deref())
+                .collect();
+            let per_key = |k: &str| {
+                let (kms, name) = self
+                    .plan
+                    .keys
+                    .get(k)
+                    .map_or((0, 0), |s| (s.kms.len(), s.name.len()));
+                // json-c may escape any byte of the names: count them twice.
+                KEYSLOT_JSON_BYTES + TOKEN_JSON_BYTES + 2 * (k.len() + kms + name) as u64
+            };
+            let longest = keys.iter().map(|k| per_key(k)).max().unwrap_or(per_key(""));
+            let need = longest.saturating_mul(adds as u64);
+            let free = size.saturating_sub(used);
+            if need > free {
+                self.errors.push(format!(
+                    "{}: its LUKS2 JSON metadata area is too full for {} new keyslot{} and keyplan's token{}: {used} of {size} bytes are used, {free} are free, and about {need} are needed; nothing was changed and no key version was staged. Remove tokens or keyslots that are no longer needed (`cryptsetup luksDump` lists them; `cryptsetup token remove --token-id N`, `cryptsetup luksKillSlot`), then run keyplan again",
+                    self.at(&device),
+                    adds,
+                    if adds == 1 { "" } else { "s" },
+                    if adds == 1 { "" } else { "s" },
+                ));
+            }
+        }
     }
 
     fn change(
@@ -357,12 +491,13 @@ impl Planner<'_> {
                     .get(device)
                     .is_some_and(|d| d.unmanaged == UnmanagedKeyslots::Remove);
                 let advice = if remove {
-                    "unmanaged keyslots are removed only after the plan's keys are in place: run `keyplan apply` without --rotate first, or free a keyslot by hand (cryptsetup luksKillSlot)"
+                    "Unmanaged keyslots are removed only after the plan's keys are in place: run `keyplan apply` without --rotate first, or free a keyslot by hand (cryptsetup luksKillSlot)"
                 } else {
-                    "free a keyslot by hand (cryptsetup luksKillSlot) or set unmanaged_keyslots: remove"
+                    "Free a keyslot by hand (cryptsetup luksKillSlot) or set unmanaged_keyslots: remove"
                 };
                 self.errors.push(format!(
-                    "device {device}: no free keyslot for {key} (all {max} keyslots are in use or pinned); nothing was changed. {advice}"
+                    "{}: no free keyslot for {key} (all {max} keyslots are in use or pinned); nothing was changed. {advice}",
+                    self.at(device)
                 ));
                 None
             }
@@ -416,36 +551,51 @@ impl Planner<'_> {
                 });
             }
         }
-        if let Some(file) = &dev.enroll_with {
-            // Checked now (size only, the content is read by apply) so that a missing file
-            // stops the run before anything is staged in the KMS.
-            return match std::fs::metadata(file) {
-                Ok(m) if m.is_file() && m.len() > 0 => Some(Unlock::EnrollWith),
+        let here = self.at(device);
+        if let Some(file) = dev.enroll_with.clone() {
+            // Checked now (size here; the passphrase itself was tested by observe when
+            // enrolling needs it) so that a bad file stops the run before anything is staged
+            // in the KMS.
+            let problem = st.enroll_with_problem.clone();
+            let lost = self.lost_records(device);
+            return match std::fs::metadata(&file) {
+                Ok(m) if m.is_file() && m.len() > 0 => match problem {
+                    None => Some(Unlock::EnrollWith),
+                    Some(p) => {
+                        self.errors.push(if lost.is_empty() {
+                            p
+                        } else {
+                            format!("{p}. keyplan's own keyslots cannot be used either{lost}")
+                        });
+                        None
+                    }
+                },
                 Ok(m) if m.is_file() => {
                     self.errors.push(format!(
-                        "device {device}: enroll_with file {} is empty; it must hold a passphrase that opens the device today. Nothing was changed",
+                        "{here}: enroll_with file {} is empty; it must hold a passphrase that opens the device today. Nothing was changed",
                         file.display()
                     ));
                     None
                 }
                 Ok(_) => {
                     self.errors.push(format!(
-                        "device {device}: enroll_with {} is not a regular file. Nothing was changed",
+                        "{here}: enroll_with {} is not a regular file (a directory?). Nothing was changed. Point enroll_with at the file holding a passphrase that opens the device today",
                         file.display()
                     ));
                     None
                 }
                 Err(e) => {
                     self.errors.push(format!(
-                        "device {device}: cannot read enroll_with file {}: {e}. Nothing was changed",
+                        "{here}: cannot read enroll_with file {}: {e}. Nothing was changed. Point enroll_with at the file holding a passphrase that opens the device today",
                         file.display()
                     ));
                     None
                 }
             };
         }
+        let lost = self.lost_records(device);
         self.errors.push(format!(
-            "device {device}: keyplan holds no key that opens it, so it cannot enroll {key}; nothing was changed. Set `enroll_with:` to a file holding a passphrase that opens the device today"
+            "{here}: keyplan holds no key that opens it{lost}, so it cannot enroll {key}; nothing was changed. Set `enroll_with:` to a file holding a passphrase that opens the device today"
         ));
         None
     }
@@ -630,7 +780,8 @@ impl Planner<'_> {
                             return;
                         }
                         self.errors.push(format!(
-                            "device {device}: keyslot {n} is pinned for {key} but already holds another keyslot{}; nothing was changed. Free keyslot {n} or pin another one",
+                            "{}: keyslot {n} is pinned for {key} but already holds another keyslot{}; nothing was changed. Free keyslot {n} or pin another one",
+                            self.at(device),
                             match st.record(n) { Some(r) => format!(" ({} v{})", r.key, r.version), None => " that keyplan did not create".to_string() }
                         ));
                         return;
@@ -892,7 +1043,8 @@ impl Planner<'_> {
                             && self.evictable(device, key, n).is_none()
                         {
                             self.errors.push(format!(
-                                "device {device}: keyslot {n} is pinned for {key} but holds a keyslot that is not {key}'s; nothing was changed. Free keyslot {n} or pin another one"
+                                "{}: keyslot {n} is pinned for {key} but holds a keyslot that is not {key}'s; nothing was changed. Free keyslot {n} or pin another one",
+                                self.at(device)
                             ));
                             continue;
                         }
@@ -1145,8 +1297,10 @@ impl Planner<'_> {
                 continue;
             }
             let Some(anchor) = self.anchor(&id) else {
+                let lost = self.lost_records(&id);
                 self.errors.push(format!(
-                    "device {id}: keyslot(s) {} would be removed, but no keyslot of a key in the plan is known to open the device, so removing them could lock you out; nothing was changed. List a key for this device (with enroll_with if needed) first",
+                    "{}: keyslot(s) {} would be removed, but no keyslot of a key in the plan is known to open the device{lost}, so removing them could lock you out; nothing was changed. List a key for this device (with enroll_with if needed) first",
+                    self.at(&id),
                     victims.iter().map(|v| v.0.to_string()).collect::<Vec<_>>().join(", ")
                 ));
                 continue;
@@ -1226,6 +1380,15 @@ impl Planner<'_> {
         }
     }
 }
+
+/// Bytes one more LUKS2 keyslot takes in the JSON metadata, counted high: the keyslot object
+/// (about 300 bytes for pbkdf2 or argon2 with a 32-byte salt and an `aes-xts-plain64` area),
+/// its id, and its entry in the digest's keyslot list.
+const KEYSLOT_JSON_BYTES: u64 = 512;
+/// Bytes keyplan's token for a keyslot takes, counted high, without the key id, KMS and key
+/// names (added separately): `{"type":"keyplan","keyslots":["31"],"keyplan_format":1,
+/// "slot":31,"key":"","version":N,"salt":"<44>","kms":"","name":""}` and its id.
+const TOKEN_JSON_BYTES: u64 = 256;
 
 /// A keyslot `removals` plans to kill: `(keyslot, holder, key, version, reason)`.
 type Victim = (u32, SlotHolder, Option<String>, Option<u64>, String);

@@ -3,7 +3,8 @@
 //! The journal is `<state_dir>/journal.jsonl`: one JSON object per line (JSON Lines), appended
 //! and `fsync`ed before the effect it announces (`step_start`) and after the effect
 //! (`step_done`). A crash can tear only the last line; [`read`] ignores a torn last line, and
-//! [`Journal::open`] terminates it before appending. It never holds key material: steps name
+//! [`Journal::open`] cuts it off before appending (a whole record missing only its newline is
+//! kept and terminated). It never holds key material: steps name
 //! keys, versions, devices and keyslots only.
 //!
 //! The lock is `<state_dir>/lock`, held with `flock(2)` (through `File::try_lock`) for the
@@ -11,7 +12,7 @@
 //! The file's content names the holder (pid, host, start time) for the refusal message.
 
 use std::fs;
-use std::io::{self, BufRead, Seek, SeekFrom, Write};
+use std::io::{self, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -137,7 +138,7 @@ pub struct Journal {
 
 impl Journal {
     /// Opens (creating, mode 0600, in a 0700 state directory) `<state_dir>/journal.jsonl` for
-    /// appending; a torn last line left by a crash is terminated with a newline first.
+    /// appending; a torn last line left by a crash (no final newline) is cut off first.
     ///
     /// Errors: [`JournalError::Io`].
     pub fn open(state_dir: &Path) -> Result<Journal, JournalError> {
@@ -147,17 +148,28 @@ impl Journal {
             path: path.clone(),
             source,
         };
-        let len = file
-            .seek(SeekFrom::End(0))
-            .map_err(|e| io_err("seeking", e))?;
-        if len > 0 {
-            let mut last = [0u8; 1];
-            file.seek(SeekFrom::End(-1))
-                .and_then(|_| io::Read::read_exact(&mut file, &mut last))
-                .map_err(|e| io_err("reading", e))?;
-            if last[0] != b'\n' {
-                file.write_all(b"\n").map_err(|e| io_err("repairing", e))?;
-            }
+        let mut bytes = Vec::new();
+        file.seek(SeekFrom::Start(0))
+            .and_then(|_| io::Read::read_to_end(&mut file, &mut bytes))
+            .map_err(|e| io_err("reading", e))?;
+        let keep = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        if keep < bytes.len() && serde_json::from_slice::<Record>(&bytes[keep..]).is_ok() {
+            // A whole record whose newline was not written: keep it, as `read` does.
+            file.write_all(b"\n")
+                .and_then(|()| file.sync_data())
+                .map_err(|e| io_err("repairing", e))?;
+        } else if keep < bytes.len() {
+            // A torn last record: the process died while writing it, so its effect never
+            // started (records are written ahead). Cut it off; terminating it with a newline
+            // instead would turn it into a corrupt line in the middle of the journal.
+            tracing::warn!(
+                "journal {}: removing a torn last record ({} bytes) left by a crash",
+                path.display(),
+                bytes.len() - keep
+            );
+            file.set_len(keep as u64)
+                .and_then(|()| file.sync_data())
+                .map_err(|e| io_err("repairing", e))?;
         }
         Ok(Journal { path, file })
     }
@@ -177,6 +189,13 @@ impl Journal {
             source: io::Error::other(e),
         })?;
         line.push(b'\n');
+        if crate::failpoint::fires("journal.torn_append") {
+            // A crash in the middle of a write: half a record reaches the disk.
+            let _ = self.file.seek(SeekFrom::End(0));
+            let _ = self.file.write_all(&line[..line.len() / 2]);
+            let _ = self.file.sync_data();
+            crate::failpoint::crash("journal.torn_append");
+        }
         self.file
             .seek(SeekFrom::End(0))
             .and_then(|_| self.file.write_all(&line))
@@ -185,17 +204,23 @@ impl Journal {
                 what: "appending to",
                 path: self.path.clone(),
                 source,
-            })
+            })?;
+        crate::failpoint::check("journal.after_append").map_err(|e| JournalError::Io {
+            what: "appending to",
+            path: self.path.clone(),
+            source: io::Error::other(e),
+        })
     }
 }
 
-/// Reads every record of `<state_dir>/journal.jsonl` (none if the file does not exist). A last
-/// line that does not parse is a torn write and is ignored; any other bad line is an error.
+/// Reads every record of `<state_dir>/journal.jsonl` (none if the file does not exist), as
+/// [`parse`] does: a last line that does not parse is a torn write and is ignored; any other bad
+/// line is an error.
 ///
 /// Errors: [`JournalError::Io`], [`JournalError::Corrupt`].
 pub fn read(state_dir: &Path) -> Result<Vec<Record>, JournalError> {
     let path = state_dir.join(JOURNAL_FILE);
-    let file = match fs::File::open(&path) {
+    let mut file = match fs::File::open(&path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(source) => {
@@ -206,26 +231,43 @@ pub fn read(state_dir: &Path) -> Result<Vec<Record>, JournalError> {
             })
         }
     };
-    let mut lines = Vec::new();
-    for line in io::BufReader::new(file).split(b'\n') {
-        lines.push(line.map_err(|source| JournalError::Io {
+    let mut bytes = Vec::new();
+    if let Err(source) = io::Read::read_to_end(&mut file, &mut bytes) {
+        return Err(JournalError::Io {
             what: "reading",
-            path: path.clone(),
+            path,
             source,
-        })?);
+        });
     }
+    parse(&bytes, &path)
+}
+
+/// Parses the content of a journal file (`bytes`, JSON Lines) into its records; `path` only
+/// names the file in errors.
+///
+/// Same semantics as [`read`]: lines are separated by `\n` (a final `\n` ends the last line,
+/// it does not start an empty one); blank lines are skipped; a last line that does not parse is
+/// a torn write and is ignored; any other line that does not parse is an error. Never panics,
+/// whatever the bytes.
+///
+/// Errors: [`JournalError::Corrupt`] with the 1-based line number of the first bad line.
+pub fn parse(bytes: &[u8], path: &Path) -> Result<Vec<Record>, JournalError> {
+    if bytes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let body = bytes.strip_suffix(b"\n").unwrap_or(bytes);
+    let count = body.split(|b| *b == b'\n').count();
     let mut out = Vec::new();
-    let count = lines.len();
-    for (i, line) in lines.into_iter().enumerate() {
+    for (i, line) in body.split(|b| *b == b'\n').enumerate() {
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        match serde_json::from_slice::<Record>(&line) {
+        match serde_json::from_slice::<Record>(line) {
             Ok(r) => out.push(r),
             Err(_) if i + 1 == count => break,
             Err(e) => {
                 return Err(JournalError::Corrupt {
-                    path,
+                    path: path.to_path_buf(),
                     line: i + 1,
                     message: e.to_string(),
                 })
@@ -396,5 +438,45 @@ impl StateLock {
             .and_then(|()| file.sync_data())
             .map_err(|e| io_err("writing", e))?;
         Ok(StateLock { _file: file })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn records(dir: &Path) -> Vec<Record> {
+        read(dir).expect("journal reads")
+    }
+
+    /// A torn last record (a crash mid-write) is cut off by `open`, so the next record does not
+    /// turn it into a corrupt line in the middle; a whole record missing only its newline is kept.
+    #[test]
+    fn open_repairs_a_torn_tail() -> Result<(), JournalError> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("state");
+        let mut j = Journal::open(&state)?;
+        j.append("r1", Event::StepStart { step: 0 })?;
+        drop(j);
+        let path = state.join(JOURNAL_FILE);
+        let whole = fs::read(&path).expect("read");
+        // torn: half of a second record
+        let mut torn = whole.clone();
+        torn.extend_from_slice(&whole[..whole.len() / 2]);
+        fs::write(&path, &torn).expect("write");
+        let mut j = Journal::open(&state)?;
+        j.append("r1", Event::StepStart { step: 1 })?;
+        let r = records(&state);
+        assert_eq!(r.len(), 2);
+        assert!(matches!(r[1].event, Event::StepStart { step: 1 }));
+        drop(j);
+        // whole record without its newline: kept
+        let mut bytes = fs::read(&path).expect("read");
+        bytes.pop();
+        fs::write(&path, &bytes).expect("write");
+        let mut j = Journal::open(&state)?;
+        j.append("r1", Event::StepStart { step: 2 })?;
+        assert_eq!(records(&state).len(), 3);
+        Ok(())
     }
 }

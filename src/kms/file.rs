@@ -192,6 +192,8 @@ impl Kms for FileKms {
             let key_path = dir.join(format!("v{version}.key"));
             fsutil::write_atomic(&key_path, material.expose(), 0o600)
                 .map_err(|e| self.io(format!("writing {}", key_path.display()), e))?;
+            crate::failpoint::check("kms.file.stage.after_material")
+                .map_err(|e| self.io("staging".into(), io::Error::other(e)))?;
             meta.format = 1;
             meta.pending = Some(version);
             meta.versions.push(VersionInfo {
@@ -247,6 +249,8 @@ impl Kms for FileKms {
             }
             set_state(&mut meta, version, VersionState::Retired);
             self.write_meta(name, &meta)?;
+            crate::failpoint::check("kms.file.retire.after_meta")
+                .map_err(|e| self.io("retiring".into(), io::Error::other(e)))?;
             let key_path = dir.join(format!("v{version}.key"));
             match fs::remove_file(&key_path) {
                 Ok(()) => {}

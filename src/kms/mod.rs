@@ -109,6 +109,15 @@ pub enum KmsError {
         /// Underlying error.
         source: std::io::Error,
     },
+    /// The store could not be reached or refused to answer (network, server, permissions).
+    /// Whether a write took effect is unknown; keyplan re-reads before acting again.
+    #[error("{kms} is unavailable: {detail}. Nothing further was attempted; once the KMS is reachable, run `keyplan apply` again")]
+    Unavailable {
+        /// KMS description.
+        kms: String,
+        /// What failed (no material).
+        detail: String,
+    },
     /// The provider named in the plan is not available in this build.
     #[error("KMS {name:?}: provider {provider:?} is not implemented yet; use provider \"file\"")]
     Unsupported {
@@ -154,11 +163,75 @@ pub trait Kms: Send + Sync {
 /// Errors: [`KmsError::Unsupported`] for providers not built yet.
 pub fn open(name: &str, config: &KmsConfig) -> Result<Box<dyn Kms>, KmsError> {
     match config {
-        KmsConfig::File { path } => Ok(Box::new(file::FileKms::new(name, PathBuf::from(path)))),
+        KmsConfig::File { path } => Ok(injected(Box::new(file::FileKms::new(
+            name,
+            PathBuf::from(path),
+        )))),
         other => Err(KmsError::Unsupported {
             name: name.to_string(),
             provider: other.provider().to_string(),
         }),
+    }
+}
+
+/// Wraps a provider with the `kms.*` injection points of [`crate::failpoint`] (feature
+/// `failpoints`); returns it unchanged otherwise.
+fn injected(kms: Box<dyn Kms>) -> Box<dyn Kms> {
+    #[cfg(feature = "failpoints")]
+    {
+        Box::new(Injected(kms))
+    }
+    #[cfg(not(feature = "failpoints"))]
+    {
+        kms
+    }
+}
+
+/// A provider whose every call first evaluates the `kms.<operation>` injection point; an
+/// injected error comes back as [`KmsError::Unavailable`].
+#[cfg(feature = "failpoints")]
+struct Injected(Box<dyn Kms>);
+
+#[cfg(feature = "failpoints")]
+impl Injected {
+    fn point(&self, name: &str) -> Result<(), KmsError> {
+        crate::failpoint::check(name).map_err(|detail| KmsError::Unavailable {
+            kms: self.0.describe(),
+            detail,
+        })
+    }
+}
+
+#[cfg(feature = "failpoints")]
+impl Kms for Injected {
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+    fn read(&self, name: &str) -> Result<KeyState, KmsError> {
+        self.point("kms.read")?;
+        self.0.read(name)
+    }
+    fn get(&self, name: &str, version: u64) -> Result<Passphrase, KmsError> {
+        self.point("kms.get")?;
+        self.0.get(name, version)
+    }
+    fn stage(&self, name: &str, material: &Passphrase, at_least: u64) -> Result<u64, KmsError> {
+        self.point("kms.stage")?;
+        self.0.stage(name, material, at_least)
+    }
+    fn commit(
+        &self,
+        name: &str,
+        expected_current: Option<u64>,
+        pending: u64,
+    ) -> Result<(), KmsError> {
+        self.point("kms.commit")?;
+        self.0.commit(name, expected_current, pending)?;
+        self.point("kms.commit.lost_reply")
+    }
+    fn retire(&self, name: &str, version: u64) -> Result<(), KmsError> {
+        self.point("kms.retire")?;
+        self.0.retire(name, version)
     }
 }
 

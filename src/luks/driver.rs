@@ -88,7 +88,8 @@ impl Cryptsetup {
     /// 1 normal, 2 prefer), salt = `kdf.salt` (base64), KDF = `kdf.type`.
     ///
     /// Errors: [`LuksError::Device`] when `dev` does not exist, is a directory, or cryptsetup
-    /// cannot use it (isLuks exit 4); [`LuksError::NotLuks`] when isLuks says no (exit 1);
+    /// cannot use it (isLuks exit 4), or starts with a LUKS signature that cryptsetup cannot read
+    /// (a damaged or truncated header); [`LuksError::NotLuks`] when isLuks says no (exit 1);
     /// [`LuksError::Spawn`], [`LuksError::Failed`] for other failures; [`LuksError::Parse`] when
     /// the dump is not understood.
     pub fn dump(&self, dev: &Path) -> Result<Header, LuksError> {
@@ -97,8 +98,14 @@ impl Cryptsetup {
         match out.code {
             Some(0) => {}
             Some(1) => {
-                return Err(LuksError::NotLuks {
-                    path: dev.to_owned(),
+                return Err(match damaged_luks(dev) {
+                    Some(message) => LuksError::Device {
+                        path: dev.to_owned(),
+                        message,
+                    },
+                    None => LuksError::NotLuks {
+                        path: dev.to_owned(),
+                    },
                 })
             }
             Some(4) => {
@@ -133,6 +140,7 @@ impl Cryptsetup {
                     uuid,
                     keyslots,
                     tokens: Default::default(),
+                    json_area: None,
                 })
             }
             LuksVersion::Luks2 => {
@@ -144,11 +152,14 @@ impl Cryptsetup {
                 }
                 let (keyslots, tokens) =
                     dump::luks2_metadata(&json.stdout).map_err(|m| parse_error(operation, m))?;
+                let json_area =
+                    dump::json_area(&json.stdout).map_err(|m| parse_error(operation, m))?;
                 Ok(Header {
                     version,
                     uuid,
                     keyslots,
                     tokens,
+                    json_area: Some(json_area),
                 })
             }
         }
@@ -210,6 +221,43 @@ impl Cryptsetup {
             }
             _ => Err(failed(
                 &operation,
+                dev,
+                &out,
+                Some("the header was only read"),
+            )),
+        }
+    }
+
+    /// Tests whether `pass` opens `dev` through any keyslot cryptsetup tries without being told
+    /// which (cryptsetup-open(8), `--test-passphrase` without `--key-slot`): only keyslots
+    /// bound to the data segment, and not those with priority `ignore`. Runs
+    /// `cryptsetup open --test-passphrase --key-file=- DEV` with the passphrase on stdin. Adds
+    /// 1 PBKDF run (a lower bound: each keyslot tried costs one).
+    ///
+    /// Returns `Ok(true)` on exit 0, `Ok(false)` when no tried keyslot opens (exit 2, or exit 1
+    /// "no usable keyslot", e.g. when the passphrase belongs to an unbound keyslot).
+    ///
+    /// Errors: [`LuksError::Refused`] for an empty passphrase; [`LuksError::Device`] for a bad
+    /// device; [`LuksError::Failed`] for any other exit (the header is only read).
+    pub fn test_any_keyslot(&self, dev: &Path, pass: &Passphrase) -> Result<bool, LuksError> {
+        let operation = "open --test-passphrase (any keyslot)";
+        if pass.is_empty() {
+            return Err(refused(operation, dev, "the passphrase is empty"));
+        }
+        check_device(dev)?;
+        let argv: Vec<OsString> = vec![
+            "open".into(),
+            "--test-passphrase".into(),
+            "--key-file=-".into(),
+            dev.as_os_str().to_owned(),
+        ];
+        let out = self.exec(argv, Some(pass.expose()), None)?;
+        self.counter.add(1);
+        match out.code {
+            Some(0) => Ok(true),
+            Some(1 | 2) => Ok(false),
+            _ => Err(failed(
+                operation,
                 dev,
                 &out,
                 Some("the header was only read"),
@@ -585,13 +633,31 @@ fn args<const N: usize>(words: [&str; N], dev: &Path) -> Vec<OsString> {
     v
 }
 
-/// Checks that `dev` exists and is not a directory, so cryptsetup's vaguer exit 4 is avoided.
+/// Checks that `dev` exists and is a block device or a regular file (not a directory, a
+/// character device such as `/dev/null`, a FIFO or a socket), so cryptsetup's vaguer exit 4
+/// is avoided.
 fn check_device(dev: &Path) -> Result<(), LuksError> {
+    use std::os::unix::fs::FileTypeExt;
     let message = match std::fs::metadata(dev) {
         Ok(m) if m.is_dir() => {
             "is a directory, not a block device or LUKS image file; nothing was changed".to_owned()
         }
-        Ok(_) => return Ok(()),
+        Ok(m) if m.is_file() || m.file_type().is_block_device() => return Ok(()),
+        Ok(m) => {
+            let t = m.file_type();
+            let kind = if t.is_char_device() {
+                "a character device"
+            } else if t.is_fifo() {
+                "a FIFO"
+            } else if t.is_socket() {
+                "a socket"
+            } else {
+                "not a regular file"
+            };
+            format!(
+                "is {kind}, not a block device or LUKS image file (LUKS lives on a block device or in an image file); nothing was changed"
+            )
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             "does not exist (no such block device or image file); nothing was changed".to_owned()
         }
@@ -601,6 +667,31 @@ fn check_device(dev: &Path) -> Result<(), LuksError> {
         path: dev.to_owned(),
         message,
     })
+}
+
+/// The LUKS magic at the start of a LUKS1 or LUKS2 header (and the LUKS2 secondary header's).
+const LUKS_MAGICS: [&[u8; 6]; 2] = [b"LUKS\xba\xbe", b"SKUL\xba\xbe"];
+
+/// For a device cryptsetup does not take for LUKS: a message when it nevertheless starts with a
+/// LUKS signature (a damaged or truncated header, e.g. a partial copy), `None` otherwise (or
+/// when it cannot be read: the plain "not LUKS" message fits then).
+fn damaged_luks(dev: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut magic = [0u8; 6];
+    let mut f = std::fs::File::open(dev).ok()?;
+    f.read_exact(&mut magic).ok()?;
+    if !LUKS_MAGICS.iter().any(|m| **m == magic) {
+        return None;
+    }
+    let size = f
+        .metadata()
+        .ok()
+        .filter(|m| m.is_file())
+        .map(|m| format!(" (the file is {} bytes)", m.len()))
+        .unwrap_or_default();
+    Some(format!(
+        "starts with a LUKS signature, but cryptsetup cannot read its header: it is damaged or truncated{size}; nothing was changed. Restore the header from a backup (`cryptsetup luksHeaderRestore DEVICE --header-backup-file FILE`) or check that `path` names the whole device"
+    ))
 }
 
 /// Refuses keyslot numbers at or above `max`.

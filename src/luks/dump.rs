@@ -203,6 +203,29 @@ pub(crate) fn luks2_metadata(
     Ok((keyslots, tokens))
 }
 
+/// `(json_size, used)` of a LUKS2 JSON metadata dump: `config.json_size` (the JSON area's
+/// size in bytes) and an upper bound of the bytes cryptsetup needs to store this metadata:
+/// the compact JSON text, with every `/` counted twice (json-c may escape it as `\/`), plus
+/// the terminating NUL.
+///
+/// Errors: invalid JSON, or no `config.json_size` holding a number (as a string or a number).
+pub(crate) fn json_area(json_text: &str) -> Result<(u64, u64), String> {
+    let root: serde_json::Value =
+        serde_json::from_str(json_text).map_err(|e| format!("invalid JSON: {e}"))?;
+    let size = root
+        .get("config")
+        .and_then(|c| c.get("json_size"))
+        .and_then(|v| match v {
+            serde_json::Value::String(s) => s.parse::<u64>().ok(),
+            other => other.as_u64(),
+        })
+        .ok_or("JSON metadata has no numeric \"config.json_size\"")?;
+    let compact = serde_json::to_string(&root).map_err(|e| e.to_string())?;
+    let slashes = compact.bytes().filter(|b| *b == b'/').count();
+    let used = u64::try_from(compact.len() + slashes + 1).unwrap_or(u64::MAX);
+    Ok((size, used))
+}
+
 /// A JSON string holding a decimal number, as LUKS2 metadata writes ids (`"3"`).
 pub(crate) fn number_string(value: &serde_json::Value, what: &str) -> Result<u32, String> {
     value
@@ -280,6 +303,17 @@ Key Slot 3: DISABLED\n";
         assert_eq!(tokens[&4].keyslots, [0, 2]);
         assert_eq!(tokens[&4].token_type, "keyplan");
         assert_eq!(tokens[&4].json["key"], "k");
+        Ok(())
+    }
+
+    #[test]
+    fn json_area_counts_compact_text() -> Result<(), String> {
+        let json = r#"{ "config": { "json_size": "12288" },
+            "keyslots": { "0": { "kdf": { "salt": "a/b" } } } }"#;
+        let compact = r#"{"config":{"json_size":"12288"},"keyslots":{"0":{"kdf":{"salt":"a/b"}}}}"#;
+        assert_eq!(json_area(json)?, (12288, compact.len() as u64 + 2));
+        assert!(json_area(r#"{"config":{}}"#).is_err());
+        assert!(json_area("{").is_err());
         Ok(())
     }
 

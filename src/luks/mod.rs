@@ -104,6 +104,10 @@ pub struct Header {
     pub keyslots: BTreeMap<u32, Keyslot>,
     /// LUKS2 tokens by id (always empty for LUKS1).
     pub tokens: BTreeMap<u32, Token>,
+    /// LUKS2: `(json_size, used)` of the JSON metadata area in bytes, from the same dump
+    /// (`used` is an upper bound: compact JSON with each `/` counted twice, plus the
+    /// terminating NUL); `None` for LUKS1, which has no JSON area.
+    pub json_area: Option<(u64, u64)>,
 }
 
 /// Counts PBKDF runs (key derivations) keyplan caused; shared by clones of [`Cryptsetup`].

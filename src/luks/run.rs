@@ -16,6 +16,8 @@
 //! thread would. If the child exits without reading, the parent's read end is closed when the
 //! duct expression is dropped and the thread's write fails with `EPIPE` (ignored: the exit code
 //! reports the failure). The secret bytes are never copied: the threads borrow them.
+//!
+//! Each child runs in a process group of its own and dies with keyplan (see [`shield`]).
 
 use std::ffi::OsString;
 use std::io::{self, Write as _};
@@ -78,6 +80,8 @@ pub(crate) fn run(
             .stderr_capture()
             .unchecked();
 
+        expr = expr.before_spawn(shield);
+
         match stdin {
             None => expr = expr.stdin_null(),
             Some(bytes) => {
@@ -121,6 +125,32 @@ pub(crate) fn run(
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
         stderr: tidy_stderr(&String::from_utf8_lossy(&output.stderr)),
     })
+}
+
+/// Puts the child into a process group of its own, so a Ctrl-C at the terminal (delivered to
+/// the foreground process group) reaches keyplan, which lets the running step finish, and not
+/// the cryptsetup child in the middle of writing a header. In return the child gets
+/// `PR_SET_PDEATHSIG` = `SIGKILL` (prctl(2)): if keyplan dies (a second signal, `kill -9`, the
+/// OOM killer) its cryptsetup children die with it, as in a power cut, instead of writing on
+/// while a new run starts. A child whose parent is already gone refuses to start (`ESRCH`).
+fn shield(command: &mut std::process::Command) -> io::Result<()> {
+    use std::os::unix::process::CommandExt as _;
+    command.process_group(0);
+    let parent = std::process::id();
+    // SAFETY: the closure runs between fork and exec and calls only the async-signal-safe
+    // system calls prctl(2) and getppid(2); it allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+    Ok(())
 }
 
 /// Starts a scoped thread that writes `bytes` into `writer` and then closes it.

@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::fsutil;
 use crate::kms::{self, KeyState, Kms};
-use crate::luks::{Cryptsetup, Header, LuksVersion};
+use crate::luks::{Cryptsetup, Header, LuksError, LuksVersion, Priority};
+use crate::secret::Passphrase;
 use crate::spec::{PathSeg, Plan};
 
 /// LUKS2 token type keyplan writes.
@@ -85,6 +86,17 @@ pub struct DeviceState {
     pub header: Header,
     /// keyplan records, by keyslot.
     pub records: Vec<RecordObs>,
+    /// Why the device cannot be written (immutable or read-only file, read-only filesystem or
+    /// block device, no permission); `None` when it can. Only a problem when a change is
+    /// planned on it.
+    pub read_only: Option<String>,
+    /// LUKS2: `(json_size, used)` of the JSON metadata area in bytes (`used` an upper bound,
+    /// see [`crate::luks::Header::json_area`]); `None` for LUKS1.
+    pub json_area: Option<(u64, u64)>,
+    /// Why the device's `enroll_with` passphrase cannot enroll a key: set only when observing
+    /// found that enrolling needs it (no keyplan keyslot opens the device) and testing it
+    /// failed (it opens no bound keyslot). One PBKDF run or more; `None` otherwise.
+    pub enroll_with_problem: Option<String>,
 }
 
 impl DeviceState {
@@ -216,8 +228,23 @@ pub struct World {
 impl World {
     /// Opens every KMS instance of `plan` and finds cryptsetup.
     ///
-    /// Errors: a KMS provider that is not available, reported at its plan-file location.
+    /// Errors: the state directory exists but is not a directory; a KMS provider that is not
+    /// available, reported at its plan-file location.
     pub fn open(plan: &Plan) -> Result<World, miette::Report> {
+        // A `state_dir` written in the plan was checked when it was loaded; this catches
+        // `--state-dir`, which replaces it afterwards.
+        if let Ok(m) = std::fs::metadata(&plan.state_dir) {
+            if !m.is_dir() {
+                return Err(miette!(
+                    help = format!(
+                        "move the file {} out of the way, or choose another directory with `--state-dir` (or `state_dir` in the plan)",
+                        plan.state_dir.display()
+                    ),
+                    "the state directory {} exists but is not a directory; nothing was changed",
+                    plan.state_dir.display()
+                ));
+            }
+        }
         let mut map = BTreeMap::new();
         for (name, cfg) in &plan.kms {
             let k = kms::open(name, cfg).map_err(|e| {
@@ -423,10 +450,11 @@ pub fn observe(plan: &Plan, world: &World) -> Result<Observed, miette::Report> {
         let header = match world.cs.dump(&dev.path) {
             Ok(h) => h,
             Err(e) => {
+                let (message, help) = dump_error(id, &e);
                 errors.push(plan.error_at(
                     &[dev_path(id).as_slice(), &[PathSeg::Key("path".into())]].concat(),
-                    format!("device {id}: {e}"),
-                    Some("check the path; keyplan changed nothing".into()),
+                    message,
+                    Some(help),
                 ));
                 continue;
             }
@@ -489,6 +517,7 @@ pub fn observe(plan: &Plan, world: &World) -> Result<Observed, miette::Report> {
                 continue;
             }
         };
+        let json_area = header.json_area;
         tracing::debug!(
             device = %id,
             "{} {}: {} keyslots, {} keyplan records",
@@ -504,6 +533,9 @@ pub fn observe(plan: &Plan, world: &World) -> Result<Observed, miette::Report> {
                 path: dev.path.clone(),
                 header,
                 records,
+                read_only: cannot_write(&dev.path),
+                json_area,
+                enroll_with_problem: None,
             },
         );
     }
@@ -525,6 +557,23 @@ pub fn observe(plan: &Plan, world: &World) -> Result<Observed, miette::Report> {
     }
     if !errors.is_empty() {
         return Err(combine(errors));
+    }
+    for (id, st) in devices.iter_mut() {
+        if let Some(dev) = plan.devices.get(id) {
+            let here = match plan.location_of(&[
+                PathSeg::Key("devices".into()),
+                PathSeg::Key(id.clone()),
+                PathSeg::Key("enroll_with".into()),
+            ]) {
+                Some((line, col)) => format!(
+                    "device {id} ({}, enroll_with at {}:{line}:{col})",
+                    st.path.display(),
+                    plan.source_path.display()
+                ),
+                None => format!("device {id} ({})", st.path.display()),
+            };
+            st.enroll_with_problem = check_enroll_with(world, dev, st, &keys, &here);
+        }
     }
     // Former devices: in the registry, not in the plan. Read (never written) when present with
     // the same UUID; otherwise listed as unreadable, which keeps every key version.
@@ -566,6 +615,9 @@ pub fn observe(plan: &Plan, world: &World) -> Result<Observed, miette::Report> {
                                 path: entry.path,
                                 header,
                                 records,
+                                read_only: None,
+                                json_area: None,
+                                enroll_with_problem: None,
                             },
                         );
                     }
@@ -583,6 +635,150 @@ pub fn observe(plan: &Plan, world: &World) -> Result<Observed, miette::Report> {
         former,
         former_unreadable,
         now: kms::now_unix(),
+    })
+}
+
+/// The message and help for a device whose header cannot be read.
+fn dump_error(id: &str, e: &LuksError) -> (String, String) {
+    match e {
+        LuksError::Device { path, message } => (
+            format!("device {id}: {} {message}", path.display()),
+            "correct `path` so it names the LUKS block device or image file (e.g. a /dev/disk/by-partuuid/... link); keyplan changed nothing".to_owned(),
+        ),
+        LuksError::NotLuks { path } => (
+            format!("device {id}: {e}"),
+            format!(
+                "check `path`: it must name a LUKS1 or LUKS2 container (`cryptsetup isLuks {}` must succeed); keyplan never formats a device",
+                path.display()
+            ),
+        ),
+        _ => (
+            format!("device {id}: {e}"),
+            "check the device and cryptsetup; keyplan changed nothing".to_owned(),
+        ),
+    }
+}
+
+/// Why `path` cannot be written, or `None` when it can. Opens a regular file for writing
+/// (writing nothing) and asks sysfs whether a block device is read-only.
+fn cannot_write(path: &Path) -> Option<String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let m = std::fs::metadata(path).ok()?;
+    if m.file_type().is_block_device() {
+        let rdev = m.rdev();
+        let major = ((rdev >> 8) & 0xfff) | ((rdev >> 32) & !0xfff);
+        let minor = (rdev & 0xff) | ((rdev >> 12) & !0xff);
+        let ro = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/ro")).ok()?;
+        return (ro.trim() == "1").then(|| {
+            "the block device is read-only (`blockdev --getro` says 1; `blockdev --setrw` makes it writable)".to_owned()
+        });
+    }
+    match std::fs::OpenOptions::new().write(true).open(path) {
+        Ok(_) => None,
+        Err(e) => Some(format!(
+            "it cannot be opened for writing: {e} (an immutable file, see `lsattr` and `chattr -i`; a read-only filesystem; or no write permission for this user)"
+        )),
+    }
+}
+
+/// Tests the `enroll_with` passphrase of `dev` when enrolling will need it, so a wrong one is
+/// refused before any key version is staged; `here` names the device in messages. Enrolling
+/// needs it when no keyslot keyplan recorded opens the device with a version the KMS has (the
+/// current version of a key the device lists, or any `previous` version). Returns the problem, or `None` (passphrase fine,
+/// or not needed, or the file missing or empty: the diff reports that without a PBKDF run).
+///
+/// Costs one PBKDF run when the passphrase opens a bound keyslot of normal priority, one more
+/// per `ignore`-priority bound keyslot tried, and, only when it fails, one per unbound keyslot
+/// (to say whether it opens only an unbound one).
+fn check_enroll_with(
+    world: &World,
+    dev: &crate::spec::Device,
+    st: &DeviceState,
+    keys: &BTreeMap<String, KeyState>,
+    here: &str,
+) -> Option<String> {
+    let file = dev.enroll_with.as_ref()?;
+    if dev.keys.is_empty() {
+        return None;
+    }
+    let way_in = st
+        .records
+        .iter()
+        .filter(|r| r.status == RecordStatus::Valid)
+        .any(|r| {
+            let Some(k) = keys.get(&r.record.key) else {
+                return false;
+            };
+            let listed = dev.keys.iter().any(|dk| dk.key == r.record.key);
+            (listed && k.current == Some(r.record.version))
+                || k.versions
+                    .get(&r.record.version)
+                    .is_some_and(|v| v.state == kms::VersionState::Previous)
+        });
+    if way_in {
+        return None;
+    }
+    let bytes = match std::fs::metadata(file) {
+        Ok(m) if m.is_file() && m.len() > 0 => std::fs::read(file).ok()?,
+        _ => return None,
+    };
+    let pass = Passphrase::new(bytes);
+    let path = &st.path;
+    let shown = file.display();
+    let tested = |r: Result<bool, LuksError>| -> Result<bool, String> {
+        r.map_err(|e| format!("{here}: testing the enroll_with passphrase in {shown} failed: {e}"))
+    };
+    match tested(world.cs.test_any_keyslot(path, &pass)) {
+        Ok(true) => return None,
+        Ok(false) => {}
+        Err(m) => return Some(m),
+    }
+    let bound: Vec<u32> = st
+        .header
+        .keyslots
+        .iter()
+        .filter(|(_, k)| k.bound)
+        .map(|(n, _)| *n)
+        .collect();
+    for (n, _) in st
+        .header
+        .keyslots
+        .iter()
+        .filter(|(_, k)| k.bound && k.priority == Priority::Ignore)
+    {
+        match tested(world.cs.test_passphrase(path, *n, &pass)) {
+            Ok(true) => return None,
+            Ok(false) => {}
+            Err(m) => return Some(m),
+        }
+    }
+    let list = |v: &[u32]| {
+        v.iter()
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let check = format!(
+        "`cryptsetup open --test-passphrase --key-file {shown} {}` must succeed",
+        path.display()
+    );
+    for (n, _) in st.header.keyslots.iter().filter(|(_, k)| !k.bound) {
+        if let Ok(true) = world.cs.test_passphrase(path, *n, &pass) {
+            return Some(format!(
+                "{here}: the enroll_with passphrase in {shown} opens only keyslot {n}, which is unbound (not assigned to the data segment: it cannot open the data), so it cannot enroll a key; nothing was changed and no key version was staged. Point enroll_with at the passphrase of a bound keyslot ({}); {check}",
+                if bound.is_empty() { "there is none".to_owned() } else { format!("keyslot {}", list(&bound)) }
+            ));
+        }
+    }
+    Some(if bound.is_empty() {
+        format!(
+            "{here}: the device has no bound keyslot at all, so the enroll_with passphrase in {shown} cannot enroll a key; nothing was changed and no key version was staged. Restore the header from a backup"
+        )
+    } else {
+        format!(
+            "{here}: the enroll_with passphrase in {shown} opens none of its bound keyslots (keyslot {}); keyplan uses the file's bytes exactly, so a trailing newline counts. Nothing was changed and no key version was staged. Put the passphrase that opens the device today in {shown}: {check}",
+            list(&bound)
+        )
     })
 }
 

@@ -64,22 +64,67 @@ fn shown_dir(dir: &Path) -> String {
 }
 
 /// Reads the file at `path` as text.
+///
+/// Errors name the file and say what to do: missing, unreadable, a directory (with the plan
+/// file inside it, if there is one), or not UTF-8 (with the `file:line:column` of the first
+/// byte that is not; the content is never shown, since `-f` may point at a binary key file).
 pub(crate) fn read(path: &Path) -> Result<String, miette::Report> {
-    std::fs::read_to_string(path).map_err(|e| {
+    let bytes = std::fs::read(path).map_err(|e| {
         let help = match e.kind() {
             std::io::ErrorKind::NotFound => {
                 "check the path, or run keyplan where keyplan.yaml is (or pass `-f PLAN`)"
+                    .to_owned()
             }
             std::io::ErrorKind::PermissionDenied => {
-                "make the plan file readable by this user, or run keyplan as its owner"
+                "make the plan file readable by this user, or run keyplan as its owner".to_owned()
             }
-            std::io::ErrorKind::InvalidData => "save the plan file as UTF-8 text",
-            _ => "check that the path names a readable plan file",
+            _ if path.is_dir() => {
+                let inside = DEFAULT_NAMES
+                    .iter()
+                    .map(|n| path.join(n))
+                    .find(|p| p.is_file());
+                match inside {
+                    Some(p) => format!(
+                        "`-f` takes a plan file, not a directory: pass `-f {}`",
+                        p.display()
+                    ),
+                    None => format!(
+                        "`-f` takes a plan file, not a directory: name the plan file ({}) itself",
+                        DEFAULT_NAMES.join(", ")
+                    ),
+                }
+            }
+            _ => "check that the path names a readable plan file".to_owned(),
+        };
+        let what = if path.is_dir() {
+            "it is a directory".to_owned()
+        } else {
+            e.to_string()
         };
         PlanError::bare(
             "keyplan::plan::read",
-            format!("cannot read plan file {}: {e}", path.display()),
-            Some(help.to_owned()),
+            format!("cannot read plan file {}: {what}", path.display()),
+            Some(help),
+        )
+        .report()
+    })?;
+    String::from_utf8(bytes).map_err(|e| {
+        let bad = e.utf8_error();
+        let at = bad.valid_up_to();
+        let bytes = e.as_bytes();
+        let valid = String::from_utf8_lossy(&bytes[..at]);
+        let (line, column) = locate::line_col(&valid, at);
+        let byte = bytes.get(at).copied().unwrap_or(0);
+        PlanError::bare(
+            "keyplan::plan::encoding",
+            format!(
+                "{}:{line}:{column}: the plan file is not UTF-8 text (byte 0x{byte:02x} at offset {at} is not valid UTF-8); its content is not shown",
+                path.display()
+            ),
+            Some(
+                "save the plan file as UTF-8 text; if `-f` points at a binary or key file, point it at the plan file instead"
+                    .to_owned(),
+            ),
         )
         .report()
     })
@@ -153,7 +198,10 @@ pub(crate) fn parse(
         return Err(PlanError::new(
             src,
             "keyplan::plan::empty",
-            format!("plan file {} is empty", src.name),
+            format!(
+                "{}:1:1: the plan file is empty (it holds nothing but blank lines or comments)",
+                src.name
+            ),
             Vec::new(),
             Some(format!(
                 "a plan file starts with `{}`, then lists `kms`, `keys` and `devices`",
@@ -257,8 +305,10 @@ fn syntax_error(src: &SourceFile, format: Format, raw: RawError) -> PlanError {
         help = "keep a single document: remove the `---` separator and what follows, or merge them"
             .to_owned();
     } else if message.starts_with("budget breached") || message.contains("recurs") {
-        message = format!("the document is nested too deeply or is too large ({message})");
-        help = "a plan file needs only a few levels of nesting: simplify the marked structure"
+        message = format!(
+            "the document is nested too deeply, too large, or expands too many aliases ({message}); reading stopped here"
+        );
+        help = "a plan file needs only a few levels of nesting and no large alias (`*name`) expansions: simplify the marked structure"
             .to_owned();
     } else if message.starts_with("unexpected end of") {
         message = format!("unexpected end of the {lang} document");
@@ -366,8 +416,21 @@ fn schema_error(src: &SourceFile, format: Format, tree: &Located, raw: RawError)
         if format == Format::Toml && raw.span.is_some_and(|s| s.len == 0 && s.start == 0) {
             path.clear();
         }
+        // KMS instances are an internally tagged enum (`provider:`): YAML reports their missing
+        // fields at the start of the whole `kms` mapping. Find the instance that lacks it.
+        if path == [PathSeg::Key("kms".to_owned())] {
+            if let Some(name) = kms_instance_missing(tree, field) {
+                path.push(PathSeg::Key(name));
+            }
+        }
         if let Some(t) = tree.get(&path) {
             span = Some(locate::label_span(text, &t));
+        } else if path.is_empty() {
+            // A top-level field: mark the start of the document, not where the parser stopped.
+            span = Some(Span {
+                start: tree.span.start.min(first_content(text)),
+                len: 0,
+            });
         }
         detail = message.clone();
         help = if path.is_empty() && field == "version" {
@@ -432,6 +495,63 @@ fn schema_error(src: &SourceFile, format: Format, tree: &Located, raw: RawError)
         .into_iter()
         .collect();
     PlanError::new(src, code, full, labels, Some(help))
+}
+
+/// Byte offset of the first line that is neither blank nor a comment (0 if none).
+fn first_content(text: &str) -> usize {
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let t = line.trim();
+        if !t.is_empty() && !t.starts_with('#') && !t.starts_with("---") {
+            return offset + (line.len() - line.trim_start().len());
+        }
+        offset += line.len();
+    }
+    0
+}
+
+/// Fields each KMS provider requires (see `model::KmsConfig`).
+fn kms_required(provider: &str) -> &'static [&'static str] {
+    match provider {
+        "file" => &["path"],
+        "vault" => &["address"],
+        "kubernetes" => &["namespace"],
+        "kmip" => &["endpoint", "ca_cert", "client_cert", "client_key"],
+        "exec" => &["command"],
+        _ => &[],
+    }
+}
+
+/// The first KMS instance (in file order) that lacks `field`: one whose provider requires it,
+/// else (for `provider` itself, or an unknown provider) any instance without it.
+fn kms_instance_missing(tree: &Located, field: &str) -> Option<String> {
+    let (_, kms) = tree.entry("kms")?;
+    let Node::Map(entries) = &kms.node else {
+        return None;
+    };
+    let lacking = |value: &Located| match &value.node {
+        Node::Map(_) => value.entry(field).is_none(),
+        _ => true,
+    };
+    let provider = |value: &Located| match value.entry("provider") {
+        Some((
+            _,
+            Located {
+                node: Node::Scalar(p),
+                ..
+            },
+        )) => Some(p.clone()),
+        _ => None,
+    };
+    let name = |k: &Located| match &k.node {
+        Node::Scalar(s) => Some(s.clone()),
+        _ => None,
+    };
+    entries
+        .iter()
+        .find(|(_, v)| lacking(v) && provider(v).is_some_and(|p| kms_required(&p).contains(&field)))
+        .or_else(|| entries.iter().find(|(_, v)| lacking(v)))
+        .and_then(|(k, _)| name(k))
 }
 
 fn short_label(code: &str) -> &'static str {

@@ -101,7 +101,10 @@ pub fn load(path: &Path) -> Result<Plan, miette::Report> {
 ///   `rotate_after` not a positive duration in s/m/h/d/w, `bytes` outside 16..=512,
 ///   `parallelism` 0, two devices with the same path (after resolving relative paths and
 ///   symlinks) or the same UUID (ignoring case), file-KMS key names that are not safe file
-///   names, invalid instance/key/device ids, and empty paths.
+///   names, invalid instance/key/device ids, empty paths, `settings.pbkdf` values cryptsetup
+///   would refuse (iterations below its minimum, Argon2 memory outside 32 KiB..4 GiB,
+///   `parallel: 0`, `iter_time_ms: 0`), a device listing no key under
+///   `unmanaged_keyslots: remove`, and a `state_dir` that exists but is not a directory.
 pub fn load_str(
     text: &str,
     name: &str,

@@ -6,7 +6,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
-use super::model::{DeviceKeyFile, KmsConfig, PbkdfSettings, PlanFile};
+use super::model::{
+    DeviceKeyFile, KmsConfig, PbkdfSettings, PbkdfType, PlanFile, UnmanagedKeyslots,
+};
 use super::{Device, DeviceKey, Key, PathSeg};
 
 /// Lowest and highest `bytes` of a key.
@@ -17,6 +19,12 @@ pub(crate) const MAX_KEYSLOT: u32 = 31;
 pub(crate) const DEFAULT_BYTES: usize = 32;
 /// Default `parallelism`.
 pub(crate) const DEFAULT_PARALLELISM: usize = 4;
+/// Lowest forced PBKDF2 iteration count cryptsetup accepts (2.6: "minimum is 1000").
+pub(crate) const PBKDF2_MIN_ITERATIONS: u32 = 1000;
+/// Lowest forced Argon2 time cost cryptsetup accepts (2.6: "minimum is 4").
+pub(crate) const ARGON2_MIN_ITERATIONS: u32 = 4;
+/// Argon2 memory cost limits in KiB that cryptsetup accepts (2.6: 32 KiB to 4 GiB).
+pub(crate) const ARGON2_MEMORY_KIB: (u32, u32) = (32, 4 * 1024 * 1024);
 
 /// Units accepted in `rotate_after` (humantime's spellings of s, m, h, d, w).
 const DURATION_UNITS: [&str; 21] = [
@@ -235,6 +243,26 @@ pub(crate) fn validate(
         Some(s) => resolve(base, s),
         None => base.join(".keyplan"),
     };
+    if let Ok(m) = std::fs::metadata(&state_dir) {
+        if !m.is_dir() {
+            let written = file.state_dir.is_some();
+            issues.push(Issue {
+                path: p(&["state_dir"]),
+                code: "keyplan::plan::state_dir",
+                message: format!(
+                    "the state directory {} exists but is not a directory{}",
+                    state_dir.display(),
+                    if written { "" } else { " (`state_dir` defaults to `.keyplan` beside the plan file)" }
+                ),
+                label: "not a directory".to_owned(),
+                help: format!(
+                    "move the file {} out of the way, or set `state_dir` to a directory (it is created when missing)",
+                    state_dir.display()
+                ),
+                also: Vec::new(),
+            });
+        }
+    }
 
     // KMS instances.
     let mut kms = BTreeMap::new();
@@ -698,6 +726,19 @@ pub(crate) fn validate(
             });
         }
 
+        if d.keys.is_empty() && d.unmanaged_keyslots == UnmanagedKeyslots::Remove {
+            issues.push(Issue {
+                path: at("unmanaged_keyslots"),
+                code: "keyplan::plan::lockout",
+                message: format!(
+                    "device `{id}` lists no key but says `unmanaged_keyslots: remove`: every keyslot would be removed, which could lock you out (nothing would open the device)"
+                ),
+                label: "would remove every keyslot".to_owned(),
+                help: "list at least one key under `keys` (with `enroll_with` to enroll it), or set `unmanaged_keyslots: keep`".to_owned(),
+                also: Vec::new(),
+            });
+        }
+
         devices.insert(
             id.clone(),
             Device {
@@ -709,6 +750,10 @@ pub(crate) fn validate(
                 enroll_with,
             },
         );
+    }
+
+    if let Some(pbkdf) = &file.settings.pbkdf {
+        check_pbkdf(pbkdf, &mut issues);
     }
 
     let parallelism = file.settings.parallelism.unwrap_or(DEFAULT_PARALLELISM);
@@ -736,6 +781,81 @@ pub(crate) fn validate(
         })
     } else {
         Err(issues)
+    }
+}
+
+/// `settings.pbkdf` against the limits cryptsetup 2.6 enforces when it adds a keyslot, so a
+/// bad value is refused here rather than by `luksAddKey` in the middle of a run (after a new
+/// key version was staged).
+fn check_pbkdf(pbkdf: &PbkdfSettings, issues: &mut Vec<Issue>) {
+    let at = |f: &str| p(&["settings", "pbkdf", f]);
+    let argon2 = pbkdf.kind != PbkdfType::Pbkdf2;
+    let kind = match pbkdf.kind {
+        PbkdfType::Argon2id => "argon2id",
+        PbkdfType::Argon2i => "argon2i",
+        PbkdfType::Pbkdf2 => "pbkdf2",
+    };
+    if let Some(i) = pbkdf.iterations {
+        let min = if argon2 {
+            ARGON2_MIN_ITERATIONS
+        } else {
+            PBKDF2_MIN_ITERATIONS
+        };
+        if i < min {
+            issues.push(Issue {
+                path: at("iterations"),
+                code: "keyplan::plan::pbkdf",
+                message: format!(
+                    "`iterations: {i}` is too low for {kind}: cryptsetup refuses fewer than {min}"
+                ),
+                label: format!("at least {min}"),
+                help: format!(
+                    "set `iterations` to {min} or more, or remove it (and set `iter_time_ms`) to let cryptsetup choose by benchmark"
+                ),
+                also: Vec::new(),
+            });
+        }
+    }
+    if let Some(t) = pbkdf.iter_time_ms {
+        if t == 0 {
+            issues.push(Issue {
+                path: at("iter_time_ms"),
+                code: "keyplan::plan::pbkdf",
+                message: "`iter_time_ms: 0` asks for a PBKDF that takes no time".to_owned(),
+                label: "must be 1 or more".to_owned(),
+                help: "set `iter_time_ms` to the unlock time wanted in milliseconds (cryptsetup's default is 2000), or remove it".to_owned(),
+                also: Vec::new(),
+            });
+        }
+    }
+    if let Some(m) = pbkdf.memory_kib {
+        let (lo, hi) = ARGON2_MEMORY_KIB;
+        if argon2 && !(lo..=hi).contains(&m) {
+            issues.push(Issue {
+                path: at("memory_kib"),
+                code: "keyplan::plan::pbkdf",
+                message: format!(
+                    "`memory_kib: {m}` is outside what cryptsetup accepts for {kind} ({lo} KiB to {hi} KiB = 4 GiB)"
+                ),
+                label: format!("must be {lo} to {hi}"),
+                help: format!(
+                    "set `memory_kib` between {lo} and {hi} (e.g. 1048576 for 1 GiB), no more than the smallest machine that must unlock the device has; or remove it for cryptsetup's default"
+                ),
+                also: Vec::new(),
+            });
+        }
+    }
+    if let Some(0) = pbkdf.parallel {
+        if argon2 {
+            issues.push(Issue {
+                path: at("parallel"),
+                code: "keyplan::plan::pbkdf",
+                message: "`parallel: 0`: Argon2 needs at least one thread".to_owned(),
+                label: "must be 1 or more".to_owned(),
+                help: "set `parallel` to 1 or more (cryptsetup uses at most the number of CPUs), or remove it for cryptsetup's default".to_owned(),
+                also: Vec::new(),
+            });
+        }
     }
 }
 

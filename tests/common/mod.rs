@@ -32,8 +32,33 @@ impl Scratch {
 
     /// Creates `name` as a LUKS image (`luks1` or `luks2`) opening with [`INITIAL`] in keyslot 0.
     pub fn image(&self, name: &str, luks: &str) -> PathBuf {
-        let p = self.path(name);
         let size = if luks == "luks1" { 4 << 20 } else { 20 << 20 };
+        self.image_with(name, luks, size, &[])
+    }
+
+    /// Like [`Scratch::image`], but small (1.5 MiB): 256-bit volume key, LUKS2 with 16 KiB
+    /// metadata and 512 KiB keyslot area, LUKS1 with minimal payload alignment. For tests that
+    /// copy or scan images many times.
+    pub fn small_image(&self, name: &str, luks: &str) -> PathBuf {
+        let extra: &[&str] = if luks == "luks1" {
+            &["--key-size", "256", "--align-payload", "8"]
+        } else {
+            &[
+                "--key-size",
+                "256",
+                "--luks2-metadata-size",
+                "16k",
+                "--luks2-keyslots-size",
+                "512k",
+            ]
+        };
+        self.image_with(name, luks, 3 << 19, extra)
+    }
+
+    /// Creates `name` (`size` bytes) with `luksFormat --type luks ... extra`, opening with
+    /// [`INITIAL`] in keyslot 0 (fast PBKDF2).
+    pub fn image_with(&self, name: &str, luks: &str, size: u64, extra: &[&str]) -> PathBuf {
+        let p = self.path(name);
         std::fs::File::create(&p)
             .and_then(|f| f.set_len(size))
             .expect("create image");
@@ -50,6 +75,7 @@ impl Scratch {
                 "1000",
                 "--key-file=-",
             ])
+            .args(extra)
             .arg(&p)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
@@ -255,4 +281,283 @@ pub fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
     std::fs::write(&p, body).expect("write script");
     std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     p
+}
+
+/// Every regular file under `dir` (recursively; symlinks are not followed).
+pub fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            match e.file_type() {
+                Ok(t) if t.is_dir() => out.extend(walk(&p)),
+                Ok(t) if t.is_file() => out.push(p),
+                _ => {}
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Byte-exact copies of files (LUKS images, a KMS directory, a state directory) taken before a
+/// command, to prove the command changed none of them.
+pub struct Snapshot {
+    files: Vec<(PathBuf, Option<Vec<u8>>)>,
+    dirs: Vec<PathBuf>,
+}
+
+impl Snapshot {
+    /// Snapshots each path: a file's bytes (or its absence), a directory's files recursively.
+    pub fn take(paths: &[PathBuf]) -> Snapshot {
+        let mut files = Vec::new();
+        let mut dirs = Vec::new();
+        for p in paths {
+            if p.is_dir() {
+                dirs.push(p.clone());
+                for f in walk(p) {
+                    let bytes = std::fs::read(&f).ok();
+                    files.push((f, bytes));
+                }
+            } else {
+                files.push((p.clone(), std::fs::read(p).ok()));
+            }
+        }
+        Snapshot { files, dirs }
+    }
+
+    /// Panics naming the first file whose bytes changed, appeared or vanished.
+    pub fn assert_unchanged(&self, context: &str) {
+        for (p, before) in &self.files {
+            let now = std::fs::read(p).ok();
+            assert!(
+                now == *before,
+                "{context}: {} changed (headers and KMS must be left untouched)",
+                p.display()
+            );
+        }
+        for d in &self.dirs {
+            for f in walk(d) {
+                assert!(
+                    self.files.iter().any(|(p, _)| *p == f),
+                    "{context}: {} appeared",
+                    f.display()
+                );
+            }
+        }
+    }
+}
+
+/// Does `hay` contain `needle` (non-empty)? (memchr's SIMD substring search: the leak scans
+/// read hundreds of MiB of images and trace logs.)
+pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && memchr::memmem::find(hay, needle).is_some()
+}
+
+/// The forms a secret could leak in: raw bytes, lower- and upper-case hex, standard base64 of
+/// the bytes, and a JSON/Debug array of byte numbers (`[105, 110, ...]` with or without spaces).
+pub fn leak_forms(secret: &[u8]) -> Vec<Vec<u8>> {
+    use base64::Engine as _;
+    let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    let nums: Vec<String> = secret.iter().map(|b| b.to_string()).collect();
+    vec![
+        secret.to_vec(),
+        hex.clone().into_bytes(),
+        hex.to_uppercase().into_bytes(),
+        base64::engine::general_purpose::STANDARD
+            .encode(secret)
+            .into_bytes(),
+        nums.join(",").into_bytes(),
+        nums.join(", ").into_bytes(),
+    ]
+}
+
+/// Every key version currently stored by file KMSs under `root` (files `<kms>/<name>/vN.key`).
+pub fn file_kms_versions(root: &Path) -> Vec<Vec<u8>> {
+    walk(root)
+        .into_iter()
+        .filter(|p| {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
+            name.is_some_and(|n| n.starts_with('v') && n.ends_with(".key"))
+        })
+        .filter_map(|p| std::fs::read(p).ok())
+        .filter(|b| !b.is_empty())
+        .collect()
+}
+
+/// A scratch directory whose keyplan runs are watched for leaks: a `cryptsetup` wrapper placed
+/// first in `PATH` logs every child's argv and environment, `TMPDIR` points into the scratch
+/// directory, logs run at `KEYPLAN_LOG=trace`, every output is kept, and every key version the
+/// file KMS (`keys/`) held after any run is remembered. [`Watched::assert_no_leaks`] then looks
+/// for all of them, in every form of [`leak_forms`], everywhere but the KMS itself and the
+/// `*.pass` files the test wrote.
+pub struct Watched {
+    pub s: Scratch,
+    bin: PathBuf,
+    log: PathBuf,
+    tmp: PathBuf,
+    outputs: std::cell::RefCell<Vec<u8>>,
+    secrets: std::cell::RefCell<Vec<Vec<u8>>>,
+}
+
+impl Watched {
+    /// A fresh watched scratch directory.
+    pub fn new() -> Watched {
+        let s = Scratch::new();
+        let bin = s.path("wrapper-bin");
+        let tmp = s.path("tmp");
+        std::fs::create_dir_all(&bin).expect("mkdir");
+        std::fs::create_dir_all(&tmp).expect("mkdir");
+        let log = s.path("argv-env.log");
+        let real = real_cryptsetup();
+        script(
+            &bin,
+            "cryptsetup",
+            &format!(
+                "#!/bin/sh\n{{ echo \"ARGV: $0 $*\"; env; }} >> '{}'\nexec '{}' \"$@\"\n",
+                log.display(),
+                real.display()
+            ),
+        );
+        Watched {
+            s,
+            bin,
+            log,
+            tmp,
+            outputs: std::cell::RefCell::new(Vec::new()),
+            secrets: std::cell::RefCell::new(vec![INITIAL.to_vec()]),
+        }
+    }
+
+    /// A keyplan command in the scratch dir with the watch's environment (not yet run).
+    pub fn command(&self, args: &[&str]) -> std::process::Command {
+        let path = format!(
+            "{}:{}",
+            self.bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("keyplan"));
+        cmd.current_dir(self.s.dir.path())
+            .env("NO_COLOR", "1")
+            .env("PATH", path)
+            .env("TMPDIR", &self.tmp)
+            .env("KEYPLAN_LOG", "trace")
+            .env_remove("KEYPLAN_CRYPTSETUP")
+            .args(args);
+        cmd
+    }
+
+    /// Records the output of a finished run and the KMS's versions after it.
+    pub fn record(&self, out: &Output) {
+        self.outputs.borrow_mut().extend_from_slice(&out.stdout);
+        self.outputs.borrow_mut().extend_from_slice(&out.stderr);
+        self.harvest();
+    }
+
+    /// Remembers every key version the file KMS holds now.
+    pub fn harvest(&self) {
+        let mut secrets = self.secrets.borrow_mut();
+        for v in file_kms_versions(&self.s.path("keys")) {
+            if !secrets.contains(&v) {
+                secrets.push(v);
+            }
+        }
+    }
+
+    /// Runs keyplan, records it, and returns the output.
+    pub fn run(&self, args: &[&str]) -> Output {
+        let out = self.command(args).output().expect("run keyplan");
+        self.record(&out);
+        out
+    }
+
+    /// Runs keyplan, asserts exit code `code`, and returns stdout+stderr as text.
+    pub fn ok(&self, args: &[&str], code: i32) -> String {
+        let out = self.run(args);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(code), "keyplan {args:?}:\n{text}");
+        text
+    }
+
+    /// Secrets seen so far (the initial passphrase and every KMS version).
+    pub fn secrets(&self) -> Vec<Vec<u8>> {
+        self.secrets.borrow().clone()
+    }
+
+    /// Adds a secret to look for (e.g. an `enroll_with` passphrase).
+    pub fn add_secret(&self, secret: &[u8]) {
+        self.secrets.borrow_mut().push(secret.to_vec());
+    }
+
+    /// Panics if any secret, in any of its [`leak_forms`], is found in: keyplan's outputs (logs
+    /// at trace level), the argv and environment of every cryptsetup child, the state
+    /// directory, `TMPDIR`, and every other file of the scratch directory (images included)
+    /// except the KMS directory `keys/` and `*.pass` files. Also checks that the wrapper saw
+    /// cryptsetup calls (so the check is not vacuous).
+    pub fn assert_no_leaks(&self) {
+        self.harvest();
+        let logged = std::fs::read(&self.log).unwrap_or_default();
+        let outputs = self.outputs.borrow();
+        let mut places: Vec<(String, Vec<u8>)> = vec![
+            ("cryptsetup argv/environment".into(), logged),
+            ("keyplan's output and trace logs".into(), outputs.clone()),
+        ];
+        let keys = self.s.path("keys");
+        for f in walk(self.s.dir.path()) {
+            if f.starts_with(&keys) || f.extension().is_some_and(|e| e == "pass") {
+                continue;
+            }
+            if let Ok(b) = std::fs::read(&f) {
+                places.push((f.display().to_string(), b));
+            }
+        }
+        for secret in self.secrets.borrow().iter() {
+            for form in leak_forms(secret) {
+                let finder = memchr::memmem::Finder::new(&form);
+                for (place, bytes) in &places {
+                    assert!(
+                        finder.find(bytes).is_none(),
+                        "key material found in {place}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Did the wrapper log any cryptsetup call?
+    pub fn wrapper_saw_calls(&self) -> bool {
+        std::fs::read(&self.log).is_ok_and(|b| contains(&b, b"ARGV:"))
+    }
+}
+
+/// The real cryptsetup binary (absolute), found in PATH, /usr/sbin or /sbin.
+pub fn real_cryptsetup() -> PathBuf {
+    let path = std::env::var("PATH").unwrap_or_default();
+    for dir in path.split(':').chain(["/usr/sbin", "/sbin"]) {
+        let p = Path::new(dir).join("cryptsetup");
+        if p.is_file() && !dir.contains("wrapper-bin") {
+            return p;
+        }
+    }
+    PathBuf::from("/usr/sbin/cryptsetup")
+}
+
+/// The file KMS under `root/keys`, read directly (an independent witness, not through
+/// keyplan): the current version's passphrase of `key` (if any) and whether a version is
+/// pending.
+pub fn file_kms_state(root: &Path, key: &str) -> (Option<Vec<u8>>, bool) {
+    let meta = root.join("keys").join(key).join("meta.json");
+    let Ok(bytes) = std::fs::read(&meta) else {
+        return (None, false);
+    };
+    let json: serde_json::Value = serde_json::from_slice(&bytes).expect("meta.json");
+    let current = json["current"].as_u64().map(|v| {
+        std::fs::read(root.join("keys").join(key).join(format!("v{v}.key")))
+            .expect("current version's material")
+    });
+    (current, !json["pending"].is_null())
 }

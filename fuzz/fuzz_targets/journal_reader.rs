@@ -1,0 +1,10 @@
+//! Journal reader: arbitrary bytes as `journal.jsonl`, through `journal::parse` and
+//! `journal::last_run`. The harness is `keyplan::fuzzing::journal_reader`, which
+//! `tests/fuzz_corpus.rs` replays over the committed corpus.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    keyplan::fuzzing::journal_reader(data);
+});

@@ -1,0 +1,117 @@
+//! Crash and error injection points for tests (cargo feature `failpoints`).
+//!
+//! keyplan's promise that a run killed at any instant converges (DESIGN.md §2, I1 and I3) is
+//! tested by killing the process at named points: between journal records, before and after a
+//! step's effect, and between the two halves of compound effects (a keyslot added but not yet
+//! recorded, a KMS version written but not yet listed). The points are the [`fail`] crate's
+//! fail points, configured through the `FAILPOINTS` environment variable
+//! (`FAILPOINTS="step.before_effect=2*off->return"` fires on the third evaluation; see the
+//! `fail` crate's documentation for the syntax). A point that fires with `return` or
+//! `return(crash)` kills keyplan with `SIGKILL` (no unwinding, no destructors, no journal
+//! record: what a power cut or the OOM killer does; cryptsetup children die with it, see
+//! `luks::run`). A point that fires with `return(error)` makes the operation fail with an
+//! injected error instead, for the error paths (an unreachable KMS, say).
+//!
+//! Without the feature every point compiles to nothing and [`check`] always returns `Ok`.
+//!
+//! The points, in the order a step meets them:
+//! - `journal.torn_append`: write half of the next journal record, `fsync`, crash;
+//! - `journal.after_append`: after a journal record is durable;
+//! - `step.before_effect`: a worker thread is about to perform a step (its `step_start` is durable);
+//! - `add.after_keyslot`: `luksAddKey` succeeded, the record (token) is not written yet;
+//! - `kill.after_keyslot`: `luksKillSlot` succeeded, the record is not removed yet;
+//! - `kms.file.stage.after_material`: the new version's file is written, its metadata not yet;
+//! - `kms.file.retire.after_meta`: the version is marked retired, its file not yet removed;
+//! - `step.after_effect`: a step's effect is complete, its `step_done` record not yet written;
+//! - `kms.read`, `kms.get`, `kms.stage`, `kms.commit`, `kms.retire`: before each KMS call (any
+//!   provider); `kms.commit.lost_reply`: after a successful commit, as if the reply was lost.
+
+/// Every injection point keyplan has, for harnesses that enumerate them.
+pub const POINTS: &[&str] = &[
+    "journal.torn_append",
+    "journal.after_append",
+    "step.before_effect",
+    "add.after_keyslot",
+    "kill.after_keyslot",
+    "kms.file.stage.after_material",
+    "kms.file.retire.after_meta",
+    "step.after_effect",
+    "kms.read",
+    "kms.get",
+    "kms.stage",
+    "kms.commit",
+    "kms.commit.lost_reply",
+    "kms.retire",
+];
+
+/// Evaluates injection point `name`.
+///
+/// Returns `Ok(())` when the point is not configured (always, without the `failpoints`
+/// feature). Kills the process with `SIGKILL` when it fires with `return` or `return(crash)`.
+///
+/// Errors: a message `injected failure at <name>` when it fires with `return(error)` (or any
+/// other argument).
+#[inline]
+pub fn check(name: &str) -> Result<(), String> {
+    #[cfg(feature = "failpoints")]
+    {
+        if let Some(arg) = fail::eval(name, |arg| arg) {
+            match arg.as_deref() {
+                None | Some("") | Some("crash") => crash(name),
+                Some(other) => return Err(format!("injected failure at {name} ({other})")),
+            }
+        }
+    }
+    let _ = name;
+    Ok(())
+}
+
+/// True when injection point `name` fires now (for points whose effect is site-specific, such
+/// as `journal.torn_append`). Always false without the `failpoints` feature.
+#[inline]
+pub fn fires(name: &str) -> bool {
+    #[cfg(feature = "failpoints")]
+    {
+        fail::eval(name, |_| ()).is_some()
+    }
+    #[cfg(not(feature = "failpoints"))]
+    {
+        let _ = name;
+        false
+    }
+}
+
+/// Kills this process with `SIGKILL`: no unwinding, no destructors, no buffered output
+/// flushed, no journal record. Used only by injection points.
+pub fn crash(name: &str) -> ! {
+    // Tests look for this line to tell an injected crash from a real one.
+    eprintln!("keyplan: injected crash at {name}");
+    // SAFETY: kill(2) on our own pid has no memory-safety preconditions.
+    unsafe {
+        libc::kill(libc::getpid(), libc::SIGKILL);
+    }
+    std::process::abort()
+}
+
+/// Sets up the points from the `FAILPOINTS` environment variable; a no-op without the
+/// `failpoints` feature. Call once at program start and keep the guard alive.
+///
+/// Panics (feature builds only, i.e. tests) when `FAILPOINTS` is malformed.
+pub fn setup() -> Guard {
+    #[cfg(feature = "failpoints")]
+    {
+        Guard {
+            _scenario: fail::FailScenario::setup(),
+        }
+    }
+    #[cfg(not(feature = "failpoints"))]
+    {
+        Guard {}
+    }
+}
+
+/// Keeps the injection points configured while alive (see [`setup`]).
+pub struct Guard {
+    #[cfg(feature = "failpoints")]
+    _scenario: fail::FailScenario<'static>,
+}
