@@ -1150,6 +1150,40 @@ fn enroll_with_empty() {
     b.done();
 }
 
+/// Larger than cryptsetup's 8 MiB key-file limit: refused by size, before reading it.
+#[test]
+fn enroll_with_larger_than_cryptsetup_reads() {
+    let mut b = Bad::new();
+    b.image("d.img", "luks2");
+    std::fs::File::create(b.path("huge.pass"))
+        .and_then(|f| f.set_len(9 << 20))
+        .unwrap();
+    b.plan(&one_device("d.img", ", enroll_with: huge.pass"));
+    b.freeze();
+    b.refuse_plan_and_apply(&[
+        "device d (",
+        "keyplan.yaml:7:3",
+        "huge.pass is 9437184 bytes; cryptsetup reads at most 8388608 bytes",
+        "Point enroll_with at the file",
+    ]);
+    b.done();
+}
+
+/// A character device (here /dev/zero) is named as such, not guessed to be a directory.
+#[test]
+fn enroll_with_character_device() {
+    let mut b = Bad::new();
+    b.image("d.img", "luks2");
+    b.plan(&one_device("d.img", ", enroll_with: /dev/zero"));
+    b.freeze();
+    b.refuse_plan_and_apply(&[
+        "device d (",
+        "keyplan.yaml:7:3",
+        "/dev/zero is not a regular file (a device, FIFO or socket)",
+    ]);
+    b.done();
+}
+
 #[test]
 fn enroll_with_directory() {
     let mut b = Bad::new();
@@ -1160,7 +1194,7 @@ fn enroll_with_directory() {
     b.refuse_plan_and_apply(&[
         "device d (",
         "keyplan.yaml:7:3",
-        "secrets is not a regular file",
+        "secrets is a directory",
         "Point enroll_with at the file",
     ]);
     b.done();

@@ -195,6 +195,12 @@ fn sigterm_finishes_the_running_step_then_stops() {
     interrupt_once(libc::SIGTERM);
 }
 
+/// SIGHUP (the terminal or ssh session went away): same as SIGINT.
+#[test]
+fn sighup_finishes_the_running_step_then_stops() {
+    interrupt_once(libc::SIGHUP);
+}
+
 /// A second signal exits at once; the cryptsetup child dies with keyplan (no orphan writer);
 /// the next apply converges.
 #[test]
@@ -396,4 +402,34 @@ mod injected {
         }
         w.assert_no_leaks();
     }
+}
+
+/// A closed stdout (`keyplan plan | head -1`, a dead `tee`, a dropped ssh session) neither
+/// panics `plan` nor stops `apply`: output is informational, the run goes on to the end.
+#[test]
+fn closed_stdout_neither_panics_nor_stops_apply() {
+    let w = Watched::new();
+    let devs = enrolled(&w);
+    let before = current(&w);
+    for args in [
+        vec!["plan"],
+        vec!["apply", "--auto-approve", "--rotate", "k"],
+    ] {
+        let mut child = w
+            .command(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        drop(child.stdout.take()); // the reader goes away before keyplan prints anything
+        let out = child.wait_with_output().expect("wait");
+        w.record(&out);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    // the rotation ran to the end: a new current version, committed, opening every device
+    assert_ne!(current(&w), before);
+    w.ok(&["plan", "--detailed-exitcode"], 0);
+    assert_converges(&w, &devs);
 }

@@ -16,6 +16,28 @@ use crate::observe::{self, World};
 use crate::render;
 use crate::spec::{self, Plan};
 
+/// `println!` that never panics: a closed stdout (`keyplan plan | head -1`, a dropped ssh
+/// session, a dead `tee`) must not turn a run into a crash. Output is informational; the
+/// journal is the record, so write errors are ignored.
+macro_rules! outln {
+    () => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout());
+    }};
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// `print!` that never panics (see `outln!`).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 /// keyplan: declarative, crash-safe rotation of LUKS keyslots whose passphrases live in a KMS.
 #[derive(Debug, Parser)]
 #[command(name = "keyplan", version, about, long_about = None)]
@@ -251,12 +273,12 @@ fn cmd_validate(cli: &Cli, arg: &PlanArg, json: bool) -> Result<ExitCode> {
     match load_plan(cli, arg) {
         Ok(plan) => {
             if json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::json!({"format_version": "1.0", "valid": true, "error_count": 0, "warning_count": 0, "diagnostics": []})
                 );
             } else {
-                println!(
+                outln!(
                     "The plan file {} is valid: {} KMS, {} keys, {} devices.",
                     plan.source_path.display(),
                     plan.kms.len(),
@@ -267,7 +289,7 @@ fn cmd_validate(cli: &Cli, arg: &PlanArg, json: bool) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Err(e) if json => {
-            println!(
+            outln!(
                 "{}",
                 serde_json::json!({"format_version": "1.0", "valid": false, "error_count": 1, "warning_count": 0,
                     "diagnostics": [{"severity": "error", "summary": e.to_string(), "detail": format!("{e:?}")}]})
@@ -410,10 +432,10 @@ fn cmd_plan(
                     "done": s.done,
                 },
             });
-            println!("{}", serde_json::to_string_pretty(&doc).into_diagnostic()?);
+            outln!("{}", serde_json::to_string_pretty(&doc).into_diagnostic()?);
         } else {
-            print!("{}", interrupted_text(&s));
-            println!("\nRun `keyplan apply` to finish it, then `keyplan plan` again.");
+            out!("{}", interrupted_text(&s));
+            outln!("\nRun `keyplan apply` to finish it, then `keyplan plan` again.");
         }
         return Ok(if detailed {
             ExitCode::from(2)
@@ -423,12 +445,12 @@ fn cmd_plan(
     }
     let (_, d) = make_diff(&plan, &world, rotate, verify)?;
     if json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&render::plan_json(&d)).into_diagnostic()?
         );
     } else {
-        print!("{}", render::plan_text(&plan, &d));
+        out!("{}", render::plan_text(&plan, &d));
     }
     Ok(if detailed && !d.is_empty() {
         ExitCode::from(2)
@@ -437,7 +459,7 @@ fn cmd_plan(
     })
 }
 
-/// SIGINT/SIGTERM during `apply`: the first signal lets the running steps finish and then stops
+/// SIGINT/SIGTERM/SIGHUP during `apply`: the first signal lets the running steps finish and then stops
 /// the run (left open in the journal, exit 1); a second signal exits at once (safe at any
 /// instant: the journal and the step algorithm make every instant resumable, and cryptsetup
 /// children die with keyplan, see `luks::run`). Outside a run (planning, the confirmation
@@ -473,12 +495,16 @@ mod interrupts {
         say(b"\nkeyplan: signal received: finishing the running steps, then stopping (send it again to exit at once)\n");
     }
 
-    /// Installs the SIGINT and SIGTERM handlers (once) and returns the stop flag.
+    /// Installs the SIGINT, SIGTERM and SIGHUP handlers (once) and returns the stop flag.
     ///
     /// Errors: the handlers could not be installed (sigaction(2) failed).
     pub(super) fn install() -> Result<&'static AtomicBool> {
         if INSTALLED.get().is_none() {
-            for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            for sig in [
+                signal_hook::consts::SIGINT,
+                signal_hook::consts::SIGTERM,
+                signal_hook::consts::SIGHUP,
+            ] {
                 // SAFETY: the handler uses only atomics, write(2) and _exit(2), all
                 // async-signal-safe; it allocates and locks nothing.
                 unsafe { signal_hook::low_level::register(sig, on_signal) }.into_diagnostic()?;
@@ -503,8 +529,8 @@ fn progress_printer(quiet: bool) -> impl FnMut(&str, &std::result::Result<String
             return;
         }
         match res {
-            Ok(o) => println!("  {desc}: {o}"),
-            Err(e) => println!("  {desc}: FAILED: {e}"),
+            Ok(o) => outln!("  {desc}: {o}"),
+            Err(e) => outln!("  {desc}: FAILED: {e}"),
         }
     }
 }
@@ -530,8 +556,8 @@ fn failure_report(f: RunFailure, what: &str) -> miette::Report {
 
 /// Asks `question` on the terminal; true only for the answer `yes`.
 fn confirm(question: &str) -> Result<bool> {
-    print!("\n{question} Only 'yes' will be accepted: ");
-    io::stdout().flush().into_diagnostic()?;
+    out!("\n{question} Only 'yes' will be accepted: ");
+    let _ = io::stdout().flush();
     let mut answer = String::new();
     io::stdin()
         .lock()
@@ -581,12 +607,12 @@ fn cmd_apply(
                 }
             }
         }
-        print!("{}", interrupted_text(&s));
+        out!("{}", interrupted_text(&s));
         if !auto_approve && !confirm("Finish the interrupted run now?")? {
-            println!("Apply cancelled; nothing was changed.");
+            outln!("Apply cancelled; nothing was changed.");
             return Ok(ExitCode::from(1));
         }
-        println!();
+        outln!();
         tracing::info!(run = %s.run, "finishing interrupted run");
         let graph = crate::graph::StepGraph::from_parts(s.steps.clone(), &s.deps);
         let mut progress = progress_printer(cli.quiet);
@@ -603,19 +629,19 @@ fn cmd_apply(
             interrupts::during_run(|| apply::run_graph(input, &mut journal, &mut progress))
                 .map_err(|f| failure_report(f, "finishing interrupted run"))?;
         pbkdf_total += report.pbkdf_runs;
-        println!("Interrupted run {} finished.\n", s.run);
+        outln!("Interrupted run {} finished.\n", s.run);
     }
     let (observed, d) = make_diff(&plan, &world, rotate, verify)?;
     if d.is_empty() {
-        println!("{}", render::NO_CHANGES);
+        outln!("{}", render::NO_CHANGES);
         return Ok(ExitCode::SUCCESS);
     }
-    print!("{}", render::plan_text(&plan, &d));
+    out!("{}", render::plan_text(&plan, &d));
     if !auto_approve && !confirm("Do you want to perform these actions?")? {
-        println!("Apply cancelled; nothing was changed.");
+        outln!("Apply cancelled; nothing was changed.");
         return Ok(ExitCode::from(1));
     }
-    println!();
+    outln!();
     observe::update_registry(&plan.state_dir, &observed).map_err(|e| miette!("{e}"))?;
     let run_id = apply::new_run_id();
     tracing::info!(run = %run_id, steps = d.graph.len(), "starting run");
@@ -632,7 +658,7 @@ fn cmd_apply(
     let report = interrupts::during_run(|| apply::run_graph(input, &mut journal, &mut progress))
         .map_err(|f| failure_report(f, "run"))?;
     pbkdf_total += report.pbkdf_runs;
-    println!(
+    outln!(
         "\nApply complete! {} added, {} removed, {} keys rotated. ({} steps, {} PBKDF runs)",
         d.adds(),
         d.removes(),
@@ -657,17 +683,19 @@ fn cmd_verify(cli: &Cli, arg: &PlanArg) -> Result<ExitCode> {
                 continue;
             };
             let Some(cur) = observed.keys.get(&k.key).and_then(|s| s.current) else {
-                println!(
+                outln!(
                     "FAIL  {}: {} has no current version in the KMS",
-                    dev.id, k.key
+                    dev.id,
+                    k.key
                 );
                 failures += 1;
                 continue;
             };
             let Some((slot, _)) = st.slots_of(&k.key).into_iter().find(|(_, v)| *v == cur) else {
-                println!(
+                outln!(
                     "FAIL  {}: {} v{cur} is not enrolled (no keyslot recorded)",
-                    dev.id, k.key
+                    dev.id,
+                    k.key
                 );
                 failures += 1;
                 continue;
@@ -680,12 +708,13 @@ fn cmd_verify(cli: &Cli, arg: &PlanArg) -> Result<ExitCode> {
                 .test_passphrase(&dev.path, slot, &pass)
                 .map_err(|e| miette!("{e}"))?;
             if opens && bound {
-                println!(
+                outln!(
                     "ok    {}: {} v{cur} opens bound keyslot {slot}",
-                    dev.id, k.key
+                    dev.id,
+                    k.key
                 );
             } else {
-                println!(
+                outln!(
                     "FAIL  {}: {} v{cur} {} keyslot {slot}",
                     dev.id,
                     k.key,
@@ -700,13 +729,13 @@ fn cmd_verify(cli: &Cli, arg: &PlanArg) -> Result<ExitCode> {
         }
     }
     if failures > 0 {
-        println!();
+        outln!();
         return Err(miette!(
             help = "run `keyplan plan --verify` to see what keyplan would repair",
             "verification failed for {failures} key(s)"
         ));
     }
-    println!("All keys verified ({} PBKDF runs).", world.cs.pbkdf_runs());
+    outln!("All keys verified ({} PBKDF runs).", world.cs.pbkdf_runs());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -763,14 +792,14 @@ fn cmd_journal(cli: &Cli, arg: &PlanArg, json: bool) -> Result<ExitCode> {
     let plan = load_plan(cli, arg)?;
     let records = journal::read(&plan.state_dir).map_err(|e| miette!("{e}"))?;
     if json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&records).into_diagnostic()?
         );
         return Ok(ExitCode::SUCCESS);
     }
     if records.is_empty() {
-        println!("The journal in {} is empty.", plan.state_dir.display());
+        outln!("The journal in {} is empty.", plan.state_dir.display());
         return Ok(ExitCode::SUCCESS);
     }
     let mut steps: Vec<crate::graph::Step> = Vec::new();
@@ -801,7 +830,7 @@ fn cmd_journal(cli: &Cli, arg: &PlanArg, json: bool) -> Result<ExitCode> {
                 None => format!("run ended: {outcome}"),
             },
         };
-        println!("{ts}  {}  {line}", r.run);
+        outln!("{ts}  {}  {line}", r.run);
     }
     Ok(ExitCode::SUCCESS)
 }

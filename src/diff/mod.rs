@@ -559,6 +559,15 @@ impl Planner<'_> {
             let problem = st.enroll_with_problem.clone();
             let lost = self.lost_records(device);
             return match std::fs::metadata(&file) {
+                Ok(m) if m.is_file() && m.len() > crate::luks::MAX_KEYFILE_BYTES => {
+                    self.errors.push(format!(
+                        "{here}: enroll_with file {} is {} bytes; cryptsetup reads at most {} bytes (8 MiB) from a key file (cryptsetup(8), --keyfile-size), so it cannot hold the passphrase. Nothing was changed. Point enroll_with at the file holding a passphrase that opens the device today",
+                        file.display(),
+                        m.len(),
+                        crate::luks::MAX_KEYFILE_BYTES
+                    ));
+                    None
+                }
                 Ok(m) if m.is_file() && m.len() > 0 => match problem {
                     None => Some(Unlock::EnrollWith),
                     Some(p) => {
@@ -577,9 +586,14 @@ impl Planner<'_> {
                     ));
                     None
                 }
-                Ok(_) => {
+                Ok(m) => {
+                    let kind = if m.is_dir() {
+                        "a directory"
+                    } else {
+                        "not a regular file (a device, FIFO or socket)"
+                    };
                     self.errors.push(format!(
-                        "{here}: enroll_with {} is not a regular file (a directory?). Nothing was changed. Point enroll_with at the file holding a passphrase that opens the device today",
+                        "{here}: enroll_with {} is {kind}. Nothing was changed. Point enroll_with at the file holding a passphrase that opens the device today",
                         file.display()
                     ));
                     None

@@ -110,6 +110,10 @@ pub struct Header {
     pub json_area: Option<(u64, u64)>,
 }
 
+/// The most bytes cryptsetup reads from a key file (8 MiB: cryptsetup(8), `--keyfile-size`,
+/// "Maximum keyfile size exceeded"); a longer `enroll_with` file cannot be a passphrase.
+pub const MAX_KEYFILE_BYTES: u64 = 8 << 20;
+
 /// Counts PBKDF runs (key derivations) keyplan caused; shared by clones of [`Cryptsetup`].
 #[derive(Debug, Default)]
 pub struct PbkdfCounter(AtomicU64);

@@ -719,7 +719,9 @@ fn check_enroll_with(
         return None;
     }
     let bytes = match std::fs::metadata(file) {
-        Ok(m) if m.is_file() && m.len() > 0 => std::fs::read(file).ok()?,
+        Ok(m) if m.is_file() && m.len() > 0 && m.len() <= crate::luks::MAX_KEYFILE_BYTES => {
+            std::fs::read(file).ok()?
+        }
         _ => return None,
     };
     let pass = Passphrase::new(bytes);
