@@ -54,9 +54,9 @@ impl Bad {
     fn image(&self, name: &str, luks: &str) -> PathBuf {
         let p = self.path(name);
         if luks == "luks2" {
-            format_image(&p, 600 << 10, luks, &LUKS2_SMALL, INITIAL);
+            luks_format(&p, 600 << 10, luks, &LUKS2_SMALL, INITIAL);
         } else {
-            format_image(&p, 1200 << 10, luks, &LUKS1_SMALL, INITIAL);
+            luks_format(&p, 1200 << 10, luks, &LUKS1_SMALL, INITIAL);
         }
         p
     }
@@ -153,37 +153,6 @@ const LUKS2_SMALL: [&str; 6] = [
 
 /// luksFormat options of the small LUKS1 test image.
 const LUKS1_SMALL: [&str; 4] = ["--key-size", "256", "--align-payload", "8"];
-
-/// `cryptsetup luksFormat` of a new file of `size` bytes with `pass` in keyslot 0 (fast PBKDF2).
-fn format_image(p: &Path, size: u64, luks: &str, extra: &[&str], pass: &[u8]) {
-    std::fs::File::create(p)
-        .and_then(|f| f.set_len(size))
-        .expect("create image");
-    let mut child = Command::new("cryptsetup")
-        .env("LC_ALL", "C")
-        .args(["luksFormat", "--batch-mode", "--type", luks])
-        .args(extra)
-        .args(["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"])
-        .arg("--key-file=-")
-        .arg(p)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("cryptsetup");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(pass)
-        .expect("write");
-    let out = child.wait_with_output().expect("wait");
-    assert!(
-        out.status.success(),
-        "luksFormat: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// Runs cryptsetup (directly, not through keyplan) and asserts success.
 fn cryptsetup(args: &[&str]) {
@@ -996,7 +965,7 @@ fn device_luks2_keyslot_table_full() {
     let mut b = Bad::new();
     b.initial_pass();
     let d = b.path("d.img");
-    format_image(
+    luks_format(
         &d,
         (4 << 20) + (256 << 10),
         "luks2",

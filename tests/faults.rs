@@ -318,6 +318,7 @@ mod injected {
             }
             assert_converges(&w, &devs);
         }
+        eprintln!("{point}: {n} injected failures, each converged");
         n
     }
 

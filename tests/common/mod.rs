@@ -59,41 +59,7 @@ impl Scratch {
     /// [`INITIAL`] in keyslot 0 (fast PBKDF2).
     pub fn image_with(&self, name: &str, luks: &str, size: u64, extra: &[&str]) -> PathBuf {
         let p = self.path(name);
-        std::fs::File::create(&p)
-            .and_then(|f| f.set_len(size))
-            .expect("create image");
-        let mut child = Command::new("cryptsetup")
-            .env("LC_ALL", "C")
-            .args([
-                "luksFormat",
-                "--batch-mode",
-                "--type",
-                luks,
-                "--pbkdf",
-                "pbkdf2",
-                "--pbkdf-force-iterations",
-                "1000",
-                "--key-file=-",
-            ])
-            .args(extra)
-            .arg(&p)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("cryptsetup");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(INITIAL)
-            .expect("write");
-        let out = child.wait_with_output().expect("wait");
-        assert!(
-            out.status.success(),
-            "luksFormat: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        luks_format(&p, size, luks, extra, INITIAL);
         p
     }
 
@@ -145,6 +111,38 @@ impl Scratch {
         );
         out.stdout
     }
+}
+
+/// `cryptsetup luksFormat --type LUKS EXTRA...` of a new file `p` of `size` bytes with `pass`
+/// in keyslot 0 (fast PBKDF2, tests only).
+pub fn luks_format(p: &Path, size: u64, luks: &str, extra: &[&str], pass: &[u8]) {
+    std::fs::File::create(p)
+        .and_then(|f| f.set_len(size))
+        .expect("create image");
+    let mut child = Command::new("cryptsetup")
+        .env("LC_ALL", "C")
+        .args(["luksFormat", "--batch-mode", "--type", luks])
+        .args(extra)
+        .args(["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"])
+        .arg("--key-file=-")
+        .arg(p)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cryptsetup");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(pass)
+        .expect("write");
+    let out = child.wait_with_output().expect("wait");
+    assert!(
+        out.status.success(),
+        "luksFormat: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Runs the keyplan binary in `dir`.
