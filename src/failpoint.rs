@@ -3,8 +3,8 @@
 //! keyplan's promise that a run killed at any instant converges (DESIGN.md §2, I1 and I3) is
 //! tested by killing the process at named points: between journal records, before and after a
 //! step's effect, and between the two halves of compound effects (a keyslot added but not yet
-//! recorded, a KMS version written but not yet listed). The points are the [`fail`] crate's
-//! fail points, configured through the `FAILPOINTS` environment variable
+//! recorded, a KMS version written but not yet listed). The points are fail points of the
+//! `fail` crate (<https://docs.rs/fail>), configured through the `FAILPOINTS` environment variable
 //! (`FAILPOINTS="step.before_effect=2*off->return"` fires on the third evaluation; see the
 //! `fail` crate's documentation for the syntax). A point that fires with `return` or
 //! `return(crash)` kills keyplan with `SIGKILL` (no unwinding, no destructors, no journal

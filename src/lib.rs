@@ -7,6 +7,9 @@
 //! runs that graph under a lock with a write-ahead [`journal`], resuming an interrupted run
 //! first. [`render`] prints plans for humans; [`cli`] is the command line. Key material is held
 //! only in [`secret::Passphrase`].
+//!
+//! [`failpoint`] holds the crash and error injection points the crash tests fire (compiled
+//! only with the `failpoints` cargo feature); `fuzzing` (hidden) holds the fuzz harnesses.
 
 pub mod apply;
 pub mod cli;
