@@ -1417,3 +1417,45 @@ fn corrupt_journal_line_in_the_middle() {
     b.refuse(&["plan"], &wants);
     b.done();
 }
+
+/// Enrollment that takes a device's last free keyslot succeeds, and `plan` then says, in a
+/// note, that the next rotation will need a free keyslot (it would be refused otherwise, perhaps
+/// only when `rotate_after` comes due).
+#[test]
+fn last_free_keyslot_is_noted() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let d = s.path("d.img");
+    luks_format(
+        &d,
+        (4 << 20) + (256 << 10),
+        "luks2",
+        &[
+            "--key-size",
+            "256",
+            "--luks2-metadata-size",
+            "64k",
+            "--luks2-keyslots-size",
+            "4m",
+        ],
+        INITIAL,
+    );
+    for slot in 1..31 {
+        add_keyslot(&d, &s.path("initial.pass"), slot, &s.path("initial.pass"));
+    }
+    assert_eq!(keyslots(&d).len(), 31);
+    s.plan(
+        "keyplan.yaml",
+        &one_key_plan("  d: { path: d.img, keys: [k], enroll_with: initial.pass }"),
+    );
+    let out = s.ok(&["plan"], 0);
+    assert!(
+        out.contains("will have no free keyslot (32 of 32 in use)"),
+        "{out}"
+    );
+    s.ok(&["apply", "--auto-approve"], 0);
+    let out = s.ok(&["plan", "--detailed-exitcode"], 0);
+    assert!(out.contains("No changes"), "{out}");
+    assert!(out.contains("Note: device d ("), "{out}");
+    assert!(out.contains("cryptsetup luksKillSlot"), "{out}");
+}

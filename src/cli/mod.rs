@@ -633,7 +633,7 @@ fn cmd_apply(
     }
     let (observed, d) = make_diff(&plan, &world, rotate, verify)?;
     if d.is_empty() {
-        outln!("{}", render::NO_CHANGES);
+        out!("{}", render::plan_text(&plan, &d));
         return Ok(ExitCode::SUCCESS);
     }
     out!("{}", render::plan_text(&plan, &d));

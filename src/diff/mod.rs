@@ -209,6 +209,7 @@ pub fn diff(plan: &Plan, observed: &Observed, opts: &DiffOptions) -> Result<Diff
     p.removals();
     p.writable();
     p.metadata_room();
+    p.headroom();
     p.ordering();
     if !p.errors.is_empty() {
         let mut errors: Vec<DiffError> = Vec::new();
@@ -325,6 +326,44 @@ impl Planner<'_> {
 
     /// Refuses adding keyslots to a LUKS2 header whose JSON metadata area cannot hold them:
     /// cryptsetup would add the keyslot and then fail to store keyplan's token for it.
+    /// Notes a device that will have no free keyslot once this plan is applied: every later
+    /// rotation of its keys needs one (the new version is added before the old one is
+    /// killed), so it would be refused, perhaps only when `rotate_after` comes due.
+    fn headroom(&mut self) {
+        let ids: Vec<String> = self.devs.keys().cloned().collect();
+        for device in ids {
+            let listed = self
+                .plan
+                .devices
+                .get(&device)
+                .is_some_and(|d| !d.keys.is_empty());
+            let Some(st) = self.state(&device) else {
+                continue;
+            };
+            if !listed {
+                continue;
+            }
+            let max = st.header.version.max_keyslots() as usize;
+            let adds = self
+                .slots
+                .iter()
+                .filter(|c| c.device == device && c.action == SlotAction::Add)
+                .count();
+            let removes = self
+                .slots
+                .iter()
+                .filter(|c| c.device == device && c.action == SlotAction::Remove)
+                .count();
+            let end = (st.header.keyslots.len() + adds).saturating_sub(removes);
+            if end >= max {
+                self.notes.push(format!(
+                    "{} will have no free keyslot ({end} of {max} in use): rotating its keys needs one, so the next rotation will be refused. Kill a keyslot that is no longer needed (`cryptsetup luksKillSlot`) before a rotation is due",
+                    self.at(&device)
+                ));
+            }
+        }
+    }
+
     fn metadata_room(&mut self) {
         let ids: Vec<String> = self.devs.keys().cloned().collect();
         for device in ids {

@@ -12,7 +12,13 @@ pub const NO_CHANGES: &str = "No changes. Devices and KMS match the plan.";
 /// summary line `Plan: N to add, M to remove, K keys to rotate.`
 pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
     if diff.is_empty() {
-        return format!("{NO_CHANGES}\n");
+        let mut out = String::new();
+        for n in &diff.notes {
+            let _ = writeln!(out, "Note: {n}\n");
+        }
+        out.push_str(NO_CHANGES);
+        out.push('\n');
+        return out;
     }
     let mut out = String::new();
     let _ = writeln!(out, "keyplan will perform the following actions:\n");
