@@ -594,7 +594,6 @@ fn cmd_apply(
     let _lock = StateLock::acquire(&plan.state_dir).map_err(|e| miette!("{e}"))?;
     let mut journal = Journal::open(&plan.state_dir).map_err(|e| miette!("{e}"))?;
     let records = journal::read(&plan.state_dir).map_err(|e| miette!("{e}"))?;
-    let mut pbkdf_total = 0;
     if let Some(s) = journal::last_run(&records).filter(|s| s.ended.is_none()) {
         for (id, path) in &s.devices {
             if let Some(d) = plan.devices.get(id) {
@@ -625,10 +624,8 @@ fn cmd_apply(
             parallelism,
             stop: Some(interrupts::install()?),
         };
-        let report =
-            interrupts::during_run(|| apply::run_graph(input, &mut journal, &mut progress))
-                .map_err(|f| failure_report(f, "finishing interrupted run"))?;
-        pbkdf_total += report.pbkdf_runs;
+        interrupts::during_run(|| apply::run_graph(input, &mut journal, &mut progress))
+            .map_err(|f| failure_report(f, "finishing interrupted run"))?;
         outln!("Interrupted run {} finished.\n", s.run);
     }
     let (observed, d) = make_diff(&plan, &world, rotate, verify)?;
@@ -657,14 +654,15 @@ fn cmd_apply(
     };
     let report = interrupts::during_run(|| apply::run_graph(input, &mut journal, &mut progress))
         .map_err(|f| failure_report(f, "run"))?;
-    pbkdf_total += report.pbkdf_runs;
+    // Every key derivation of this command: planning checks (an enroll_with test), an
+    // interrupted run finished first, and this run.
     outln!(
         "\nApply complete! {} added, {} removed, {} keys rotated. ({} steps, {} PBKDF runs)",
         d.adds(),
         d.removes(),
         d.rotations(),
         report.steps_run,
-        pbkdf_total
+        world.cs.pbkdf_runs()
     );
     Ok(ExitCode::SUCCESS)
 }
