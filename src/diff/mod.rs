@@ -324,8 +324,6 @@ impl Planner<'_> {
         }
     }
 
-    /// Refuses adding keyslots to a LUKS2 header whose JSON metadata area cannot hold them:
-    /// cryptsetup would add the keyslot and then fail to store keyplan's token for it.
     /// Notes a device that will have no free keyslot once this plan is applied: every later
     /// rotation of its keys needs one (the new version is added before the old one is
     /// killed), so it would be refused, perhaps only when `rotate_after` comes due.
@@ -364,6 +362,8 @@ impl Planner<'_> {
         }
     }
 
+    /// Refuses adding keyslots to a LUKS2 header whose JSON metadata area cannot hold them:
+    /// cryptsetup would add the keyslot and then fail to store keyplan's token for it.
     fn metadata_room(&mut self) {
         let ids: Vec<String> = self.devs.keys().cloned().collect();
         for device in ids {
