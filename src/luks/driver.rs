@@ -189,17 +189,7 @@ impl Cryptsetup {
             return Err(refused(&operation, dev, "the passphrase is empty"));
         }
         check_slot(&operation, dev, slot, MAX_IDS)?;
-        check_device(dev)?;
-        let argv: Vec<OsString> = vec![
-            "open".into(),
-            "--test-passphrase".into(),
-            "--key-slot".into(),
-            slot.to_string().into(),
-            "--key-file=-".into(),
-            dev.as_os_str().to_owned(),
-        ];
-        let out = self.exec(argv, Some(pass.expose()), None)?;
-        self.counter.add(1);
+        let out = self.open_test(dev, Some(slot), pass)?;
         match out.code {
             Some(0) => Ok(true),
             Some(2) => Ok(false),
@@ -244,15 +234,7 @@ impl Cryptsetup {
         if pass.is_empty() {
             return Err(refused(operation, dev, "the passphrase is empty"));
         }
-        check_device(dev)?;
-        let argv: Vec<OsString> = vec![
-            "open".into(),
-            "--test-passphrase".into(),
-            "--key-file=-".into(),
-            dev.as_os_str().to_owned(),
-        ];
-        let out = self.exec(argv, Some(pass.expose()), None)?;
-        self.counter.add(1);
+        let out = self.open_test(dev, None, pass)?;
         match out.code {
             Some(0) => Ok(true),
             Some(1 | 2) => Ok(false),
@@ -263,6 +245,29 @@ impl Cryptsetup {
                 Some("the header was only read"),
             )),
         }
+    }
+
+    /// Runs `cryptsetup open --test-passphrase [--key-slot SLOT] --key-file=- DEV` with `pass`
+    /// on stdin after checking the device, and counts 1 PBKDF run; the caller judges the exit.
+    ///
+    /// Errors: [`LuksError::Device`] for a bad device; [`LuksError::Spawn`].
+    fn open_test(
+        &self,
+        dev: &Path,
+        slot: Option<u32>,
+        pass: &Passphrase,
+    ) -> Result<Outcome, LuksError> {
+        check_device(dev)?;
+        let mut argv: Vec<OsString> = vec!["open".into(), "--test-passphrase".into()];
+        if let Some(slot) = slot {
+            argv.push("--key-slot".into());
+            argv.push(slot.to_string().into());
+        }
+        argv.push("--key-file=-".into());
+        argv.push(dev.as_os_str().to_owned());
+        let out = self.exec(argv, Some(pass.expose()), None)?;
+        self.counter.add(1);
+        Ok(out)
     }
 
     /// Adds passphrase `new` in keyslot `new_slot` of `dev`, unlocking the volume key with

@@ -119,25 +119,14 @@ pub fn luks_format(p: &Path, size: u64, luks: &str, extra: &[&str], pass: &[u8])
     std::fs::File::create(p)
         .and_then(|f| f.set_len(size))
         .expect("create image");
-    let mut child = Command::new("cryptsetup")
-        .env("LC_ALL", "C")
+    let mut cmd = Command::new("cryptsetup");
+    cmd.env("LC_ALL", "C")
         .args(["luksFormat", "--batch-mode", "--type", luks])
         .args(extra)
         .args(["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"])
         .arg("--key-file=-")
-        .arg(p)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("cryptsetup");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(pass)
-        .expect("write");
-    let out = child.wait_with_output().expect("wait");
+        .arg(p);
+    let out = run_with_stdin(cmd, pass);
     assert!(
         out.status.success(),
         "luksFormat: {}",
@@ -164,20 +153,25 @@ pub fn opens(dev: &Path, pass: &[u8], slot: Option<u32>) -> bool {
     if let Some(s) = slot {
         cmd.arg("--key-slot").arg(s.to_string());
     }
+    cmd.arg(dev);
+    run_with_stdin(cmd, pass).status.success()
+}
+
+/// Runs `cmd` with `input` on its standard input (stdout discarded, stderr captured) and waits.
+pub fn run_with_stdin(mut cmd: Command, input: &[u8]) -> Output {
     let mut child = cmd
-        .arg(dev)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
-        .expect("cryptsetup");
+        .expect("spawn");
     child
         .stdin
         .take()
         .expect("stdin")
-        .write_all(pass)
+        .write_all(input)
         .expect("write");
-    child.wait().expect("wait").success()
+    child.wait_with_output().expect("wait")
 }
 
 /// LUKS2 JSON metadata of `dev`.
