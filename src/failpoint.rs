@@ -23,8 +23,8 @@
 //! - `kms.file.stage.after_material`: the new version's file is written, its metadata not yet;
 //! - `kms.file.retire.after_meta`: the version is marked retired, its file not yet removed;
 //! - `step.after_effect`: a step's effect is complete, its `step_done` record not yet written;
-//! - `kms.read`, `kms.get`, `kms.stage`, `kms.commit`, `kms.retire`: before each KMS call (any
-//!   provider); `kms.commit.lost_reply`: after a successful commit, as if the reply was lost.
+//! - `kms.read`, `kms.get`, `kms.stage`, `kms.commit`, `kms.retire`, `kms.check`,
+//!   `kms.destroy_key`: before each KMS call (any provider); `kms.commit.lost_reply`: after a successful commit, as if the reply was lost.
 
 /// Every injection point keyplan has, for harnesses that enumerate them.
 pub const POINTS: &[&str] = &[
@@ -42,6 +42,8 @@ pub const POINTS: &[&str] = &[
     "kms.commit",
     "kms.commit.lost_reply",
     "kms.retire",
+    "kms.check",
+    "kms.destroy_key",
 ];
 
 /// Evaluates injection point `name`.

@@ -9,6 +9,17 @@ use keyplan::kms::file::FileKms;
 use keyplan::kms::{KeyState, Kms, KmsError};
 use keyplan::secret::Passphrase;
 
+#[path = "common/kms_contract.rs"]
+mod kms_contract;
+
+#[test]
+fn provider_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let kms = FileKms::new("local", dir.path().join("keys"));
+    let other = FileKms::new("local", dir.path().join("keys"));
+    kms_contract::run(&kms, &other, "contract");
+}
+
 #[test]
 fn stage_commit_retire_cycle() {
     let dir = tempfile::tempdir().unwrap();

@@ -260,6 +260,39 @@ impl Kms for FileKms {
             fsutil::sync_dir(dir).map_err(|e| self.io(format!("syncing {}", dir.display()), e))
         })
     }
+
+    fn destroy_key(&self, name: &str, expected_current: u64) -> Result<(), KmsError> {
+        self.locked(name, |dir| {
+            let mut meta = self.read_meta(name)?;
+            if meta.current.is_none() && meta.pending.is_none() {
+                return Ok(());
+            }
+            if meta.current != Some(expected_current) || meta.pending.is_some() {
+                return Err(self.conflict(
+                    name,
+                    format!(
+                        "expected current v{expected_current} and no pending version, found current {} and pending {}",
+                        show(meta.current),
+                        show(meta.pending)
+                    ),
+                ));
+            }
+            for v in &mut meta.versions {
+                v.state = VersionState::Retired;
+            }
+            meta.current = None;
+            self.write_meta(name, &meta)?;
+            for v in &meta.versions {
+                let key_path = dir.join(format!("v{}.key", v.version));
+                match fs::remove_file(&key_path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(self.io(format!("removing {}", key_path.display()), e)),
+                }
+            }
+            fsutil::sync_dir(dir).map_err(|e| self.io(format!("syncing {}", dir.display()), e))
+        })
+    }
 }
 
 fn show(v: Option<u64>) -> String {

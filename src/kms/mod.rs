@@ -2,10 +2,20 @@
 //!
 //! Every provider implements [`Kms`]: read a key's version metadata, fetch one version's
 //! passphrase, stage a new `pending` version, commit it as `current` with compare-and-swap,
-//! and retire old versions (DESIGN.md §5). Only the `file` provider exists so far; the others
-//! in the plan format are accepted by `validate` and refused by [`open`] with a clear error.
+//! and retire old versions (DESIGN.md §5). Providers: `file` (local directory), `vault`
+//! (HashiCorp Vault / OpenBao KV v2), `kubernetes` (core/v1 Secrets), `kmip` (KMIP 1.x over
+//! mutual TLS) and `exec` (an external program speaking a JSON protocol).
+//!
+//! Network providers share [`block_on`] (one small tokio runtime for the async client crates),
+//! [`REQUEST_TIMEOUT`] and [`with_retries`], which retries only idempotent operations (reads,
+//! gets, retires) with bounded exponential backoff; `stage` and `commit` are never retried
+//! blindly: after a failed write keyplan re-reads the key before acting again.
 
+pub mod exec;
 pub mod file;
+pub mod kmip;
+pub mod kubernetes;
+pub mod vault;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -118,6 +128,22 @@ pub enum KmsError {
         /// What failed (no material).
         detail: String,
     },
+    /// The store answered but refused the operation (authentication or authorization).
+    #[error("{kms} refused: {detail}. Nothing was changed; grant keyplan's credentials the permission named above, then run keyplan again")]
+    Denied {
+        /// KMS description.
+        kms: String,
+        /// What was refused (operation, path or object; no material).
+        detail: String,
+    },
+    /// The KMS configuration cannot be used (missing token variable, unreadable certificate, ...).
+    #[error("{kms}: {detail}")]
+    Config {
+        /// KMS description.
+        kms: String,
+        /// What is wrong and what to do.
+        detail: String,
+    },
     /// The provider named in the plan is not available in this build.
     #[error("KMS {name:?}: provider {provider:?} is not implemented yet; use provider \"file\"")]
     Unsupported {
@@ -156,22 +182,91 @@ pub trait Kms: Send + Sync {
     ) -> Result<(), KmsError>;
     /// Destroys the material of a non-current version and marks it `Retired`. Idempotent.
     fn retire(&self, name: &str, version: u64) -> Result<(), KmsError>;
+    /// Checks, without writing anything, that the store is reachable and that keyplan's
+    /// credentials may stage, commit and retire versions of each key in `names` (DESIGN.md
+    /// §2 I6: `plan` calls it, so it must leave no trace). The default reads each key.
+    ///
+    /// Errors: [`KmsError::Unavailable`] (unreachable), [`KmsError::Denied`] (missing
+    /// permission), [`KmsError::Config`].
+    fn check(&self, names: &[String]) -> Result<(), KmsError> {
+        for name in names {
+            self.read(name)?;
+        }
+        Ok(())
+    }
+    /// Destroys every version of `name`, current included, if and only if the current version
+    /// is still `expected_current` and no version is pending (compare-and-swap). Used after a
+    /// key moved to another KMS (migration). Afterwards [`Kms::read`] reports no current and
+    /// no pending version; versions it still lists are `Retired`. Destroying a key that has no
+    /// current version any more is a no-op (idempotent).
+    fn destroy_key(&self, name: &str, expected_current: u64) -> Result<(), KmsError>;
 }
 
 /// Opens the KMS instance `name` configured as `config` (paths already absolute).
 ///
-/// Errors: [`KmsError::Unsupported`] for providers not built yet.
+/// Opening contacts nothing; credentials named in the configuration (token variable,
+/// certificate files, kubeconfig) are read here.
+///
+/// Errors: [`KmsError::Config`] for unusable settings, [`KmsError::Unsupported`] for
+/// providers not built yet.
 pub fn open(name: &str, config: &KmsConfig) -> Result<Box<dyn Kms>, KmsError> {
-    match config {
-        KmsConfig::File { path } => Ok(injected(Box::new(file::FileKms::new(
-            name,
-            PathBuf::from(path),
-        )))),
-        other => Err(KmsError::Unsupported {
-            name: name.to_string(),
-            provider: other.provider().to_string(),
+    let kms: Box<dyn Kms> = match config {
+        KmsConfig::File { path } => Box::new(file::FileKms::new(name, PathBuf::from(path))),
+        KmsConfig::Vault { .. } => vault::open(name, config)?,
+        KmsConfig::Kubernetes { .. } => kubernetes::open(name, config)?,
+        KmsConfig::Kmip { .. } => kmip::open(name, config)?,
+        KmsConfig::Exec { .. } => exec::open(name, config)?,
+    };
+    Ok(injected(kms))
+}
+
+/// Time limit of one request to a network KMS (connect + answer): 30 seconds.
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Runs `future` to completion on keyplan's shared tokio runtime (2 worker threads, started
+/// on first use) from synchronous engine code. Used by the providers built on async client
+/// crates (`vaultrs`, `kube`). Safe to call from several threads at once; must not be called
+/// from inside the runtime.
+///
+/// Errors: [`KmsError::Config`] naming `kms` if the runtime cannot be started.
+pub fn block_on<F: std::future::Future>(kms: &str, future: F) -> Result<F::Output, KmsError> {
+    static RUNTIME: std::sync::OnceLock<Result<tokio::runtime::Runtime, String>> =
+        std::sync::OnceLock::new();
+    let rt = RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("keyplan-kms")
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())
+    });
+    match rt {
+        Ok(rt) => Ok(rt.block_on(future)),
+        Err(e) => Err(KmsError::Config {
+            kms: kms.to_string(),
+            detail: format!("cannot start the async runtime for network KMS calls: {e}"),
         }),
     }
+}
+
+/// Runs the idempotent KMS operation `op` (a read, get, retire or destroy; never a stage or
+/// commit), retrying it when it fails with [`KmsError::Unavailable`]: at most 3 retries,
+/// exponential backoff from 200 ms to 2 s with jitter (the `backon` crate). Each retry is
+/// logged at `warn` with `what` (operation and key, no material). Other errors return at once.
+pub fn with_retries<T>(what: &str, op: impl FnMut() -> Result<T, KmsError>) -> Result<T, KmsError> {
+    use backon::{BlockingRetryable, ExponentialBuilder};
+    let policy = ExponentialBuilder::default()
+        .with_min_delay(std::time::Duration::from_millis(200))
+        .with_max_delay(std::time::Duration::from_secs(2))
+        .with_max_times(3)
+        .with_jitter();
+    op.retry(policy)
+        .sleep(std::thread::sleep)
+        .when(|e| matches!(e, KmsError::Unavailable { .. }))
+        .notify(|e, after| {
+            tracing::warn!(operation = what, error = %e, retry_in = ?after, "KMS call failed; retrying")
+        })
+        .call()
 }
 
 /// Wraps a provider with the `kms.*` injection points of [`crate::failpoint`] (feature
@@ -232,6 +327,14 @@ impl Kms for Injected {
     fn retire(&self, name: &str, version: u64) -> Result<(), KmsError> {
         self.point("kms.retire")?;
         self.0.retire(name, version)
+    }
+    fn check(&self, names: &[String]) -> Result<(), KmsError> {
+        self.point("kms.check")?;
+        self.0.check(names)
+    }
+    fn destroy_key(&self, name: &str, expected_current: u64) -> Result<(), KmsError> {
+        self.point("kms.destroy_key")?;
+        self.0.destroy_key(name, expected_current)
     }
 }
 
