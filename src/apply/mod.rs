@@ -347,6 +347,79 @@ impl Exec<'_> {
             .map(|k| (k.kms.clone(), k.name.clone()))
     }
 
+    /// The KMS instance `from_kms` a key of the plan moves from.
+    fn origin(&self, key: &str, from_kms: &str) -> Result<&dyn crate::kms::Kms, String> {
+        self.world
+            .kms
+            .get(from_kms)
+            .map(|k| k.as_ref())
+            .ok_or_else(|| format!("KMS {from_kms:?}, which key {key} moves from, is no longer in the plan; restore its definition to finish the migration"))
+    }
+
+    /// Copies `version` of `key` from `from_kms` into the key's KMS as its current version, or
+    /// finds the copy an earlier run made. Returns the copy's version number there.
+    fn migrate_copy(
+        &self,
+        key: &str,
+        from_kms: &str,
+        from_name: &str,
+        version: u64,
+    ) -> Result<(u64, String), String> {
+        let e = |e: crate::kms::KmsError| e.to_string();
+        let (kms, name, _) = self.key_ctx(key)?;
+        let old = self.origin(key, from_kms)?;
+        let st = kms.read(&name).map_err(e)?;
+        let old_st = old.read(from_name).map_err(e)?;
+        let source = if old_st.current == Some(version) {
+            Some(old.get(from_name, version).map_err(e)?)
+        } else {
+            None
+        };
+        if let Some(c) = st.current {
+            return match &source {
+                Some(src) if kms.get(&name, c).map_err(e)?.expose() == src.expose() => {
+                    Ok((c, format!("{key} v{version} already copied (v{c})")))
+                }
+                Some(_) => Err(format!(
+                    "{} already holds a current version of {name:?} (v{c}) that is not {key} v{version} from KMS {from_kms}; nothing was overwritten. Give the key another `name`, or remove that entry from the KMS",
+                    kms.describe()
+                )),
+                // The old KMS no longer holds it: an earlier run copied and destroyed it; the
+                // verify steps that follow test the copy on every device.
+                None => Ok((c, format!("{key} already moved (v{c})"))),
+            };
+        }
+        let Some(src) = source else {
+            return Err(format!(
+                "{key} v{version} is no longer current in KMS {from_kms}, and {} holds no copy; nothing was changed. Run `keyplan plan` to see the new state",
+                kms.describe()
+            ));
+        };
+        let v = match st.pending {
+            Some(p) if kms.get(&name, p).map_err(e)?.expose() == src.expose() => p,
+            Some(p) => {
+                return Err(format!(
+                    "{} holds a pending version v{p} of {name:?} that is not {key} v{version} from KMS {from_kms}; nothing was overwritten. Remove it from the KMS, then run `keyplan apply` again",
+                    kms.describe()
+                ))
+            }
+            None => kms.stage(&name, &src, version).map_err(e)?,
+        };
+        kms.commit(&name, None, v).map_err(e)?;
+        let back = kms.get(&name, v).map_err(e)?;
+        let st = kms.read(&name).map_err(e)?;
+        if back.expose() != src.expose() || st.current != Some(v) {
+            return Err(format!(
+                "{}: the copy of {key} v{version} does not read back as the current version v{v}; KMS {from_kms} still holds the key, nothing else was changed",
+                kms.describe()
+            ));
+        }
+        Ok((
+            v,
+            format!("copied {key} v{version} from KMS {from_kms} as v{v}"),
+        ))
+    }
+
     fn device_path(&self, device: &str) -> Result<std::path::PathBuf, String> {
         self.plan
             .devices
@@ -713,6 +786,55 @@ impl Exec<'_> {
                 let (kms, name, _) = self.key_ctx(key)?;
                 kms.retire(&name, *version).map_err(|e| e.to_string())?;
                 ok(format!("retired {key} v{version}"))
+            }
+            Step::MigrateCopy {
+                key,
+                from_kms,
+                from_name,
+                version,
+            } => {
+                let (v, what) = self.migrate_copy(key, from_kms, from_name, *version)?;
+                self.staged
+                    .lock()
+                    .map_err(|_| "internal lock poisoned".to_string())?
+                    .insert(key.clone(), v);
+                Ok(StepOutcome {
+                    outcome: what,
+                    staged_version: Some(v),
+                    verified_salt: None,
+                })
+            }
+            Step::DestroyOrigin {
+                key,
+                from_kms,
+                from_name,
+                version,
+            } => {
+                let old = self.origin(key, from_kms)?;
+                old.destroy_key(from_name, *version)
+                    .map_err(|e| e.to_string())?;
+                ok(format!("destroyed {key} in KMS {from_kms}"))
+            }
+            Step::Rerecord {
+                device,
+                key,
+                slot,
+                version,
+            } => {
+                let path = self.device_path(device)?;
+                let v = self.resolve(key, *version)?;
+                let header = cs.dump(&path).map_err(|e| e.to_string())?;
+                let ks = header.keyslots.get(slot).ok_or_else(|| {
+                    format!("keyslot {slot} of device {device} is empty; expected {key} v{v}")
+                })?;
+                let record = SlotRecord {
+                    key: key.clone(),
+                    version: v,
+                    salt: ks.salt.clone(),
+                    entry: self.entry(key),
+                };
+                self.world.replace_record(&path, &header, *slot, &record)?;
+                ok(format!("recorded keyslot {slot} as {key} v{v}"))
             }
         }
     }

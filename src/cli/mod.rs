@@ -2,6 +2,7 @@
 //! mapping of outcomes to exit codes (`0` success / no changes, `1` error, `2` changes present
 //! with `--detailed-exitcode`).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -136,6 +137,13 @@ pub enum Command {
         #[command(subcommand)]
         command: KeyCommand,
     },
+    /// Per key: its KMS, current version and age, next rotation due, pending and retained
+    /// versions; and the last run's outcome. Reads the KMSs and the journal, never a device.
+    /// Exit 1 when a rotation is overdue or the last run failed.
+    Status {
+        #[command(flatten)]
+        plan: PlanArg,
+    },
     /// Show the journal of runs.
     Journal {
         #[command(flatten)]
@@ -266,6 +274,7 @@ fn run(cli: &Cli) -> Result<ExitCode> {
                 },
         } => cmd_key_get(cli, plan, key, *version, *reveal),
         Command::Journal { plan, json } => cmd_journal(cli, plan, *json),
+        Command::Status { plan } => cmd_status(cli, plan),
     }
 }
 
@@ -343,7 +352,54 @@ fn make_diff(
                 .join("\n  - ")
         )
     })?;
+    check_kms(plan, world, &d)?;
     Ok((observed, d))
+}
+
+/// Before any device is touched: every KMS the plan would write to must be reachable and
+/// allow keyplan to stage, commit and retire (or destroy) those keys ([`crate::kms::Kms::check`],
+/// which writes nothing). Rook rotated devices and only then found its KMS could not store
+/// the new key; keyplan refuses the plan instead.
+fn check_kms(plan: &Plan, world: &World, d: &diff::Diff) -> Result<()> {
+    use crate::graph::Step;
+    let mut names: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for step in d.graph.steps() {
+        if let Step::DestroyOrigin {
+            from_kms,
+            from_name,
+            ..
+        } = &step
+        {
+            names
+                .entry(from_kms.clone())
+                .or_default()
+                .insert(from_name.clone());
+        }
+        if let Some(k) = step.kms_key().and_then(|key| plan.keys.get(key)) {
+            names
+                .entry(k.kms.clone())
+                .or_default()
+                .insert(k.name.clone());
+        }
+    }
+    let mut problems = Vec::new();
+    for (instance, set) in names {
+        if let Some(kms) = world.kms.get(&instance) {
+            let list: Vec<String> = set.into_iter().collect();
+            tracing::debug!(kms = %instance, keys = ?list, "checking KMS before planning writes");
+            if let Err(e) = kms.check(&list) {
+                problems.push(e.to_string());
+            }
+        }
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    Err(miette!(
+        help = "fix the KMS (address, credentials, permissions), then run `keyplan plan` again",
+        "the plan needs to write to a KMS that failed its check; no device was touched and nothing was staged:\n  - {}",
+        problems.join("\n  - ")
+    ))
 }
 
 /// `plan --verify`: test every valid record of a current version; failures become drift.
@@ -628,43 +684,145 @@ fn cmd_apply(
             .map_err(|f| failure_report(f, "finishing interrupted run"))?;
         outln!("Interrupted run {} finished.\n", s.run);
     }
-    let (observed, d) = make_diff(&plan, &world, rotate, verify)?;
-    if d.is_empty() {
+    let mut totals = (0usize, 0usize, 0usize, 0usize);
+    // Round 2 exists only after a migration: a rotation that is due (or asked for) runs once
+    // the key is in its new KMS.
+    for round in 0..2 {
+        let (observed, d) = make_diff(
+            &plan,
+            &world,
+            rotate,
+            if round == 0 { verify } else { false },
+        )?;
+        if d.is_empty() {
+            if round == 0 {
+                out!("{}", render::plan_text(&plan, &d));
+                return Ok(ExitCode::SUCCESS);
+            }
+            break;
+        }
+        if round == 1 {
+            outln!("\nThe migration is done; planning again with the keys in their new KMS:\n");
+        }
         out!("{}", render::plan_text(&plan, &d));
-        return Ok(ExitCode::SUCCESS);
+        if !auto_approve && !confirm("Do you want to perform these actions?")? {
+            outln!(
+                "Apply cancelled; nothing {}was changed.",
+                if round == 1 { "more " } else { "" }
+            );
+            return Ok(ExitCode::from(1));
+        }
+        outln!();
+        observe::update_registry(&plan.state_dir, &observed).map_err(|e| miette!("{e}"))?;
+        let run_id = apply::new_run_id();
+        tracing::info!(run = %run_id, steps = d.graph.len(), "starting run");
+        let mut progress = progress_printer(cli.quiet);
+        let input = apply::RunInput {
+            plan: &plan,
+            world: &world,
+            graph: &d.graph,
+            run_id: &run_id,
+            resume: None,
+            parallelism,
+            stop: Some(interrupts::install()?),
+        };
+        let report =
+            interrupts::during_run(|| apply::run_graph(input, &mut journal, &mut progress))
+                .map_err(|f| failure_report(f, "run"))?;
+        totals.0 += d.adds();
+        totals.1 += d.removes();
+        totals.2 += d.rotations();
+        totals.3 += report.steps_run;
+        let migrated = d.keys.iter().any(|k| k.action == diff::KeyAction::Migrate);
+        if !migrated {
+            break;
+        }
     }
-    out!("{}", render::plan_text(&plan, &d));
-    if !auto_approve && !confirm("Do you want to perform these actions?")? {
-        outln!("Apply cancelled; nothing was changed.");
-        return Ok(ExitCode::from(1));
-    }
-    outln!();
-    observe::update_registry(&plan.state_dir, &observed).map_err(|e| miette!("{e}"))?;
-    let run_id = apply::new_run_id();
-    tracing::info!(run = %run_id, steps = d.graph.len(), "starting run");
-    let mut progress = progress_printer(cli.quiet);
-    let input = apply::RunInput {
-        plan: &plan,
-        world: &world,
-        graph: &d.graph,
-        run_id: &run_id,
-        resume: None,
-        parallelism,
-        stop: Some(interrupts::install()?),
-    };
-    let report = interrupts::during_run(|| apply::run_graph(input, &mut journal, &mut progress))
-        .map_err(|f| failure_report(f, "run"))?;
     // Every key derivation of this command: planning checks (an enroll_with test), an
     // interrupted run finished first, and this run.
     outln!(
         "\nApply complete! {} added, {} removed, {} keys rotated. ({} steps, {} PBKDF runs)",
-        d.adds(),
-        d.removes(),
-        d.rotations(),
-        report.steps_run,
+        totals.0,
+        totals.1,
+        totals.2,
+        totals.3,
         world.cs.pbkdf_runs()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+fn cmd_status(cli: &Cli, arg: &PlanArg) -> Result<ExitCode> {
+    let plan = load_plan(cli, arg)?;
+    let world = World::open(&plan)?;
+    let now = crate::kms::now_unix();
+    let mut unhealthy = Vec::new();
+    for (id, key) in &plan.keys {
+        let kms = world.kms_for(&plan, id).map_err(|e| miette!("{e}"))?;
+        outln!("key {id} in {}:", kms.describe());
+        let st = match kms.read(&key.name) {
+            Ok(st) => st,
+            Err(e) => {
+                outln!("  cannot read: {e}");
+                unhealthy.push(format!("key {id}: KMS unreadable"));
+                continue;
+            }
+        };
+        match st.current_info() {
+            None => outln!("  no current version (not created yet, or moved to another KMS)"),
+            Some(c) => {
+                let age = now.saturating_sub(c.created_at);
+                outln!(
+                    "  current  v{} ({} old)",
+                    c.version,
+                    diff::short_duration(std::time::Duration::from_secs(age))
+                );
+                if let Some(limit) = key.rotate_after {
+                    let due = c.created_at.saturating_add(limit.as_secs());
+                    if due <= now {
+                        outln!(
+                            "  rotation OVERDUE by {} (rotate_after {})",
+                            diff::short_duration(std::time::Duration::from_secs(now - due)),
+                            key.rotate_after_text.as_deref().unwrap_or("?")
+                        );
+                        unhealthy.push(format!("key {id}: rotation overdue"));
+                    } else {
+                        outln!(
+                            "  rotation due in {}",
+                            diff::short_duration(std::time::Duration::from_secs(due - now))
+                        );
+                    }
+                }
+            }
+        }
+        if let Some(p) = st.pending {
+            outln!("  pending  v{p} (a rotation is under way: run `keyplan apply`)");
+        }
+        let retained = st.retained_previous();
+        if !retained.is_empty() {
+            let list: Vec<String> = retained.iter().map(|v| format!("v{v}")).collect();
+            outln!(
+                "  retained {} (material kept until no device holds it)",
+                list.join(", ")
+            );
+        }
+    }
+    let records = journal::read(&plan.state_dir).map_err(|e| miette!("{e}"))?;
+    match journal::last_run(&records) {
+        None => outln!("last run: none"),
+        Some(r) => {
+            let outcome = r.ended.clone().unwrap_or_else(|| "interrupted".into());
+            outln!("last run: {} ({outcome})", r.run);
+            if outcome != "success" {
+                unhealthy.push(format!("last run {outcome}"));
+            }
+        }
+    }
+    if unhealthy.is_empty() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        outln!("UNHEALTHY: {}", unhealthy.join("; "));
+        Ok(ExitCode::from(1))
+    }
 }
 
 fn cmd_verify(cli: &Cli, arg: &PlanArg) -> Result<ExitCode> {

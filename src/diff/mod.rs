@@ -26,6 +26,10 @@ pub enum KeyAction {
     Rotate,
     /// Finish a rotation whose pending version an interrupted run staged.
     Finish,
+    /// Move the key from the KMS its records name to the KMS the plan names: copy the
+    /// current version, verify the copy opens every device, destroy the key in the old KMS,
+    /// update the records.
+    Migrate,
 }
 
 /// One key-level change.
@@ -46,6 +50,9 @@ pub struct KeyChange {
     /// Old versions destroyed in the KMS at the end of the run (older than the version that
     /// becomes `previous`, and held by no device keyplan knows).
     pub retire: Vec<u64>,
+    /// For [`KeyAction::Migrate`]: the KMS instance the key moves from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from_kms: Option<String>,
 }
 
 /// What happens to a keyslot.
@@ -109,7 +116,9 @@ impl Diff {
     pub fn rotations(&self) -> usize {
         self.keys
             .iter()
-            .filter(|k| k.action != KeyAction::Create && k.from.is_some())
+            .filter(|k| {
+                k.action != KeyAction::Create && k.action != KeyAction::Migrate && k.from.is_some()
+            })
             .count()
     }
     fn count(&self, a: SlotAction) -> usize {
@@ -210,6 +219,7 @@ pub fn diff(plan: &Plan, observed: &Observed, opts: &DiffOptions) -> Result<Diff
     p.writable();
     p.metadata_room();
     p.headroom();
+    p.retained();
     p.ordering();
     if !p.errors.is_empty() {
         let mut errors: Vec<DiffError> = Vec::new();
@@ -320,6 +330,29 @@ impl Planner<'_> {
                 "{}: the plan would {} but {why}. Nothing was changed and no key version was staged. Make the device writable, or take it out of the plan",
                 self.at(&device),
                 slots.join(", ")
+            ));
+        }
+    }
+
+    /// Notes old versions a KMS still holds the material of (retention), for keys this plan
+    /// does not rotate (a rotation lists what it destroys itself).
+    fn retained(&mut self) {
+        for (id, key) in &self.plan.keys {
+            if self.keys.iter().any(|k| k.key == *id) {
+                continue;
+            }
+            let Some(st) = self.obs.keys.get(id) else {
+                continue;
+            };
+            let kept = st.retained_previous();
+            if kept.is_empty() {
+                continue;
+            }
+            let list: Vec<String> = kept.iter().map(|v| format!("v{v}")).collect();
+            self.notes.push(format!(
+                "KMS {} retains {id} {} (previous version, kept while a device may hold it; destroyed by the next rotation)",
+                key.kms,
+                list.join(", ")
             ));
         }
     }
@@ -762,6 +795,10 @@ impl Planner<'_> {
         let Some(st) = self.obs.keys.get(key).cloned() else {
             return;
         };
+        if let Some(origins) = self.obs.origins.get(key).cloned() {
+            self.migrate(key, &st, &origins, opts);
+            return;
+        }
         if let Some(c) = st.current {
             if st.current_info().is_none() {
                 self.errors.push(format!(
@@ -1021,6 +1058,162 @@ impl Planner<'_> {
     }
 
     /// The KMS instance name of `key` (empty if the key is not in the plan).
+    /// The plan moved `key` to another KMS instance or name than its records name: plan the
+    /// migration (DESIGN.md: copy, read back, verify on every device, destroy in the old KMS,
+    /// update the records). A rotation that is due waits for the next planning round, which
+    /// `apply` runs right after the migration.
+    fn migrate(
+        &mut self,
+        key: &str,
+        st: &crate::kms::KeyState,
+        origins: &[crate::observe::Origin],
+        opts: &DiffOptions,
+    ) {
+        let to_kms = self.kms_of(key);
+        if origins.len() > 1 {
+            let list: Vec<String> = origins
+                .iter()
+                .map(|o| format!("{} ({})", o.kms, o.name))
+                .collect();
+            self.errors.push(format!(
+                "key {key}: its keyslot records name several KMSs ({}) besides {to_kms}; keyplan cannot tell which holds the key. Nothing was changed: point the plan back at one of them and apply, then move the key",
+                list.join(", ")
+            ));
+            return;
+        }
+        let Some(o) = origins.first() else { return };
+        let Some(old) = &o.state else {
+            self.errors.push(format!(
+                "key {key}: its keyslots are recorded in KMS {:?} (as {:?}), which is no longer in the plan, so the key cannot be moved to KMS {to_kms}. Nothing was changed: keep the definition of KMS {:?} in the plan until `keyplan apply` has moved the key, then remove it",
+                o.kms, o.name, o.kms
+            ));
+            return;
+        };
+        let entry = Some((o.kms.clone(), o.name.clone()));
+        let holders: Vec<(String, u32, u64)> = self
+            .obs
+            .devices
+            .iter()
+            .filter(|(id, _)| self.devices_of(key).contains(id))
+            .flat_map(|(id, d)| {
+                d.records
+                    .iter()
+                    .filter(|r| {
+                        r.status == RecordStatus::Valid
+                            && r.record.key == key
+                            && r.record.entry == entry
+                    })
+                    .map(move |r| (id.clone(), r.slot, r.record.version))
+            })
+            .collect();
+        if holders.is_empty() {
+            return;
+        }
+        if let Some(p) = old.pending {
+            self.errors.push(format!(
+                "key {key}: a rotation is under way in KMS {:?} (v{p} pending), which the plan moves the key from. Nothing was changed: point the key back at KMS {:?}, run `keyplan apply` to finish the rotation, then move it",
+                o.kms, o.kms
+            ));
+            return;
+        }
+        let (from, copy) = match old.current {
+            Some(n) => {
+                if let Some((d, s, v)) = holders.iter().find(|(_, _, v)| *v != n) {
+                    self.errors.push(format!(
+                        "key {key}: {} keyslot {s} holds v{v}, but v{n} is current in KMS {:?}; nothing was changed. Point the key back at KMS {:?} and run `keyplan apply` so every device holds the current version, then move it",
+                        self.at(d), o.kms, o.kms
+                    ));
+                    return;
+                }
+                (n, true)
+            }
+            None => match st.current {
+                // An earlier run copied the key and destroyed it in the old KMS, then stopped
+                // before updating the records: verify the copy and record it.
+                Some(c) => (c, false),
+                None => {
+                    self.errors.push(format!(
+                        "key {key}: its keyslots are recorded in KMS {:?} (as {:?}), which holds no current version of it, and KMS {to_kms} holds none either. Nothing was changed: restore the key in one of them",
+                        o.kms, o.name
+                    ));
+                    return;
+                }
+            },
+        };
+        let to = match (copy, st.current) {
+            (false, Some(c)) => c,
+            _ => from.max(st.versions.keys().copied().max().map_or(0, |m| m + 1)),
+        };
+        self.keys.push(KeyChange {
+            key: key.to_string(),
+            kms: to_kms.clone(),
+            action: KeyAction::Migrate,
+            from: Some(from),
+            to,
+            reason: format!(
+                "moved in the plan from KMS {} ({}) to KMS {to_kms} ({})",
+                o.kms,
+                o.name,
+                self.plan
+                    .keys
+                    .get(key)
+                    .map(|k| k.name.as_str())
+                    .unwrap_or(key)
+            ),
+            retire: Vec::new(),
+            from_kms: Some(o.kms.clone()),
+        });
+        let (version, copy_step) = if copy {
+            let c = self.g.add(Step::MigrateCopy {
+                key: key.to_string(),
+                from_kms: o.kms.clone(),
+                from_name: o.name.clone(),
+                version: from,
+            });
+            (VersionRef::Staged, Some(c))
+        } else {
+            (VersionRef::Version(from), None)
+        };
+        let destroy = copy.then(|| {
+            self.g.add(Step::DestroyOrigin {
+                key: key.to_string(),
+                from_kms: o.kms.clone(),
+                from_name: o.name.clone(),
+                version: from,
+            })
+        });
+        for (device, slot, _) in &holders {
+            let v = self.verify_step(device, key, version, *slot);
+            if let Some(c) = copy_step {
+                self.g.dep(c, v);
+            }
+            let r = self.g.add(Step::Rerecord {
+                device: device.clone(),
+                key: key.to_string(),
+                slot: *slot,
+                version,
+            });
+            self.g.dep(v, r);
+            if let Some(d) = destroy {
+                self.g.dep(v, d);
+                self.g.dep(d, r);
+            }
+            self.change(
+                device,
+                *slot,
+                SlotAction::Drift,
+                Some(key),
+                Some(to),
+                format!("record: {key} now lives in KMS {to_kms}"),
+            );
+        }
+        if opts.rotate.iter().any(|k| k == key) {
+            self.notes.push(format!(
+                "{key} is rotated right after its migration: `keyplan apply` plans again once the key is in KMS {to_kms}"
+            ));
+        }
+    }
+
     fn kms_of(&self, key: &str) -> String {
         self.plan
             .keys
@@ -1062,6 +1255,7 @@ impl Planner<'_> {
             to,
             reason: reason.clone(),
             retire: Vec::new(),
+            from_kms: None,
         });
         let stage = self.g.add(Step::Stage {
             key: key.to_string(),

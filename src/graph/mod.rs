@@ -148,6 +148,44 @@ pub enum Step {
         /// Version.
         version: u64,
     },
+    /// Migration: copy `version` of `key` from the KMS its records name (`from_kms`,
+    /// `from_name`) into the key's KMS in the plan, as its current version (stage with
+    /// `at_least = version`, then commit); read the copy back and compare. A copy an earlier
+    /// run made is reused. The number the copy got is this step's staged version.
+    MigrateCopy {
+        /// Key id.
+        key: String,
+        /// KMS instance the key moves from.
+        from_kms: String,
+        /// Name of the key there.
+        from_name: String,
+        /// The version the devices hold (current there).
+        version: u64,
+    },
+    /// Migration: destroy the key in the KMS it moved from (compare-and-swap on `version`
+    /// being current there), once every device was verified with the copy.
+    DestroyOrigin {
+        /// Key id.
+        key: String,
+        /// KMS instance the key moves from.
+        from_kms: String,
+        /// Name of the key there.
+        from_name: String,
+        /// Version expected current there.
+        version: u64,
+    },
+    /// Migration: record that `slot` of `device` holds `version` of `key` in the key's KMS in
+    /// the plan (replacing the record naming the old KMS).
+    Rerecord {
+        /// Device id.
+        device: String,
+        /// Key id.
+        key: String,
+        /// Keyslot.
+        slot: u32,
+        /// Version in the new KMS.
+        version: VersionRef,
+    },
 }
 
 impl Step {
@@ -157,7 +195,8 @@ impl Step {
             Step::AddKeyslot { device, .. }
             | Step::Verify { device, .. }
             | Step::KillKeyslot { device, .. }
-            | Step::ForgetRecord { device, .. } => Some(device),
+            | Step::ForgetRecord { device, .. }
+            | Step::Rerecord { device, .. } => Some(device),
             _ => None,
         }
     }
@@ -165,9 +204,11 @@ impl Step {
     /// The key whose KMS entry this step writes, if any.
     pub fn kms_key(&self) -> Option<&str> {
         match self {
-            Step::Stage { key, .. } | Step::Commit { key, .. } | Step::Retire { key, .. } => {
-                Some(key)
-            }
+            Step::Stage { key, .. }
+            | Step::Commit { key, .. }
+            | Step::Retire { key, .. }
+            | Step::MigrateCopy { key, .. }
+            | Step::DestroyOrigin { key, .. } => Some(key),
             _ => None,
         }
     }
@@ -211,6 +252,24 @@ impl fmt::Display for Step {
                 write!(f, "{device}: forget the record of keyslot {slot}")
             }
             Step::Retire { key, version } => write!(f, "retire {key} v{version}"),
+            Step::MigrateCopy {
+                key,
+                from_kms,
+                version,
+                ..
+            } => write!(f, "copy {key} v{version} from KMS {from_kms}"),
+            Step::DestroyOrigin {
+                key,
+                from_kms,
+                version,
+                ..
+            } => write!(f, "destroy {key} (v{version}) in KMS {from_kms}"),
+            Step::Rerecord {
+                device,
+                key,
+                slot,
+                version,
+            } => write!(f, "{device}: record keyslot {slot} as {key} {version}"),
         }
     }
 }

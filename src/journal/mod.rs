@@ -345,7 +345,9 @@ pub fn last_run(records: &[Record]) -> Option<RunSummary> {
             } if *step < s.steps.len() => {
                 s.done[*step] = true;
                 s.started_not_done[*step] = false;
-                if let (Some(v), Step::Stage { key, .. }) = (staged_version, &s.steps[*step]) {
+                if let (Some(v), Step::Stage { key, .. } | Step::MigrateCopy { key, .. }) =
+                    (staged_version, &s.steps[*step])
+                {
                     s.staged.push((key.clone(), *v));
                 }
                 if let Some(salt) = verified_salt {

@@ -144,8 +144,24 @@ pub struct Observed {
     /// now (offline, moved, damaged): `(former id, path, why)`. Nobody knows which versions
     /// they hold, so no version of any key is destroyed while this list is not empty.
     pub former_unreadable: Vec<(String, PathBuf, String)>,
+    /// Keys the plan moved to another KMS (migration): by key id, every other `(KMS
+    /// instance, name)` that valid records of the key name, with that KMS's state of the key.
+    pub origins: BTreeMap<String, Vec<Origin>>,
     /// Observation time, Unix seconds.
     pub now: u64,
+}
+
+/// Where keyslot records say a key's versions lived before the plan moved the key to another
+/// KMS instance or name (migration, see `diff`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    /// KMS instance name the records name.
+    pub kms: String,
+    /// Name of the key in that KMS.
+    pub name: String,
+    /// That KMS's state of the key; `None` when the instance is no longer in the plan (it
+    /// cannot be reached, so the migration cannot be planned).
+    pub state: Option<KeyState>,
 }
 
 /// File name of the device registry in the state directory.
@@ -368,37 +384,75 @@ impl World {
         match header.version {
             LuksVersion::Luks2 => {
                 self.remove_record(dev, header, slot)?;
-                let json = serde_json::json!({
-                    "type": TOKEN_TYPE,
-                    "keyslots": [slot.to_string()],
-                    "keyplan_format": 1,
-                    "slot": slot,
-                    "key": record.key,
-                    "version": record.version,
-                    "salt": record.salt,
-                });
-                let json = match (&record.entry, json) {
-                    (Some((kms, name)), serde_json::Value::Object(mut m)) => {
-                        m.insert("kms".into(), kms.clone().into());
-                        m.insert("name".into(), name.clone().into());
-                        serde_json::Value::Object(m)
-                    }
-                    (_, j) => j,
-                };
-                self.cs.token_import(dev, None, &json).map(|_| ()).map_err(|e| {
-                    format!(
-                        "{e}; keyslot {slot} holds {} v{} but keyplan could not record it (is the LUKS2 JSON metadata area full?)",
-                        record.key, record.version
-                    )
-                })
+                self.import_record(dev, slot, record).map(|_| ())
             }
-            LuksVersion::Luks1 => {
-                let mut recs = self.read_luks1(&header.uuid)?;
-                recs.device = dev.display().to_string();
-                recs.slots.insert(slot, record.clone());
-                self.write_luks1(&header.uuid, &recs)
-            }
+            LuksVersion::Luks1 => self.write_luks1_record(dev, header, slot, record),
         }
+    }
+
+    /// Like [`World::write_record`], but never leaves `slot` without a record, even when cut
+    /// short: LUKS2 imports the new token first and then removes the keyslot's other keyplan
+    /// tokens; LUKS1 rewrites the record file atomically. Used when a record changes while its
+    /// keyslot stays (migration to another KMS).
+    ///
+    /// Errors: as [`World::write_record`].
+    pub fn replace_record(
+        &self,
+        dev: &Path,
+        header: &Header,
+        slot: u32,
+        record: &SlotRecord,
+    ) -> Result<(), String> {
+        match header.version {
+            LuksVersion::Luks2 => {
+                let new_id = self.import_record(dev, slot, record)?;
+                for r in self.read_records(header)? {
+                    if r.slot == slot {
+                        if let Some(id) = r.token_id.filter(|id| *id != new_id) {
+                            self.cs.token_remove(dev, id).map_err(|e| e.to_string())?;
+                        }
+                    }
+                }
+                Ok(())
+            }
+            LuksVersion::Luks1 => self.write_luks1_record(dev, header, slot, record),
+        }
+    }
+
+    fn write_luks1_record(
+        &self,
+        dev: &Path,
+        header: &Header,
+        slot: u32,
+        record: &SlotRecord,
+    ) -> Result<(), String> {
+        let mut recs = self.read_luks1(&header.uuid)?;
+        recs.device = dev.display().to_string();
+        recs.slots.insert(slot, record.clone());
+        self.write_luks1(&header.uuid, &recs)
+    }
+
+    /// Imports a `keyplan` token recording `record` for `slot`; returns its token id.
+    fn import_record(&self, dev: &Path, slot: u32, record: &SlotRecord) -> Result<u32, String> {
+        let mut json = serde_json::json!({
+            "type": TOKEN_TYPE,
+            "keyslots": [slot.to_string()],
+            "keyplan_format": 1,
+            "slot": slot,
+            "key": record.key,
+            "version": record.version,
+            "salt": record.salt,
+        });
+        if let (Some((kms, name)), Some(m)) = (&record.entry, json.as_object_mut()) {
+            m.insert("kms".into(), kms.clone().into());
+            m.insert("name".into(), name.clone().into());
+        }
+        self.cs.token_import(dev, None, &json).map_err(|e| {
+            format!(
+                "{e}; keyslot {slot} holds {} v{} but keyplan could not record it (is the LUKS2 JSON metadata area full?)",
+                record.key, record.version
+            )
+        })
     }
 
     /// Removes keyplan's record(s) of `slot` of `dev`. Idempotent.
@@ -558,6 +612,10 @@ pub fn observe(plan: &Plan, world: &World) -> Result<Observed, miette::Report> {
     if !errors.is_empty() {
         return Err(combine(errors));
     }
+    let origins = match origins(plan, world, &devices) {
+        Ok(o) => o,
+        Err(e) => return Err(combine(e)),
+    };
     for (id, st) in devices.iter_mut() {
         if let Some(dev) = plan.devices.get(id) {
             let here = match plan.location_of(&[
@@ -572,7 +630,7 @@ pub fn observe(plan: &Plan, world: &World) -> Result<Observed, miette::Report> {
                 ),
                 None => format!("device {id} ({})", st.path.display()),
             };
-            st.enroll_with_problem = check_enroll_with(world, dev, st, &keys, &here);
+            st.enroll_with_problem = check_enroll_with(world, dev, st, &keys, &origins, &here);
         }
     }
     // Former devices: in the registry, not in the plan. Read (never written) when present with
@@ -634,8 +692,59 @@ pub fn observe(plan: &Plan, world: &World) -> Result<Observed, miette::Report> {
         keys,
         former,
         former_unreadable,
+        origins,
         now: kms::now_unix(),
     })
+}
+
+/// Finds, for every key of `plan`, the other `(KMS instance, name)` pairs its valid records
+/// on plan devices name, and reads the key there (one KMS read each).
+///
+/// Errors: an origin KMS that cannot be read, pointing at the key in the plan.
+fn origins(
+    plan: &Plan,
+    world: &World,
+    devices: &BTreeMap<String, DeviceState>,
+) -> Result<BTreeMap<String, Vec<Origin>>, Vec<miette::Report>> {
+    let mut out: BTreeMap<String, Vec<Origin>> = BTreeMap::new();
+    let mut errors = Vec::new();
+    for (id, key) in &plan.keys {
+        let mut seen: Vec<(String, String)> = devices
+            .values()
+            .flat_map(|d| d.records.iter())
+            .filter(|r| r.status == RecordStatus::Valid && r.record.key == *id)
+            .filter_map(|r| r.record.entry.clone())
+            .filter(|(k, n)| *k != key.kms || *n != key.name)
+            .collect();
+        seen.sort();
+        seen.dedup();
+        for (kms_name, name) in seen {
+            let state = match world.kms.get(&kms_name) {
+                None => None,
+                Some(k) => match k.read(&name) {
+                    Ok(st) => Some(st),
+                    Err(e) => {
+                        errors.push(plan.error_at(
+                            &[PathSeg::Key("keys".into()), PathSeg::Key(id.clone())],
+                            format!("key {id}: its devices record it in KMS {kms_name:?} (as {name:?}), which the plan moved it from: {e}"),
+                            None,
+                        ));
+                        continue;
+                    }
+                },
+            };
+            out.entry(id.clone()).or_default().push(Origin {
+                kms: kms_name,
+                name,
+                state,
+            });
+        }
+    }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors)
+    }
 }
 
 /// The message and help for a device whose header cannot be read.
@@ -695,6 +804,7 @@ fn check_enroll_with(
     dev: &crate::spec::Device,
     st: &DeviceState,
     keys: &BTreeMap<String, KeyState>,
+    origins: &BTreeMap<String, Vec<Origin>>,
     here: &str,
 ) -> Option<String> {
     let file = dev.enroll_with.as_ref()?;
@@ -710,7 +820,14 @@ fn check_enroll_with(
                 return false;
             };
             let listed = dev.keys.iter().any(|dk| dk.key == r.record.key);
-            (listed && k.current == Some(r.record.version))
+            let moved = origins.get(&r.record.key).is_some_and(|os| {
+                os.iter().any(|o| {
+                    r.record.entry.as_ref() == Some(&(o.kms.clone(), o.name.clone()))
+                        && o.state.as_ref().and_then(|s| s.current) == Some(r.record.version)
+                })
+            });
+            moved
+                || (listed && k.current == Some(r.record.version))
                 || k.versions
                     .get(&r.record.version)
                     .is_some_and(|v| v.state == kms::VersionState::Previous)

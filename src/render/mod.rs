@@ -30,11 +30,30 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
             .unwrap_or_else(|| k.kms.clone());
         let _ = writeln!(out, "  # key {} ({kms})", k.key);
         let line = match (k.action, k.from) {
+            (KeyAction::Migrate, from) => format!(
+                "  > key {} v{} from KMS {}{}",
+                k.key,
+                k.to,
+                k.from_kms.as_deref().unwrap_or("?"),
+                from.filter(|f| *f != k.to)
+                    .map(|f| format!(" (there v{f})"))
+                    .unwrap_or_default()
+            ),
             (KeyAction::Create, _) | (_, None) => format!("  + key {} v{}", k.key, k.to),
             (_, Some(from)) => format!("  ~ key {} v{from} -> v{}", k.key, k.to),
         };
         let _ = writeln!(out, "{line:<44} ({})", k.reason);
-        if let Some(from) = k.from {
+        if k.action == KeyAction::Migrate {
+            let _ = writeln!(
+                out,
+                "{:<44} (copied, read back, verified on every device, then destroyed there)",
+                format!(
+                    "  - key {} in KMS {}",
+                    k.key,
+                    k.from_kms.as_deref().unwrap_or("?")
+                )
+            );
+        } else if let Some(from) = k.from {
             let _ = writeln!(
                 out,
                 "{:<44} (kept as the previous version)",
@@ -86,12 +105,22 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
     if !diff.notes.is_empty() {
         out.push('\n');
     }
+    let migrations = diff
+        .keys
+        .iter()
+        .filter(|k| k.action == KeyAction::Migrate)
+        .count();
     let _ = writeln!(
         out,
-        "Plan: {} to add, {} to remove, {} keys to rotate.",
+        "Plan: {} to add, {} to remove, {} keys to rotate{}.",
         diff.adds(),
         diff.removes(),
-        diff.rotations()
+        diff.rotations(),
+        if migrations > 0 {
+            format!(", {migrations} to move to another KMS")
+        } else {
+            String::new()
+        }
     );
     out
 }
@@ -105,6 +134,7 @@ pub fn plan_json(diff: &Diff) -> serde_json::Value {
             "add": diff.adds(),
             "remove": diff.removes(),
             "rotate": diff.rotations(),
+            "migrate": diff.keys.iter().filter(|k| k.action == KeyAction::Migrate).count(),
         },
         "keys": diff.keys,
         "keyslots": diff.slots,
