@@ -166,6 +166,20 @@ fn example_helper_refuses_other_protocol_versions_and_bad_requests() {
         v,
         serde_json::json!({"protocol_version":1,"ok":true,"result":{"current":null,"pending":null,"versions":[]}})
     );
+    // The file itself is executable (`#!/usr/bin/env python3`) and takes the directory from
+    // KEYPLAN_KMS_DIR when no argument is given.
+    let mut cmd = Command::new(HELPER);
+    cmd.env("KEYPLAN_KMS_DIR", dir.path().join("keys"));
+    let out = run_with_stdout(
+        cmd,
+        br#"{"protocol_version":1,"operation":"read","kms":"c","key":"k"}"#,
+    );
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(
+        v,
+        serde_json::json!({"protocol_version":1,"ok":true,"result":{"current":null,"pending":null,"versions":[]}})
+    );
     // read, get and check write nothing (keyplan's `plan` must leave no trace).
     assert!(!dir.path().join("keys").exists());
 }
@@ -867,4 +881,29 @@ fn cli_concurrent_writer_between_stage_and_commit_is_a_conflict() {
             d.display()
         );
     }
+}
+
+#[test]
+fn plan_resolves_a_relative_helper_program_against_the_plan_file() {
+    use keyplan::spec::{load_str, Format, KmsConfig};
+    let command = |program: &str| -> Vec<String> {
+        let text = format!(
+            "version: 1\nkms:\n  custom: {{ provider: exec, command: [{program}, ./arg, x] }}\nkeys:\n  k: {{ kms: custom }}\n"
+        );
+        let plan = load_str(&text, "plan.yaml", Format::Yaml, Path::new("/plans"))
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        match &plan.kms["custom"] {
+            KmsConfig::Exec { command } => command.clone(),
+            other => panic!("{other:?}"),
+        }
+    };
+    // A path is relative to the plan's directory; a bare name is left for the PATH lookup;
+    // arguments are passed unchanged.
+    assert_eq!(command("./bin/helper"), ["/plans/bin/helper", "./arg", "x"]);
+    assert_eq!(command("bin/helper"), ["/plans/bin/helper", "./arg", "x"]);
+    assert_eq!(command("my-helper"), ["my-helper", "./arg", "x"]);
+    assert_eq!(
+        command("/usr/bin/helper"),
+        ["/usr/bin/helper", "./arg", "x"]
+    );
 }
