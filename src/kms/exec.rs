@@ -1,14 +1,992 @@
-//! The `exec` KMS provider (not implemented yet).
+//! The `exec` KMS provider: an external helper program speaking keyplan's JSON protocol,
+//! version 1 (the public contract for helper authors is `docs/kms/exec.md`).
+//!
+//! For every operation keyplan starts the plan's `command` (argv, no shell; a program path
+//! containing `/` was resolved against the plan file's directory by the spec loader, a bare
+//! name is looked up in `PATH`), writes ONE JSON request object to its standard input and
+//! closes it, and reads ONE JSON response object from its standard output:
+//!
+//! ```text
+//! request:  {"protocol_version":1,"operation":"stage","kms":"custom","key":"osd-kek",
+//!            "material_base64":"...","at_least":3}
+//! response: {"protocol_version":1,"ok":true,"result":{"version":3}}
+//!       or  {"protocol_version":1,"ok":false,"error":{"kind":"conflict","message":"..."}}
+//! ```
+//!
+//! Key material travels only inside these two JSON documents (stdin/stdout pipes): never in
+//! argv or the environment. The buffers holding them are zeroized after use. Standard error
+//! is diagnostic: its last lines (at most [`STDERR_SHOWN_CHARS`] characters, with any known
+//! material redacted) are quoted in errors.
+//!
+//! The helper runs in a process group of its own and dies with keyplan (as cryptsetup
+//! children do). A helper that cannot be started is a [`KmsError::Config`]; one that exits
+//! non-zero, is killed by a signal, prints nothing, invalid JSON or a response that does not
+//! follow the protocol, or takes longer than the timeout ([`crate::kms::REQUEST_TIMEOUT`], or
+//! [`TIMEOUT_ENV`] seconds), is [`KmsError::Unavailable`] naming the command; on a timeout its
+//! whole process group is killed. `read`, `get`, `retire`, `destroy_key` and `check` are
+//! retried through [`crate::kms::with_retries`]; `stage` and `commit` never are.
 
-use super::{Kms, KmsError};
+use std::io::Write as _;
+use std::path::Path;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde::de::{DeserializeOwned, IgnoredAny};
+use serde::{Deserialize, Serialize};
+use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
+
+use super::{with_retries, KeyState, Kms, KmsError, VersionInfo, VersionState};
+use crate::secret::Passphrase;
 use crate::spec::KmsConfig;
 
-/// Opens the `exec` KMS instance `name`.
+/// The protocol version keyplan speaks (the `protocol_version` field of every request and
+/// response). Responses carrying another version are refused with [`KmsError::Config`].
+pub const PROTOCOL_VERSION: u64 = 1;
+
+/// Environment variable overriding the per-operation time limit: a whole number of seconds,
+/// 1 to 3600. Unset: [`crate::kms::REQUEST_TIMEOUT`] (30 s).
+pub const TIMEOUT_ENV: &str = "KEYPLAN_EXEC_TIMEOUT_SECS";
+
+/// Largest response keyplan reads from a helper's standard output: 1 MiB. A longer one is
+/// [`KmsError::Unavailable`].
+pub const MAX_RESPONSE_BYTES: usize = 1 << 20;
+
+/// Most characters of a helper's standard error (its end) quoted in an error message.
+pub const STDERR_SHOWN_CHARS: usize = 1000;
+
+/// Most characters of a helper's own error `message` quoted in an error message.
+const MESSAGE_SHOWN_CHARS: usize = 1000;
+
+/// Bytes of standard error kept while the helper runs (the tail; older output is dropped).
+const STDERR_KEPT_BYTES: usize = 8192;
+
+/// How long keyplan waits for a killed helper's process group to release its pipes.
+const KILL_GRACE: Duration = Duration::from_secs(1);
+
+/// Opens the `exec` KMS instance `name` configured as `config` ([`KmsConfig::Exec`]). Starts
+/// nothing: the helper runs once per operation. Reads [`TIMEOUT_ENV`].
 ///
-/// Errors: [`KmsError::Unsupported`] until the provider is built.
+/// Errors: [`KmsError::Config`] for another provider's configuration, an empty `command`, or
+/// an invalid [`TIMEOUT_ENV`] value.
 pub fn open(name: &str, config: &KmsConfig) -> Result<Box<dyn Kms>, KmsError> {
-    Err(KmsError::Unsupported {
-        name: name.to_string(),
-        provider: config.provider().to_string(),
-    })
+    let KmsConfig::Exec { command } = config else {
+        return Err(KmsError::Config {
+            kms: format!("KMS {name:?}"),
+            detail: format!(
+                "internal error: provider {:?} handed to the exec provider",
+                config.provider()
+            ),
+        });
+    };
+    let timeout = timeout_from_env(name)?;
+    Ok(Box::new(ExecKms::new(name, command.clone(), timeout)?))
+}
+
+/// The time limit [`TIMEOUT_ENV`] sets, or [`crate::kms::REQUEST_TIMEOUT`] when it is unset.
+fn timeout_from_env(name: &str) -> Result<Duration, KmsError> {
+    let bad = |value: &str| {
+        KmsError::Config {
+        kms: format!("exec KMS {name:?}"),
+        detail: format!(
+            "{TIMEOUT_ENV}={value:?} is not a whole number of seconds from 1 to 3600; fix or unset it"
+        ),
+    }
+    };
+    match std::env::var(TIMEOUT_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(super::REQUEST_TIMEOUT),
+        Err(std::env::VarError::NotUnicode(_)) => Err(bad("<not UTF-8>")),
+        Ok(text) => match text.trim().parse::<u64>() {
+            Ok(secs @ 1..=3600) => Ok(Duration::from_secs(secs)),
+            _ => Err(bad(&text)),
+        },
+    }
+}
+
+/// An `exec` KMS: the helper program `command` run once per operation.
+#[derive(Debug, Clone)]
+pub struct ExecKms {
+    name: String,
+    command: Vec<String>,
+    timeout: Duration,
+}
+
+impl ExecKms {
+    /// An exec KMS named `name` (the plan's KMS instance name, sent as `kms` in every request)
+    /// running `command` (program and arguments, passed unchanged to `execvp(3)`), each run
+    /// limited to `timeout`.
+    ///
+    /// Errors: [`KmsError::Config`] when `command` is empty or its program is blank.
+    pub fn new(name: &str, command: Vec<String>, timeout: Duration) -> Result<Self, KmsError> {
+        if command.first().is_none_or(|p| p.trim().is_empty()) {
+            return Err(KmsError::Config {
+                kms: format!("exec KMS {name:?}"),
+                detail: "`command` is empty; give the helper program's argv, e.g. `[/usr/local/bin/my-kms-helper]`".into(),
+            });
+        }
+        Ok(ExecKms {
+            name: name.to_string(),
+            command,
+            timeout,
+        })
+    }
+
+    /// The command line for messages (arguments come from the plan and hold no material).
+    fn command_line(&self) -> String {
+        self.command.join(" ")
+    }
+
+    /// Runs the helper for `op` on `key` and returns its `result`, parsed as `R` (`None` when
+    /// the response has no `result`). `secret` is material the request carries (redacted from
+    /// anything quoted in errors).
+    fn call<R: DeserializeOwned>(
+        &self,
+        op: &Op<'_>,
+        key: Option<&str>,
+        secret: Option<&[u8]>,
+    ) -> Result<Option<R>, KmsError> {
+        let ctx = Ctx {
+            kms: self,
+            op: op.name(),
+            key,
+            version: op.version(),
+            secret,
+        };
+        let request = encode_request(&Request {
+            protocol_version: PROTOCOL_VERSION,
+            op,
+            kms: &self.name,
+            key,
+        })
+        .map_err(|e| ctx.violation(format!("cannot encode the request: {e}")))?;
+        tracing::debug!(
+            kms = %self.name,
+            operation = ctx.op,
+            key = key.unwrap_or(""),
+            "running the exec KMS helper {}",
+            self.command_line()
+        );
+        let started = Instant::now();
+        let done = self.run(&ctx, request)?;
+        tracing::debug!(
+            kms = %self.name,
+            operation = ctx.op,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "exec KMS helper answered"
+        );
+        parse_response(&ctx, &done)
+    }
+
+    /// Starts the helper, feeds it `request`, and collects its exit status and output within
+    /// the time limit (killing its process group when the limit passes).
+    fn run(&self, ctx: &Ctx<'_>, request: Zeroizing<Vec<u8>>) -> Result<Finished, KmsError> {
+        let mut cmd = Command::new(&self.command[0]);
+        cmd.args(&self.command[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        crate::luks::run::shield(&mut cmd).map_err(|e| ctx.unavailable(e.to_string()))?;
+        let mut child = cmd.spawn().map_err(|e| ctx.spawn_error(&e))?;
+        let pid = child.id();
+        let deadline = Instant::now() + self.timeout;
+
+        // Each pipe is served by a thread of its own, so neither side can block the other
+        // (a helper writing much to stderr before reading stdin, say); the waiter reports the
+        // exit. Threads are detached: one that a stray process keeps blocked cannot hold keyplan.
+        let (tx, rx) = mpsc::channel::<Event>();
+        let (stdin, stdout, stderr) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take());
+        let spawned = (|| -> std::io::Result<()> {
+            if let Some(mut pipe) = stdin {
+                spawn_thread("keyplan-exec-stdin", move || {
+                    // EPIPE (the helper exited without reading) shows in its exit status.
+                    let _ = pipe.write_all(&request);
+                    drop(pipe);
+                    drop(request);
+                })?;
+            }
+            if let Some(pipe) = stdout {
+                let tx = tx.clone();
+                spawn_thread("keyplan-exec-stdout", move || {
+                    let _ = tx.send(Event::Stdout(read_response(pipe)));
+                })?;
+            }
+            if let Some(pipe) = stderr {
+                let tx = tx.clone();
+                spawn_thread("keyplan-exec-stderr", move || {
+                    let _ = tx.send(Event::Stderr(read_tail(pipe)));
+                })?;
+            }
+            let tx = tx.clone();
+            spawn_thread("keyplan-exec-wait", move || {
+                let _ = tx.send(Event::Exit(child.wait()));
+            })
+        })();
+        drop(tx);
+        if let Err(e) = spawned {
+            kill_group(pid);
+            return Err(
+                ctx.unavailable(format!("cannot start the threads serving the helper: {e}"))
+            );
+        }
+
+        let mut status = None;
+        let mut out = None;
+        let mut err_tail = None;
+        let mut timed_out = false;
+        let mut lingering = false;
+        let mut grace_end = None;
+        while status.is_none() || out.is_none() || err_tail.is_none() {
+            let now = Instant::now();
+            let until = grace_end.unwrap_or(deadline);
+            if now >= until {
+                if grace_end.is_some() {
+                    break; // killed, yet a pipe is still held open: stop waiting for it
+                }
+                timed_out = true;
+                lingering = status.is_some();
+                kill_group(pid);
+                grace_end = Some(now + KILL_GRACE);
+                continue;
+            }
+            match rx.recv_timeout(until - now) {
+                Ok(Event::Exit(s)) => status = Some(s),
+                Ok(Event::Stdout(o)) => out = Some(o),
+                Ok(Event::Stderr(t)) => err_tail = Some(t),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        let stderr_tail = err_tail.unwrap_or_default();
+        if timed_out {
+            let lingering = if lingering {
+                " (it had exited, but a process it started still held its output open)"
+            } else {
+                ""
+            };
+            return Err(ctx.unavailable(format!(
+                "no answer within {} s{lingering}; the helper and its process group were killed (raise {TIMEOUT_ENV} if the KMS is slow){}",
+                self.timeout.as_secs(),
+                ctx.stderr_note(&stderr_tail)
+            )));
+        }
+        let status = match status {
+            Some(Ok(s)) => s,
+            Some(Err(e)) => return Err(ctx.unavailable(format!("cannot wait for the helper: {e}"))),
+            None => return Err(ctx.unavailable("the helper's waiter thread vanished".into())),
+        };
+        let stdout = out.unwrap_or(Ok(Response::default()));
+        Ok(Finished {
+            status,
+            stdout,
+            stderr_tail,
+        })
+    }
+}
+
+/// One message from a thread serving the helper.
+enum Event {
+    Exit(std::io::Result<ExitStatus>),
+    Stdout(std::io::Result<Response>),
+    Stderr(Zeroizing<Vec<u8>>),
+}
+
+/// The helper's standard output as read: at most [`MAX_RESPONSE_BYTES`] bytes.
+#[derive(Default)]
+struct Response {
+    bytes: Zeroizing<Vec<u8>>,
+    overflow: bool,
+}
+
+/// What a helper run left behind.
+struct Finished {
+    status: ExitStatus,
+    stdout: std::io::Result<Response>,
+    stderr_tail: Zeroizing<Vec<u8>>,
+}
+
+fn spawn_thread(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(f)
+        .map(drop)
+}
+
+/// Reads standard output into a buffer allocated once (never grown, so no stray copies of
+/// material are left behind by reallocation) and zeroized on drop; output beyond
+/// [`MAX_RESPONSE_BYTES`] is drained and flagged.
+fn read_response(mut pipe: impl std::io::Read) -> std::io::Result<Response> {
+    let mut bytes = Zeroizing::new(vec![0u8; MAX_RESPONSE_BYTES]);
+    let mut len = 0;
+    while len < bytes.len() {
+        match pipe.read(&mut bytes[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let mut overflow = false;
+    if len == bytes.len() {
+        let mut sink = Zeroizing::new([0u8; 4096]);
+        loop {
+            match pipe.read(&mut sink[..]) {
+                Ok(0) => break,
+                Ok(_) => overflow = true,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+    }
+    bytes.truncate(len);
+    Ok(Response { bytes, overflow })
+}
+
+/// Reads standard error to its end, keeping the last [`STDERR_KEPT_BYTES`] bytes.
+fn read_tail(mut pipe: impl std::io::Read) -> Zeroizing<Vec<u8>> {
+    let mut tail = Zeroizing::new(Vec::with_capacity(2 * STDERR_KEPT_BYTES + 4096));
+    let mut chunk = Zeroizing::new([0u8; 4096]);
+    loop {
+        match pipe.read(&mut chunk[..]) {
+            Ok(0) => break,
+            Ok(n) => {
+                tail.extend_from_slice(&chunk[..n]);
+                if tail.len() > 2 * STDERR_KEPT_BYTES {
+                    let cut = tail.len() - STDERR_KEPT_BYTES;
+                    tail.drain(..cut);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    tail
+}
+
+/// Sends `SIGKILL` to the helper's process group (its id is the helper's pid: the helper was
+/// started with `process_group(0)`), so that programs it started die with it.
+fn kill_group(pid: u32) {
+    if let Ok(pgid) = libc::pid_t::try_from(pid) {
+        // SAFETY: killpg(2) is a plain system call on an integer process group id; a group
+        // that is already gone gives ESRCH, which is ignored.
+        unsafe {
+            libc::killpg(pgid, libc::SIGKILL);
+        }
+    }
+}
+
+/// The operation of one request, with its fields (serialized next to `operation`).
+#[derive(Serialize)]
+#[serde(tag = "operation", rename_all = "snake_case")]
+enum Op<'a> {
+    Check {
+        names: &'a [String],
+    },
+    Read,
+    Get {
+        version: u64,
+    },
+    Stage {
+        material_base64: &'a str,
+        at_least: u64,
+    },
+    Commit {
+        expected_current: Option<u64>,
+        pending: u64,
+    },
+    Retire {
+        version: u64,
+    },
+    DestroyKey {
+        expected_current: u64,
+    },
+}
+
+impl Op<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            Op::Check { .. } => "check",
+            Op::Read => "read",
+            Op::Get { .. } => "get",
+            Op::Stage { .. } => "stage",
+            Op::Commit { .. } => "commit",
+            Op::Retire { .. } => "retire",
+            Op::DestroyKey { .. } => "destroy_key",
+        }
+    }
+
+    /// The version the operation names (for [`KmsError::NoSuchVersion`]).
+    fn version(&self) -> Option<u64> {
+        match self {
+            Op::Get { version } | Op::Retire { version } => Some(*version),
+            Op::Commit { pending, .. } => Some(*pending),
+            _ => None,
+        }
+    }
+}
+
+/// One request object.
+#[derive(Serialize)]
+struct Request<'a, 'b> {
+    protocol_version: u64,
+    #[serde(flatten)]
+    op: &'b Op<'a>,
+    kms: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<&'a str>,
+}
+
+/// Serializes `request` into a buffer sized up front (JSON escaping at most sextuples a
+/// string), so it is never reallocated, and zeroized on drop.
+fn encode_request(request: &Request<'_, '_>) -> Result<Zeroizing<Vec<u8>>, serde_json::Error> {
+    let strings = request.kms.len()
+        + request.key.map_or(0, str::len)
+        + match request.op {
+            Op::Check { names } => names.iter().map(|n| n.len() + 3).sum(),
+            Op::Stage {
+                material_base64, ..
+            } => material_base64.len(),
+            _ => 0,
+        };
+    let mut buf = Zeroizing::new(Vec::with_capacity(512 + 6 * strings));
+    serde_json::to_writer(&mut *buf, request)?;
+    buf.push(b'\n');
+    Ok(buf)
+}
+
+/// The first look at a response: its protocol version only (everything else is skipped).
+#[derive(Deserialize)]
+struct Head {
+    protocol_version: Option<serde_json::Value>,
+}
+
+/// A response of protocol version 1 whose `result` is an `R`.
+#[derive(Deserialize)]
+struct Envelope<R> {
+    ok: bool,
+    #[serde(default = "none")]
+    result: Option<R>,
+    #[serde(default)]
+    error: Option<ErrorBody>,
+}
+
+fn none<R>() -> Option<R> {
+    None
+}
+
+/// `error` of a failed response.
+#[derive(Deserialize)]
+struct ErrorBody {
+    kind: String,
+    #[serde(default)]
+    message: String,
+}
+
+/// `result` of `read`.
+#[derive(Deserialize)]
+struct ReadResult {
+    current: Option<u64>,
+    pending: Option<u64>,
+    versions: Vec<VersionInfo>,
+}
+
+/// `result` of `stage`.
+#[derive(Deserialize)]
+struct StageResult {
+    version: u64,
+}
+
+/// `result` of `get` (zeroized on drop).
+#[derive(Deserialize, Zeroize, ZeroizeOnDrop)]
+struct GetResult {
+    material_base64: String,
+}
+
+/// The context of one helper run, for error messages.
+struct Ctx<'a> {
+    kms: &'a ExecKms,
+    op: &'static str,
+    key: Option<&'a str>,
+    version: Option<u64>,
+    secret: Option<&'a [u8]>,
+}
+
+impl Ctx<'_> {
+    fn what(&self) -> String {
+        match self.key {
+            Some(k) => format!("`{}` of key {k:?}", self.op),
+            None => format!("`{}`", self.op),
+        }
+    }
+
+    fn key_name(&self) -> String {
+        self.key.unwrap_or("").to_string()
+    }
+
+    fn unavailable(&self, detail: String) -> KmsError {
+        KmsError::Unavailable {
+            kms: self.kms.describe(),
+            detail: self.redact(format!("operation {}: {detail}", self.what())),
+        }
+    }
+
+    /// A response that does not follow the protocol: the helper is broken, and whether a
+    /// write took effect is unknown, so it counts as unavailable.
+    fn violation(&self, detail: String) -> KmsError {
+        self.unavailable(format!(
+            "the answer does not follow keyplan's exec protocol version {PROTOCOL_VERSION} (docs/kms/exec.md): {detail}"
+        ))
+    }
+
+    fn spawn_error(&self, e: &std::io::Error) -> KmsError {
+        let program = &self.kms.command[0];
+        match e.kind() {
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
+                let hint = if Path::new(program).is_absolute() {
+                    "check `command` in the plan (a relative program path is resolved against the plan file's directory)"
+                } else {
+                    "check `command` in the plan: a program name without `/` is looked up in PATH"
+                };
+                KmsError::Config {
+                    kms: self.kms.describe(),
+                    detail: format!(
+                        "cannot start the helper {program:?}: {e}; {hint}. Nothing was changed"
+                    ),
+                }
+            }
+            _ => self.unavailable(format!("cannot start the helper: {e}")),
+        }
+    }
+
+    /// ` ; its standard error ends with: "..."`, or nothing when it wrote none.
+    fn stderr_note(&self, tail: &[u8]) -> String {
+        let text = tidy(&String::from_utf8_lossy(tail));
+        if text.is_empty() {
+            return String::new();
+        }
+        let count = text.chars().count();
+        let shown: String = if count > STDERR_SHOWN_CHARS {
+            let skip = count - STDERR_SHOWN_CHARS;
+            format!("[...]{}", text.chars().skip(skip).collect::<String>())
+        } else {
+            text
+        };
+        format!("; its standard error ends with: {shown:?}")
+    }
+
+    /// Removes `self.secret` (raw and base64) from `text`.
+    fn redact(&self, text: String) -> String {
+        let Some(secret) = self.secret.filter(|s| s.len() >= 4) else {
+            return text;
+        };
+        let mut out = text;
+        let b64 = Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(secret));
+        for form in [
+            String::from_utf8_lossy(secret).into_owned(),
+            b64.to_string(),
+        ] {
+            let form = Zeroizing::new(form);
+            if !form.is_empty() && out.contains(form.as_str()) {
+                out = out.replace(form.as_str(), "<redacted>");
+            }
+        }
+        out
+    }
+
+    /// Maps a helper's `error` object onto [`KmsError`].
+    fn helper_error(&self, error: &ErrorBody) -> KmsError {
+        let mut message = tidy(&error.message);
+        if message.chars().count() > MESSAGE_SHOWN_CHARS {
+            message = message
+                .chars()
+                .take(MESSAGE_SHOWN_CHARS)
+                .collect::<String>()
+                + " [...]";
+        }
+        let says = self.redact(format!(
+            "the helper answered {} with {:?}: {message}",
+            self.what(),
+            error.kind
+        ));
+        let kms = self.kms.describe();
+        match error.kind.as_str() {
+            "conflict" => KmsError::Conflict {
+                kms,
+                key: self.key_name(),
+                detail: says,
+            },
+            "no_such_version" => match self.version {
+                Some(version) => KmsError::NoSuchVersion {
+                    kms,
+                    key: self.key_name(),
+                    version,
+                },
+                None => self.violation(format!(
+                    "kind \"no_such_version\" for an operation that names no version ({says})"
+                )),
+            },
+            "unavailable" => KmsError::Unavailable { kms, detail: says },
+            "denied" => KmsError::Denied { kms, detail: says },
+            "corrupt" => KmsError::Corrupt {
+                kms,
+                key: self.key_name(),
+                detail: says,
+            },
+            "config" => KmsError::Config { kms, detail: says },
+            other => self.violation(format!("unknown error kind {other:?} ({says})")),
+        }
+    }
+}
+
+/// Trims `raw` into one line (lines joined with `"; "`, control characters dropped).
+fn tidy(raw: &str) -> String {
+    raw.lines()
+        .map(|l| {
+            l.chars()
+                .filter(|c| !c.is_control())
+                .collect::<String>()
+                .trim()
+                .to_string()
+        })
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Checks a finished run and extracts the `result` of its response.
+fn parse_response<R: DeserializeOwned>(
+    ctx: &Ctx<'_>,
+    done: &Finished,
+) -> Result<Option<R>, KmsError> {
+    if !done.status.success() {
+        let how = match (
+            done.status.code(),
+            std::os::unix::process::ExitStatusExt::signal(&done.status),
+        ) {
+            (Some(code), _) => format!("exited with code {code}"),
+            (None, Some(sig)) => format!("was killed by signal {sig}"),
+            (None, None) => format!("ended with {}", done.status),
+        };
+        return Err(ctx.unavailable(format!(
+            "the helper {how} (an answer counts only with exit code 0){}",
+            ctx.stderr_note(&done.stderr_tail)
+        )));
+    }
+    let out = match &done.stdout {
+        Ok(out) => out,
+        Err(e) => return Err(ctx.unavailable(format!("cannot read the helper's output: {e}"))),
+    };
+    if out.overflow {
+        return Err(ctx.violation(format!(
+            "the helper printed more than {MAX_RESPONSE_BYTES} bytes"
+        )));
+    }
+    if out.bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ctx.violation(format!(
+            "the helper exited with code 0 but printed nothing{}",
+            ctx.stderr_note(&done.stderr_tail)
+        )));
+    }
+    // Messages from the JSON parser may quote the input; for `get` that could be material,
+    // so only the position is shown there.
+    let parse_error = |e: serde_json::Error| {
+        if ctx.op == "get" {
+            format!("invalid at line {} column {}", e.line(), e.column())
+        } else {
+            e.to_string()
+        }
+    };
+    let head: Head = serde_json::from_slice(&out.bytes).map_err(|e| {
+        ctx.violation(format!(
+            "not one JSON object: {}{}",
+            parse_error(e),
+            ctx.stderr_note(&done.stderr_tail)
+        ))
+    })?;
+    match head.protocol_version {
+        Some(serde_json::Value::Number(n)) if n.as_u64() == Some(PROTOCOL_VERSION) => {}
+        Some(other) => {
+            return Err(KmsError::Config {
+                kms: ctx.kms.describe(),
+                detail: format!(
+                    "the helper answered {} with protocol_version {other}, but keyplan speaks version {PROTOCOL_VERSION} (docs/kms/exec.md); use a helper that speaks protocol {PROTOCOL_VERSION}",
+                    ctx.what()
+                ),
+            })
+        }
+        None => return Err(ctx.violation("`protocol_version` is missing".into())),
+    }
+    let envelope: Envelope<R> =
+        serde_json::from_slice(&out.bytes).map_err(|e| ctx.violation(parse_error(e)))?;
+    if envelope.ok {
+        Ok(envelope.result)
+    } else {
+        match &envelope.error {
+            Some(error) => Err(ctx.helper_error(error)),
+            None => Err(ctx.violation("`ok` is false but `error` is missing".into())),
+        }
+    }
+}
+
+impl ExecKms {
+    /// [`ExecKms::call`] for an operation whose `result` must be present.
+    fn call_for<R: DeserializeOwned>(
+        &self,
+        op: &Op<'_>,
+        key: Option<&str>,
+        secret: Option<&[u8]>,
+    ) -> Result<R, KmsError> {
+        self.call::<R>(op, key, secret)?.ok_or_else(|| {
+            Ctx {
+                kms: self,
+                op: op.name(),
+                key,
+                version: op.version(),
+                secret,
+            }
+            .violation("`result` is missing".into())
+        })
+    }
+
+    fn corrupt(&self, key: &str, detail: String) -> KmsError {
+        KmsError::Corrupt {
+            kms: self.describe(),
+            key: key.to_string(),
+            detail: format!(
+                "the helper answered `read` inconsistently: {detail}; nothing was changed. Fix the helper or the data it reads"
+            ),
+        }
+    }
+
+    /// Checks that a `read` result is consistent (current and pending listed with their states,
+    /// version numbers unique and positive) and turns it into a [`KeyState`].
+    fn key_state(&self, key: &str, r: ReadResult) -> Result<KeyState, KmsError> {
+        let mut state = KeyState {
+            current: r.current,
+            pending: r.pending,
+            ..KeyState::default()
+        };
+        for v in r.versions {
+            if v.version == 0 {
+                return Err(self.corrupt(key, "version 0 listed (versions start at 1)".into()));
+            }
+            let number = v.version;
+            if state.versions.insert(number, v).is_some() {
+                return Err(self.corrupt(key, format!("version {number} listed twice")));
+            }
+        }
+        for (slot, wanted, name) in [
+            (r.current, VersionState::Current, "current"),
+            (r.pending, VersionState::Pending, "pending"),
+        ] {
+            match slot.map(|n| (n, state.versions.get(&n))) {
+                Some((n, None)) => {
+                    return Err(
+                        self.corrupt(key, format!("{name} version {n} is not in `versions`"))
+                    )
+                }
+                Some((n, Some(info))) if info.state != wanted => {
+                    return Err(self.corrupt(
+                        key,
+                        format!("{name} version {n} is listed with state {:?}", info.state),
+                    ))
+                }
+                _ => {}
+            }
+            let others: Vec<u64> = state
+                .versions
+                .values()
+                .filter(|v| v.state == wanted && Some(v.version) != slot)
+                .map(|v| v.version)
+                .collect();
+            if !others.is_empty() {
+                return Err(self.corrupt(
+                    key,
+                    format!("versions {others:?} have state {name}, but `{name}` is {slot:?}"),
+                ));
+            }
+        }
+        if r.current.is_some() && r.current == r.pending {
+            return Err(self.corrupt(key, "the same version is current and pending".into()));
+        }
+        Ok(state)
+    }
+}
+
+impl Kms for ExecKms {
+    /// `exec KMS "<name>" (<command line>)`.
+    fn describe(&self) -> String {
+        format!("exec KMS {:?} ({})", self.name, self.command_line())
+    }
+
+    fn read(&self, name: &str) -> Result<KeyState, KmsError> {
+        let r = with_retries(&format!("read of key {name:?}"), || {
+            self.call_for::<ReadResult>(&Op::Read, Some(name), None)
+        })?;
+        self.key_state(name, r)
+    }
+
+    fn get(&self, name: &str, version: u64) -> Result<Passphrase, KmsError> {
+        let r = with_retries(&format!("get of key {name:?} version {version}"), || {
+            self.call_for::<GetResult>(&Op::Get { version }, Some(name), None)
+        })?;
+        let engine = &base64::engine::general_purpose::STANDARD;
+        let text = r.material_base64.as_bytes();
+        let mut bytes = Zeroizing::new(vec![0u8; base64::decoded_len_estimate(text.len())]);
+        let bad = |detail: &str| KmsError::Corrupt {
+            kms: self.describe(),
+            key: name.to_string(),
+            detail: format!("the helper answered `get` of version {version} with {detail}"),
+        };
+        let n = engine.decode_slice(text, &mut bytes[..]).map_err(|_| {
+            bad("`material_base64` that is not standard base64 (RFC 4648 §4, padded)")
+        })?;
+        if n == 0 {
+            return Err(bad("empty material"));
+        }
+        bytes.truncate(n);
+        Ok(Passphrase::new(std::mem::take(&mut *bytes)))
+    }
+
+    fn stage(&self, name: &str, material: &Passphrase, at_least: u64) -> Result<u64, KmsError> {
+        let engine = &base64::engine::general_purpose::STANDARD;
+        let len = base64::encoded_len(material.len(), true).ok_or_else(|| KmsError::Config {
+            kms: self.describe(),
+            detail: format!(
+                "key {name:?}: material of {} bytes is too long",
+                material.len()
+            ),
+        })?;
+        let mut text = Zeroizing::new(vec![0u8; len]);
+        let n = engine
+            .encode_slice(material.expose(), &mut text[..])
+            .map_err(|e| KmsError::Config {
+                kms: self.describe(),
+                detail: format!("key {name:?}: cannot encode the material: {e}"),
+            })?;
+        text.truncate(n);
+        // Base64 output is ASCII; the fallback is never taken.
+        let material_base64 = std::str::from_utf8(&text).unwrap_or_default();
+        // Never retried: after an ambiguous failure the engine re-reads the key first.
+        let r: StageResult = self.call_for(
+            &Op::Stage {
+                material_base64,
+                at_least,
+            },
+            Some(name),
+            Some(material.expose()),
+        )?;
+        if r.version == 0 || r.version < at_least {
+            return Err(KmsError::Corrupt {
+                kms: self.describe(),
+                key: name.to_string(),
+                detail: format!(
+                    "the helper staged version {} although at least {at_least} was required (versions start at 1 and `at_least` must be honoured); inspect the key in the KMS and fix the helper before running keyplan again",
+                    r.version
+                ),
+            });
+        }
+        Ok(r.version)
+    }
+
+    fn commit(
+        &self,
+        name: &str,
+        expected_current: Option<u64>,
+        pending: u64,
+    ) -> Result<(), KmsError> {
+        // Never retried: after an ambiguous failure the engine re-reads the key first.
+        self.call::<IgnoredAny>(
+            &Op::Commit {
+                expected_current,
+                pending,
+            },
+            Some(name),
+            None,
+        )
+        .map(drop)
+    }
+
+    fn retire(&self, name: &str, version: u64) -> Result<(), KmsError> {
+        with_retries(&format!("retire of key {name:?} version {version}"), || {
+            self.call::<IgnoredAny>(&Op::Retire { version }, Some(name), None)
+                .map(drop)
+        })
+    }
+
+    fn check(&self, names: &[String]) -> Result<(), KmsError> {
+        with_retries("check", || {
+            self.call::<IgnoredAny>(&Op::Check { names }, None, None)
+                .map(drop)
+        })
+    }
+
+    fn destroy_key(&self, name: &str, expected_current: u64) -> Result<(), KmsError> {
+        with_retries(&format!("destroy_key of key {name:?}"), || {
+            self.call::<IgnoredAny>(&Op::DestroyKey { expected_current }, Some(name), None)
+                .map(drop)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_have_the_documented_shape() {
+        let names = vec!["a".to_string(), "b".to_string()];
+        let cases: Vec<(Op<'_>, Option<&str>, serde_json::Value)> = vec![
+            (
+                Op::Check { names: &names },
+                None,
+                serde_json::json!({"protocol_version":1,"operation":"check","kms":"c","names":["a","b"]}),
+            ),
+            (
+                Op::Read,
+                Some("k"),
+                serde_json::json!({"protocol_version":1,"operation":"read","kms":"c","key":"k"}),
+            ),
+            (
+                Op::Stage {
+                    material_base64: "c2VjcmV0",
+                    at_least: 3,
+                },
+                Some("k"),
+                serde_json::json!({"protocol_version":1,"operation":"stage","kms":"c","key":"k","material_base64":"c2VjcmV0","at_least":3}),
+            ),
+            (
+                Op::Commit {
+                    expected_current: None,
+                    pending: 1,
+                },
+                Some("k"),
+                serde_json::json!({"protocol_version":1,"operation":"commit","kms":"c","key":"k","expected_current":null,"pending":1}),
+            ),
+            (
+                Op::DestroyKey {
+                    expected_current: 4,
+                },
+                Some("k"),
+                serde_json::json!({"protocol_version":1,"operation":"destroy_key","kms":"c","key":"k","expected_current":4}),
+            ),
+        ];
+        for (op, key, want) in cases {
+            let buf = encode_request(&Request {
+                protocol_version: 1,
+                op: &op,
+                kms: "c",
+                key,
+            })
+            .expect("encode");
+            let got: serde_json::Value = serde_json::from_slice(&buf).expect("json");
+            assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn tidy_joins_lines_and_drops_control_characters() {
+        assert_eq!(tidy("a\n\n b\x1b[31m \nc\r\n"), "a; b[31m; c");
+    }
 }

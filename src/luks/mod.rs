@@ -15,7 +15,7 @@
 
 mod driver;
 mod dump;
-mod run;
+pub(crate) mod run;
 
 pub use driver::{pbkdf_args, PROGRAM_ENV};
 

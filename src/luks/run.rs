@@ -133,7 +133,8 @@ pub(crate) fn run(
 /// `PR_SET_PDEATHSIG` = `SIGKILL` (prctl(2)): if keyplan dies (a second signal, `kill -9`, the
 /// OOM killer) its cryptsetup children die with it, as in a power cut, instead of writing on
 /// while a new run starts. A child whose parent is already gone refuses to start (`ESRCH`).
-fn shield(command: &mut std::process::Command) -> io::Result<()> {
+/// The `exec` KMS provider starts its helper programs the same way (`kms::exec`).
+pub(crate) fn shield(command: &mut std::process::Command) -> io::Result<()> {
     use std::os::unix::process::CommandExt as _;
     command.process_group(0);
     let parent = std::process::id();

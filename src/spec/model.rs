@@ -78,9 +78,11 @@ pub enum KmsConfig {
         /// Client private key (PEM).
         client_key: String,
     },
-    /// External program speaking a JSON protocol on stdin/stdout (not implemented yet).
+    /// External program speaking a JSON protocol on stdin/stdout (`kms::exec`,
+    /// docs/kms/exec.md).
     Exec {
-        /// argv of the helper program.
+        /// argv of the helper program. A program path containing `/` is relative to the plan
+        /// file; a bare name is looked up in `PATH`. Arguments are passed unchanged.
         command: Vec<String>,
     },
 }

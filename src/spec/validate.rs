@@ -355,7 +355,16 @@ pub(crate) fn validate(
                         "give the helper program's argv, e.g. `[/usr/local/bin/my-kms-helper]`",
                     ));
                 }
-                cfg.clone()
+                // The program, like every path in the plan, is relative to the plan file when
+                // it names a path (`./helper`, `bin/helper`); a bare name is looked up in
+                // `PATH` as a shell would. Arguments are passed unchanged (docs/kms/exec.md).
+                let mut command = command.clone();
+                if let Some(program) = command.first_mut() {
+                    if program.contains('/') && !Path::new(program.as_str()).is_absolute() {
+                        *program = resolve_string(base, program, at("command"), &mut issues);
+                    }
+                }
+                KmsConfig::Exec { command }
             }
         };
         kms.insert(name.clone(), resolved);
