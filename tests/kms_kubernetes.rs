@@ -701,7 +701,10 @@ fn cli_read_only_token_fails_before_touching_devices() {
     let args = ["apply", "--auto-approve"];
     let out = expect(&keyplan_k8s(s.dir.path(), &kc, &args), 1, &args);
     // `plan` checks the KMS (a SelfSubjectAccessReview) before anything is staged.
-    assert!(out.contains("failed its check; no device was touched"), "{out}");
+    assert!(
+        out.contains("failed its check; no device was touched"),
+        "{out}"
+    );
     assert!(out.contains("may not create Secrets"), "{out}");
     snap.assert_unchanged("apply with a read-only token");
     assert!(fake.names(NS).is_empty());

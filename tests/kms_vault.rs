@@ -711,6 +711,16 @@ fn cli_enroll_rotate_retire_with_rook_reader() {
     assert_eq!(out.stdout, v2);
 
     assert!(w.wrapper_saw_calls());
+    // The KMS credential never reaches a cryptsetup child's environment (or argv).
+    let log = w.child_log();
+    assert!(
+        !contains(&log, token.as_bytes()),
+        "the Vault token reached cryptsetup"
+    );
+    assert!(
+        !contains(&log, TOKEN_VAR.as_bytes()),
+        "the token variable reached cryptsetup"
+    );
     w.assert_no_leaks();
     done("cli_enroll_rotate_retire_with_rook_reader", t0);
 }
@@ -778,10 +788,9 @@ fn cli_read_only_token_is_denied_before_touching_devices() {
     done("cli_read_only_token_is_denied_before_touching_devices", t0);
 }
 
-/// `plan` should call `Kms::check` (the trait documents it), so that a token that cannot write
-/// fails at plan time. The engine does not call it yet: see the vault provider report.
+/// `plan` calls `Kms::check` before anything is touched, so a token that cannot write fails
+/// at plan time, naming the missing capability.
 #[test]
-#[ignore = "needs the engine to call Kms::check from `plan` (not wired yet)"]
 fn cli_plan_with_read_only_token_fails() {
     let Some(bao) = OpenBao::start() else { return };
     let w = Watched::new();

@@ -87,12 +87,21 @@ fn migrate_between_kms_instances() {
     assert!(current_in(&s, "keys-old").is_none(), "destroyed in old");
     assert_eq!(material_files(&s, "keys-old"), 0, "no material left in old");
     for d in &devs {
-        assert!(opens(d, &after, None), "{} opens with the new KMS's key", d.display());
+        assert!(
+            opens(d, &after, None),
+            "{} opens with the new KMS's key",
+            d.display()
+        );
     }
     // LUKS2 tokens now name the new KMS.
     for d in &devs[..2] {
         let json = luks2_json(d);
-        let toks: Vec<_> = json["tokens"].as_object().unwrap().values().cloned().collect();
+        let toks: Vec<_> = json["tokens"]
+            .as_object()
+            .unwrap()
+            .values()
+            .cloned()
+            .collect();
         assert_eq!(toks.len(), 1, "{toks:?}");
         assert_eq!(toks[0]["kms"], "new", "{toks:?}");
     }
@@ -108,13 +117,20 @@ fn migrate_and_rotate_in_one_apply() {
     let out = s.ok(&["plan", "--rotate", "k"], 0);
     assert!(out.contains("rotated right after its migration"), "{out}");
     let out = s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
-    assert!(out.contains("The migration is done; planning again"), "{out}");
+    assert!(
+        out.contains("The migration is done; planning again"),
+        "{out}"
+    );
     let now = current_in(&s, "keys-new").unwrap();
     assert_ne!(now, before, "rotated");
     assert!(current_in(&s, "keys-old").is_none());
     for d in &devs {
         assert!(opens(d, &now, None));
-        assert!(!opens(d, &before, None), "old version killed on {}", d.display());
+        assert!(
+            !opens(d, &before, None),
+            "old version killed on {}",
+            d.display()
+        );
     }
     s.ok(&["plan", "--detailed-exitcode"], 0);
 }
@@ -183,7 +199,11 @@ fn interrupted_migration_converges() {
         assert_eq!(holder, key);
         for d in &devs {
             let p = dir.join(d.file_name().unwrap());
-            assert!(opens(&p, &key, None), "crash {n}: {} locked out", p.display());
+            assert!(
+                opens(&p, &key, None),
+                "crash {n}: {} locked out",
+                p.display()
+            );
         }
         let out = keyplan_in(&dir, &["apply", "--auto-approve"]);
         assert!(
@@ -200,7 +220,11 @@ fn interrupted_migration_converges() {
             String::from_utf8_lossy(&out.stderr)
         );
         let meta = dir.join("keys-old").join("k").join("meta.json");
-        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(meta).unwrap()).unwrap();
-        assert!(json["current"].is_null(), "crash {n}: old KMS still holds the key");
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(meta).unwrap()).unwrap();
+        assert!(
+            json["current"].is_null(),
+            "crash {n}: old KMS still holds the key"
+        );
     }
 }

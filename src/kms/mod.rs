@@ -264,7 +264,8 @@ pub fn with_retries<T>(what: &str, op: impl FnMut() -> Result<T, KmsError>) -> R
         .sleep(std::thread::sleep)
         .when(|e| matches!(e, KmsError::Unavailable { .. }))
         .notify(|e, after| {
-            tracing::warn!(operation = what, error = %e, retry_in = ?after, "KMS call failed; retrying")
+            tracing::warn!(operation = what, retry_in = ?after, "KMS unavailable; retrying");
+            tracing::debug!(operation = what, error = %e, "KMS error before the retry")
         })
         .call()
 }

@@ -73,9 +73,7 @@ pub(crate) fn run(
     );
     let output = std::thread::scope(|scope| -> io::Result<std::process::Output> {
         let mut expr = duct::cmd(program.as_os_str(), args)
-            .env("LC_ALL", "C")
-            .env("LANG", "C")
-            .env_remove("LANGUAGE")
+            .full_env(child_env())
             .stdout_capture()
             .stderr_capture()
             .unchecked();
@@ -130,6 +128,20 @@ pub(crate) fn run(
 /// Puts the child into a process group of its own, so a Ctrl-C at the terminal (delivered to
 /// the foreground process group) reaches keyplan, which lets the running step finish, and not
 /// the cryptsetup child in the middle of writing a header. In return the child gets
+/// The whole environment of a cryptsetup child: `PATH` and `TMPDIR` from keyplan's own
+/// environment (when set) and `LC_ALL=C`, `LANG=C` (messages in English; keyplan judges by exit
+/// codes anyway). Nothing else is passed on, so KMS credentials in keyplan's environment
+/// (`VAULT_TOKEN`, a kubeconfig token variable, ...) never reach cryptsetup.
+fn child_env() -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    let mut env: Vec<(std::ffi::OsString, std::ffi::OsString)> = ["PATH", "TMPDIR"]
+        .iter()
+        .filter_map(|k| std::env::var_os(k).map(|v| ((*k).into(), v)))
+        .collect();
+    env.push(("LC_ALL".into(), "C".into()));
+    env.push(("LANG".into(), "C".into()));
+    env
+}
+
 /// `PR_SET_PDEATHSIG` = `SIGKILL` (prctl(2)): if keyplan dies (a second signal, `kill -9`, the
 /// OOM killer) its cryptsetup children die with it, as in a power cut, instead of writing on
 /// while a new run starts. A child whose parent is already gone refuses to start (`ESRCH`).

@@ -521,6 +521,11 @@ impl Watched {
     }
 
     /// Did the wrapper log any cryptsetup call?
+    /// Everything the cryptsetup wrapper logged: each child's argv and environment.
+    pub fn child_log(&self) -> Vec<u8> {
+        std::fs::read(&self.log).unwrap_or_default()
+    }
+
     pub fn wrapper_saw_calls(&self) -> bool {
         std::fs::read(&self.log).is_ok_and(|b| contains(&b, b"ARGV:"))
     }
