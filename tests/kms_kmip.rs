@@ -86,7 +86,10 @@ fn check_writes_nothing_and_retired_versions_stay_listed() {
         ]
     );
     assert!(st.versions[&1].created_at > 1_600_000_000);
-    assert!(matches!(kms.get("k", 2), Err(KmsError::NoSuchVersion { .. })));
+    assert!(matches!(
+        kms.get("k", 2),
+        Err(KmsError::NoSuchVersion { .. })
+    ));
 }
 
 /// A second Active object (an operator activated one, or a commit was interrupted between
@@ -155,9 +158,27 @@ fn certs_dir() -> Option<tempfile::TempDir> {
     }
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    pykmip::make_cert(d, "ca", "test CA", None, &["basicConstraints=critical,CA:TRUE"]);
-    pykmip::make_cert(d, "client", "keyplan", Some("ca"), &["extendedKeyUsage=clientAuth"]);
-    pykmip::make_cert(d, "other", "other", Some("ca"), &["extendedKeyUsage=clientAuth"]);
+    pykmip::make_cert(
+        d,
+        "ca",
+        "test CA",
+        None,
+        &["basicConstraints=critical,CA:TRUE"],
+    );
+    pykmip::make_cert(
+        d,
+        "client",
+        "keyplan",
+        Some("ca"),
+        &["extendedKeyUsage=clientAuth"],
+    );
+    pykmip::make_cert(
+        d,
+        "other",
+        "other",
+        Some("ca"),
+        &["extendedKeyUsage=clientAuth"],
+    );
     Some(dir)
 }
 
@@ -174,23 +195,67 @@ fn unusable_settings_are_config_errors_naming_the_file() {
         return;
     };
     let f = |n: &str| dir.path().join(n);
-    let open = |ep: &str, ca: &Path, cert: &Path, key: &Path| KmipKms::new("hsm", ep, ca, cert, key);
+    let open =
+        |ep: &str, ca: &Path, cert: &Path, key: &Path| KmipKms::new("hsm", ep, ca, cert, key);
     let missing = f("missing.crt");
-    let text = config_error(open("127.0.0.1:5696", &missing, &f("client.crt"), &f("client.key")));
-    assert!(text.contains("ca_cert") && text.contains(&*missing.to_string_lossy()), "{text}");
+    let text = config_error(open(
+        "127.0.0.1:5696",
+        &missing,
+        &f("client.crt"),
+        &f("client.key"),
+    ));
+    assert!(
+        text.contains("ca_cert") && text.contains(&*missing.to_string_lossy()),
+        "{text}"
+    );
     assert!(text.contains("kmip KMS \"hsm\" (127.0.0.1:5696)"), "{text}");
     std::fs::write(f("garbage.pem"), "not a certificate\n").unwrap();
-    let text = config_error(open("127.0.0.1:5696", &f("ca.crt"), &f("garbage.pem"), &f("client.key")));
-    assert!(text.contains("client_cert") && text.contains("garbage.pem"), "{text}");
-    let text = config_error(open("127.0.0.1:5696", &f("ca.crt"), &f("client.crt"), &f("client.crt")));
-    assert!(text.contains("client_key") && text.contains("client.crt"), "{text}");
-    let text = config_error(open("127.0.0.1:5696", &f("ca.crt"), &f("client.crt"), &f("other.key")));
-    assert!(text.contains("is not the private key of client_cert"), "{text}");
-    let text = config_error(open("localhost", &f("ca.crt"), &f("client.crt"), &f("client.key")));
+    let text = config_error(open(
+        "127.0.0.1:5696",
+        &f("ca.crt"),
+        &f("garbage.pem"),
+        &f("client.key"),
+    ));
+    assert!(
+        text.contains("client_cert") && text.contains("garbage.pem"),
+        "{text}"
+    );
+    let text = config_error(open(
+        "127.0.0.1:5696",
+        &f("ca.crt"),
+        &f("client.crt"),
+        &f("client.crt"),
+    ));
+    assert!(
+        text.contains("client_key") && text.contains("client.crt"),
+        "{text}"
+    );
+    let text = config_error(open(
+        "127.0.0.1:5696",
+        &f("ca.crt"),
+        &f("client.crt"),
+        &f("other.key"),
+    ));
+    assert!(
+        text.contains("is not the private key of client_cert"),
+        "{text}"
+    );
+    let text = config_error(open(
+        "localhost",
+        &f("ca.crt"),
+        &f("client.crt"),
+        &f("client.key"),
+    ));
     assert!(text.contains("not host:port"), "{text}");
     // A private key never appears in a message or in Debug output.
     let key = std::fs::read_to_string(f("client.key")).unwrap();
-    let kms = open("127.0.0.1:5696", &f("ca.crt"), &f("client.crt"), &f("client.key")).unwrap();
+    let kms = open(
+        "127.0.0.1:5696",
+        &f("ca.crt"),
+        &f("client.crt"),
+        &f("client.key"),
+    )
+    .unwrap();
     let dbg = format!("{kms:?}");
     assert!(!dbg.contains(key.lines().nth(1).unwrap()), "{dbg}");
 }
@@ -207,8 +272,14 @@ fn unreachable_server_is_unavailable_naming_the_endpoint() {
         .unwrap()
         .port();
     let endpoint = format!("127.0.0.1:{port}");
-    let kms = KmipKms::new("hsm", &endpoint, &f("ca.crt"), &f("client.crt"), &f("client.key"))
-        .unwrap();
+    let kms = KmipKms::new(
+        "hsm",
+        &endpoint,
+        &f("ca.crt"),
+        &f("client.crt"),
+        &f("client.key"),
+    )
+    .unwrap();
     for r in [
         kms.read("k").map(|_| ()),
         kms.stage("k", &pass("never-stored"), 1).map(|_| ()),
@@ -246,6 +317,31 @@ fn tls_failures_are_denied_or_config() {
             let text = e.to_string();
             assert!(text.contains("client certificate"), "{text}");
             assert!(text.contains(&*rogue_crt.to_string_lossy()), "{text}");
+        }
+        other => panic!("expected Denied, got {other:?}"),
+    }
+    // A certificate the CA signed, but without extendedKeyUsage clientAuth: PyKMIP completes
+    // the handshake, then answers Authentication Not Successful.
+    pykmip::make_cert(
+        server.dir.path(),
+        "noeku",
+        "keyplan",
+        Some("ca"),
+        &["basicConstraints=CA:FALSE"],
+    );
+    let kms = KmipKms::new(
+        "hsm",
+        &server.endpoint(),
+        &server.file("ca.crt"),
+        &server.file("noeku.crt"),
+        &server.file("noeku.key"),
+    )
+    .unwrap();
+    match kms.read("k") {
+        Err(e @ KmsError::Denied { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains("AuthenticationNotSuccessful"), "{text}");
+            assert!(text.contains("noeku.crt"), "{text}");
         }
         other => panic!("expected Denied, got {other:?}"),
     }
@@ -362,8 +458,15 @@ fn e2e_enroll_rotate_retire_key_get() {
 
     w.ok(&["plan", "--detailed-exitcode"], 0);
     // (not recorded: its stdout is the key, on purpose)
-    let out = w.command(&["key", "get", "osd-kek"]).output().expect("key get");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = w
+        .command(&["key", "get", "osd-kek"])
+        .output()
+        .expect("key get");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(out.stdout, v3);
     let out = w.run(&["key", "get", "osd-kek", "--version", "1"]);
     assert_eq!(out.status.code(), Some(1));

@@ -43,10 +43,12 @@ use kmip_protocol::types::common::{
     KeyMaterial, Operation, RevocationReasonCode, State, UniqueBatchItemID, UniqueIdentifier,
 };
 use kmip_protocol::types::request::{
-    Attribute, Authentication, BatchCount, BatchItem, MaximumResponseSize,
-    QueryFunction, RequestHeader, RequestMessage, RequestPayload, RevocationReason,
+    Attribute, Authentication, BatchCount, BatchItem, MaximumResponseSize, QueryFunction,
+    RequestHeader, RequestMessage, RequestPayload, RevocationReason,
 };
-use kmip_protocol::types::response::{ResponseMessage, ResponsePayload, ResultReason, ResultStatus};
+use kmip_protocol::types::response::{
+    ResponseMessage, ResponsePayload, ResultReason, ResultStatus,
+};
 use openssl::ssl::{HandshakeError, SslConnector, SslMethod, SslStream, SslVersion};
 use openssl::x509::store::X509StoreBuilder;
 use openssl::x509::{X509VerifyResult, X509};
@@ -501,7 +503,12 @@ impl KmipKms {
     /// commit, or a lower Active version left by a commit interrupted between Activate and
     /// Revoke. Failures are logged, not returned: the commit point has passed, `read` already
     /// reports the right current version, and the next writer tries again.
-    fn supersede<'o>(&self, s: &mut Session<'_>, key: &str, objs: impl IntoIterator<Item = &'o Obj>) {
+    fn supersede<'o>(
+        &self,
+        s: &mut Session<'_>,
+        key: &str,
+        objs: impl IntoIterator<Item = &'o Obj>,
+    ) {
         for o in objs.into_iter().filter(|o| o.state == State::Active) {
             if let Err(f) = s.revoke(&o.uid, RevocationReasonCode::Superseded) {
                 let e = self.fail(&format!("revoking {key} v{}", o.version), f);
@@ -609,9 +616,9 @@ impl Kms for KmipKms {
         // Another writer may have staged at the same time (between our Locate and Register):
         // then ours is withdrawn and the caller re-reads.
         let after = self.objects(&mut s, name)?;
-        let rival = after.iter().find(|o| {
-            o.uid != uid && (o.state == State::PreActive || o.version == version)
-        });
+        let rival = after
+            .iter()
+            .find(|o| o.uid != uid && (o.state == State::PreActive || o.version == version));
         if let Some(r) = rival {
             let detail = format!(
                 "another writer staged v{} (object {}) at the same time; keyplan withdrew its own v{version} (object {uid})",
@@ -621,7 +628,9 @@ impl Kms for KmipKms {
                 let e = self.fail(&format!("withdrawing {name} v{version}"), f);
                 return Err(self.conflict(
                     name,
-                    format!("{detail}, but destroying it failed: {e}; destroy object {uid} by hand"),
+                    format!(
+                        "{detail}, but destroying it failed: {e}; destroy object {uid} by hand"
+                    ),
                 ));
             }
             return Err(self.conflict(name, detail));
@@ -670,7 +679,10 @@ impl Kms for KmipKms {
         if let Err(f) = s.activate(&obj.uid) {
             // PyKMIP answers Permission Denied when the object is no longer Pre-Active: find
             // out whether somebody else moved it.
-            let e = self.fail(&format!("activating {name} v{pending} (object {})", obj.uid), f);
+            let e = self.fail(
+                &format!("activating {name} v{pending} (object {})", obj.uid),
+                f,
+            );
             if matches!(e, KmsError::Unavailable { .. }) {
                 return Err(e);
             }
@@ -757,8 +769,7 @@ impl Kms for KmipKms {
             if st.current.is_none() && st.pending.is_none() {
                 // Finish an interrupted destroy_key: its last version was revoked, not destroyed.
                 if let Some(o) = objs.iter().find(|o| {
-                    o.version == expected_current
-                        && state_of(o.state) != VersionState::Retired
+                    o.version == expected_current && state_of(o.state) != VersionState::Retired
                 }) {
                     self.destroy(&mut s, name, o, RevocationReasonCode::CessationOfOperation)?;
                 }
@@ -1051,7 +1062,9 @@ impl Session<'_> {
     /// the unique identifiers of the objects matching every attribute.
     fn locate(&mut self, attrs: Vec<Attribute>) -> Result<Vec<String>, Fail> {
         match self.call(RequestPayload::Locate(attrs))? {
-            ResponsePayload::Locate(p) => Ok(p.unique_identifiers.into_iter().map(|u| u.0).collect()),
+            ResponsePayload::Locate(p) => {
+                Ok(p.unique_identifiers.into_iter().map(|u| u.0).collect())
+            }
             _ => Err(Fail::Protocol("unexpected answer to Locate".into())),
         }
     }
@@ -1063,14 +1076,10 @@ impl Session<'_> {
         &mut self,
         uid: &str,
     ) -> Result<Vec<kmip_protocol::types::response::Attribute>, Fail> {
-        let names = [
-            "Name",
-            "State",
-            "Application Specific Information",
-        ]
-        .iter()
-        .map(|n| AttributeName((*n).to_string()))
-        .collect();
+        let names = ["Name", "State", "Application Specific Information"]
+            .iter()
+            .map(|n| AttributeName((*n).to_string()))
+            .collect();
         match self.call(RequestPayload::GetAttributes(
             Some(UniqueIdentifier(uid.to_string())),
             Some(names),
@@ -1083,7 +1092,8 @@ impl Session<'_> {
     /// Get ([KMIP 1.0 §4.10](https://docs.oasis-open.org/kmip/spec/v1.0/os/kmip-spec-1.0-os.html#_Toc262581218)):
     /// the raw key material of Symmetric Key `uid` (`None` if it is another kind of object).
     fn get(&mut self, uid: &str) -> Result<Option<Passphrase>, Fail> {
-        let payload = RequestPayload::Get(Some(UniqueIdentifier(uid.to_string())), None, None, None);
+        let payload =
+            RequestPayload::Get(Some(UniqueIdentifier(uid.to_string())), None, None, None);
         let op = payload.operation();
         let msg = RequestMessage(
             RequestHeader(
@@ -1098,7 +1108,7 @@ impl Session<'_> {
         let p = self.exchange::<reply::GetMessage>(op, &bytes)?;
         let reply::Object::SymmetricKey(key) = p.object;
         let block = key.key_block;
-        Ok(match block.key_value.key_material {
+        let material = match block.key_value.key_material {
             KeyMaterial::Bytes(b) if block.key_format_type == KeyFormatType::Raw => {
                 Some(Passphrase::new(b))
             }
@@ -1108,7 +1118,14 @@ impl Session<'_> {
                 None
             }
             _ => None,
-        })
+        };
+        if p.unique_identifier.0 != uid {
+            return Err(Fail::Protocol(format!(
+                "the answer to Get is for object {}, not {uid}",
+                p.unique_identifier.0
+            )));
+        }
+        Ok(material)
     }
 
     /// Register ([KMIP 1.0 §4.3](https://docs.oasis-open.org/kmip/spec/v1.0/os/kmip-spec-1.0-os.html#_Toc262581211))
@@ -1227,7 +1244,9 @@ impl Reply for reply::GetMessage {
 /// field order), reduced to a Symmetric Key whose Key Block ends after the Key Value: the
 /// crate's own Key Block cannot decode the HMAC-SHA256 algorithm value (0x00000009), and the
 /// fields after the Key Value (algorithm, length) are skipped by `kmip-ttlv` when absent from
-/// the Rust type.
+/// the Rust type. Fields keyplan does not read are still declared: `kmip-ttlv` matches the
+/// items of a structure to the fields by position.
+#[allow(dead_code)]
 mod reply {
     use kmip_protocol::types::common::{
         KeyCompressionType, KeyFormatType, KeyMaterial, ObjectType, Operation, UniqueBatchItemID,
@@ -1421,8 +1440,8 @@ mod wire {
 mod tests {
     use super::*;
     use kmip_protocol::types::common::{CryptographicAlgorithm, CryptographicLength, ObjectType};
-    use kmip_protocol::types::request::TemplateAttribute;
     use kmip_protocol::types::request as rq;
+    use kmip_protocol::types::request::TemplateAttribute;
 
     #[test]
     fn register_mirror_encodes_like_kmip_protocol() {

@@ -11,6 +11,7 @@
 
 use std::io::Read as _;
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -109,7 +110,9 @@ with c:
 /// Skips (returns `None` with a note) or, under `KEYPLAN_REQUIRE_SERVERS=1`, fails.
 pub fn skip_or_fail(why: &str) -> Option<PyKmip> {
     if std::env::var("KEYPLAN_REQUIRE_SERVERS").as_deref() == Ok("1") {
-        panic!("{why}; KEYPLAN_REQUIRE_SERVERS=1 requires the real PyKMIP server (pip install pykmip)");
+        panic!(
+            "{why}; KEYPLAN_REQUIRE_SERVERS=1 requires the real PyKMIP server (pip install pykmip)"
+        );
     }
     eprintln!("skipped: {why} (install with `pip install pykmip`)");
     None
@@ -147,8 +150,21 @@ pub fn make_cert(dir: &Path, stem: &str, cn: &str, ca: Option<&str>, ext: &[&str
     match ca {
         None => {
             let mut args = vec![
-                "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                "-nodes", "-keyout", &key, "-out", &crt, "-days", "2", "-subj", &subj,
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                &key,
+                "-out",
+                &crt,
+                "-days",
+                "2",
+                "-subj",
+                &subj,
             ];
             for e in ext {
                 args.push("-addext");
@@ -161,8 +177,18 @@ pub fn make_cert(dir: &Path, stem: &str, cn: &str, ca: Option<&str>, ext: &[&str
             openssl(
                 dir,
                 &[
-                    "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                    "-keyout", &key, "-out", &csr, "-subj", &subj,
+                    "req",
+                    "-newkey",
+                    "ec",
+                    "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1",
+                    "-nodes",
+                    "-keyout",
+                    &key,
+                    "-out",
+                    &csr,
+                    "-subj",
+                    &subj,
                 ],
             );
             let extfile = format!("{stem}.ext");
@@ -172,8 +198,21 @@ pub fn make_cert(dir: &Path, stem: &str, cn: &str, ca: Option<&str>, ext: &[&str
             openssl(
                 dir,
                 &[
-                    "x509", "-req", "-in", &csr, "-CA", &ca_crt, "-CAkey", &ca_key,
-                    "-CAcreateserial", "-out", &crt, "-days", "2", "-extfile", &extfile,
+                    "x509",
+                    "-req",
+                    "-in",
+                    &csr,
+                    "-CA",
+                    &ca_crt,
+                    "-CAkey",
+                    &ca_key,
+                    "-CAcreateserial",
+                    "-out",
+                    &crt,
+                    "-days",
+                    "2",
+                    "-extfile",
+                    &extfile,
                 ],
             );
         }
@@ -237,10 +276,7 @@ impl PyKmip {
                 return Some(server);
             }
         }
-        panic!(
-            "pykmip-server did not start; its log:\n{}",
-            server.log()
-        );
+        panic!("pykmip-server did not start; its log:\n{}", server.log());
     }
 
     /// Writes `server.conf` for the current port and starts the server; true once it accepts
@@ -255,7 +291,10 @@ impl PyKmip {
         std::fs::write(d.join("server.conf"), conf).expect("write server.conf");
         let out = std::fs::File::create(d.join("server.out")).expect("server.out");
         let err = out.try_clone().expect("dup");
+        // Its own process group: pykmip-server forks a policy-monitor process that outlives a
+        // SIGKILL of the main process, so `stop` kills the whole group.
         let child = Command::new("pykmip-server")
+            .process_group(0)
             .current_dir(d)
             .arg("-f")
             .arg(d.join("server.conf"))
@@ -286,9 +325,16 @@ impl PyKmip {
         false
     }
 
-    /// Kills the server (SIGKILL) and waits for it; the database and certificates stay.
+    /// Kills the server and its helper process (SIGKILL to its process group) and waits for
+    /// it; the database and certificates stay.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
+            if let Ok(pgid) = i32::try_from(c.id()) {
+                // SAFETY: kill(2) on the process group this harness created; no memory effects.
+                unsafe {
+                    libc::kill(-pgid, libc::SIGKILL);
+                }
+            }
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -371,7 +417,7 @@ impl PyKmip {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn python3");
-        Python(child)
+        Python(Some(child))
     }
 
     /// Every object the client identity can see, read with PyKMIP's own client (Locate, Get
@@ -391,7 +437,9 @@ impl PyKmip {
     /// As an operator with PyKMIP's client: registers `value` as an HMAC-SHA256 key named
     /// `name` in Object Group `group`, activates it, and returns its uid.
     pub fn operator_register_active(&self, name: &str, group: &str, value: &[u8]) -> String {
-        self.python(WRITER, &[name, group], value).trim().to_string()
+        self.python(WRITER, &[name, group], value)
+            .trim()
+            .to_string()
     }
 
     /// Like [`PyKmip::operator_register_active`], started now (imports, connection) and
@@ -402,23 +450,36 @@ impl PyKmip {
     }
 }
 
-/// A running PyKMIP client script.
-pub struct Python(Child);
+/// A running PyKMIP client script (killed if dropped unfinished).
+pub struct Python(Option<Child>);
 
 impl Python {
     /// Writes `stdin` to the script, closes it, waits, and returns its stdout.
     pub fn finish(mut self, stdin: &[u8]) -> String {
         use std::io::Write as _;
-        let mut pipe = self.0.stdin.take().expect("stdin");
+        let mut child = self.0.take().expect("running");
+        let mut pipe = child.stdin.take().expect("stdin");
         pipe.write_all(stdin).expect("write stdin");
         drop(pipe);
-        let out = self.0.wait_with_output().expect("python3");
+        let out = child.wait_with_output().expect("python3");
         assert!(
             out.status.success(),
             "PyKMIP client script failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        String::from_utf8(out.stdout).expect("utf-8").trim().to_string()
+        String::from_utf8(out.stdout)
+            .expect("utf-8")
+            .trim()
+            .to_string()
+    }
+}
+
+impl Drop for Python {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 
