@@ -426,12 +426,10 @@ impl PyKmip {
         serde_json::from_str(&self.python(READER, &[], b"")).expect("reader JSON")
     }
 
-    /// The objects named `name`.
+    /// The objects named `name` (one reader run; use [`named`] on one [`PyKmip::objects`]
+    /// snapshot to look up several names).
     pub fn named(&self, name: &str) -> Vec<PyObject> {
-        self.objects()
-            .into_iter()
-            .filter(|o| o.names.iter().any(|n| n == name))
-            .collect()
+        named(&self.objects(), name).into_iter().cloned().collect()
     }
 
     /// As an operator with PyKMIP's client: registers `value` as an HMAC-SHA256 key named
@@ -448,6 +446,13 @@ impl PyKmip {
     pub fn operator_ready(&self, name: &str, group: &str) -> Python {
         self.spawn_python(WRITER, &[name, group])
     }
+}
+
+/// The objects of `objs` named `name`.
+pub fn named<'a>(objs: &'a [PyObject], name: &str) -> Vec<&'a PyObject> {
+    objs.iter()
+        .filter(|o| o.names.iter().any(|n| n == name))
+        .collect()
 }
 
 /// A running PyKMIP client script (killed if dropped unfinished).
