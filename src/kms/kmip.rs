@@ -1018,19 +1018,10 @@ impl Session<'_> {
         }
     }
 
-    /// Sends a request built from `kmip-protocol`'s types (no key material in it).
+    /// Sends a request built from `kmip-protocol`'s types (no key material in it) and decodes
+    /// the answer with `kmip-protocol`'s response types.
     fn call(&mut self, payload: RequestPayload) -> Result<ResponsePayload, Fail> {
-        let op = payload.operation();
-        let msg = RequestMessage(
-            RequestHeader(
-                payload.protocol_version(),
-                Option::<MaximumResponseSize>::None,
-                Option::<Authentication>::None,
-                BatchCount(1),
-            ),
-            vec![BatchItem(op, Option::<UniqueBatchItemID>::None, payload)],
-        );
-        let bytes = encode(&msg)?;
+        let (op, bytes) = request(payload)?;
         self.exchange::<ResponseMessage>(op, &bytes)
     }
 
@@ -1092,19 +1083,12 @@ impl Session<'_> {
     /// Get ([KMIP 1.0 §4.10](https://docs.oasis-open.org/kmip/spec/v1.0/os/kmip-spec-1.0-os.html#_Toc262581218)):
     /// the raw key material of Symmetric Key `uid` (`None` if it is another kind of object).
     fn get(&mut self, uid: &str) -> Result<Option<Passphrase>, Fail> {
-        let payload =
-            RequestPayload::Get(Some(UniqueIdentifier(uid.to_string())), None, None, None);
-        let op = payload.operation();
-        let msg = RequestMessage(
-            RequestHeader(
-                payload.protocol_version(),
-                Option::<MaximumResponseSize>::None,
-                Option::<Authentication>::None,
-                BatchCount(1),
-            ),
-            vec![BatchItem(op, Option::<UniqueBatchItemID>::None, payload)],
-        );
-        let bytes = encode(&msg)?;
+        let (op, bytes) = request(RequestPayload::Get(
+            Some(UniqueIdentifier(uid.to_string())),
+            None,
+            None,
+            None,
+        ))?;
         let p = self.exchange::<reply::GetMessage>(op, &bytes)?;
         let reply::Object::SymmetricKey(key) = p.object;
         let block = key.key_block;
@@ -1182,6 +1166,21 @@ impl Session<'_> {
             _ => Err(Fail::Protocol("unexpected answer to Query".into())),
         }
     }
+}
+
+/// The TTLV encoding of a one-item request message carrying `payload`, and its operation.
+fn request(payload: RequestPayload) -> Result<(Operation, Zeroizing<Vec<u8>>), Fail> {
+    let op = payload.operation();
+    let msg = RequestMessage(
+        RequestHeader(
+            payload.protocol_version(),
+            Option::<MaximumResponseSize>::None,
+            Option::<Authentication>::None,
+            BatchCount(1),
+        ),
+        vec![BatchItem(op, Option::<UniqueBatchItemID>::None, payload)],
+    );
+    Ok((op, encode(&msg)?))
 }
 
 /// TTLV encoding of a request into a zeroizing buffer.
