@@ -221,8 +221,15 @@ fn init_logging(cli: &Cli, color: bool) {
             _ => "trace",
         }
     };
+    // The kube client logs each failed request as an ERROR of its own, which only repeats the
+    // KMS error keyplan reports (naming the KMS and what to do); shown from `-vv` on.
+    let default = if cli.verbose >= 2 {
+        level.to_string()
+    } else {
+        format!("{level},kube_client=off")
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_env("KEYPLAN_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(io::stderr)
