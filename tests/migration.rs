@@ -228,3 +228,55 @@ fn interrupted_migration_converges() {
         );
     }
 }
+
+#[cfg(feature = "failpoints")]
+#[test]
+fn resume_refuses_a_plan_that_changed_the_destination() {
+    // Found by a new-user trial: a migration interrupted after its copy, then the plan put
+    // back to the old KMS. Resuming towards the plan's KMS would "copy" the key onto itself and
+    // destroy the only copy. The journaled destination wins: resume is refused.
+    let (s, devs) = setup();
+    let key = current_in(&s, "keys-old").unwrap();
+    s.plan("keyplan.yaml", &plan("new"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_keyplan"))
+        .current_dir(s.path(""))
+        .args(["apply", "--auto-approve"])
+        .env("FAILPOINTS", "step.before_effect=1*off->return")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert_eq!(
+        current_in(&s, "keys-new").as_deref(),
+        Some(&key[..]),
+        "copy done"
+    );
+
+    s.plan("keyplan.yaml", &plan("old"));
+    for args in [&["apply", "--auto-approve"][..], &["plan"][..]] {
+        let out = s.keyplan(args);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if args[0] == "apply" {
+            assert_eq!(out.status.code(), Some(1), "{text}");
+            assert!(text.contains("refusing to resume"), "{text}");
+            assert!(text.contains("moves key k to KMS \"new\""), "{text}");
+        }
+    }
+    assert_eq!(
+        current_in(&s, "keys-old").as_deref(),
+        Some(&key[..]),
+        "old KMS kept"
+    );
+    for d in &devs {
+        assert!(opens(d, &key, None));
+    }
+    // Putting the destination back finishes the move.
+    s.plan("keyplan.yaml", &plan("new"));
+    s.ok(&["apply", "--auto-approve"], 0);
+    assert!(current_in(&s, "keys-old").is_none());
+    assert_eq!(current_in(&s, "keys-new").as_deref(), Some(&key[..]));
+    s.ok(&["plan", "--detailed-exitcode"], 0);
+}

@@ -32,4 +32,13 @@ fn status_reports_current_retained_and_overdue() {
     let out = s.ok(&["status"], 1);
     assert!(out.contains("rotation OVERDUE"), "{out}");
     assert!(out.contains("UNHEALTHY"), "{out}");
+
+    // A KMS that lost a key a run committed is unhealthy too (not "not created yet").
+    s.plan("keyplan.yaml", &plan("30d"));
+    std::fs::remove_dir_all(s.path("keys").join("k")).unwrap();
+    let out = s.ok(&["status"], 1);
+    assert!(
+        out.contains("NO CURRENT VERSION, although a run committed one"),
+        "{out}"
+    );
 }

@@ -347,6 +347,26 @@ impl Exec<'_> {
             .map(|k| (k.kms.clone(), k.name.clone()))
     }
 
+    /// The KMS a migration step moves `key` to, which must still be where the plan puts the
+    /// key: a run interrupted during a move is finished only towards the journaled
+    /// destination, never towards a KMS the plan file names since.
+    fn destination(
+        &self,
+        key: &str,
+        to_kms: &str,
+        to_name: &str,
+    ) -> Result<(&dyn crate::kms::Kms, String), String> {
+        let (kms, name, _) = self.key_ctx(key)?;
+        let planned = self.entry(key);
+        if planned.as_ref().map(|(k, n)| (k.as_str(), n.as_str())) != Some((to_kms, to_name)) {
+            let (k, n) = planned.unwrap_or_default();
+            return Err(format!(
+                "this run moves {key} to KMS {to_kms} ({to_name}), but the plan now puts it in KMS {k} ({n}); nothing more was changed. Put the key back in KMS {to_kms} in the plan and run `keyplan apply` to finish the move, then change the plan"
+            ));
+        }
+        Ok((kms, name))
+    }
+
     /// The KMS instance `from_kms` a key of the plan moves from.
     fn origin(&self, key: &str, from_kms: &str) -> Result<&dyn crate::kms::Kms, String> {
         self.world
@@ -792,7 +812,15 @@ impl Exec<'_> {
                 from_kms,
                 from_name,
                 version,
+                to_kms,
+                to_name,
             } => {
+                self.destination(key, to_kms, to_name)?;
+                if (to_kms, to_name) == (from_kms, from_name) {
+                    return Err(format!(
+                        "refusing to move {key} from KMS {from_kms} ({from_name}) onto itself"
+                    ));
+                }
                 let (v, what) = self.migrate_copy(key, from_kms, from_name, *version)?;
                 self.staged
                     .lock()
@@ -809,10 +837,34 @@ impl Exec<'_> {
                 from_kms,
                 from_name,
                 version,
+                to_kms,
+                to_name,
             } => {
+                let (kms, name) = self.destination(key, to_kms, to_name)?;
+                if (to_kms, to_name) == (from_kms, from_name) {
+                    return Err(format!(
+                        "refusing to destroy {key} in KMS {from_kms}: it is the KMS the key moves to"
+                    ));
+                }
                 let old = self.origin(key, from_kms)?;
-                old.destroy_key(from_name, *version)
-                    .map_err(|e| e.to_string())?;
+                let e = |e: crate::kms::KmsError| e.to_string();
+                let old_st = old.read(from_name).map_err(e)?;
+                if old_st.current == Some(*version) {
+                    // Destroy only what the destination demonstrably holds.
+                    let src = old.get(from_name, *version).map_err(e)?;
+                    let st = kms.read(&name).map_err(e)?;
+                    let held = match st.current {
+                        Some(c) => kms.get(&name, c).map_err(e)?.expose() == src.expose(),
+                        None => false,
+                    };
+                    if !held {
+                        return Err(format!(
+                            "not destroying {key} v{version} in KMS {from_kms}: {} does not hold it as its current version; nothing was destroyed. Run `keyplan plan` to see the state",
+                            kms.describe()
+                        ));
+                    }
+                }
+                old.destroy_key(from_name, *version).map_err(e)?;
                 ok(format!("destroyed {key} in KMS {from_kms}"))
             }
             Step::Rerecord {
@@ -820,7 +872,10 @@ impl Exec<'_> {
                 key,
                 slot,
                 version,
+                to_kms,
+                to_name,
             } => {
+                self.destination(key, to_kms, to_name)?;
                 let path = self.device_path(device)?;
                 let v = self.resolve(key, *version)?;
                 let header = cs.dump(&path).map_err(|e| e.to_string())?;

@@ -669,6 +669,25 @@ fn cmd_apply(
                 }
             }
         }
+        for step in &s.steps {
+            if let Some((key, to_kms, to_name)) = step.migration_target() {
+                let now = plan
+                    .keys
+                    .get(key)
+                    .map(|k| (k.kms.as_str(), k.name.as_str()));
+                if now != Some((to_kms, to_name)) {
+                    return Err(miette!(
+                        help = format!("put key {key} back in KMS {to_kms:?} (name {to_name:?}) in the plan, run `keyplan apply` to finish the move, then change the plan"),
+                        "the interrupted run {} moves key {key} to KMS {to_kms:?} ({to_name}), but the plan now puts it {}; refusing to resume, nothing was changed",
+                        s.run,
+                        match now {
+                            Some((k, n)) => format!("in KMS {k:?} ({n})"),
+                            None => "nowhere (the key left the plan)".to_owned(),
+                        }
+                    ));
+                }
+            }
+        }
         out!("{}", interrupted_text(&s));
         if !auto_approve && !confirm("Finish the interrupted run now?")? {
             outln!("Apply cancelled; nothing was changed.");
@@ -763,6 +782,8 @@ fn cmd_status(cli: &Cli, arg: &PlanArg) -> Result<ExitCode> {
     let world = World::open(&plan)?;
     let now = crate::kms::now_unix();
     let mut unhealthy = Vec::new();
+    let records = journal::read(&plan.state_dir).map_err(|e| miette!("{e}"))?;
+    let committed = committed_keys(&records);
     for (id, key) in &plan.keys {
         let kms = world.kms_for(&plan, id).map_err(|e| miette!("{e}"))?;
         outln!("key {id} in {}:", kms.describe());
@@ -775,7 +796,11 @@ fn cmd_status(cli: &Cli, arg: &PlanArg) -> Result<ExitCode> {
             }
         };
         match st.current_info() {
-            None => outln!("  no current version (not created yet, or moved to another KMS)"),
+            None if committed.contains(id) => {
+                outln!("  NO CURRENT VERSION, although a run committed one: the KMS lost the key or the plan points at the wrong KMS/name (`keyplan plan` explains)");
+                unhealthy.push(format!("key {id}: missing from its KMS"));
+            }
+            None => outln!("  no current version (not created yet)"),
             Some(c) => {
                 let age = now.saturating_sub(c.created_at);
                 outln!(
@@ -813,7 +838,6 @@ fn cmd_status(cli: &Cli, arg: &PlanArg) -> Result<ExitCode> {
             );
         }
     }
-    let records = journal::read(&plan.state_dir).map_err(|e| miette!("{e}"))?;
     match journal::last_run(&records) {
         None => outln!("last run: none"),
         Some(r) => {
@@ -830,6 +854,30 @@ fn cmd_status(cli: &Cli, arg: &PlanArg) -> Result<ExitCode> {
         outln!("UNHEALTHY: {}", unhealthy.join("; "));
         Ok(ExitCode::from(1))
     }
+}
+
+/// Key ids for which a run of the journal finished a commit or a migration copy (the key
+/// existed in its KMS then).
+fn committed_keys(records: &[journal::Record]) -> BTreeSet<String> {
+    use crate::graph::Step;
+    let mut steps: BTreeMap<&str, &Vec<Step>> = BTreeMap::new();
+    let mut out = BTreeSet::new();
+    for r in records {
+        match &r.event {
+            journal::Event::RunStart { steps: s, .. } => {
+                steps.insert(r.run.as_str(), s);
+            }
+            journal::Event::StepDone { step, .. } => {
+                if let Some(Step::Commit { key, .. } | Step::MigrateCopy { key, .. }) =
+                    steps.get(r.run.as_str()).and_then(|s| s.get(*step))
+                {
+                    out.insert(key.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 fn cmd_verify(cli: &Cli, arg: &PlanArg) -> Result<ExitCode> {

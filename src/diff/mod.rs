@@ -1090,6 +1090,12 @@ impl Planner<'_> {
             return;
         };
         let entry = Some((o.kms.clone(), o.name.clone()));
+        let to_name = self
+            .plan
+            .keys
+            .get(key)
+            .map(|k| k.name.clone())
+            .unwrap_or_else(|| key.to_string());
         let holders: Vec<(String, u32, u64)> = self
             .obs
             .devices
@@ -1169,6 +1175,8 @@ impl Planner<'_> {
                 from_kms: o.kms.clone(),
                 from_name: o.name.clone(),
                 version: from,
+                to_kms: to_kms.clone(),
+                to_name: to_name.clone(),
             });
             (VersionRef::Staged, Some(c))
         } else {
@@ -1180,6 +1188,8 @@ impl Planner<'_> {
                 from_kms: o.kms.clone(),
                 from_name: o.name.clone(),
                 version: from,
+                to_kms: to_kms.clone(),
+                to_name: to_name.clone(),
             })
         });
         for (device, slot, _) in &holders {
@@ -1192,6 +1202,8 @@ impl Planner<'_> {
                 key: key.to_string(),
                 slot: *slot,
                 version,
+                to_kms: to_kms.clone(),
+                to_name: to_name.clone(),
             });
             self.g.dep(v, r);
             if let Some(d) = destroy {

@@ -161,6 +161,13 @@ pub enum Step {
         from_name: String,
         /// The version the devices hold (current there).
         version: u64,
+        /// KMS instance the key moves to (journaled: a resumed run finishes this move, never
+        /// one the plan file names since).
+        #[serde(default)]
+        to_kms: String,
+        /// Name of the key there.
+        #[serde(default)]
+        to_name: String,
     },
     /// Migration: destroy the key in the KMS it moved from (compare-and-swap on `version`
     /// being current there), once every device was verified with the copy.
@@ -173,6 +180,13 @@ pub enum Step {
         from_name: String,
         /// Version expected current there.
         version: u64,
+        /// KMS instance the key moves to (journaled: a resumed run finishes this move, never
+        /// one the plan file names since).
+        #[serde(default)]
+        to_kms: String,
+        /// Name of the key there.
+        #[serde(default)]
+        to_name: String,
     },
     /// Migration: record that `slot` of `device` holds `version` of `key` in the key's KMS in
     /// the plan (replacing the record naming the old KMS).
@@ -185,10 +199,42 @@ pub enum Step {
         slot: u32,
         /// Version in the new KMS.
         version: VersionRef,
+        /// KMS instance the key moves to (journaled: a resumed run finishes this move, never
+        /// one the plan file names since).
+        #[serde(default)]
+        to_kms: String,
+        /// Name of the key there.
+        #[serde(default)]
+        to_name: String,
     },
 }
 
 impl Step {
+    /// For a migration step: `(key, KMS instance, name)` the step moves the key to.
+    pub fn migration_target(&self) -> Option<(&str, &str, &str)> {
+        match self {
+            Step::MigrateCopy {
+                key,
+                to_kms,
+                to_name,
+                ..
+            }
+            | Step::DestroyOrigin {
+                key,
+                to_kms,
+                to_name,
+                ..
+            }
+            | Step::Rerecord {
+                key,
+                to_kms,
+                to_name,
+                ..
+            } => Some((key, to_kms, to_name)),
+            _ => None,
+        }
+    }
+
     /// The device this step works on, if any (steps on one device never run at once).
     pub fn device(&self) -> Option<&str> {
         match self {
@@ -256,8 +302,12 @@ impl fmt::Display for Step {
                 key,
                 from_kms,
                 version,
+                to_kms,
                 ..
-            } => write!(f, "copy {key} v{version} from KMS {from_kms}"),
+            } => write!(
+                f,
+                "copy {key} v{version} from KMS {from_kms} to KMS {to_kms}"
+            ),
             Step::DestroyOrigin {
                 key,
                 from_kms,
@@ -268,8 +318,12 @@ impl fmt::Display for Step {
                 device,
                 key,
                 slot,
-                version,
-            } => write!(f, "{device}: record keyslot {slot} as {key} {version}"),
+                to_kms,
+                ..
+            } => write!(
+                f,
+                "{device}: record keyslot {slot} as {key} in KMS {to_kms}"
+            ),
         }
     }
 }

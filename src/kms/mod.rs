@@ -129,7 +129,7 @@ pub enum KmsError {
         detail: String,
     },
     /// The store answered but refused the operation (authentication or authorization).
-    #[error("{kms} refused: {detail}. Nothing was changed; grant keyplan's credentials the permission named above, then run keyplan again")]
+    #[error("{kms} refused: {detail}. Grant keyplan's credentials the permission named above, then run keyplan again (what this command changed before the refusal, if anything, is listed above)")]
     Denied {
         /// KMS description.
         kms: String,
