@@ -347,6 +347,20 @@ impl Exec<'_> {
             .map(|k| (k.kms.clone(), k.name.clone()))
     }
 
+    /// Remembers `v` as the version of `key` this run's later steps use (`VersionRef::Staged`)
+    /// and reports it in the step's outcome, so a resumed run knows it too.
+    fn staged_outcome(&self, key: &str, v: u64, what: String) -> Result<StepOutcome, String> {
+        self.staged
+            .lock()
+            .map_err(|_| "internal lock poisoned".to_string())?
+            .insert(key.to_string(), v);
+        Ok(StepOutcome {
+            outcome: what,
+            staged_version: Some(v),
+            verified_salt: None,
+        })
+    }
+
     /// The KMS a migration step moves `key` to, which must still be where the plan puts the
     /// key: a run interrupted during a move is finished only towards the journaled
     /// destination, never towards a KMS the plan file names since.
@@ -493,15 +507,7 @@ impl Exec<'_> {
                         (v, format!("staged v{v}"))
                     }
                 };
-                self.staged
-                    .lock()
-                    .map_err(|_| "internal lock poisoned".to_string())?
-                    .insert(key.clone(), v);
-                Ok(StepOutcome {
-                    outcome: what,
-                    staged_version: Some(v),
-                    verified_salt: None,
-                })
+                self.staged_outcome(key, v, what)
             }
             Step::AddKeyslot {
                 device,
@@ -822,15 +828,7 @@ impl Exec<'_> {
                     ));
                 }
                 let (v, what) = self.migrate_copy(key, from_kms, from_name, *version)?;
-                self.staged
-                    .lock()
-                    .map_err(|_| "internal lock poisoned".to_string())?
-                    .insert(key.clone(), v);
-                Ok(StepOutcome {
-                    outcome: what,
-                    staged_version: Some(v),
-                    verified_salt: None,
-                })
+                self.staged_outcome(key, v, what)
             }
             Step::DestroyOrigin {
                 key,

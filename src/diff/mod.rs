@@ -1096,11 +1096,12 @@ impl Planner<'_> {
             .get(key)
             .map(|k| k.name.clone())
             .unwrap_or_else(|| key.to_string());
+        let planned = self.devices_of(key);
         let holders: Vec<(String, u32, u64)> = self
             .obs
             .devices
             .iter()
-            .filter(|(id, _)| self.devices_of(key).contains(id))
+            .filter(|(id, _)| planned.contains(id))
             .flat_map(|(id, d)| {
                 d.records
                     .iter()
