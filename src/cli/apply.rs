@@ -1,0 +1,260 @@
+//! `keyplan apply`: confirmation, resuming an interrupted run, signals, the run itself.
+
+use super::*;
+
+/// SIGINT/SIGTERM/SIGHUP during `apply`: the first signal lets the running steps finish and then stops
+/// the run (left open in the journal, exit 1); a second signal exits at once (safe at any
+/// instant: the journal and the step algorithm make every instant resumable, and cryptsetup
+/// children die with keyplan, see `luks::run`). Outside a run (planning, the confirmation
+/// prompt) a signal exits at once: nothing is being changed then.
+pub(super) mod interrupts {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::OnceLock;
+
+    use miette::{IntoDiagnostic as _, Result};
+
+    /// Set by the first signal during a run.
+    static STOP: AtomicBool = AtomicBool::new(false);
+    /// True while a step graph runs.
+    static ACTIVE: AtomicBool = AtomicBool::new(false);
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+
+    fn say(msg: &[u8]) {
+        // SAFETY: write(2) is async-signal-safe; `msg` is a valid buffer of `msg.len()` bytes.
+        unsafe {
+            libc::write(2, msg.as_ptr().cast(), msg.len());
+        }
+    }
+
+    fn on_signal() {
+        if !ACTIVE.load(Ordering::SeqCst) {
+            say(b"\nkeyplan: interrupted\n");
+            signal_hook::low_level::exit(1);
+        }
+        if STOP.swap(true, Ordering::SeqCst) {
+            say(b"\nkeyplan: second signal: exiting now. The journal records the interrupted run; run `keyplan apply` to finish it.\n");
+            signal_hook::low_level::exit(1);
+        }
+        say(b"\nkeyplan: signal received: finishing the running steps, then stopping (send it again to exit at once)\n");
+    }
+
+    /// Installs the SIGINT, SIGTERM and SIGHUP handlers (once) and returns the stop flag.
+    ///
+    /// Errors: the handlers could not be installed (sigaction(2) failed).
+    pub(super) fn install() -> Result<&'static AtomicBool> {
+        if INSTALLED.get().is_none() {
+            for sig in [
+                signal_hook::consts::SIGINT,
+                signal_hook::consts::SIGTERM,
+                signal_hook::consts::SIGHUP,
+            ] {
+                // SAFETY: the handler uses only atomics, write(2) and _exit(2), all
+                // async-signal-safe; it allocates and locks nothing.
+                unsafe { signal_hook::low_level::register(sig, on_signal) }.into_diagnostic()?;
+            }
+            let _ = INSTALLED.set(());
+        }
+        Ok(&STOP)
+    }
+
+    /// Runs `f` (a step graph) with signals deferred to the end of the running steps.
+    pub(super) fn during_run<T>(f: impl FnOnce() -> T) -> T {
+        ACTIVE.store(!STOP.load(Ordering::SeqCst), Ordering::SeqCst);
+        let out = f();
+        ACTIVE.store(false, Ordering::SeqCst);
+        out
+    }
+}
+
+pub(super) fn progress_printer(
+    quiet: bool,
+) -> impl FnMut(&str, &std::result::Result<String, String>) {
+    move |desc, res| {
+        if quiet {
+            return;
+        }
+        match res {
+            Ok(o) => outln!("  {desc}: {o}"),
+            Err(e) => outln!("  {desc}: FAILED: {e}"),
+        }
+    }
+}
+
+pub(super) fn failure_report(f: RunFailure, what: &str) -> miette::Report {
+    if f.interrupted {
+        return miette!(
+            help = "run `keyplan apply` again to finish the run: it continues from the journal",
+            "{what} {} was interrupted: {}. {} steps completed; every device still opens with its key's current version",
+            f.run,
+            f.error,
+            f.completed.len()
+        );
+    }
+    miette!(
+        help = "every step is idempotent and the journal records progress: fix the cause, then run `keyplan apply` again. keyplan killed no keyslot without first verifying another one on the same device.",
+        "{what} {} failed: {}\n({} steps completed before the failure)",
+        f.run,
+        f.error,
+        f.completed.len()
+    )
+}
+
+/// Asks `question` on the terminal; true only for the answer `yes`.
+pub(super) fn confirm(question: &str) -> Result<bool> {
+    out!("\n{question} Only 'yes' will be accepted: ");
+    let _ = io::stdout().flush();
+    let mut answer = String::new();
+    io::stdin()
+        .lock()
+        .read_line(&mut answer)
+        .into_diagnostic()?;
+    Ok(answer.trim() == "yes")
+}
+
+pub(super) fn cmd_apply(
+    cli: &Cli,
+    arg: &PlanArg,
+    auto_approve: bool,
+    rotate: &[String],
+    verify: bool,
+    parallelism: Option<usize>,
+) -> Result<ExitCode> {
+    let plan = load_plan(cli, arg)?;
+    check_rotate_keys(&plan, rotate)?;
+    if !auto_approve && !io::stdin().is_terminal() {
+        let pending = match interrupted_run(&plan) {
+            Ok(Some(s)) => format!(
+                " (run {} was interrupted and will be finished first: see `keyplan plan`)",
+                s.run
+            ),
+            _ => String::new(),
+        };
+        return Err(miette!(
+            help = "run `keyplan apply --auto-approve` in scripts and pipelines",
+            "refusing to apply: no terminal to ask for confirmation on; nothing was changed{pending}"
+        ));
+    }
+    let parallelism = parallelism.unwrap_or(plan.parallelism);
+    let world = World::open(&plan)?;
+    let _lock = StateLock::acquire(&plan.state_dir).map_err(|e| miette!("{e}"))?;
+    let mut journal = Journal::open(&plan.state_dir).map_err(|e| miette!("{e}"))?;
+    let records = crate::journal::read(&plan.state_dir).map_err(|e| miette!("{e}"))?;
+    if let Some(s) = crate::journal::last_run(&records).filter(|s| s.ended.is_none()) {
+        for (id, path) in &s.devices {
+            if let Some(d) = plan.devices.get(id) {
+                if d.path.display().to_string() != *path {
+                    return Err(miette!(
+                        help = "restore the device's path in the plan file to finish the interrupted run, then change it",
+                        "device {id} was {path} in the interrupted run but is now {} in the plan; refusing to resume",
+                        d.path.display()
+                    ));
+                }
+            }
+        }
+        for step in &s.steps {
+            if let Some((key, to_kms, to_name)) = step.migration_target() {
+                let now = plan
+                    .keys
+                    .get(key)
+                    .map(|k| (k.kms.as_str(), k.name.as_str()));
+                if now != Some((to_kms, to_name)) {
+                    return Err(miette!(
+                        help = format!("put key {key} back in KMS {to_kms:?} (name {to_name:?}) in the plan, run `keyplan apply` to finish the move, then change the plan"),
+                        "the interrupted run {} moves key {key} to KMS {to_kms:?} ({to_name}), but the plan now puts it {}; refusing to resume, nothing was changed",
+                        s.run,
+                        match now {
+                            Some((k, n)) => format!("in KMS {k:?} ({n})"),
+                            None => "nowhere (the key left the plan)".to_owned(),
+                        }
+                    ));
+                }
+            }
+        }
+        out!("{}", interrupted_text(&s));
+        if !auto_approve && !confirm("Finish the interrupted run now?")? {
+            outln!("Apply cancelled; nothing was changed.");
+            return Ok(ExitCode::from(1));
+        }
+        outln!();
+        tracing::info!(run = %s.run, "finishing interrupted run");
+        let graph = crate::graph::StepGraph::from_parts(s.steps.clone(), &s.deps);
+        let mut progress = progress_printer(cli.quiet);
+        let input = crate::apply::RunInput {
+            plan: &plan,
+            world: &world,
+            graph: &graph,
+            run_id: &s.run,
+            resume: Some(&s),
+            parallelism,
+            stop: Some(interrupts::install()?),
+        };
+        interrupts::during_run(|| crate::apply::run_graph(input, &mut journal, &mut progress))
+            .map_err(|f| failure_report(f, "finishing interrupted run"))?;
+        outln!("Interrupted run {} finished.\n", s.run);
+    }
+    let mut totals = (0usize, 0usize, 0usize, 0usize);
+    // Round 2 exists only after a migration: a rotation that is due (or asked for) runs once
+    // the key is in its new KMS.
+    for round in 0..2 {
+        let (observed, d) = make_diff(
+            &plan,
+            &world,
+            rotate,
+            if round == 0 { verify } else { false },
+        )?;
+        if d.is_empty() {
+            if round == 0 {
+                out!("{}", render::plan_text(&plan, &d));
+                return Ok(ExitCode::SUCCESS);
+            }
+            break;
+        }
+        if round == 1 {
+            outln!("\nThe migration is done; planning again with the keys in their new KMS:\n");
+        }
+        out!("{}", render::plan_text(&plan, &d));
+        if !auto_approve && !confirm("Do you want to perform these actions?")? {
+            outln!(
+                "Apply cancelled; nothing {}was changed.",
+                if round == 1 { "more " } else { "" }
+            );
+            return Ok(ExitCode::from(1));
+        }
+        outln!();
+        observe::update_registry(&plan.state_dir, &observed).map_err(|e| miette!("{e}"))?;
+        let run_id = crate::apply::new_run_id();
+        tracing::info!(run = %run_id, steps = d.graph.len(), "starting run");
+        let mut progress = progress_printer(cli.quiet);
+        let input = crate::apply::RunInput {
+            plan: &plan,
+            world: &world,
+            graph: &d.graph,
+            run_id: &run_id,
+            resume: None,
+            parallelism,
+            stop: Some(interrupts::install()?),
+        };
+        let report =
+            interrupts::during_run(|| crate::apply::run_graph(input, &mut journal, &mut progress))
+                .map_err(|f| failure_report(f, "run"))?;
+        totals.0 += d.adds();
+        totals.1 += d.removes();
+        totals.2 += d.rotations();
+        totals.3 += report.steps_run;
+        let migrated = d.keys.iter().any(|k| k.action == diff::KeyAction::Migrate);
+        if !migrated {
+            break;
+        }
+    }
+    // Every key derivation of this command: planning checks (an enroll_with test), an
+    // interrupted run finished first, and this run.
+    outln!(
+        "\nApply complete! {} added, {} removed, {} keys rotated. ({} steps, {} PBKDF runs)",
+        totals.0,
+        totals.1,
+        totals.2,
+        totals.3,
+        world.cs.pbkdf_runs()
+    );
+    Ok(ExitCode::SUCCESS)
+}
