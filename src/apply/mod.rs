@@ -56,8 +56,42 @@ pub struct RunFailure {
     pub interrupted: bool,
 }
 
-/// Progress callback: `(step description, outcome or error)`, called on the main thread.
-pub type Progress<'a> = &'a mut dyn FnMut(&str, &Result<String, String>);
+/// What the executor tells its progress callback, on the main thread, as a run goes. The
+/// engine knows nothing of terminals: the CLI turns these into spinners or plain lines.
+#[derive(Debug, Clone, Copy)]
+pub enum StepEvent<'a> {
+    /// A step was journaled as started and handed to a worker thread.
+    Started {
+        /// Index of the step in the graph.
+        step: usize,
+        /// Steps in the graph (including those an interrupted process already did).
+        total: usize,
+        /// The step's description ([`Step`]'s `Display`, names no secret).
+        desc: &'a str,
+        /// The device the step works on (its id in the plan), if any.
+        device: Option<&'a str>,
+    },
+    /// A step finished, successfully or not.
+    Finished {
+        /// Index of the step in the graph.
+        step: usize,
+        /// Steps in the graph.
+        total: usize,
+        /// Steps done so far, this one included when it succeeded (steps an interrupted process
+        /// finished count too), so `done/total` is the run's progress.
+        done: usize,
+        /// The step's description.
+        desc: &'a str,
+        /// The device the step works on, if any.
+        device: Option<&'a str>,
+        /// The step's outcome summary (e.g. `added keyslot 3`) or its error.
+        result: Result<&'a str, &'a str>,
+    },
+}
+
+/// Progress callback: called with each [`StepEvent`] on the main thread. Time spent in it delays
+/// the scheduling of further steps, so it should only print.
+pub type Progress<'a> = &'a mut dyn FnMut(StepEvent<'_>);
 
 /// Shared state of a run.
 struct Exec<'a> {
@@ -218,6 +252,13 @@ pub fn run_graph(
                     }
                     running.insert(i);
                     tracing::info!(run = run_id, step = i, "start: {}", step);
+                    let desc = step.to_string();
+                    progress(StepEvent::Started {
+                        step: i,
+                        total: n,
+                        desc: &desc,
+                        device: step.device(),
+                    });
                     let tx = tx.clone();
                     let step = step.clone();
                     scope.spawn(move || {
@@ -247,7 +288,14 @@ pub fn run_graph(
             match result {
                 Ok(o) => {
                     done[i] = true;
-                    progress(&desc, &Ok(o.outcome.clone()));
+                    progress(StepEvent::Finished {
+                        step: i,
+                        total: n,
+                        done: done.iter().filter(|d| **d).count(),
+                        desc: &desc,
+                        device: graph.step(i).device(),
+                        result: Ok(&o.outcome),
+                    });
                     log.push((desc, o.outcome.clone()));
                     journal
                         .append(
@@ -262,7 +310,14 @@ pub fn run_graph(
                         .map_err(|e| e.to_string())?;
                 }
                 Err(e) => {
-                    progress(&desc, &Err(e.clone()));
+                    progress(StepEvent::Finished {
+                        step: i,
+                        total: n,
+                        done: done.iter().filter(|d| **d).count(),
+                        desc: &desc,
+                        device: graph.step(i).device(),
+                        result: Err(&e),
+                    });
                     let _ = journal.append(
                         run_id,
                         Event::StepFailed {

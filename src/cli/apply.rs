@@ -66,18 +66,165 @@ pub(super) mod interrupts {
     }
 }
 
-pub(super) fn progress_printer(
-    quiet: bool,
-) -> impl FnMut(&str, &std::result::Result<String, String>) {
-    move |desc, res| {
-        if quiet {
-            return;
-        }
-        match res {
-            Ok(o) => outln!("  {desc}: {o}"),
-            Err(e) => outln!("  {desc}: FAILED: {e}"),
+/// How an `apply` run shows its steps (see README "Operator comfort"):
+/// - stdout a terminal, no `--quiet`, no `-v` (log lines would tear the display): one spinner
+///   line per running step (device, step, elapsed) under a bar of steps done/total, drawn by
+///   `indicatif`; each finished step also leaves a line in the scrollback.
+/// - otherwise one plain line per finished step, stable for logs and scripts:
+///   `  [3/8] osd0: add osd-kek v2 into keyslot 2 (unlock with osd-kek v1): added keyslot 2 (1.2s)`
+///   or `  [3/8] ...: FAILED after 1.2s: <error>`.
+/// - `--quiet`: nothing.
+pub(super) struct ProgressView {
+    mode: ViewMode,
+    /// Start instant of each running step, by step index.
+    started: BTreeMap<usize, std::time::Instant>,
+}
+
+enum ViewMode {
+    Quiet,
+    Lines,
+    Bars {
+        multi: indicatif::MultiProgress,
+        overall: indicatif::ProgressBar,
+        running: BTreeMap<usize, indicatif::ProgressBar>,
+    },
+}
+
+/// `1.2s`, or `2m03s` from a minute on: the elapsed time of a step, in progress lines.
+pub(super) fn elapsed_text(d: std::time::Duration) -> String {
+    let secs = d.as_secs_f64();
+    if secs < 60.0 {
+        format!("{secs:.1}s")
+    } else {
+        let whole = d.as_secs();
+        format!("{}m{:02}s", whole / 60, whole % 60)
+    }
+}
+
+impl ProgressView {
+    /// Picks the display for `cli` (see [`ProgressView`]).
+    pub(super) fn new(cli: &Cli) -> ProgressView {
+        let mode = if cli.quiet {
+            ViewMode::Quiet
+        } else if cli.verbose == 0 && io::stdout().is_terminal() {
+            let multi =
+                indicatif::MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::stdout());
+            let overall = multi.add(indicatif::ProgressBar::new(0));
+            let style = indicatif::ProgressStyle::with_template(
+                "  [{bar:30}] {pos}/{len} steps, {elapsed}",
+            )
+            .map(|s| s.progress_chars("=> "))
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+            overall.set_style(style);
+            ViewMode::Bars {
+                multi,
+                overall,
+                running: BTreeMap::new(),
+            }
+        } else {
+            ViewMode::Lines
+        };
+        ProgressView {
+            mode,
+            started: BTreeMap::new(),
         }
     }
+
+    /// Shows one executor event.
+    pub(super) fn event(&mut self, ev: crate::apply::StepEvent<'_>) {
+        use crate::apply::StepEvent;
+        match ev {
+            StepEvent::Started {
+                step, total, desc, ..
+            } => {
+                self.started.insert(step, std::time::Instant::now());
+                if let ViewMode::Bars {
+                    multi,
+                    overall,
+                    running,
+                } = &mut self.mode
+                {
+                    overall.set_length(total as u64);
+                    let spinner =
+                        multi.insert_before(overall, indicatif::ProgressBar::new_spinner());
+                    if let Ok(style) =
+                        indicatif::ProgressStyle::with_template("  {spinner} {msg} ({elapsed})")
+                    {
+                        spinner.set_style(style);
+                    }
+                    spinner.set_message(desc.to_string());
+                    spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+                    running.insert(step, spinner);
+                }
+            }
+            StepEvent::Finished {
+                step,
+                total,
+                done,
+                desc,
+                result,
+                ..
+            } => {
+                let took = self
+                    .started
+                    .remove(&step)
+                    .map(|t| elapsed_text(t.elapsed()))
+                    .unwrap_or_default();
+                let line = match result {
+                    Ok(o) => format!("  [{done}/{total}] {desc}: {o} ({took})"),
+                    Err(e) => format!("  [{done}/{total}] {desc}: FAILED after {took}: {e}"),
+                };
+                match &mut self.mode {
+                    ViewMode::Quiet => {}
+                    ViewMode::Lines => outln!("{line}"),
+                    ViewMode::Bars {
+                        multi,
+                        overall,
+                        running,
+                    } => {
+                        if let Some(sp) = running.remove(&step) {
+                            sp.finish_and_clear();
+                            multi.remove(&sp);
+                        }
+                        overall.set_length(total as u64);
+                        overall.set_position(done as u64);
+                        let _ = multi.println(&line);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Removes the spinners and the bar (the finished-step lines stay).
+    pub(super) fn finish(&mut self) {
+        if let ViewMode::Bars {
+            multi,
+            overall,
+            running,
+        } = &mut self.mode
+        {
+            for (_, sp) in std::mem::take(running) {
+                sp.finish_and_clear();
+            }
+            overall.finish_and_clear();
+            let _ = multi.clear();
+        }
+    }
+}
+
+/// Runs `input` with signals deferred (see [`interrupts`]) and progress shown by a
+/// [`ProgressView`] for `cli`; the display is cleared before the result is returned.
+fn run_with_progress(
+    cli: &Cli,
+    input: crate::apply::RunInput<'_>,
+    journal: &mut Journal,
+) -> std::result::Result<crate::apply::RunReport, RunFailure> {
+    let mut view = ProgressView::new(cli);
+    let out = interrupts::during_run(|| {
+        crate::apply::run_graph(input, journal, &mut |ev| view.event(ev))
+    });
+    view.finish();
+    out
 }
 
 pub(super) fn failure_report(f: RunFailure, what: &str) -> miette::Report {
@@ -178,7 +325,6 @@ pub(super) fn cmd_apply(
         outln!();
         tracing::info!(run = %s.run, "finishing interrupted run");
         let graph = crate::graph::StepGraph::from_parts(s.steps.clone(), &s.deps);
-        let mut progress = progress_printer(cli.quiet);
         let input = crate::apply::RunInput {
             plan: &plan,
             world: &world,
@@ -188,7 +334,7 @@ pub(super) fn cmd_apply(
             parallelism,
             stop: Some(interrupts::install()?),
         };
-        interrupts::during_run(|| crate::apply::run_graph(input, &mut journal, &mut progress))
+        run_with_progress(cli, input, &mut journal)
             .map_err(|f| failure_report(f, "finishing interrupted run"))?;
         outln!("Interrupted run {} finished.\n", s.run);
     }
@@ -204,7 +350,7 @@ pub(super) fn cmd_apply(
         )?;
         if d.is_empty() {
             if round == 0 {
-                out!("{}", render::plan_text(&plan, &d));
+                out!("{}", render::plan_text_styled(&plan, &d, stdout_color(cli)));
                 return Ok(ExitCode::SUCCESS);
             }
             break;
@@ -212,7 +358,7 @@ pub(super) fn cmd_apply(
         if round == 1 {
             outln!("\nThe migration is done; planning again with the keys in their new KMS:\n");
         }
-        out!("{}", render::plan_text(&plan, &d));
+        out!("{}", render::plan_text_styled(&plan, &d, stdout_color(cli)));
         if !auto_approve && !confirm("Do you want to perform these actions?")? {
             outln!(
                 "Apply cancelled; nothing {}was changed.",
@@ -224,7 +370,6 @@ pub(super) fn cmd_apply(
         observe::update_registry(&plan.state_dir, &observed).map_err(|e| miette!("{e}"))?;
         let run_id = crate::apply::new_run_id();
         tracing::info!(run = %run_id, steps = d.graph.len(), "starting run");
-        let mut progress = progress_printer(cli.quiet);
         let input = crate::apply::RunInput {
             plan: &plan,
             world: &world,
@@ -235,8 +380,7 @@ pub(super) fn cmd_apply(
             stop: Some(interrupts::install()?),
         };
         let report =
-            interrupts::during_run(|| crate::apply::run_graph(input, &mut journal, &mut progress))
-                .map_err(|f| failure_report(f, "run"))?;
+            run_with_progress(cli, input, &mut journal).map_err(|f| failure_report(f, "run"))?;
         totals.0 += d.adds();
         totals.1 += d.removes();
         totals.2 += d.rotations();

@@ -40,6 +40,7 @@ macro_rules! out {
 }
 
 mod apply;
+mod docs;
 mod journal;
 mod key;
 mod plan;
@@ -69,9 +70,14 @@ pub struct Cli {
     /// Only errors on stderr.
     #[arg(short, long, global = true)]
     pub quiet: bool,
-    /// Colour output (honours NO_COLOR when `auto`).
+    /// Colour: `auto` colours a terminal unless NO_COLOR is set to a non-empty value;
+    /// `always` colours even pipes and overrides NO_COLOR; `never` never colours.
     #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
     pub color: ColorChoice,
+    /// Format of the log lines on stderr: `text` for people, `json` (one object per line) for
+    /// log pipelines.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, value_name = "FORMAT")]
+    pub log_format: LogFormat,
     /// The command.
     #[command(subcommand)]
     pub command: Command,
@@ -86,6 +92,32 @@ pub enum ColorChoice {
     Always,
     /// Never colour.
     Never,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum LogFormat {
+    /// `LEVEL message key=value` lines (tracing-subscriber's default format), with a timestamp.
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `fields` (with `message`), `target`
+    /// (tracing-subscriber's JSON format). Never coloured.
+    Json,
+}
+
+impl ColorChoice {
+    /// Whether to colour a stream that is (`is_terminal`) or is not a terminal: `always` yes,
+    /// `never` no, `auto` only a terminal and only when NO_COLOR is unset or empty
+    /// (<https://no-color.org>). An explicit `--color always` wins over NO_COLOR, as no-color.org
+    /// asks of per-invocation options.
+    pub fn enabled(self, is_terminal: bool) -> bool {
+        match self {
+            ColorChoice::Always => true,
+            ColorChoice::Never => false,
+            ColorChoice::Auto => {
+                is_terminal && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+            }
+        }
+    }
 }
 
 /// `-f PLAN`.
@@ -169,6 +201,19 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print a shell completion script to stdout, e.g.
+    /// `keyplan completions bash > /etc/bash_completion.d/keyplan`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) to stdout, or write one page per command into a directory.
+    Man {
+        /// Write `keyplan.1`, `keyplan-plan.1`, ... into DIR (created if missing) instead.
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<PathBuf>,
+    },
 }
 
 /// `keyplan key ...`.
@@ -201,11 +246,7 @@ fn parse_parallelism(s: &str) -> std::result::Result<usize, String> {
 pub fn main() -> ExitCode {
     let _failpoints = crate::failpoint::setup();
     let cli = Cli::parse();
-    let color = match cli.color {
-        ColorChoice::Always => true,
-        ColorChoice::Never => false,
-        ColorChoice::Auto => std::env::var_os("NO_COLOR").is_none() && io::stderr().is_terminal(),
-    };
+    let color = cli.color.enabled(io::stderr().is_terminal());
     init_logging(&cli, color);
     // Wrap long messages only for a person at a terminal; logs and pipelines get whole lines.
     let wrap = io::stderr().is_terminal();
@@ -247,12 +288,24 @@ fn init_logging(cli: &Cli, color: bool) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("KEYPLAN_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(io::stderr)
-        .with_ansi(color)
-        .with_target(false)
-        .try_init();
+        .with_writer(io::stderr);
+    let _ = match cli.log_format {
+        LogFormat::Text => builder.with_ansi(color).with_target(false).try_init(),
+        LogFormat::Json => builder
+            .json()
+            .with_ansi(false)
+            .with_current_span(false)
+            .with_span_list(false)
+            .try_init(),
+    };
+}
+
+/// Whether human text on stdout (the plan) is coloured: `--color` and NO_COLOR as for stderr,
+/// judged on stdout (see [`ColorChoice::enabled`]).
+fn stdout_color(cli: &Cli) -> bool {
+    cli.color.enabled(io::stdout().is_terminal())
 }
 
 fn load_plan(cli: &Cli, arg: &PlanArg) -> Result<Plan> {
@@ -299,6 +352,8 @@ fn run(cli: &Cli) -> Result<ExitCode> {
         } => cmd_key_get(cli, plan, key, *version, *reveal),
         Command::Journal { plan, json } => cmd_journal(cli, plan, *json),
         Command::Status { plan } => cmd_status(cli, plan),
+        Command::Completions { shell } => docs::cmd_completions(*shell),
+        Command::Man { out_dir } => docs::cmd_man(out_dir.as_deref()),
     }
 }
 

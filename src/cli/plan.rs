@@ -187,7 +187,7 @@ pub(super) fn cmd_plan(
             serde_json::to_string_pretty(&render::plan_json(&d)).into_diagnostic()?
         );
     } else {
-        out!("{}", render::plan_text(&plan, &d));
+        out!("{}", render::plan_text_styled(&plan, &d, stdout_color(cli)));
     }
     Ok(if detailed && !d.is_empty() {
         ExitCode::from(2)

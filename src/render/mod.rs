@@ -8,6 +8,52 @@ use crate::spec::Plan;
 /// The line printed when nothing would change.
 pub const NO_CHANGES: &str = "No changes. Devices and KMS match the plan.";
 
+/// [`plan_text`], coloured with ANSI escapes when `color`: `+` lines green, `-` red, `~` yellow,
+/// `>` (a move to another KMS) cyan, the `Plan:` summary and "No changes." bold. The caller
+/// decides `color` (`--color`, NO_COLOR, whether stdout is a terminal: see
+/// `ColorChoice::enabled` in the CLI).
+pub fn plan_text_styled(plan: &Plan, diff: &Diff, color: bool) -> String {
+    let text = plan_text(plan, diff);
+    if color {
+        colorize(&text)
+    } else {
+        text
+    }
+}
+
+/// Colours the lines of a rendered plan by their leading sign (see [`plan_text_styled`]).
+fn colorize(text: &str) -> String {
+    use anstyle::{AnsiColor, Style};
+    let mut out = String::with_capacity(text.len() + 64);
+    for line in text.split_inclusive('\n') {
+        let body = line.strip_suffix('\n').unwrap_or(line);
+        let trimmed = body.trim_start();
+        let style = if trimmed.starts_with("+ ") {
+            Some(Style::new().fg_color(Some(AnsiColor::Green.into())))
+        } else if trimmed.starts_with("- ") {
+            Some(Style::new().fg_color(Some(AnsiColor::Red.into())))
+        } else if trimmed.starts_with("~ ") {
+            Some(Style::new().fg_color(Some(AnsiColor::Yellow.into())))
+        } else if trimmed.starts_with("> ") {
+            Some(Style::new().fg_color(Some(AnsiColor::Cyan.into())))
+        } else if body.starts_with("Plan:") || body == NO_CHANGES {
+            Some(Style::new().bold())
+        } else {
+            None
+        };
+        match style {
+            Some(st) => {
+                let _ = write!(out, "{st}{body}{st:#}");
+                if line.ends_with('\n') {
+                    out.push('\n');
+                }
+            }
+            None => out.push_str(line),
+        }
+    }
+    out
+}
+
 /// Renders `diff` as text: one block per key with a KMS change, one block per device, then the
 /// summary line `Plan: N to add, M to remove, K keys to rotate.`
 pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
