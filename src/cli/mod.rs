@@ -70,8 +70,7 @@ pub struct Cli {
     /// Only errors on stderr.
     #[arg(short, long, global = true)]
     pub quiet: bool,
-    /// Colour: `auto` colours a terminal unless NO_COLOR is set to a non-empty value;
-    /// `always` colours even pipes and overrides NO_COLOR; `never` never colours.
+    /// When to colour the plan text (stdout) and error messages and logs (stderr).
     #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
     pub color: ColorChoice,
     /// Format of the log lines on stderr: `text` for people, `json` (one object per line) for
@@ -86,9 +85,9 @@ pub struct Cli {
 /// `--color`.
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum ColorChoice {
-    /// Colour when stderr is a terminal and NO_COLOR is unset.
+    /// Colour each stream that is a terminal, unless NO_COLOR is set to a non-empty value.
     Auto,
-    /// Always colour.
+    /// Colour even pipes and files; overrides NO_COLOR.
     Always,
     /// Never colour.
     Never,
