@@ -33,6 +33,9 @@ fi
 command -v openssl >/dev/null 2>&1 || { sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo; $sudo apt-get install -y -qq openssl >/dev/null; }
 bao version
 export KEYPLAN_REQUIRE_SERVERS=1
+# CLI snapshot tests (insta, tests/snapshots/): a changed or missing snapshot fails the run
+# instead of writing a new one. Review changes with `cargo insta review` locally.
+export CI=true INSTA_UPDATE=no
 
 cargo fmt --all -- --check
 # Lint both builds: release code (no injection points) and the test build (`failpoints`).
