@@ -77,12 +77,10 @@ fn parse_prometheus(text: &str) -> BTreeMap<String, f64> {
         let mut rest = &line[name_end..];
         if rest.starts_with('{') {
             let mut chars = rest.char_indices().skip(1).peekable();
-            let mut end = None;
-            loop {
+            let end = loop {
                 let (i, c) = chars.next().expect("closing brace");
                 if c == '}' {
-                    end = Some(i);
-                    break;
+                    break i;
                 }
                 // label name
                 let mut lname = String::from(c);
@@ -109,8 +107,7 @@ fn parse_prometheus(text: &str) -> BTreeMap<String, f64> {
                 if let Some((_, ',')) = chars.peek() {
                     chars.next();
                 }
-            }
-            let end = end.unwrap();
+            };
             rest = &rest[end + 1..];
         }
         let value = rest.strip_prefix(' ').expect("space before value");
@@ -265,6 +262,30 @@ fn healthy_after_apply_json_prometheus_and_textfile() {
     assert!(m[r#"keyplan_key_age_seconds{key="k",kms="local"}"#] < 600.0);
     assert_eq!(m[r#"keyplan_device_drift{device="a"}"#], 0.0);
     assert_eq!(m["keyplan_drift_devices"], 0.0);
+
+    // Every family is documented, and every metric the sample alert rules use exists.
+    let families: BTreeSet<&str> = m.keys().map(|k| k.split('{').next().unwrap()).collect();
+    assert_eq!(families.len(), 17, "{families:?}");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/monitoring.md")).unwrap();
+    for f in &families {
+        assert!(doc.contains(&format!("`{f}`")), "{f} documented");
+    }
+    let rules: serde_json::Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(root.join("examples/monitoring/keyplan.rules.yml")).unwrap(),
+    )
+    .unwrap();
+    let rules = rules["groups"][0]["rules"].as_array().unwrap();
+    assert!(rules.len() >= 5);
+    for r in rules {
+        let expr = r["expr"].as_str().unwrap();
+        assert!(r["alert"].is_string() && r["annotations"]["summary"].is_string());
+        for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if word.starts_with("keyplan_") {
+                assert!(families.contains(word), "rule uses unknown metric {word}");
+            }
+        }
+    }
 
     // -o: written atomically into the collector directory, replacing the old file, nothing on
     // stdout, no temporary file left behind.
