@@ -118,6 +118,35 @@ fn parse_prometheus(text: &str) -> BTreeMap<String, f64> {
     samples
 }
 
+/// Replaces what changes from run to run in `status` text: RFC 3339 times, run ids
+/// (`<secs>-<pid>`), ages and day counts (`12s`, `29d`).
+fn normalize(text: &str) -> String {
+    let word = |w: &str| -> String {
+        let core = w.trim_matches(|c| c == '(' || c == ')' || c == ',');
+        let digits = |x: &str| !x.is_empty() && x.chars().all(|c| c.is_ascii_digit());
+        let new = if core.len() == 20 && core.ends_with('Z') && core.as_bytes()[10] == b'T' {
+            "[TIME]"
+        } else if core
+            .split_once('-')
+            .is_some_and(|(a, b)| digits(a) && digits(b))
+        {
+            "[RUN]"
+        } else if core.len() > 1
+            && digits(&core[..core.len() - 1])
+            && matches!(core.chars().last(), Some('s' | 'm' | 'h' | 'd'))
+        {
+            "[DURATION]"
+        } else {
+            return w.to_string();
+        };
+        w.replace(core, new)
+    };
+    text.lines()
+        .map(|l| l.split(' ').map(word).collect::<Vec<_>>().join(" "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn prometheus(s: &Scratch, code: i32) -> BTreeMap<String, f64> {
     let out = s.keyplan(&["status", "--format", "prometheus"]);
     assert_eq!(
@@ -379,6 +408,15 @@ fn drift_after_keyslot_killed_outside_keyplan() {
     assert!(text.contains("key_missing"), "{text}");
     assert!(text.contains("UNHEALTHY: device a drifted"), "{text}");
 
+    // the whole text, with times, paths and the run id normalized
+    assert!(
+        text.contains("pbkdf_runs=0"),
+        "the driver counted no PBKDF run: {text}"
+    );
+    let plain = String::from_utf8(s.keyplan(&["status"]).stdout).unwrap();
+    let norm = normalize(&plain.replace(&s.dir.path().display().to_string(), "[DIR]"));
+    insta::assert_snapshot!(norm.replace(&format!("keyslot {slot}"), "keyslot [N]"));
+
     let j = status_json(s, 1);
     let d = &j["devices"][0];
     assert_eq!(d["drifted"], true);
@@ -519,6 +557,34 @@ fn failed_last_run_is_unhealthy() {
         m[r#"keyplan_key_current_version{key="k",kms="local"}"#],
         2.0
     );
+
+    // A KMS that cannot be read: exit 1, readable 0, the key's other metrics absent, drift
+    // not checked (absent, not 0), the error named.
+    let status_with_kms_down = |format: &str| {
+        assert_cmd::Command::cargo_bin("keyplan")
+            .unwrap()
+            .current_dir(s.dir.path())
+            .env("NO_COLOR", "1")
+            .env("FAILPOINTS", "kms.read=return(error)")
+            .args(["status", "--format", format])
+            .output()
+            .unwrap()
+    };
+    let out = status_with_kms_down("prometheus");
+    assert_eq!(out.status.code(), Some(1));
+    let m = parse_prometheus(&String::from_utf8(out.stdout).unwrap());
+    assert_eq!(m[r#"keyplan_key_kms_readable{key="k",kms="local"}"#], 0.0);
+    assert!(!m.contains_key(r#"keyplan_key_age_seconds{key="k",kms="local"}"#));
+    assert!(!m.contains_key(r#"keyplan_device_drift{device="a"}"#));
+    assert_eq!(m["keyplan_status_healthy"], 0.0);
+    let out = status_with_kms_down("json");
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["keys"][0]["readable"], false);
+    assert!(
+        j["keys"][0]["error"].as_str().unwrap().contains("injected"),
+        "{j}"
+    );
+    assert_eq!(j["devices"][0]["checked"], false);
 }
 
 #[test]

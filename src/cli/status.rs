@@ -556,7 +556,7 @@ fn render_text(r: &Report) -> String {
         if !d.checked {
             let _ = writeln!(s, "device {} ({}): not checked", d.id, d.path);
         } else if d.drift.is_empty() {
-            let _ = writeln!(s, "device {} ({}): as planned", d.id, d.path);
+            let _ = writeln!(s, "device {} ({}): no drift", d.id, d.path);
         } else {
             let _ = writeln!(s, "device {} ({}): DRIFT", d.id, d.path);
             for f in &d.drift {
