@@ -406,7 +406,10 @@ fn drift_after_keyslot_killed_outside_keyplan() {
         "{text}"
     );
     assert!(text.contains("key_missing"), "{text}");
-    assert!(text.contains("UNHEALTHY: device a drifted"), "{text}");
+    assert!(
+        text.contains("UNHEALTHY: device a drifted (key_missing, keyslot_gone; `keyplan plan` shows the repair)"),
+        "{text}"
+    );
 
     // the whole text, with times, paths and the run id normalized
     assert!(
@@ -468,6 +471,57 @@ fn drift_after_keyslot_killed_outside_keyplan() {
     assert_eq!(f["kind"], "unmanaged_keyslot", "{j}");
     assert_eq!(f["keyslot"], 0);
     w.assert_no_leaks();
+}
+
+/// A header restored from a backup taken before a rotation: with LUKS2 the tokens travel
+/// with the header, so the device holds a stale version; with LUKS1 the records live in the
+/// state directory, which names a keyslot the old header lacks. Then a keyslot killed by hand
+/// is drift on LUKS1 too.
+#[test]
+fn restored_header_and_luks1_drift() {
+    for luks in ["luks2", "luks1"] {
+        let s = Scratch::new();
+        s.initial_pass();
+        let img = s.small_image("a.img", luks);
+        s.plan("keyplan.yaml", &plan_text("30d", ""));
+        s.ok(&["apply", "--auto-approve"], 0);
+        let backup = std::fs::read(&img).unwrap();
+        s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
+        assert_eq!(status_json(&s, 0)["devices"][0]["drifted"], false);
+
+        let rotated = std::fs::read(&img).unwrap();
+        std::fs::write(&img, &backup).unwrap();
+        let j = status_json(&s, 1);
+        let kinds: Vec<&str> = j["devices"][0]["drift"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["kind"].as_str().unwrap())
+            .collect();
+        let want = if luks == "luks2" {
+            "stale_version"
+        } else {
+            "keyslot_gone"
+        };
+        assert!(kinds.contains(&want), "{luks}: {j}");
+        std::fs::write(&img, &rotated).unwrap();
+        assert_eq!(status_json(&s, 0)["devices"][0]["drifted"], false);
+
+        if luks == "luks1" {
+            let slot = *keyslots(&img).iter().find(|n| **n != 0).unwrap();
+            let out = std::process::Command::new("cryptsetup")
+                .args(["luksKillSlot", "--batch-mode"])
+                .arg(&img)
+                .arg(slot.to_string())
+                .stdin(std::process::Stdio::null())
+                .output()
+                .unwrap();
+            assert!(out.status.success());
+            let j = status_json(&s, 1);
+            assert_eq!(j["devices"][0]["drift"][0]["kind"], "keyslot_gone", "{j}");
+            assert_eq!(j["devices"][0]["drift"][0]["keyslot"], slot);
+        }
+    }
 }
 
 /// `journal --json`: one document with format_version, state_dir, the records and a summary

@@ -289,7 +289,7 @@ fn build(plan: &Plan, world: &World) -> Report {
                 .map(|f| kind_name(f.kind).to_string())
                 .collect();
             problems.push(format!(
-                "device {} drifted ({})",
+                "device {} drifted ({}; `keyplan plan` shows the repair)",
                 d.id,
                 kinds.into_iter().collect::<Vec<_>>().join(", ")
             ));
