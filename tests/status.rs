@@ -1,21 +1,169 @@
-//! `keyplan status`: per-key versions (current, retained) from the KMS, the last run, and
-//! exit 1 when a rotation is overdue.
+//! `keyplan status`: per-key versions (current, retained) from the KMS, per-device drift from
+//! the LUKS headers, the last run; exit 1 when unhealthy; `--format json` and `--format
+//! prometheus` (node_exporter textfile, `-o` written atomically); and `journal --json`.
 
 mod common;
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use common::*;
+
+fn plan_text(after: &str, extra_dev: &str) -> String {
+    format!(
+        "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  k: {{ kms: local, rotate_after: {after} }}\ndevices:\n  a: {{ path: a.img, keys: [k], enroll_with: initial.pass{extra_dev} }}\n{FAST_PBKDF}"
+    )
+}
+
+/// `status --format json`, asserting exit `code`.
+fn status_json(s: &Scratch, code: i32) -> serde_json::Value {
+    let out = s.keyplan(&["status", "--format", "json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON document on stdout")
+}
+
+/// Parses Prometheus text exposition format strictly enough for the textfile collector:
+/// every sample's family has exactly one `# HELP` and one `# TYPE gauge` line before its
+/// first sample, families are contiguous, names and label names are valid, label values are
+/// escaped (only `\\`, `\"`, `\n`), values are numbers, and no sample repeats. Returns
+/// samples by `name{labels}` as written.
+fn parse_prometheus(text: &str) -> BTreeMap<String, f64> {
+    let valid_name = |n: &str| {
+        !n.is_empty()
+            && n.chars()
+                .enumerate()
+                .all(|(i, c)| c.is_ascii_alphabetic() || c == '_' || (i > 0 && c.is_ascii_digit()))
+    };
+    let mut helped = BTreeSet::new();
+    let mut typed = BTreeSet::new();
+    let mut finished = BTreeSet::new();
+    let mut current: Option<String> = None;
+    let mut samples = BTreeMap::new();
+    assert!(text.ends_with('\n'), "ends with a newline");
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let name = rest.split(' ').next().unwrap();
+            assert!(valid_name(name), "{line}");
+            assert!(helped.insert(name.to_string()), "one HELP for {name}");
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut it = rest.split(' ');
+            let name = it.next().unwrap();
+            assert_eq!(it.next(), Some("gauge"), "{line}");
+            assert!(typed.insert(name.to_string()), "one TYPE for {name}");
+            continue;
+        }
+        assert!(!line.starts_with('#'), "no other comments: {line}");
+        assert!(!line.is_empty(), "no blank lines");
+        // name, optional {labels}, space, value
+        let name_end = line.find(['{', ' ']).expect("sample line");
+        let name = &line[..name_end];
+        assert!(valid_name(name), "{line}");
+        assert!(typed.contains(name), "TYPE before sample: {line}");
+        assert!(helped.contains(name), "HELP before sample: {line}");
+        if current.as_deref() != Some(name) {
+            if let Some(prev) = current.take() {
+                finished.insert(prev);
+            }
+            assert!(!finished.contains(name), "family {name} is contiguous");
+            current = Some(name.to_string());
+        }
+        let mut rest = &line[name_end..];
+        if rest.starts_with('{') {
+            let mut chars = rest.char_indices().skip(1).peekable();
+            let end = loop {
+                let (i, c) = chars.next().expect("closing brace");
+                if c == '}' {
+                    break i;
+                }
+                // label name
+                let mut lname = String::from(c);
+                for (_, c) in chars.by_ref() {
+                    if c == '=' {
+                        break;
+                    }
+                    lname.push(c);
+                }
+                assert!(valid_name(&lname), "label name {lname:?} in {line}");
+                assert_eq!(chars.next().map(|x| x.1), Some('"'), "{line}");
+                loop {
+                    let (_, c) = chars.next().expect("closing quote");
+                    match c {
+                        '\\' => {
+                            let (_, e) = chars.next().expect("escape");
+                            assert!(matches!(e, '\\' | '"' | 'n'), "bad escape in {line}");
+                        }
+                        '"' => break,
+                        '\n' => panic!("raw newline in {line}"),
+                        _ => {}
+                    }
+                }
+                if let Some((_, ',')) = chars.peek() {
+                    chars.next();
+                }
+            };
+            rest = &rest[end + 1..];
+        }
+        let value = rest.strip_prefix(' ').expect("space before value");
+        let v: f64 = value.parse().unwrap_or_else(|_| panic!("number: {line}"));
+        let key = line[..line.len() - value.len() - 1].to_string();
+        assert!(samples.insert(key, v).is_none(), "sample repeats: {line}");
+    }
+    samples
+}
+
+/// Replaces what changes from run to run in `status` text: RFC 3339 times, run ids
+/// (`<secs>-<pid>`), ages and day counts (`12s`, `29d`).
+fn normalize(text: &str) -> String {
+    let word = |w: &str| -> String {
+        let core = w.trim_matches(|c| c == '(' || c == ')' || c == ',');
+        let digits = |x: &str| !x.is_empty() && x.chars().all(|c| c.is_ascii_digit());
+        let new = if core.len() == 20 && core.ends_with('Z') && core.as_bytes()[10] == b'T' {
+            "[TIME]"
+        } else if core
+            .split_once('-')
+            .is_some_and(|(a, b)| digits(a) && digits(b))
+        {
+            "[RUN]"
+        } else if core.len() > 1
+            && digits(&core[..core.len() - 1])
+            && matches!(core.chars().last(), Some('s' | 'm' | 'h' | 'd'))
+        {
+            "[DURATION]"
+        } else {
+            return w.to_string();
+        };
+        w.replace(core, new)
+    };
+    text.lines()
+        .map(|l| l.split(' ').map(word).collect::<Vec<_>>().join(" "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn prometheus(s: &Scratch, code: i32) -> BTreeMap<String, f64> {
+    let out = s.keyplan(&["status", "--format", "prometheus"]);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    parse_prometheus(&String::from_utf8(out.stdout).expect("utf-8"))
+}
 
 #[test]
 fn status_reports_current_retained_and_overdue() {
     let s = Scratch::new();
     s.initial_pass();
     s.small_image("a.img", "luks2");
-    let plan = |after: &str| {
-        format!(
-            "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  k: {{ kms: local, rotate_after: {after} }}\ndevices:\n  a: {{ path: a.img, keys: [k], enroll_with: initial.pass }}\n{FAST_PBKDF}"
-        )
-    };
-    s.plan("keyplan.yaml", &plan("30d"));
+    s.plan("keyplan.yaml", &plan_text("30d", ""));
     let out = s.ok(&["status"], 0);
     assert!(out.contains("no current version"), "{out}");
     assert!(out.contains("last run: none"), "{out}");
@@ -27,18 +175,486 @@ fn status_reports_current_retained_and_overdue() {
     assert!(out.contains("rotation due in"), "{out}");
     assert!(out.contains("(success)"), "{out}");
     // A 1-second limit is overdue two seconds later: exit 1 for monitoring.
-    s.plan("keyplan.yaml", &plan("1s"));
+    s.plan("keyplan.yaml", &plan_text("1s", ""));
     std::thread::sleep(std::time::Duration::from_millis(2100));
     let out = s.ok(&["status"], 1);
     assert!(out.contains("rotation OVERDUE"), "{out}");
     assert!(out.contains("UNHEALTHY"), "{out}");
+    let j = status_json(&s, 1);
+    let k = &j["keys"][0];
+    assert_eq!(k["overdue"], true);
+    assert_eq!(k["rotate_after_seconds"], 1);
+    let due = k["rotation_due_at"].as_u64().unwrap();
+    assert_eq!(due, k["current"]["created_at"].as_u64().unwrap() + 1);
+    assert!(due < j["generated_at"].as_u64().unwrap(), "due in the past");
+    assert_eq!(j["healthy"], false);
+    // overdue is not drift: the device is as the plan wants it
+    assert_eq!(j["devices"][0]["drifted"], false, "{j}");
+    let m = prometheus(&s, 1);
+    assert_eq!(
+        m[r#"keyplan_key_rotation_overdue{key="k",kms="local"}"#],
+        1.0
+    );
+    assert_eq!(m["keyplan_status_healthy"], 0.0);
+    assert_eq!(m["keyplan_drift_devices"], 0.0);
 
     // A KMS that lost a key a run committed is unhealthy too (not "not created yet").
-    s.plan("keyplan.yaml", &plan("30d"));
+    s.plan("keyplan.yaml", &plan_text("30d", ""));
     std::fs::remove_dir_all(s.path("keys").join("k")).unwrap();
     let out = s.ok(&["status"], 1);
     assert!(
         out.contains("NO CURRENT VERSION, although a run committed one"),
         "{out}"
     );
+    assert_eq!(status_json(&s, 1)["keys"][0]["missing"], true);
+}
+
+/// After apply: exit 0, JSON fields and Prometheus values match the KMS and journal, `-o`
+/// replaces the textfile atomically, and status runs no PBKDF (no cryptsetup call but
+/// `luksDump`).
+#[test]
+fn healthy_after_apply_json_prometheus_and_textfile() {
+    let w = Watched::new();
+    let s = &w.s;
+    s.initial_pass();
+    s.small_image("a.img", "luks2");
+    s.plan("keyplan.yaml", &plan_text("30d", ""));
+    w.ok(&["apply", "--auto-approve"], 0);
+    w.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
+
+    let logged = w.child_log().len();
+    let out = w.run(&["status", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let log = w.child_log();
+    let calls: Vec<&str> = std::str::from_utf8(&log[logged..])
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("ARGV:"))
+        .collect();
+    assert!(!calls.is_empty(), "status read the headers");
+    assert!(
+        calls
+            .iter()
+            .all(|l| l.contains(" luksDump ") || l.contains(" isLuks ")),
+        "status only reads headers (no PBKDF): {calls:?}"
+    );
+
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["format_version"], "1.0");
+    assert_eq!(j["healthy"], true);
+    assert_eq!(j["problems"], serde_json::json!([]));
+    let k = &j["keys"][0];
+    assert_eq!(k["id"], "k");
+    assert_eq!(k["kms"], "local");
+    assert_eq!(k["provider"], "file");
+    assert_eq!(k["name"], "k");
+    assert_eq!(k["current"]["version"], 2);
+    assert_eq!(k["retained"], serde_json::json!([1]));
+    assert_eq!(k["pending"], serde_json::Value::Null);
+    assert_eq!(k["overdue"], false);
+    assert_eq!(k["rotate_after_seconds"], 30 * 86400);
+    assert_eq!(
+        k["rotation_due_at"].as_u64().unwrap(),
+        k["current"]["created_at"].as_u64().unwrap() + 30 * 86400
+    );
+    let d = &j["devices"][0];
+    assert_eq!(d["id"], "a");
+    assert_eq!(d["checked"], true);
+    assert_eq!(d["drifted"], false);
+    assert_eq!(d["drift"], serde_json::json!([]));
+    assert_eq!(j["last_run"]["outcome"], "success");
+    assert!(
+        j["last_run"]["ended_at"].as_u64().unwrap()
+            >= j["last_run"]["started_at"].as_u64().unwrap()
+    );
+    assert_eq!(j["last_success_at"], j["last_run"]["ended_at"]);
+
+    let m = prometheus(s, 0);
+    assert_eq!(m["keyplan_status_healthy"], 1.0);
+    assert_eq!(m["keyplan_last_run_success"], 1.0);
+    assert_eq!(
+        m[r#"keyplan_key_current_version{key="k",kms="local"}"#],
+        2.0
+    );
+    assert_eq!(
+        m[r#"keyplan_key_retained_versions{key="k",kms="local"}"#],
+        1.0
+    );
+    assert_eq!(
+        m[r#"keyplan_key_rotation_overdue{key="k",kms="local"}"#],
+        0.0
+    );
+    assert_eq!(
+        m[r#"keyplan_key_rotation_due_timestamp_seconds{key="k",kms="local"}"#],
+        k["rotation_due_at"].as_f64().unwrap()
+    );
+    assert!(m[r#"keyplan_key_age_seconds{key="k",kms="local"}"#] < 600.0);
+    assert_eq!(m[r#"keyplan_device_drift{device="a"}"#], 0.0);
+    assert_eq!(m["keyplan_drift_devices"], 0.0);
+
+    // Every family is documented, and every metric the sample alert rules use exists.
+    let families: BTreeSet<&str> = m.keys().map(|k| k.split('{').next().unwrap()).collect();
+    assert_eq!(families.len(), 17, "{families:?}");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/monitoring.md")).unwrap();
+    for f in &families {
+        assert!(doc.contains(&format!("`{f}`")), "{f} documented");
+    }
+    let rules: serde_json::Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(root.join("examples/monitoring/keyplan.rules.yml")).unwrap(),
+    )
+    .unwrap();
+    let rules = rules["groups"][0]["rules"].as_array().unwrap();
+    assert!(rules.len() >= 5);
+    for r in rules {
+        let expr = r["expr"].as_str().unwrap();
+        assert!(r["alert"].is_string() && r["annotations"]["summary"].is_string());
+        for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if word.starts_with("keyplan_") {
+                assert!(families.contains(word), "rule uses unknown metric {word}");
+            }
+        }
+    }
+
+    // -o: written atomically into the collector directory, replacing the old file, nothing on
+    // stdout, no temporary file left behind.
+    let dir = s.path("textfile");
+    std::fs::create_dir(&dir).unwrap();
+    let prom = dir.join("keyplan.prom");
+    std::fs::write(&prom, "stale\n").unwrap();
+    let out = s.keyplan(&[
+        "status",
+        "--format",
+        "prometheus",
+        "-o",
+        prom.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(out.stdout.is_empty(), "nothing on stdout with -o");
+    let written = std::fs::read_to_string(&prom).unwrap();
+    let m = parse_prometheus(&written);
+    assert_eq!(m["keyplan_last_run_success"], 1.0);
+    let names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("keyplan.prom")]);
+    // a directory that does not exist: exit 1 naming the file
+    let out = s.ok(
+        &[
+            "status",
+            "--format",
+            "prometheus",
+            "-o",
+            "no/such/dir/k.prom",
+        ],
+        1,
+    );
+    assert!(
+        out.contains("cannot write the status to no/such/dir/k.prom"),
+        "{out}"
+    );
+    w.assert_no_leaks();
+}
+
+/// A managed keyslot killed behind keyplan's back is drift: exit 1, the device named, the
+/// metric 1; `apply` repairs it and status is healthy again. An unreadable device is drift too.
+#[test]
+fn drift_after_keyslot_killed_outside_keyplan() {
+    let w = Watched::new();
+    let s = &w.s;
+    s.initial_pass();
+    let img = s.small_image("a.img", "luks2");
+    s.plan("keyplan.yaml", &plan_text("30d", ""));
+    w.ok(&["apply", "--auto-approve"], 0);
+    let slot = *keyslots(&img)
+        .iter()
+        .find(|n| **n != 0)
+        .expect("keyplan's keyslot");
+    let out = std::process::Command::new("cryptsetup")
+        .args(["luksKillSlot", "--batch-mode"])
+        .arg(&img)
+        .arg(slot.to_string())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let logged = w.child_log().len();
+    let text = w.ok(&["status"], 1);
+    let log = w.child_log();
+    let tested = std::str::from_utf8(&log[logged..])
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("ARGV:"))
+        .filter(|l| !l.contains(" luksDump ") && !l.contains(" isLuks "))
+        .count();
+    assert_eq!(
+        tested, 0,
+        "status tests no passphrase (enroll_with is not tried)"
+    );
+    assert!(text.contains("device a ("), "{text}");
+    assert!(text.contains("DRIFT"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "keyslot_gone: keyslot {slot} was removed outside keyplan; it held k v1"
+        )),
+        "{text}"
+    );
+    assert!(text.contains("key_missing"), "{text}");
+    assert!(
+        text.contains("UNHEALTHY: device a drifted (key_missing, keyslot_gone; `keyplan plan` shows the repair)"),
+        "{text}"
+    );
+
+    // the whole text, with times, paths and the run id normalized
+    assert!(
+        text.contains("pbkdf_runs=0"),
+        "the driver counted no PBKDF run: {text}"
+    );
+    let plain = String::from_utf8(s.keyplan(&["status"]).stdout).unwrap();
+    let norm = normalize(&plain.replace(&s.dir.path().display().to_string(), "[DIR]"));
+    insta::assert_snapshot!(norm.replace(&format!("keyslot {slot}"), "keyslot [N]"));
+
+    let j = status_json(s, 1);
+    let d = &j["devices"][0];
+    assert_eq!(d["drifted"], true);
+    let kinds: Vec<&str> = d["drift"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, vec!["keyslot_gone", "key_missing"]);
+    assert_eq!(d["drift"][0]["keyslot"], slot);
+    let m = prometheus(s, 1);
+    assert_eq!(m[r#"keyplan_device_drift{device="a"}"#], 1.0);
+    assert_eq!(m[r#"keyplan_device_drift_findings{device="a"}"#], 2.0);
+    assert_eq!(m["keyplan_drift_devices"], 1.0);
+    assert_eq!(m["keyplan_status_healthy"], 0.0);
+    // The last run itself was fine: drift is its own signal.
+    assert_eq!(m["keyplan_last_run_success"], 1.0);
+
+    // apply repairs the device; the current version opens it again; status is healthy
+    w.ok(&["apply", "--auto-approve"], 0);
+    assert!(opens(&img, &s.key_get("k", None), None));
+    let j = status_json(s, 0);
+    assert_eq!(j["devices"][0]["drifted"], false);
+
+    // an unreadable device (moved away) is drift of kind `unreadable`; keys are still reported
+    std::fs::rename(&img, s.path("moved.img")).unwrap();
+    let j = status_json(s, 1);
+    assert_eq!(j["devices"][0]["drift"][0]["kind"], "unreadable");
+    assert!(
+        j["devices"][0]["drift"][0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("does not exist"),
+        "{j}"
+    );
+    assert_eq!(j["keys"][0]["current"]["version"], 1);
+    let m = prometheus(s, 1);
+    assert_eq!(m[r#"keyplan_device_drift{device="a"}"#], 1.0);
+    std::fs::rename(s.path("moved.img"), &img).unwrap();
+
+    // under `unmanaged_keyslots: remove`, the initial keyslot 0 is drift (apply would remove it)
+    s.plan(
+        "keyplan.yaml",
+        &plan_text("30d", ", unmanaged_keyslots: remove"),
+    );
+    let j = status_json(s, 1);
+    let f = &j["devices"][0]["drift"][0];
+    assert_eq!(f["kind"], "unmanaged_keyslot", "{j}");
+    assert_eq!(f["keyslot"], 0);
+    w.assert_no_leaks();
+}
+
+/// A header restored from a backup taken before a rotation: with LUKS2 the tokens travel
+/// with the header, so the device holds a stale version; with LUKS1 the records live in the
+/// state directory, which names a keyslot the old header lacks. Then a keyslot killed by hand
+/// is drift on LUKS1 too.
+#[test]
+fn restored_header_and_luks1_drift() {
+    for luks in ["luks2", "luks1"] {
+        let s = Scratch::new();
+        s.initial_pass();
+        let img = s.small_image("a.img", luks);
+        s.plan("keyplan.yaml", &plan_text("30d", ""));
+        s.ok(&["apply", "--auto-approve"], 0);
+        let backup = std::fs::read(&img).unwrap();
+        s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
+        assert_eq!(status_json(&s, 0)["devices"][0]["drifted"], false);
+
+        let rotated = std::fs::read(&img).unwrap();
+        std::fs::write(&img, &backup).unwrap();
+        let j = status_json(&s, 1);
+        let kinds: Vec<&str> = j["devices"][0]["drift"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["kind"].as_str().unwrap())
+            .collect();
+        let want = if luks == "luks2" {
+            "stale_version"
+        } else {
+            "keyslot_gone"
+        };
+        assert!(kinds.contains(&want), "{luks}: {j}");
+        std::fs::write(&img, &rotated).unwrap();
+        assert_eq!(status_json(&s, 0)["devices"][0]["drifted"], false);
+
+        if luks == "luks1" {
+            let slot = *keyslots(&img).iter().find(|n| **n != 0).unwrap();
+            let out = std::process::Command::new("cryptsetup")
+                .args(["luksKillSlot", "--batch-mode"])
+                .arg(&img)
+                .arg(slot.to_string())
+                .stdin(std::process::Stdio::null())
+                .output()
+                .unwrap();
+            assert!(out.status.success());
+            let j = status_json(&s, 1);
+            assert_eq!(j["devices"][0]["drift"][0]["kind"], "keyslot_gone", "{j}");
+            assert_eq!(j["devices"][0]["drift"][0]["keyslot"], slot);
+        }
+    }
+}
+
+/// `journal --json`: one document with format_version, state_dir, the records and a summary
+/// per run.
+#[test]
+fn journal_json_document() {
+    let s = Scratch::new();
+    s.initial_pass();
+    s.small_image("a.img", "luks2");
+    s.plan("keyplan.yaml", &plan_text("30d", ""));
+    let out = s.keyplan(&["journal", "--json"]);
+    assert!(out.status.success());
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["format_version"], "1.0");
+    assert_eq!(j["records"], serde_json::json!([]));
+    assert_eq!(j["runs"], serde_json::json!([]));
+    s.ok(&["apply", "--auto-approve"], 0);
+    s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
+    let out = s.keyplan(&["journal", "--json"]);
+    assert!(out.status.success());
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["format_version"], "1.0");
+    let state_dir = std::path::PathBuf::from(j["state_dir"].as_str().unwrap());
+    assert!(state_dir.join("journal.jsonl").is_file(), "{j}");
+    let runs = j["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{j}");
+    for r in runs {
+        assert_eq!(r["outcome"], "success");
+        assert!(r["steps"].as_u64().unwrap() > 0);
+        assert_eq!(r["done"], r["steps"], "every step done: {r}");
+        assert!(r["ended_at"].as_u64().unwrap() >= r["started_at"].as_u64().unwrap());
+    }
+    let records = j["records"].as_array().unwrap();
+    assert_eq!(records[0]["event"], "run_start");
+    assert_eq!(records[0]["run"], runs[0]["id"]);
+    let last_status = status_json(&s, 0);
+    assert_eq!(last_status["last_run"]["id"], runs[1]["id"]);
+}
+
+/// A failed last run: `keyplan_last_run_success 0`, exit 1, outcome `failed` with its error.
+#[cfg(feature = "failpoints")]
+#[test]
+fn failed_last_run_is_unhealthy() {
+    let s = Scratch::new();
+    s.initial_pass();
+    s.small_image("a.img", "luks2");
+    s.plan("keyplan.yaml", &plan_text("30d", ""));
+    s.ok(&["apply", "--auto-approve"], 0);
+    let out = assert_cmd::Command::cargo_bin("keyplan")
+        .unwrap()
+        .current_dir(s.dir.path())
+        .env("NO_COLOR", "1")
+        .env("FAILPOINTS", "kms.commit=return(error)")
+        .args(["apply", "--auto-approve", "--rotate", "k"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let m = prometheus(&s, 1);
+    assert_eq!(m["keyplan_last_run_success"], 0.0);
+    assert_eq!(m["keyplan_status_healthy"], 0.0);
+    assert!(
+        m.contains_key("keyplan_last_success_timestamp_seconds"),
+        "the first run succeeded"
+    );
+    let j = status_json(&s, 1);
+    assert_eq!(j["last_run"]["outcome"], "failed", "{j}");
+    assert!(
+        j["last_run"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("injected"),
+        "{j}"
+    );
+    assert!(
+        j["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p.as_str().unwrap().contains("failed")),
+        "{j}"
+    );
+    // the next apply finishes the rotation: healthy again
+    s.ok(&["apply", "--auto-approve"], 0);
+    let m = prometheus(&s, 0);
+    assert_eq!(m["keyplan_last_run_success"], 1.0);
+    assert_eq!(
+        m[r#"keyplan_key_current_version{key="k",kms="local"}"#],
+        2.0
+    );
+
+    // A KMS that cannot be read: exit 1, readable 0, the key's other metrics absent, drift
+    // not checked (absent, not 0), the error named.
+    let status_with_kms_down = |format: &str| {
+        assert_cmd::Command::cargo_bin("keyplan")
+            .unwrap()
+            .current_dir(s.dir.path())
+            .env("NO_COLOR", "1")
+            .env("FAILPOINTS", "kms.read=return(error)")
+            .args(["status", "--format", format])
+            .output()
+            .unwrap()
+    };
+    let out = status_with_kms_down("prometheus");
+    assert_eq!(out.status.code(), Some(1));
+    let m = parse_prometheus(&String::from_utf8(out.stdout).unwrap());
+    assert_eq!(m[r#"keyplan_key_kms_readable{key="k",kms="local"}"#], 0.0);
+    assert!(!m.contains_key(r#"keyplan_key_age_seconds{key="k",kms="local"}"#));
+    assert!(!m.contains_key(r#"keyplan_device_drift{device="a"}"#));
+    assert_eq!(m["keyplan_status_healthy"], 0.0);
+    let out = status_with_kms_down("json");
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["keys"][0]["readable"], false);
+    assert!(
+        j["keys"][0]["error"].as_str().unwrap().contains("injected"),
+        "{j}"
+    );
+    assert_eq!(j["devices"][0]["checked"], false);
+}
+
+#[test]
+fn prometheus_parser_rejects_bad_text() {
+    let bad = [
+        "keyplan_x 1\n",                                 // no TYPE
+        "# HELP a h\n# TYPE a gauge\na{l=\"x\ny\"} 1\n", // raw newline (split line)
+        "# HELP a h\n# TYPE a gauge\na{l=\"\\q\"} 1\n",  // bad escape
+        "# HELP a h\n# TYPE a gauge\na 1\na 2\n",        // repeated sample
+    ];
+    for b in bad {
+        assert!(
+            std::panic::catch_unwind(|| parse_prometheus(b)).is_err(),
+            "accepted {b:?}"
+        );
+    }
+    let ok = parse_prometheus("# HELP a h\n# TYPE a gauge\na{l=\"x\\\"y\\\\\\n\",m=\"\"} 1\n");
+    assert_eq!(ok.len(), 1);
 }

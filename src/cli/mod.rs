@@ -119,6 +119,17 @@ impl ColorChoice {
     }
 }
 
+/// `status --format`.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum StatusFormat {
+    /// For people.
+    Text,
+    /// One JSON document (`format_version` "1.0").
+    Json,
+    /// node_exporter textfile metrics (Prometheus text exposition format).
+    Prometheus,
+}
+
 /// `-f PLAN`.
 #[derive(Debug, Clone, Args)]
 pub struct PlanArg {
@@ -186,17 +197,26 @@ pub enum Command {
         command: KeyCommand,
     },
     /// Per key: its KMS, current version and age, next rotation due, pending and retained
-    /// versions; and the last run's outcome. Reads the KMSs and the journal, never a device.
-    /// Exit 1 when a rotation is overdue or the last run failed.
+    /// versions; per device: drift from the plan; and the last run's outcome. Reads KMSs,
+    /// journal and LUKS headers (no PBKDF run), writes nothing. Exit 1 when a rotation is
+    /// overdue, the last run failed, a device drifted or a KMS is unreadable
+    /// (docs/monitoring.md).
     Status {
         #[command(flatten)]
         plan: PlanArg,
+        /// Output format: text, a JSON document, or Prometheus textfile metrics.
+        #[arg(long, value_enum, default_value_t = StatusFormat::Text)]
+        format: StatusFormat,
+        /// Write to FILE atomically (temporary file + rename) instead of stdout, e.g. into
+        /// node_exporter's textfile collector directory.
+        #[arg(short = 'o', long, value_name = "FILE")]
+        output: Option<PathBuf>,
     },
     /// Show the journal of runs.
     Journal {
         #[command(flatten)]
         plan: PlanArg,
-        /// Print JSON (an array of records) instead of text.
+        /// Print one JSON document (format_version, records, runs) instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -350,7 +370,11 @@ fn run(cli: &Cli) -> Result<ExitCode> {
                 },
         } => cmd_key_get(cli, plan, key, *version, *reveal),
         Command::Journal { plan, json } => cmd_journal(cli, plan, *json),
-        Command::Status { plan } => cmd_status(cli, plan),
+        Command::Status {
+            plan,
+            format,
+            output,
+        } => cmd_status(cli, plan, *format, output.as_deref()),
         Command::Completions { shell } => docs::cmd_completions(*shell),
         Command::Man { out_dir } => docs::cmd_man(out_dir.as_deref()),
     }
