@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use diag::{json_diagnostics, JsonDiagnostic, Position, Range, Severity};
 pub use model::{KmsConfig, PbkdfSettings, PbkdfType, UnmanagedKeyslots};
 
 use diag::{Label, PlanError, SourceFile};
