@@ -298,3 +298,47 @@ fn not_a_plan_is_not_quoted() {
     let doc: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(doc["diagnostics"][0]["code"], "keyplan::plan::not_a_plan");
 }
+
+/// For each kind of error, the human report's `[file:line:column]` and the JSON range agree
+/// (the files are ASCII, so byte and character columns are equal), in YAML and TOML.
+#[test]
+fn human_and_json_locations_agree_for_every_kind_of_error() {
+    let cases: &[(&str, &str, (u64, u64))] = &[
+        // YAML syntax: a tab-indented line
+        ("syntax.yaml", "version: 1\nkms:\n\tlocal: {}\n", (3, 2)),
+        // TOML syntax
+        ("syntax.toml", "version = 1\n[kms.local\n", (2, 11)),
+        // unknown field
+        ("unknown.yaml", "version: 1\nkms:\n  l: { provider: file, path: k, mode: 1 }\n", (3, 33)),
+        // missing field
+        ("missing.yaml", "version: 1\ndevices:\n  d: { keys: [] }\n", (3, 3)),
+        // wrong provider
+        ("provider.toml", "version = 1\n[kms.l]\nprovider = \"files\"\npath = \"k\"\n", (3, 12)),
+        // bad value
+        ("bytes.yaml", "version: 1\nkms:\n  l: { provider: file, path: k }\nkeys:\n  k: { kms: l, bytes: 600 }\n", (5, 23)),
+        // dangling KMS reference
+        ("kms.toml", "version = 1\n[keys.k]\nkms = \"vault\"\n", (3, 7)),
+        // dangling key reference, CRLF line ends
+        ("key.yaml", "version: 1\r\nkms:\r\n  l: { provider: file, path: k }\r\nkeys:\r\n  k: { kms: l }\r\ndevices:\r\n  d: { path: d.img, keys: [k, j] }\r\n", (7, 31)),
+        // two keys pinned to one keyslot
+        ("slot.yaml", "version: 1\nkms:\n  l: { provider: file, path: k }\nkeys:\n  a: { kms: l }\n  b: { kms: l }\ndevices:\n  d:\n    path: d.img\n    keys:\n      - { key: a, keyslot: 2 }\n      - { key: b, keyslot: 2 }\n", (12, 28)),
+        // unsupported version
+        ("version.yaml", "version: 2\n", (1, 10)),
+    ];
+    let s = Scratch::new();
+    let mut wrong = Vec::new();
+    for (name, text, (line, column)) in cases {
+        s.plan(name, text);
+        let (code, doc) = validate_json(&s, name);
+        assert_eq!(code, 1, "{name}: {doc:#}");
+        let start = &doc["diagnostics"][0]["range"]["start"];
+        let human = s.ok(&["validate", "-f", name], 1);
+        let json_at = format!("[{name}:{}:{}]", start["line"], start["column"]);
+        if start["line"] != *line || start["column"] != *column || !human.contains(&json_at) {
+            wrong.push(format!(
+                "{name}: JSON start {start} (expected {line}:{column}), human report:\n{human}"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
