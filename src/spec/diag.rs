@@ -321,3 +321,28 @@ fn from_plan_error(e: &PlanError) -> JsonDiagnostic {
         range,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(line: usize, column: usize, byte: usize) -> Position {
+        Position { line, column, byte }
+    }
+
+    #[test]
+    fn positions_count_lines_and_characters() {
+        let text = "ab\nçé: x\r\ny\rz";
+        assert_eq!(position(text, 0), p(1, 1, 0));
+        assert_eq!(position(text, 2), p(1, 3, 2));
+        assert_eq!(position(text, 3), p(2, 1, 3));
+        // `ç` and `é` are two bytes each, one character each.
+        assert_eq!(position(text, 9), p(2, 5, 9));
+        // CRLF ends one line; a lone CR ends one too.
+        assert_eq!(position(text, 12), p(3, 1, 12));
+        assert_eq!(position(text, 14), p(4, 1, 14));
+        // Inside a character: moved back to its start; past the end: clamped.
+        assert_eq!(position(text, 4), p(2, 1, 3));
+        assert_eq!(position(text, 99), p(4, 2, 15));
+    }
+}
