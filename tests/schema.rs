@@ -228,7 +228,8 @@ fn schema_rejects_typical_mistakes() {
         ("parallelism: 1", "parallelism: 0", "/settings/parallelism"),
         ("type: pbkdf2", "type: scrypt", "/settings/pbkdf"),
         ("iterations: 1000", "iterations: 999", "/settings/pbkdf"),
-        ("path: d.img", "path: ''", "/devices/d/path"),
+        ("path: d.img", "path: ' '", "/devices/d/path"),
+        ("path: keys }", "path: '' }", "/kms/local"),
         ("keys: [k,", "keys: [7.5,", "/devices/d/keys/0"),
         ("  d:\n", "  d/x:\n", "/devices"),
         // missing required fields

@@ -17,6 +17,7 @@ pub struct PlanFile {
     /// Directory for the journal, lock and LUKS1 records. Default: `.keyplan` beside the plan
     /// file. Relative paths are relative to the plan file's directory.
     #[serde(default)]
+    #[schemars(regex(pattern = NON_BLANK_PATTERN))]
     pub state_dir: Option<String>,
     /// KMS instances by name (ASCII letters, digits, `.`, `_`, `-`).
     #[serde(default)]
@@ -42,11 +43,13 @@ pub enum KmsConfig {
     /// Local directory key store (the embedded default). See `kms::file`.
     File {
         /// Directory holding the keys; created with mode 0700. Relative to the plan file.
+        #[schemars(regex(pattern = NON_BLANK_PATTERN))]
         path: String,
     },
     /// HashiCorp Vault / OpenBao KV v2.
     Vault {
         /// Server URL, e.g. `http://127.0.0.1:8200`.
+        #[schemars(regex(pattern = NON_BLANK_PATTERN))]
         address: String,
         /// KV v2 mount; default `secret`.
         #[serde(default)]
@@ -64,6 +67,7 @@ pub enum KmsConfig {
     /// Kubernetes core/v1 Secrets.
     Kubernetes {
         /// Namespace of the Secrets.
+        #[schemars(regex(pattern = NON_BLANK_PATTERN))]
         namespace: String,
         /// kubeconfig context; default: in-cluster config or `KUBECONFIG`.
         #[serde(default)]
@@ -75,6 +79,7 @@ pub enum KmsConfig {
     /// KMIP server over mutual TLS.
     Kmip {
         /// `host:port`.
+        #[schemars(regex(pattern = NON_BLANK_PATTERN))]
         endpoint: String,
         /// CA certificate (PEM).
         ca_cert: String,
@@ -88,6 +93,7 @@ pub enum KmsConfig {
     Exec {
         /// argv of the helper program. A program path containing `/` is relative to the plan
         /// file; a bare name is looked up in `PATH`. Arguments are passed unchanged.
+        #[schemars(length(min = 1))]
         command: Vec<String>,
     },
 }
@@ -114,6 +120,7 @@ pub struct KeyFile {
     pub kms: String,
     /// Name/path of the key in the KMS; default: the key's id.
     #[serde(default)]
+    #[schemars(regex(pattern = NON_BLANK_PATTERN))]
     pub name: Option<String>,
     /// Rotate when the current version is older than this, e.g. `90d` (units s, m, h, d, w).
     #[serde(default)]
@@ -131,10 +138,11 @@ pub struct KeyFile {
 #[serde(deny_unknown_fields)]
 pub struct DeviceFile {
     /// Block device or LUKS image file. Relative to the plan file.
-    #[schemars(length(min = 1))]
+    #[schemars(regex(pattern = NON_BLANK_PATTERN))]
     pub path: String,
     /// Expected LUKS UUID; keyplan refuses to act on a device whose UUID differs.
     #[serde(default)]
+    #[schemars(regex(pattern = NON_BLANK_PATTERN))]
     pub uuid: Option<String>,
     /// Keys that must open this device.
     #[serde(default)]
@@ -145,6 +153,7 @@ pub struct DeviceFile {
     /// File holding a passphrase that opens the device today (read whole, no newline
     /// stripping), used only to enroll keys no keyslot holds yet. Relative to the plan file.
     #[serde(default)]
+    #[schemars(regex(pattern = NON_BLANK_PATTERN))]
     pub enroll_with: Option<String>,
 }
 
@@ -278,6 +287,10 @@ pub struct PbkdfSettings {
 
 /// Pattern of KMS instance names, key ids and device ids (`spec::validate::is_id`).
 pub const ID_PATTERN: &str = "^[A-Za-z0-9._-]+$";
+
+/// Pattern of fields that must not be empty or blank (they are trimmed before the check in
+/// `spec::validate`): at least one non-whitespace character.
+pub const NON_BLANK_PATTERN: &str = r"\S";
 
 /// Pattern of `rotate_after`: one or more `<number><unit>` parts (spaces allowed), units as
 /// `spec::validate::parse_rotate_after` accepts them (s, m, h, d, w and their long spellings).
