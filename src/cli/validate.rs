@@ -1,34 +1,59 @@
-//! `keyplan validate`.
+//! `keyplan validate`: load and check the plan file; with `--json`, one JSON document on
+//! stdout listing every diagnostic with its place in the file (see README "Checking a plan
+//! file").
 
 use super::*;
 
+/// The `format_version` of the `validate --json` document.
+const JSON_FORMAT_VERSION: &str = "1.0";
+
+/// The `validate --json` document; fields in this order (`format_version` first).
+#[derive(serde::Serialize)]
+struct JsonReport {
+    format_version: &'static str,
+    valid: bool,
+    error_count: usize,
+    warning_count: usize,
+    diagnostics: Vec<spec::JsonDiagnostic>,
+}
+
+/// Runs `validate`. Exit code 0 when the plan is valid, 1 when it is not (or cannot be read).
+/// Without `--json` an invalid plan is returned as the error (rendered by miette on stderr);
+/// with `--json` the diagnostics go to stdout as
+/// `{format_version, valid, error_count, warning_count, diagnostics: [...]}`
+/// ([`spec::JsonDiagnostic`]) and nothing is written to stderr.
 pub(super) fn cmd_validate(cli: &Cli, arg: &PlanArg, json: bool) -> Result<ExitCode> {
-    match load_plan(cli, arg) {
-        Ok(plan) => {
-            if json {
-                outln!(
-                    "{}",
-                    serde_json::json!({"format_version": "1.0", "valid": true, "error_count": 0, "warning_count": 0, "diagnostics": []})
-                );
-            } else {
-                outln!(
-                    "The plan file {} is valid: {} KMS, {} keys, {} devices.",
-                    plan.source_path.display(),
-                    plan.kms.len(),
-                    plan.keys.len(),
-                    plan.devices.len()
-                );
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(e) if json => {
-            outln!(
-                "{}",
-                serde_json::json!({"format_version": "1.0", "valid": false, "error_count": 1, "warning_count": 0,
-                    "diagnostics": [{"severity": "error", "summary": e.to_string(), "detail": format!("{e:?}")}]})
-            );
-            Ok(ExitCode::from(1))
-        }
-        Err(e) => Err(e),
+    let result = load_plan(cli, arg);
+    if json {
+        let diagnostics = match &result {
+            Ok(_) => Vec::new(),
+            Err(e) => spec::json_diagnostics(e),
+        };
+        let count = |s: spec::Severity| diagnostics.iter().filter(|d| d.severity == s).count();
+        let error_count = count(spec::Severity::Error);
+        let warning_count = count(spec::Severity::Warning);
+        let valid = result.is_ok() && error_count == 0;
+        let doc = JsonReport {
+            format_version: JSON_FORMAT_VERSION,
+            valid,
+            error_count,
+            warning_count,
+            diagnostics,
+        };
+        outln!("{}", serde_json::to_string_pretty(&doc).into_diagnostic()?);
+        return Ok(if valid {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
     }
+    let plan = result?;
+    outln!(
+        "The plan file {} is valid: {} KMS, {} keys, {} devices.",
+        plan.source_path.display(),
+        plan.kms.len(),
+        plan.keys.len(),
+        plan.devices.len()
+    );
+    Ok(ExitCode::SUCCESS)
 }

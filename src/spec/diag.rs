@@ -172,3 +172,177 @@ impl Diagnostic for PlanError {
         }
     }
 }
+
+/// Where a diagnostic points, for `keyplan validate --json`.
+///
+/// `line` and `column` are 1-based, `byte` is the 0-based byte offset into the file. `column`
+/// counts characters (Unicode scalar values) from the start of the line, so it differs from the
+/// human report's `file:line:column` (which counts bytes, as miette does) only when non-ASCII
+/// text precedes the place on its line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Position {
+    /// Line, 1-based (`\n`, `\r\n` and a lone `\r` end a line).
+    pub line: usize,
+    /// Column in characters, 1-based.
+    pub column: usize,
+    /// Byte offset, 0-based.
+    pub byte: usize,
+}
+
+/// The marked part of a plan file: `start` inclusive, `end` exclusive (the position just after
+/// the last marked character; equal to `start` for an empty mark).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Range {
+    /// The plan file as named on the command line (or found in the current directory).
+    pub filename: String,
+    /// First marked character.
+    pub start: Position,
+    /// Just after the last marked character.
+    pub end: Position,
+}
+
+/// Severity of a [`JsonDiagnostic`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// The plan cannot be used.
+    Error,
+    /// The plan can be used, but something looks wrong.
+    Warning,
+}
+
+/// One diagnostic of `keyplan validate --json` (the shape of `diagnostics[]`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct JsonDiagnostic {
+    /// `error` or `warning`.
+    pub severity: Severity,
+    /// One line: what is wrong (the human report's headline).
+    pub summary: String,
+    /// The text at the mark (when it says more than "here") and what to do; lines joined with
+    /// `\n`. Empty when there is nothing more to say.
+    pub detail: String,
+    /// Stable diagnostic code, e.g. `keyplan::plan::undefined_key`.
+    pub code: String,
+    /// Where in the plan file; absent when the error has no place in it (e.g. the file cannot
+    /// be read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub range: Option<Range>,
+}
+
+/// The position of byte `offset` in `text` (clamped to the text and to a character boundary).
+fn position(text: &str, offset: usize) -> Position {
+    let mut offset = offset.min(text.len());
+    while offset > 0 && !text.is_char_boundary(offset) {
+        offset -= 1;
+    }
+    let (line, byte_column) = super::locate::line_col(text, offset);
+    let line_start = offset.saturating_sub(byte_column.saturating_sub(1));
+    let column = text
+        .get(line_start..offset)
+        .map_or(byte_column, |s| s.chars().count() + 1);
+    Position {
+        line,
+        column,
+        byte: offset,
+    }
+}
+
+/// Every diagnostic in `report`, flattened: a summary that only gathers several errors (as
+/// [`combine`] builds it) is replaced by the errors themselves, each with its own range. Plan
+/// file errors get a range from their primary label (or first label); other reports (e.g. a
+/// plan file that cannot be read) become one diagnostic without a range.
+pub fn json_diagnostics(report: &miette::Report) -> Vec<JsonDiagnostic> {
+    let mut out = Vec::new();
+    match report.downcast_ref::<PlanError>() {
+        Some(e) => flatten(e, &mut out),
+        None => out.push(generic(report.as_ref())),
+    }
+    out
+}
+
+fn flatten(e: &PlanError, out: &mut Vec<JsonDiagnostic>) {
+    if e.related.is_empty() || !e.labels.is_empty() {
+        out.push(from_plan_error(e));
+    }
+    for r in &e.related {
+        flatten(r, out);
+    }
+}
+
+fn severity_of(d: &dyn Diagnostic) -> Severity {
+    match d.severity() {
+        Some(miette::Severity::Warning) | Some(miette::Severity::Advice) => Severity::Warning,
+        _ => Severity::Error,
+    }
+}
+
+fn generic(d: &dyn Diagnostic) -> JsonDiagnostic {
+    JsonDiagnostic {
+        severity: severity_of(d),
+        summary: d.to_string(),
+        detail: d.help().map(|h| h.to_string()).unwrap_or_default(),
+        code: d.code().map(|c| c.to_string()).unwrap_or_default(),
+        range: None,
+    }
+}
+
+fn from_plan_error(e: &PlanError) -> JsonDiagnostic {
+    let primary = e
+        .labels
+        .iter()
+        .find(|l| l.primary())
+        .or_else(|| e.labels.first());
+    let mut detail: Vec<String> = Vec::new();
+    if let Some(text) = primary.and_then(|l| l.label()) {
+        if text != "here" {
+            detail.push(format!("{text}."));
+        }
+    }
+    if let Some(help) = &e.help {
+        detail.push(help.clone());
+    }
+    let range = match (&e.source, primary) {
+        (Some(src), Some(label)) => {
+            let text: &str = src.inner();
+            let start = label.offset();
+            Some(Range {
+                filename: src.name().to_owned(),
+                start: position(text, start),
+                end: position(text, start + label.len()),
+            })
+        }
+        _ => None,
+    };
+    JsonDiagnostic {
+        severity: Severity::Error,
+        summary: e.message.clone(),
+        detail: detail.join("\n"),
+        code: e.code.to_owned(),
+        range,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(line: usize, column: usize, byte: usize) -> Position {
+        Position { line, column, byte }
+    }
+
+    #[test]
+    fn positions_count_lines_and_characters() {
+        let text = "ab\nçé: x\r\ny\rz";
+        assert_eq!(position(text, 0), p(1, 1, 0));
+        assert_eq!(position(text, 2), p(1, 3, 2));
+        assert_eq!(position(text, 3), p(2, 1, 3));
+        // `ç` and `é` are two bytes each, one character each.
+        assert_eq!(position(text, 9), p(2, 5, 9));
+        // CRLF ends one line; a lone CR ends one too.
+        assert_eq!(position(text, 12), p(3, 1, 12));
+        assert_eq!(position(text, 14), p(4, 1, 14));
+        // Inside a character: moved back to its start; past the end: clamped.
+        assert_eq!(position(text, 4), p(2, 1, 3));
+        assert_eq!(position(text, 99), p(4, 2, 15));
+    }
+}

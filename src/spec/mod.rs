@@ -11,6 +11,10 @@
 //! parser's reported position) and once into a schema-free tree whose every node and mapping key
 //! carries its byte span (`serde_saphyr::Spanned` / `toml::Spanned` around a hand-written
 //! visitor). A path of [`PathSeg`]s is looked up in that tree to label semantic errors.
+//!
+//! [`json_diagnostics`] turns a load error into the diagnostics of `keyplan validate --json`
+//! (one per error, with its range); [`model::plan_schema`] is the JSON Schema of the format
+//! (committed as `schemas/keyplan-plan-v1.schema.json`, see docs/plan-schema.md).
 
 mod diag;
 mod load;
@@ -24,6 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use diag::{json_diagnostics, JsonDiagnostic, Position, Range, Severity};
 pub use model::{KmsConfig, PbkdfSettings, PbkdfType, UnmanagedKeyslots};
 
 use diag::{Label, PlanError, SourceFile};

@@ -4,26 +4,32 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// The whole plan file as written (`version: 1`).
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PlanFile {
     /// Format version; only `1` exists.
+    #[schemars(extend("const" = 1))]
     pub version: u32,
     /// Directory for the journal, lock and LUKS1 records. Default: `.keyplan` beside the plan
     /// file. Relative paths are relative to the plan file's directory.
     #[serde(default)]
+    #[schemars(regex(pattern = NON_BLANK_PATTERN))]
     pub state_dir: Option<String>,
-    /// KMS instances by name.
+    /// KMS instances by name (ASCII letters, digits, `.`, `_`, `-`).
     #[serde(default)]
+    #[schemars(extend("propertyNames" = { "pattern": ID_PATTERN }))]
     pub kms: BTreeMap<String, KmsConfig>,
-    /// Keys by id.
+    /// Keys by id (ASCII letters, digits, `.`, `_`, `-`).
     #[serde(default)]
+    #[schemars(extend("propertyNames" = { "pattern": ID_PATTERN }))]
     pub keys: BTreeMap<String, KeyFile>,
-    /// Devices by id.
+    /// Devices by id (ASCII letters, digits, `.`, `_`, `-`).
     #[serde(default)]
+    #[schemars(extend("propertyNames" = { "pattern": ID_PATTERN }))]
     pub devices: BTreeMap<String, DeviceFile>,
     /// Run-wide settings.
     #[serde(default)]
@@ -31,17 +37,19 @@ pub struct PlanFile {
 }
 
 /// One KMS instance, selected by `provider`.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, JsonSchema)]
 #[serde(tag = "provider", rename_all = "lowercase", deny_unknown_fields)]
 pub enum KmsConfig {
     /// Local directory key store (the embedded default). See `kms::file`.
     File {
         /// Directory holding the keys; created with mode 0700. Relative to the plan file.
+        #[schemars(regex(pattern = NON_BLANK_PATTERN))]
         path: String,
     },
-    /// HashiCorp Vault / OpenBao KV v2 (not implemented yet).
+    /// HashiCorp Vault / OpenBao KV v2.
     Vault {
         /// Server URL, e.g. `http://127.0.0.1:8200`.
+        #[schemars(regex(pattern = NON_BLANK_PATTERN))]
         address: String,
         /// KV v2 mount; default `secret`.
         #[serde(default)]
@@ -56,9 +64,10 @@ pub enum KmsConfig {
         #[serde(default)]
         ca_cert: Option<String>,
     },
-    /// Kubernetes core/v1 Secrets (not implemented yet).
+    /// Kubernetes core/v1 Secrets.
     Kubernetes {
         /// Namespace of the Secrets.
+        #[schemars(regex(pattern = NON_BLANK_PATTERN))]
         namespace: String,
         /// kubeconfig context; default: in-cluster config or `KUBECONFIG`.
         #[serde(default)]
@@ -67,9 +76,10 @@ pub enum KmsConfig {
         #[serde(default)]
         data_key: Option<String>,
     },
-    /// KMIP server over mutual TLS (not implemented yet).
+    /// KMIP server over mutual TLS.
     Kmip {
         /// `host:port`.
+        #[schemars(regex(pattern = NON_BLANK_PATTERN))]
         endpoint: String,
         /// CA certificate (PEM).
         ca_cert: String,
@@ -83,6 +93,7 @@ pub enum KmsConfig {
     Exec {
         /// argv of the helper program. A program path containing `/` is relative to the plan
         /// file; a bare name is looked up in `PATH`. Arguments are passed unchanged.
+        #[schemars(length(min = 1))]
         command: Vec<String>,
     },
 }
@@ -101,31 +112,37 @@ impl KmsConfig {
 }
 
 /// A key as written under `keys:`.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KeyFile {
     /// Name of the KMS instance (a key of `kms:`).
+    #[schemars(regex(pattern = ID_PATTERN))]
     pub kms: String,
     /// Name/path of the key in the KMS; default: the key's id.
     #[serde(default)]
+    #[schemars(regex(pattern = NON_BLANK_PATTERN))]
     pub name: Option<String>,
     /// Rotate when the current version is older than this, e.g. `90d` (units s, m, h, d, w).
     #[serde(default)]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
     pub rotate_after: Option<String>,
     /// Random bytes in a new version (default 32, at least 16, at most 512); the passphrase is
     /// their standard base64 text.
     #[serde(default)]
+    #[schemars(range(min = 16, max = 512))]
     pub bytes: Option<usize>,
 }
 
 /// A device as written under `devices:`.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceFile {
     /// Block device or LUKS image file. Relative to the plan file.
+    #[schemars(regex(pattern = NON_BLANK_PATTERN))]
     pub path: String,
     /// Expected LUKS UUID; keyplan refuses to act on a device whose UUID differs.
     #[serde(default)]
+    #[schemars(regex(pattern = NON_BLANK_PATTERN))]
     pub uuid: Option<String>,
     /// Keys that must open this device.
     #[serde(default)]
@@ -136,19 +153,20 @@ pub struct DeviceFile {
     /// File holding a passphrase that opens the device today (read whole, no newline
     /// stripping), used only to enroll keys no keyslot holds yet. Relative to the plan file.
     #[serde(default)]
+    #[schemars(regex(pattern = NON_BLANK_PATTERN))]
     pub enroll_with: Option<String>,
 }
 
 /// An entry of a device's `keys:` list: a key id, or `{ key: ID, keyslot: N }` to pin.
-///
-/// Serialized untagged; deserialized by hand (not `#[serde(untagged)]`) so that a bad pinned
-/// entry reports the real problem (e.g. an unknown field) at its place in the file, instead of
-/// serde's "data did not match any variant".
-#[derive(Debug, Clone, Serialize, PartialEq)]
+//
+// Serialized untagged; deserialized by hand (not `#[serde(untagged)]`) so that a bad pinned
+// entry reports the real problem (e.g. an unknown field) at its place in the file, instead of
+// serde's "data did not match any variant".
+#[derive(Debug, Clone, Serialize, PartialEq, JsonSchema)]
 #[serde(untagged)]
 pub enum DeviceKeyFile {
     /// Just the key id; keyplan picks a free keyslot.
-    Name(String),
+    Name(#[schemars(regex(pattern = ID_PATTERN))] String),
     /// Key pinned to a keyslot.
     Pinned(PinnedKeyFile),
 }
@@ -195,18 +213,20 @@ impl<'de> Deserialize<'de> for DeviceKeyFile {
 }
 
 /// `{ key: ID, keyslot: N }`.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PinnedKeyFile {
     /// Key id.
+    #[schemars(regex(pattern = ID_PATTERN))]
     pub key: String,
     /// Keyslot number (LUKS1 0-7, LUKS2 0-31).
     #[serde(default)]
+    #[schemars(range(max = 31))]
     pub keyslot: Option<u32>,
 }
 
 /// `unmanaged_keyslots: keep | remove`.
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum UnmanagedKeyslots {
     /// Leave keyslots keyplan did not create alone (default).
@@ -217,7 +237,7 @@ pub enum UnmanagedKeyslots {
 }
 
 /// `settings:`.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SettingsFile {
     /// PBKDF for new keyslots; default: cryptsetup's own default (argon2id, benchmarked).
@@ -225,11 +245,12 @@ pub struct SettingsFile {
     pub pbkdf: Option<PbkdfSettings>,
     /// Devices worked on at once (default 4, at least 1).
     #[serde(default)]
+    #[schemars(range(min = 1))]
     pub parallelism: Option<usize>,
 }
 
 /// PBKDF type, as cryptsetup's `--pbkdf` names it (cryptsetup(8), "--pbkdf").
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PbkdfType {
     /// Argon2id (LUKS2 only).
@@ -242,8 +263,9 @@ pub enum PbkdfType {
 
 /// `settings.pbkdf` (cryptsetup(8): `--pbkdf`, `--pbkdf-memory`, `--pbkdf-parallel`,
 /// `--iter-time`, `--pbkdf-force-iterations`).
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(transform = pbkdf_limits)]
 pub struct PbkdfSettings {
     /// PBKDF algorithm.
     #[serde(rename = "type")]
@@ -256,8 +278,69 @@ pub struct PbkdfSettings {
     pub parallel: Option<u32>,
     /// Target unlock time in milliseconds (makes cryptsetup benchmark).
     #[serde(default)]
+    #[schemars(range(min = 1))]
     pub iter_time_ms: Option<u32>,
     /// Forced iteration count (PBKDF2 iterations, or Argon2 time cost); no benchmark.
     #[serde(default)]
     pub iterations: Option<u32>,
 }
+
+/// Pattern of KMS instance names, key ids and device ids (`spec::validate::is_id`).
+pub const ID_PATTERN: &str = "^[A-Za-z0-9._-]+$";
+
+/// Pattern of fields that must not be empty or blank (they are trimmed before the check in
+/// `spec::validate`): at least one non-whitespace character.
+pub const NON_BLANK_PATTERN: &str = r"\S";
+
+/// Pattern of `rotate_after`: one or more `<number><unit>` parts (spaces allowed), units as
+/// `spec::validate::parse_rotate_after` accepts them (s, m, h, d, w and their long spellings).
+/// A zero duration matches but is refused by `keyplan validate`.
+pub const DURATION_PATTERN: &str =
+    r"^(\s*[0-9]+\s*(s|secs?|seconds?|m|mins?|minutes?|h|hrs?|hours?|d|days?|w|weeks?))+\s*$";
+
+/// The schema of `settings.pbkdf` gets the limits that depend on `type` (the same cryptsetup
+/// limits `spec::validate` enforces): PBKDF2 needs at least 1000 iterations; Argon2 at least 4,
+/// a memory cost of 32 KiB to 4 GiB and at least one thread.
+fn pbkdf_limits(schema: &mut schemars::Schema) {
+    let (mem_lo, mem_hi) = super::validate::ARGON2_MEMORY_KIB;
+    schema.insert(
+        "if".to_owned(),
+        serde_json::json!({ "properties": { "type": { "const": "pbkdf2" } } }),
+    );
+    schema.insert(
+        "then".to_owned(),
+        serde_json::json!({ "properties": {
+            "iterations": { "minimum": super::validate::PBKDF2_MIN_ITERATIONS }
+        } }),
+    );
+    schema.insert(
+        "else".to_owned(),
+        serde_json::json!({ "properties": {
+            "iterations": { "minimum": super::validate::ARGON2_MIN_ITERATIONS },
+            "memory_kib": { "minimum": mem_lo, "maximum": mem_hi },
+            "parallel": { "minimum": 1 }
+        } }),
+    );
+}
+
+/// The JSON Schema (draft 2020-12) of plan format version 1, generated from [`PlanFile`]: doc
+/// comments become descriptions; unknown fields, provider tags, enum values, id and duration
+/// patterns and numeric limits are as strict as `keyplan validate` where a schema can say so.
+/// Checks that need more than one field at a time (undefined references, duplicates) are left
+/// to `keyplan validate`. Committed as `schemas/keyplan-plan-v1.schema.json` (`tests/schema.rs`
+/// keeps it up to date).
+pub fn plan_schema() -> serde_json::Value {
+    let mut schema = schemars::generate::SchemaSettings::draft2020_12()
+        .for_deserialize()
+        .into_generator()
+        .into_root_schema_for::<PlanFile>();
+    schema.insert("$id".to_owned(), serde_json::json!(SCHEMA_ID));
+    schema.insert(
+        "title".to_owned(),
+        serde_json::json!("keyplan plan file, format version 1"),
+    );
+    schema.to_value()
+}
+
+/// `$id` of the plan format version 1 schema.
+pub const SCHEMA_ID: &str = "urn:keyplan:plan-format:1";
