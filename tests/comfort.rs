@@ -503,6 +503,25 @@ fn systemd_example_units_are_valid() {
         ["timers.target"]
     );
 
+    let status_service =
+        std::fs::read_to_string(repo("examples/systemd/keyplan-status.service")).unwrap();
+    let status_timer =
+        std::fs::read_to_string(repo("examples/systemd/keyplan-status.timer")).unwrap();
+    let ssvc = unit_section(&status_service, "Service");
+    assert_eq!(get(&ssvc, "Type"), ["oneshot"]);
+    assert_eq!(
+        get(&ssvc, "ExecStart"),
+        ["/usr/local/bin/keyplan status -q -f /etc/keyplan/keyplan.yaml --format prometheus -o /var/lib/prometheus/node-exporter/keyplan.prom"]
+    );
+    assert_eq!(
+        get(&ssvc, "SuccessExitStatus"),
+        ["1"],
+        "unhealthy is not a unit failure"
+    );
+    let stim = unit_section(&status_timer, "Timer");
+    assert_eq!(get(&stim, "OnUnitActiveSec"), ["15min"]);
+    assert_eq!(get(&stim, "Unit"), ["keyplan-status.service"]);
+
     let available = Command::new("systemd-analyze")
         .arg("--version")
         .output()
@@ -519,6 +538,12 @@ fn systemd_example_units_are_valid() {
     )
     .unwrap();
     std::fs::write(s.path("keyplan-apply.timer"), &timer).unwrap();
+    std::fs::write(
+        s.path("keyplan-status.service"),
+        status_service.replace("/usr/local/bin/keyplan", bin.to_str().unwrap()),
+    )
+    .unwrap();
+    std::fs::write(s.path("keyplan-status.timer"), &status_timer).unwrap();
     let out = Command::new("systemd-analyze")
         .current_dir(s.dir.path())
         .args([
@@ -526,6 +551,8 @@ fn systemd_example_units_are_valid() {
             "--man=no",
             "./keyplan-apply.service",
             "./keyplan-apply.timer",
+            "./keyplan-status.service",
+            "./keyplan-status.timer",
         ])
         .output()
         .expect("systemd-analyze");
