@@ -24,5 +24,6 @@ pub mod kms;
 pub mod luks;
 pub mod observe;
 pub mod render;
+pub mod saved;
 pub mod secret;
 pub mod spec;

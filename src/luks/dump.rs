@@ -33,6 +33,12 @@ pub(crate) fn uuid(text: &str) -> Result<String, String> {
         .ok_or_else(|| "no \"UUID:\" line".to_owned())
 }
 
+/// The LUKS2 metadata epoch from a text dump's `Epoch:` line; `None` when there is no such
+/// line (LUKS1) or it is not a number.
+pub(crate) fn epoch(text: &str) -> Option<u64> {
+    field(text, "Epoch:").and_then(|v| v.parse().ok())
+}
+
 /// Value of the first unindented line starting with `name`, trimmed.
 fn field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
     text.lines()
