@@ -72,6 +72,11 @@ pub struct StateDigest {
     pub plan_file: String,
     /// Per device id (former devices as `former:ID`).
     pub devices: BTreeMap<String, String>,
+    /// Per device id: per keyslot number, a digest of the keyslot (salt, KDF, priority,
+    /// bound-ness), the LUKS2 tokens assigned to it and keyplan's records of it; says which
+    /// keyslots changed when a device's digest did.
+    #[serde(default)]
+    pub keyslots: BTreeMap<String, BTreeMap<u32, String>>,
     /// Per key id (migration origins as `KEY@KMS/NAME`).
     pub keys: BTreeMap<String, String>,
     /// The journal's last run.
@@ -191,6 +196,56 @@ fn device_json(d: &DeviceState) -> serde_json::Value {
     })
 }
 
+/// Per keyslot of `d` (every occupied keyslot and every keyslot a record names): a digest
+/// of its header entry, the tokens assigned to it and keyplan's records of it.
+fn slot_digests(d: &DeviceState) -> BTreeMap<u32, String> {
+    let mut numbers: Vec<u32> = d.header.keyslots.keys().copied().collect();
+    numbers.extend(d.records.iter().map(|r| r.slot));
+    numbers.sort_unstable();
+    numbers.dedup();
+    numbers
+        .into_iter()
+        .map(|n| {
+            let ks = d.header.keyslots.get(&n).map(|k| {
+                serde_json::json!({
+                    "salt": k.salt,
+                    "kdf": k.kdf,
+                    "priority": format!("{:?}", k.priority),
+                    "bound": k.bound,
+                })
+            });
+            let tokens: Vec<&serde_json::Value> = d
+                .header
+                .tokens
+                .values()
+                .filter(|t| t.keyslots.contains(&n))
+                .map(|t| &t.json)
+                .collect();
+            let records: Vec<serde_json::Value> = d
+                .records
+                .iter()
+                .filter(|r| r.slot == n)
+                .map(|r| {
+                    serde_json::json!({
+                        "key": r.record.key,
+                        "version": r.record.version,
+                        "salt": r.record.salt,
+                        "entry": r.record.entry,
+                    })
+                })
+                .collect();
+            (
+                n,
+                digest_json(&serde_json::json!({
+                    "keyslot": ks,
+                    "tokens": tokens,
+                    "records": records,
+                })),
+            )
+        })
+        .collect()
+}
+
 fn key_json(k: &KeyState) -> serde_json::Value {
     serde_json::json!({
         "current": k.current,
@@ -215,8 +270,10 @@ pub fn journal_mark(records: &[Record]) -> JournalMark {
 /// the plan file's bytes and the journal's last run.
 pub fn state_digest(plan_bytes: &[u8], observed: &Observed, journal: JournalMark) -> StateDigest {
     let mut devices = BTreeMap::new();
+    let mut keyslots = BTreeMap::new();
     for (id, d) in &observed.devices {
         devices.insert(id.clone(), digest_json(&device_json(d)));
+        keyslots.insert(id.clone(), slot_digests(d));
     }
     for (id, d) in &observed.former {
         devices.insert(format!("former:{id}"), digest_json(&device_json(d)));
@@ -252,14 +309,60 @@ pub fn state_digest(plan_bytes: &[u8], observed: &Observed, journal: JournalMark
         digest: digest_json(&all),
         plan_file,
         devices,
+        keyslots,
         keys,
         journal,
     }
 }
 
+/// What changed on device `id`: the keyslots added, removed or changed (rewritten, another
+/// record or token), or, when no keyslot did, the header's other metadata.
+fn device_change(saved: &StateDigest, now: &StateDigest, id: &str) -> String {
+    let (Some(before), Some(after)) = (saved.keyslots.get(id), now.keyslots.get(id)) else {
+        return "LUKS header or keyplan record changed".to_string();
+    };
+    let list = |v: Vec<u32>| {
+        v.iter()
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let added: Vec<u32> = after
+        .keys()
+        .filter(|n| !before.contains_key(n))
+        .copied()
+        .collect();
+    let removed: Vec<u32> = before
+        .keys()
+        .filter(|n| !after.contains_key(n))
+        .copied()
+        .collect();
+    let changed: Vec<u32> = before
+        .iter()
+        .filter(|(n, d)| after.get(n).is_some_and(|a| a != *d))
+        .map(|(n, _)| *n)
+        .collect();
+    let mut parts = Vec::new();
+    if !added.is_empty() {
+        parts.push(format!("keyslot {} added", list(added)));
+    }
+    if !removed.is_empty() {
+        parts.push(format!("keyslot {} removed", list(removed)));
+    }
+    if !changed.is_empty() {
+        parts.push(format!("keyslot {} changed", list(changed)));
+    }
+    if parts.is_empty() {
+        "LUKS header metadata changed".to_string()
+    } else {
+        parts.join(", ")
+    }
+}
+
 /// What differs between the digest a plan was saved with and the one observed now, one
-/// phrase each (e.g. `device osd0: LUKS header changed`, `key data: KMS versions changed`,
-/// `plan file changed`, `a run (ID) happened since`). Empty when nothing changed.
+/// phrase each (e.g. `device osd0: LUKS header or keyplan record changed`, `key data: KMS
+/// versions changed`, `the plan file changed`, `the journal records a later run (ID,
+/// success)`). Empty when nothing changed.
 pub fn changes_since(saved: &StateDigest, now: &StateDigest) -> Vec<String> {
     let mut out = Vec::new();
     if saved.plan_file != now.plan_file {
@@ -275,8 +378,9 @@ pub fn changes_since(saved: &StateDigest, now: &StateDigest) -> Vec<String> {
         match now.devices.get(id) {
             Some(n) if n == d => {}
             Some(_) => out.push(format!(
-                "{}: LUKS header or keyplan record changed",
-                describe("device", id)
+                "{}: {}",
+                describe("device", id),
+                device_change(saved, now, id)
             )),
             None => out.push(format!("{}: no longer observed", describe("device", id))),
         }
@@ -300,11 +404,11 @@ pub fn changes_since(saved: &StateDigest, now: &StateDigest) -> Vec<String> {
     }
     if saved.journal != now.journal {
         match (&now.journal.last_run, &now.journal.outcome) {
-            (Some(run), Some(outcome)) => {
-                out.push(format!("a run ({run}, {outcome}) happened since (journal)"))
-            }
+            (Some(run), Some(outcome)) => out.push(format!(
+                "the journal records a later run ({run}, {outcome})"
+            )),
             (Some(run), None) => out.push(format!(
-                "a run ({run}) happened since and did not finish (journal)"
+                "the journal records a later run ({run}) that did not finish"
             )),
             (None, _) => out.push("the journal was emptied".to_string()),
         }

@@ -300,22 +300,22 @@ pub(super) fn cmd_apply_saved(
 ) -> Result<ExitCode> {
     let saved = crate::saved::read(path).map_err(|e| miette!("{e}"))?;
     let again = format!(
-        "nothing was changed; run `keyplan plan -f {} -o {}` again, review it, and apply the new file",
+        "run `keyplan plan -f {} -o {}` again, review it, and apply the new file",
         saved.plan_file.path.display(),
         path.display()
     );
     let stale = |what: Vec<String>| {
         miette!(
             help = again.clone(),
-            "saved plan {} is stale: {} since it was made",
+            "saved plan {} is stale; nothing was changed. Since it was made:\n  - {}",
             path.display(),
-            what.join("; ")
+            what.join("\n  - ")
         )
     };
     let bytes = std::fs::read(&saved.plan_file.path).map_err(|e| {
         miette!(
             help = again.clone(),
-            "saved plan {}: cannot read its plan file {}: {e}",
+            "saved plan {}: cannot read its plan file {}: {e}; nothing was changed",
             path.display(),
             saved.plan_file.path.display()
         )
@@ -348,10 +348,11 @@ pub(super) fn cmd_apply_saved(
     if let Some(s) = crate::journal::last_run(&records).filter(|s| s.ended.is_none()) {
         return Err(miette!(
             help = format!(
-                "run `keyplan apply -f {}` to finish it, then make a new saved plan; {again}",
-                saved.plan_file.path.display()
+                "run `keyplan apply -f {}` to finish it, then make a new saved plan: `keyplan plan -o {}`",
+                saved.plan_file.path.display(),
+                path.display()
             ),
-            "refusing to apply saved plan {}: run {} in the journal was interrupted",
+            "refusing to apply saved plan {}: run {} in the journal was interrupted; nothing was changed",
             path.display(),
             s.run
         ));

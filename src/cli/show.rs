@@ -104,9 +104,11 @@ pub(super) fn cmd_show(cli: &Cli, path: &std::path::Path, json: bool) -> Result<
         }
         outln!("{}", serde_json::to_string_pretty(&doc).into_diagnostic()?);
     } else {
-        let created = saved.created_at;
+        let created = humantime::format_rfc3339_seconds(
+            std::time::UNIX_EPOCH + std::time::Duration::from_secs(saved.created_at),
+        );
         outln!(
-            "Saved plan {} (made from {} at {created} Unix time by keyplan {}{}):\n",
+            "Saved plan {} (made from {} at {created} by keyplan {}{}):\n",
             path.display(),
             saved.plan_file.path.display(),
             saved.keyplan_version,
@@ -131,9 +133,9 @@ pub(super) fn cmd_show(cli: &Cli, path: &std::path::Path, json: bool) -> Result<
             }
         }
         Freshness::Stale(why) => eprintln!(
-            "\nWARNING: saved plan {} is STALE: {} since it was made.\n`keyplan apply {}` would refuse it; run `keyplan plan -o {}` again.",
+            "\nWARNING: saved plan {} is STALE. Since it was made:\n  - {}\n`keyplan apply {}` would refuse it; run `keyplan plan -o {}` again.",
             path.display(),
-            why.join("; "),
+            why.join("\n  - "),
             path.display(),
             path.display()
         ),
