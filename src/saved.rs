@@ -468,3 +468,69 @@ pub fn read(path: &Path) -> Result<SavedPlan, String> {
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn digest() -> StateDigest {
+        let mut d = StateDigest {
+            digest: "all".into(),
+            plan_file: "p".into(),
+            ..Default::default()
+        };
+        d.devices.insert("a".into(), "da".into());
+        d.keyslots.insert(
+            "a".into(),
+            [(0, "s0".to_string()), (1, "s1".to_string())].into(),
+        );
+        d.keys.insert("k".into(), "dk".into());
+        d.journal = JournalMark {
+            last_run: Some("1-1".into()),
+            outcome: Some("success".into()),
+        };
+        d
+    }
+
+    #[test]
+    fn nothing_changed_says_nothing() {
+        assert!(changes_since(&digest(), &digest()).is_empty());
+    }
+
+    #[test]
+    fn each_component_is_named() {
+        let saved = digest();
+        let mut now = digest();
+        now.digest = "other".into();
+        now.plan_file = "p2".into();
+        now.devices.insert("a".into(), "da2".into());
+        now.keyslots.insert(
+            "a".into(),
+            [(1, "s1b".to_string()), (2, "s2".to_string())].into(),
+        );
+        now.keys.insert("k".into(), "dk2".into());
+        now.journal.last_run = Some("2-2".into());
+        now.journal.outcome = None;
+        assert_eq!(
+            changes_since(&saved, &now),
+            vec![
+                "the plan file changed".to_string(),
+                "device a: keyslot 2 added, keyslot 0 removed, keyslot 1 changed".to_string(),
+                "key k: KMS versions changed".to_string(),
+                "the journal records a later run (2-2) that did not finish".to_string(),
+            ]
+        );
+    }
+
+    #[test]
+    fn header_change_outside_keyslots_is_named() {
+        let saved = digest();
+        let mut now = digest();
+        now.digest = "other".into();
+        now.devices.insert("a".into(), "da2".into());
+        assert_eq!(
+            changes_since(&saved, &now),
+            vec!["device a: LUKS header metadata changed".to_string()]
+        );
+    }
+}

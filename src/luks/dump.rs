@@ -313,6 +313,13 @@ Key Slot 3: DISABLED\n";
     }
 
     #[test]
+    fn epoch_from_luks2_text_dump() {
+        let text = "LUKS header information\nVersion:       \t2\nEpoch:         \t7\nUUID: x\n";
+        assert_eq!(epoch(text), Some(7));
+        assert_eq!(epoch("LUKS header information for x\nVersion: 1\n"), None);
+    }
+
+    #[test]
     fn json_area_counts_compact_text() -> Result<(), String> {
         let json = r#"{ "config": { "json_size": "12288" },
             "keyslots": { "0": { "kdf": { "salt": "a/b" } } } }"#;
