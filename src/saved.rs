@@ -83,18 +83,6 @@ pub struct StateDigest {
     pub journal: JournalMark,
 }
 
-/// The changes, in the shape of `plan --json`'s `keys`/`keyslots`/`notes`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SavedChanges {
-    /// Key-level changes.
-    pub keys: Vec<KeyChange>,
-    /// Keyslot-level changes.
-    pub keyslots: Vec<SlotChange>,
-    /// Notes.
-    #[serde(default)]
-    pub notes: Vec<String>,
-}
-
 /// A saved plan file (`keyplan plan -o FILE`). Holds no key material.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SavedPlan {
@@ -114,8 +102,9 @@ pub struct SavedPlan {
     pub options: SavedOptions,
     /// Digest of what the plan was made from.
     pub state: StateDigest,
-    /// The changes.
-    pub changes: SavedChanges,
+    /// The changes: the `plan --json` document (`format_version`, `changes_present`,
+    /// `summary`, `changes`, `keys`, `keyslots`, `notes`) without its `steps`, which are below.
+    pub changes: serde_json::Value,
     /// The steps, as the journal records them.
     pub steps: Vec<Step>,
     /// Step dependencies `(before, after)`.
@@ -124,13 +113,40 @@ pub struct SavedPlan {
 
 impl SavedPlan {
     /// The changes and steps as a [`Diff`] (for rendering and running).
-    pub fn diff(&self) -> Diff {
-        Diff {
-            keys: self.changes.keys.clone(),
-            slots: self.changes.keyslots.clone(),
-            graph: StepGraph::from_parts(self.steps.clone(), &self.deps),
-            notes: self.changes.notes.clone(),
+    ///
+    /// Errors: `changes.keys`, `changes.keyslots` or `changes.notes` do not have the shape
+    /// keyplan writes (message says which), or `deps` name a step that does not exist.
+    pub fn diff(&self) -> Result<Diff, String> {
+        fn field<T: serde::de::DeserializeOwned + Default>(
+            v: &serde_json::Value,
+            name: &str,
+        ) -> Result<T, String> {
+            match v.get(name) {
+                None => Ok(T::default()),
+                Some(x) => serde_json::from_value(x.clone())
+                    .map_err(|e| format!("\"changes.{name}\" is damaged: {e}")),
+            }
         }
+        let keys: Vec<KeyChange> = field(&self.changes, "keys")?;
+        let slots: Vec<SlotChange> = field(&self.changes, "keyslots")?;
+        let notes: Vec<String> = field(&self.changes, "notes")?;
+        if let Some((a, b)) = self
+            .deps
+            .iter()
+            .find(|(a, b)| *a >= self.steps.len() || *b >= self.steps.len())
+        {
+            return Err(format!(
+                "\"deps\" names step {} of {} steps",
+                (*a).max(*b),
+                self.steps.len()
+            ));
+        }
+        Ok(Diff {
+            keys,
+            slots,
+            graph: StepGraph::from_parts(self.steps.clone(), &self.deps),
+            notes,
+        })
     }
 }
 

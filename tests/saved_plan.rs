@@ -56,6 +56,12 @@ fn saved_plan_applies_once_then_is_refused_as_stale() {
     assert!(doc["state"]["devices"]["a"].is_string());
     assert!(doc["state"]["keys"]["k"].is_string());
     assert_eq!(doc["changes"]["keyslots"].as_array().map(Vec::len), Some(2));
+    assert_eq!(doc["changes"]["format_version"], "1.0");
+    assert_eq!(
+        doc["changes"]["changes"][0]["address"], "key.k",
+        "same shape as plan --json"
+    );
+    assert_eq!(doc["steps"][0]["op"], "stage");
     assert!(PathBuf::from(doc["plan_file"]["path"].as_str().unwrap_or("")).is_absolute());
 
     // Applied without a prompt (stdin is not a terminal here, and no --auto-approve).
@@ -234,6 +240,15 @@ fn saved_plan_options_conflict_and_bad_files() {
     std::fs::write(s.path("junk.json"), "{\"kind\": \"other\"}").expect("write");
     let out = s.ok(&["apply", "junk.json"], 1);
     assert!(out.contains("is not a keyplan saved plan"), "{out}");
+    let out = s.ok(&["--state-dir", "elsewhere", "apply", "saved.json"], 1);
+    assert!(out.contains("was made against state directory"), "{out}");
+    assert!(!s.path("elsewhere").exists());
+    let mut doc = saved_json(&s, "saved.json");
+    doc["deps"] = serde_json::json!([[0, 99]]);
+    std::fs::write(s.path("damaged.json"), doc.to_string()).expect("write");
+    let out = s.ok(&["apply", "damaged.json"], 1);
+    assert!(out.contains("saved plan damaged.json is damaged"), "{out}");
+    assert!(!s.path("keys").exists(), "nothing was staged");
     let out = s.ok(&["show", "nope.json"], 1);
     assert!(out.contains("cannot read saved plan nope.json"), "{out}");
 }
@@ -269,25 +284,12 @@ fn plan_json_has_addresses_and_reason_codes() {
     assert_eq!(doc["keyslots"][0]["address"], "device.a.keyslot[1]");
     assert_eq!(doc["keys"][0]["reason"], "not in KMS");
     assert!(doc["steps"].is_array());
-    // The saved plan holds the same changes.
+    // The saved plan holds the same document, without the steps (kept beside it).
     let saved = saved_json(&s, "saved.json");
-    assert_eq!(
-        saved["changes"]["keyslots"],
-        doc["keyslots"]
-            .clone()
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|v| {
-                        let mut v = v.clone();
-                        v.as_object_mut().map(|o| o.remove("address"));
-                        v
-                    })
-                    .collect::<Vec<_>>()
-            })
-            .map(serde_json::Value::from)
-            .unwrap_or_default()
-    );
+    let mut expected = doc.clone();
+    expected.as_object_mut().map(|o| o.remove("steps"));
+    assert_eq!(saved["changes"], expected);
+    assert_eq!(saved["steps"], doc["steps"]);
 
     s.ok(&["apply", "saved.json"], 0);
     s.ok(&["apply", "--auto-approve"], 0);

@@ -285,7 +285,8 @@ fn run_new(
 }
 
 /// `keyplan apply SAVED`: applies exactly the steps of a saved plan, without a prompt, after
-/// checking (under the state lock, without any PBKDF run) that nothing it was made from
+/// checking (under the state lock; no PBKDF run beyond the `enroll_with` test observing makes
+/// for a device not enrolled yet) that nothing it was made from
 /// changed: the plan file's bytes, every device's LUKS header and keyplan records, every key's
 /// KMS versions, and the journal's last run. A stale plan is refused with exit 1, naming what
 /// changed; nothing is changed then.
@@ -363,7 +364,13 @@ pub(super) fn cmd_apply_saved(
     if !changed.is_empty() {
         return Err(stale(changed));
     }
-    let d = saved.diff();
+    let d = saved.diff().map_err(|e| {
+        miette!(
+            help = "make it again with `keyplan plan -o FILE`",
+            "saved plan {} is damaged: {e}",
+            path.display()
+        )
+    })?;
     out!("{}", render::plan_text(&plan, &d));
     if d.is_empty() {
         return Ok(ExitCode::SUCCESS);

@@ -226,10 +226,12 @@ pub(super) fn cmd_plan(
                     &observed,
                     crate::saved::journal_mark(&journal),
                 ),
-                changes: crate::saved::SavedChanges {
-                    keys: d.keys.clone(),
-                    keyslots: d.slots.clone(),
-                    notes: d.notes.clone(),
+                changes: {
+                    let mut doc = render::plan_json(&d);
+                    if let Some(o) = doc.as_object_mut() {
+                        o.remove("steps");
+                    }
+                    doc
                 },
                 steps: d.graph.steps(),
                 deps: d.graph.deps(),
