@@ -456,7 +456,8 @@ pub fn read(path: &Path) -> Result<SavedPlan, String> {
         .map_err(|e| format!("cannot read saved plan {}: {e}", path.display()))?;
     let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
         format!(
-            "{} is not a keyplan saved plan (not JSON: {e}); make one with `keyplan plan -o FILE`",
+            "{} is not a keyplan saved plan (not JSON: {e}); make one with `keyplan plan -o FILE`, or, to apply a plan file, use `keyplan apply -f {}`",
+            path.display(),
             path.display()
         )
     })?;

@@ -249,6 +249,11 @@ fn saved_plan_options_conflict_and_bad_files() {
     let out = s.ok(&["apply", "damaged.json"], 1);
     assert!(out.contains("saved plan damaged.json is damaged"), "{out}");
     assert!(!s.path("keys").exists(), "nothing was staged");
+    let out = s.ok(&["apply", "keyplan.yaml"], 1);
+    assert!(
+        out.contains("to apply a plan file, use `keyplan apply -f keyplan.yaml`"),
+        "{out}"
+    );
     let out = s.ok(&["show", "nope.json"], 1);
     assert!(out.contains("cannot read saved plan nope.json"), "{out}");
 }
