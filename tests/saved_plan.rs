@@ -265,6 +265,10 @@ fn plan_json_has_addresses_and_reason_codes() {
     let out = s.keyplan(&["plan", "--json", "-o", "saved.json"]);
     assert_eq!(out.status.code(), Some(0), "{}", both(&out));
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("{\n  \"format_version\": \"1.0\","),
+        "the document starts with format_version"
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("Saved the plan to saved.json"));
     assert_eq!(doc["format_version"], "1.0");
     assert_eq!(doc["changes_present"], true);

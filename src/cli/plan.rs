@@ -192,7 +192,7 @@ pub(super) fn cmd_plan(
                     "done": s.done,
                 },
             });
-            outln!("{}", serde_json::to_string_pretty(&doc).into_diagnostic()?);
+            outln!("{}", render::json_text(&doc).into_diagnostic()?);
         } else {
             out!("{}", interrupted_text(&s));
             outln!("\nRun `keyplan apply` to finish it, then `keyplan plan` again.");
@@ -244,7 +244,7 @@ pub(super) fn cmd_plan(
     if json {
         outln!(
             "{}",
-            serde_json::to_string_pretty(&render::plan_json(&d)).into_diagnostic()?
+            render::json_text(&render::plan_json(&d)).into_diagnostic()?
         );
     } else {
         out!("{}", render::plan_text(&plan, &d));

@@ -108,7 +108,7 @@ pub(super) fn cmd_show(cli: &Cli, path: &std::path::Path, json: bool) -> Result<
             obj.insert("stale".into(), stale);
             obj.insert("stale_reasons".into(), why);
         }
-        outln!("{}", serde_json::to_string_pretty(&doc).into_diagnostic()?);
+        outln!("{}", render::json_text(&doc).into_diagnostic()?);
     } else {
         let created = humantime::format_rfc3339_seconds(
             std::time::UNIX_EPOCH + std::time::Duration::from_secs(saved.created_at),

@@ -251,3 +251,32 @@ pub fn saved_text(diff: &Diff) -> String {
     );
     out
 }
+
+/// A JSON document that serializes with its `format_version` member first (then the other
+/// members in key order), so that readers and people see the version before anything else
+/// (DESIGN.md §4: the document starts with `format_version`). Nested values are unchanged.
+pub struct VersionFirst<'a>(pub &'a serde_json::Value);
+
+impl serde::Serialize for VersionFirst<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        let Some(obj) = self.0.as_object() else {
+            return self.0.serialize(s);
+        };
+        let mut map = s.serialize_map(Some(obj.len()))?;
+        if let Some(v) = obj.get("format_version") {
+            map.serialize_entry("format_version", v)?;
+        }
+        for (k, v) in obj.iter().filter(|(k, _)| *k != "format_version") {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+/// `doc` as pretty-printed JSON text with `format_version` first (see [`VersionFirst`]).
+///
+/// Errors: serialization failed (does not happen for a `serde_json::Value`).
+pub fn json_text(doc: &serde_json::Value) -> Result<String, serde_json::Error> {
+    serde_json::to_string_pretty(&VersionFirst(doc))
+}
