@@ -6,7 +6,8 @@
 //! with a reason; [`graph`] turns changes into a dependency graph of idempotent steps; [`apply`]
 //! runs that graph under a lock with a write-ahead [`journal`], resuming an interrupted run
 //! first. [`render`] prints plans for humans; [`cli`] is the command line. Key material is held
-//! only in [`secret::Passphrase`].
+//! only in [`secret::Passphrase`]. [`saved`] holds saved plans (`plan -o`): the file format and the
+//! digest of the observed state that makes a stale saved plan refused.
 //!
 //! [`failpoint`] holds the crash and error injection points the crash tests fire (compiled
 //! only with the `failpoints` cargo feature); `fuzzing` (hidden) holds the fuzz harnesses.
@@ -24,5 +25,6 @@ pub mod kms;
 pub mod luks;
 pub mod observe;
 pub mod render;
+pub mod saved;
 pub mod secret;
 pub mod spec;

@@ -367,20 +367,15 @@ pub(super) fn cmd_apply(
             return Ok(ExitCode::from(1));
         }
         outln!();
-        observe::update_registry(&plan.state_dir, &observed).map_err(|e| miette!("{e}"))?;
-        let run_id = crate::apply::new_run_id();
-        tracing::info!(run = %run_id, steps = d.graph.len(), "starting run");
-        let input = crate::apply::RunInput {
-            plan: &plan,
-            world: &world,
-            graph: &d.graph,
-            run_id: &run_id,
-            resume: None,
+        let report = run_new(
+            cli,
+            &plan,
+            &world,
+            &mut journal,
+            &observed,
+            &d.graph,
             parallelism,
-            stop: Some(interrupts::install()?),
-        };
-        let report =
-            run_with_progress(cli, input, &mut journal).map_err(|f| failure_report(f, "run"))?;
+        )?;
         totals.0 += d.adds();
         totals.1 += d.removes();
         totals.2 += d.rotations();
@@ -400,5 +395,153 @@ pub(super) fn cmd_apply(
         totals.3,
         world.cs.pbkdf_runs()
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs `graph` as a new run (the caller holds the state lock): records the plan's devices in
+/// the registry, then runs the steps with the journal, the progress printer and deferred
+/// signals.
+///
+/// Errors: the registry cannot be written, the signal handlers cannot be installed, or the run
+/// failed or was interrupted (reported by [`failure_report`]).
+fn run_new(
+    cli: &Cli,
+    plan: &Plan,
+    world: &World,
+    journal: &mut Journal,
+    observed: &observe::Observed,
+    graph: &crate::graph::StepGraph,
+    parallelism: usize,
+) -> Result<crate::apply::RunReport> {
+    observe::update_registry(&plan.state_dir, observed).map_err(|e| miette!("{e}"))?;
+    let run_id = crate::apply::new_run_id();
+    tracing::info!(run = %run_id, steps = graph.len(), "starting run");
+    let input = crate::apply::RunInput {
+        plan,
+        world,
+        graph,
+        run_id: &run_id,
+        resume: None,
+        parallelism,
+        stop: Some(interrupts::install()?),
+    };
+    run_with_progress(cli, input, journal).map_err(|f| failure_report(f, "run"))
+}
+
+/// `keyplan apply SAVED`: applies exactly the steps of a saved plan, without a prompt, after
+/// checking (under the state lock; no PBKDF run beyond the `enroll_with` test observing makes
+/// for a device not enrolled yet) that nothing it was made from
+/// changed: the plan file's bytes, every device's LUKS header and keyplan records, every key's
+/// KMS versions, and the journal's last run. A stale plan is refused with exit 1, naming what
+/// changed; nothing is changed then.
+///
+/// Errors: the saved plan cannot be read; its plan file is gone or changed; `--state-dir`
+/// names another state directory than the plan was made against; a run holds the lock or was
+/// interrupted; the plan is stale; a KMS check fails; the run fails.
+pub(super) fn cmd_apply_saved(
+    cli: &Cli,
+    path: &std::path::Path,
+    parallelism: Option<usize>,
+) -> Result<ExitCode> {
+    let saved = crate::saved::read(path).map_err(|e| miette!("{e}"))?;
+    let again = format!(
+        "run `keyplan plan -f {} -o {}` again, review it, and apply the new file",
+        saved.plan_file.path.display(),
+        path.display()
+    );
+    let stale = |what: Vec<String>| {
+        miette!(
+            help = again.clone(),
+            "saved plan {} is stale; nothing was changed. Since it was made:\n  - {}",
+            path.display(),
+            what.join("\n  - ")
+        )
+    };
+    let bytes = std::fs::read(&saved.plan_file.path).map_err(|e| {
+        miette!(
+            help = again.clone(),
+            "saved plan {}: cannot read its plan file {}: {e}; nothing was changed",
+            path.display(),
+            saved.plan_file.path.display()
+        )
+    })?;
+    if crate::saved::sha256_hex(&bytes) != saved.plan_file.sha256 {
+        return Err(stale(vec![format!(
+            "the plan file {} changed",
+            saved.plan_file.path.display()
+        )]));
+    }
+    let mut plan = spec::load(&saved.plan_file.path)?;
+    if let Some(dir) = &cli.state_dir {
+        let dir = std::path::absolute(dir).into_diagnostic()?;
+        if dir != saved.state_dir {
+            return Err(miette!(
+                help = "leave out --state-dir (the saved plan names its own), or make a new saved plan with this one",
+                "saved plan {} was made against state directory {}, not {}; nothing was changed",
+                path.display(),
+                saved.state_dir.display(),
+                dir.display()
+            ));
+        }
+    }
+    plan.state_dir = saved.state_dir.clone();
+    let parallelism = parallelism.unwrap_or(plan.parallelism);
+    let world = World::open(&plan)?;
+    let _lock = StateLock::acquire(&plan.state_dir).map_err(|e| miette!("{e}"))?;
+    let mut journal = Journal::open(&plan.state_dir).map_err(|e| miette!("{e}"))?;
+    let records = crate::journal::read(&plan.state_dir).map_err(|e| miette!("{e}"))?;
+    if let Some(s) = crate::journal::last_run(&records).filter(|s| s.ended.is_none()) {
+        return Err(miette!(
+            help = format!(
+                "run `keyplan apply -f {}` to finish it, then make a new saved plan: `keyplan plan -o {}`",
+                saved.plan_file.path.display(),
+                path.display()
+            ),
+            "refusing to apply saved plan {}: run {} in the journal was interrupted; nothing was changed",
+            path.display(),
+            s.run
+        ));
+    }
+    let observed = observe::observe(&plan, &world)?;
+    let now = crate::saved::state_digest(&bytes, &observed, crate::saved::journal_mark(&records));
+    let changed = crate::saved::changes_since(&saved.state, &now);
+    if !changed.is_empty() {
+        return Err(stale(changed));
+    }
+    let d = saved.diff().map_err(|e| {
+        miette!(
+            help = "make it again with `keyplan plan -o FILE`",
+            "saved plan {} is damaged: {e}",
+            path.display()
+        )
+    })?;
+    out!("{}", render::plan_text_styled(&plan, &d, stdout_color(cli)));
+    if d.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    check_kms(&plan, &world, &d)?;
+    outln!();
+    let report = run_new(
+        cli,
+        &plan,
+        &world,
+        &mut journal,
+        &observed,
+        &d.graph,
+        parallelism,
+    )?;
+    outln!(
+        "\nApply complete! {} added, {} removed, {} keys rotated. ({} steps, {} PBKDF runs)",
+        d.adds(),
+        d.removes(),
+        d.rotations(),
+        report.steps_run,
+        world.cs.pbkdf_runs()
+    );
+    if d.keys.iter().any(|k| k.action == diff::KeyAction::Migrate) {
+        outln!(
+            "Note: this saved plan moved keys to another KMS and stops there; a rotation that is due runs only after a new plan: run `keyplan plan` again."
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

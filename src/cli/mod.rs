@@ -44,15 +44,17 @@ mod docs;
 mod journal;
 mod key;
 mod plan;
+mod show;
 mod status;
 mod validate;
 mod verify;
 
-use apply::cmd_apply;
+use apply::{cmd_apply, cmd_apply_saved};
 use journal::cmd_journal;
 use key::cmd_key_get;
 use plan::cmd_plan;
-use plan::{interrupted_run, interrupted_text, make_diff};
+use plan::{check_kms, interrupted_run, interrupted_text, make_diff};
+use show::cmd_show;
 use status::cmd_status;
 use validate::cmd_validate;
 use verify::cmd_verify;
@@ -165,9 +167,17 @@ pub enum Command {
         /// Print a JSON document instead of text.
         #[arg(long)]
         json: bool,
+        /// Also save the plan to SAVED (with a digest of the state it was made from), for
+        /// `keyplan apply SAVED`.
+        #[arg(short = 'o', long = "out", value_name = "SAVED")]
+        out: Option<PathBuf>,
     },
-    /// Make devices and KMS match the plan (finishing an interrupted run first).
+    /// Make devices and KMS match the plan (finishing an interrupted run first); or, given a
+    /// saved plan, apply exactly its changes, refusing if anything changed since it was made.
     Apply {
+        /// A plan saved by `keyplan plan -o SAVED`: applied without a prompt.
+        #[arg(value_name = "SAVED", conflicts_with_all = ["file", "rotate", "verify"])]
+        saved: Option<PathBuf>,
         #[command(flatten)]
         plan: PlanArg,
         /// Do not ask for confirmation.
@@ -183,6 +193,15 @@ pub enum Command {
         /// Steps (devices) worked on at once, at least 1 (overrides settings.parallelism).
         #[arg(long, value_name = "N", value_parser = parse_parallelism)]
         parallelism: Option<usize>,
+    },
+    /// Render a saved plan; warn (on stderr) when it is stale. Read-only; exit 0 either way.
+    Show {
+        /// The saved plan file.
+        #[arg(value_name = "SAVED")]
+        saved: PathBuf,
+        /// Print the saved plan as JSON (the `plan --json` shape plus `stale`).
+        #[arg(long)]
+        json: bool,
     },
     /// Check that every enrolled key's current version opens a bound keyslot of each device
     /// (one PBKDF run per key and device). Read-only.
@@ -351,14 +370,30 @@ fn run(cli: &Cli) -> Result<ExitCode> {
             rotate,
             verify,
             json,
-        } => cmd_plan(cli, plan, *detailed_exitcode, rotate, *verify, *json),
+            out,
+        } => cmd_plan(
+            cli,
+            plan,
+            *detailed_exitcode,
+            rotate,
+            *verify,
+            *json,
+            out.as_deref(),
+        ),
         Command::Apply {
+            saved: Some(saved),
+            parallelism,
+            ..
+        } => cmd_apply_saved(cli, saved, *parallelism),
+        Command::Apply {
+            saved: None,
             plan,
             auto_approve,
             rotate,
             verify,
             parallelism,
         } => cmd_apply(cli, plan, *auto_approve, rotate, *verify, *parallelism),
+        Command::Show { saved, json } => cmd_show(cli, saved, *json),
         Command::Verify { plan } => cmd_verify(cli, plan),
         Command::Key {
             command:

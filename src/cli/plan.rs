@@ -2,20 +2,22 @@
 
 use super::*;
 
-/// Observes and diffs; errors from the diff become one report.
+/// Observes and diffs; errors from the diff become one report. Returns the observation as
+/// read (before `--verify` marked any record), which is what a saved plan's digest covers.
 pub(super) fn make_diff(
     plan: &Plan,
     world: &World,
     rotate: &[String],
     verify: bool,
 ) -> Result<(observe::Observed, diff::Diff)> {
-    let mut observed = observe::observe(plan, world)?;
+    let observed = observe::observe(plan, world)?;
+    let mut checked = observed.clone();
     if verify {
-        verify_records(plan, world, &mut observed)?;
+        verify_records(plan, world, &mut checked)?;
     }
     let d = diff::diff(
         plan,
-        &observed,
+        &checked,
         &DiffOptions {
             rotate: rotate.to_vec(),
         },
@@ -146,6 +148,8 @@ pub(super) fn interrupted_text(s: &crate::journal::RunSummary) -> String {
     out
 }
 
+/// `keyplan plan` (DESIGN.md §4); with `out` (`-o FILE`) it also saves the plan (see
+/// [`crate::saved`]).
 pub(super) fn cmd_plan(
     cli: &Cli,
     arg: &PlanArg,
@@ -153,11 +157,30 @@ pub(super) fn cmd_plan(
     rotate: &[String],
     verify: bool,
     json: bool,
+    out: Option<&std::path::Path>,
 ) -> Result<ExitCode> {
     let plan = load_plan(cli, arg)?;
     check_rotate_keys(&plan, rotate)?;
     let world = World::open(&plan)?;
+    // Read once, before observing: the digest covers exactly the bytes that were planned.
+    let plan_bytes = match out {
+        Some(_) => Some(std::fs::read(&plan.source_path).map_err(|e| {
+            miette!(
+                "cannot read plan file {} again to save the plan: {e}",
+                plan.source_path.display()
+            )
+        })?),
+        None => None,
+    };
     if let Some(s) = interrupted_run(&plan)? {
+        if let Some(path) = out {
+            return Err(miette!(
+                help = "run `keyplan apply` to finish it, then `keyplan plan -o FILE` again",
+                "run {} in the journal was interrupted; a plan saved now would be made against a half-done run, so {} was not written",
+                s.run,
+                path.display()
+            ));
+        }
         // What is on the devices now is half of that run: a diff would mislead.
         if json {
             let doc = serde_json::json!({
@@ -169,7 +192,7 @@ pub(super) fn cmd_plan(
                     "done": s.done,
                 },
             });
-            outln!("{}", serde_json::to_string_pretty(&doc).into_diagnostic()?);
+            outln!("{}", render::json_text(&doc).into_diagnostic()?);
         } else {
             out!("{}", interrupted_text(&s));
             outln!("\nRun `keyplan apply` to finish it, then `keyplan plan` again.");
@@ -180,14 +203,64 @@ pub(super) fn cmd_plan(
             ExitCode::SUCCESS
         });
     }
-    let (_, d) = make_diff(&plan, &world, rotate, verify)?;
+    let (observed, d) = make_diff(&plan, &world, rotate, verify)?;
+    let saved = match (out, plan_bytes) {
+        (Some(path), Some(bytes)) => {
+            let journal = crate::journal::read(&plan.state_dir).map_err(|e| miette!("{e}"))?;
+            let saved = crate::saved::SavedPlan {
+                format_version: crate::saved::FORMAT_VERSION.to_string(),
+                kind: crate::saved::KIND.to_string(),
+                keyplan_version: env!("CARGO_PKG_VERSION").to_string(),
+                created_at: crate::kms::now_unix(),
+                plan_file: crate::saved::PlanFileRef {
+                    path: std::path::absolute(&plan.source_path).into_diagnostic()?,
+                    sha256: crate::saved::sha256_hex(&bytes),
+                },
+                state_dir: plan.state_dir.clone(),
+                options: crate::saved::SavedOptions {
+                    rotate: rotate.to_vec(),
+                    verify,
+                },
+                state: crate::saved::state_digest(
+                    &bytes,
+                    &observed,
+                    crate::saved::journal_mark(&journal),
+                ),
+                changes: {
+                    let mut doc = render::plan_json(&d);
+                    if let Some(o) = doc.as_object_mut() {
+                        o.remove("steps");
+                    }
+                    doc
+                },
+                steps: d.graph.steps(),
+                deps: d.graph.deps(),
+            };
+            crate::saved::write(path, &saved).map_err(|e| miette!("{e}"))?;
+            Some(path)
+        }
+        _ => None,
+    };
     if json {
         outln!(
             "{}",
-            serde_json::to_string_pretty(&render::plan_json(&d)).into_diagnostic()?
+            render::json_text(&render::plan_json(&d)).into_diagnostic()?
         );
     } else {
         out!("{}", render::plan_text_styled(&plan, &d, stdout_color(cli)));
+    }
+    if let Some(path) = saved {
+        // With --json, stdout holds exactly one JSON document: the note goes to stderr.
+        let note = format!(
+            "Saved the plan to {}; apply it with `keyplan apply {}`",
+            path.display(),
+            path.display()
+        );
+        if json {
+            eprintln!("{note}");
+        } else {
+            outln!("\n{note}");
+        }
     }
     Ok(if detailed && !d.is_empty() {
         ExitCode::from(2)

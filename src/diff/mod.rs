@@ -10,14 +10,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::graph::{SlotHolder, Step, StepGraph, Unlock, VersionRef};
 use crate::observe::{DeviceState, Observed, RecordStatus};
 use crate::spec::{PathSeg, Plan, UnmanagedKeyslots};
 
 /// What happens to a key in the KMS.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum KeyAction {
     /// The key does not exist in the KMS yet: create version 1 (or the next free number).
@@ -33,7 +33,7 @@ pub enum KeyAction {
 }
 
 /// One key-level change.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyChange {
     /// Key id.
     pub key: String,
@@ -47,6 +47,8 @@ pub struct KeyChange {
     pub to: u64,
     /// Why, e.g. `rotate_after exceeded: age 41d > 30d`.
     pub reason: String,
+    /// Why, as a stable code for programs (`plan --json`, saved plans).
+    pub reason_code: ReasonCode,
     /// Old versions destroyed in the KMS at the end of the run (older than the version that
     /// becomes `previous`, and held by no device keyplan knows).
     pub retire: Vec<u64>,
@@ -55,8 +57,52 @@ pub struct KeyChange {
     pub from_kms: Option<String>,
 }
 
+/// Why a key or keyslot changes, as a stable snake_case code (`reason_code` in `plan --json`
+/// and saved plans); the free-text `reason` next to it says the same for people. New codes may
+/// be added in minor format versions; readers should accept unknown ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasonCode {
+    /// Key: the current version is older than `rotate_after`.
+    RotateAfterExceeded,
+    /// Key: `--rotate KEY` was given.
+    RotateRequested,
+    /// Key: the KMS holds no version yet (created); keyslot: the new key's first version is
+    /// added.
+    NotCreated,
+    /// Key: an earlier run staged a version and did not commit it; the rotation is finished.
+    PendingRotation,
+    /// Key: the plan moved the key to another KMS; keyslot: its record is rewritten to name
+    /// the new KMS.
+    Migration,
+    /// Keyslot: the key's current version is added to a device that does not hold it yet.
+    Enroll,
+    /// Keyslot: the rotation's new version is added.
+    NewVersion,
+    /// Keyslot: holds a version that a newer one replaces (or replaced).
+    SupersededVersion,
+    /// Keyslot: a second keyslot of the same key version.
+    DuplicateKeyslot,
+    /// Keyslot: added or removed to put a key into its pinned keyslot.
+    MoveToPinned,
+    /// Keyslot: a temporary keyslot used while moving a key into its pinned keyslot.
+    TemporaryKeyslot,
+    /// Keyslot: killed to free the keyslot a key is pinned to.
+    MakeRoom,
+    /// Keyslot: holds a key no longer listed for the device.
+    KeyNotListed,
+    /// Keyslot: not created by keyplan, and the device says `unmanaged_keyslots: remove`.
+    UnmanagedRemove,
+    /// Keyslot (drift): keyplan's record names a keyslot that was killed outside keyplan.
+    DriftKeyslotGone,
+    /// Keyslot (drift): the keyslot was rewritten outside keyplan (its salt changed).
+    DriftRewritten,
+    /// Keyslot (drift): `--verify` found the recorded version does not open the keyslot.
+    VerifyFailed,
+}
+
 /// What happens to a keyslot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SlotAction {
     /// A keyslot is added (`+`).
@@ -68,7 +114,7 @@ pub enum SlotAction {
 }
 
 /// One keyslot-level change.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SlotChange {
     /// Device id.
     pub device: String,
@@ -82,6 +128,8 @@ pub struct SlotChange {
     pub version: Option<u64>,
     /// Why.
     pub reason: String,
+    /// Why, as a stable code for programs (`plan --json`, saved plans).
+    pub reason_code: ReasonCode,
 }
 
 /// The result of [`diff`].
@@ -444,7 +492,7 @@ impl Planner<'_> {
         action: SlotAction,
         key: Option<&str>,
         version: Option<u64>,
-        reason: String,
+        (reason_code, reason): (ReasonCode, String),
     ) {
         self.slots.push(SlotChange {
             device: device.to_string(),
@@ -453,6 +501,7 @@ impl Planner<'_> {
             key: key.map(str::to_string),
             version,
             reason,
+            reason_code,
         });
     }
 
@@ -463,18 +512,18 @@ impl Planner<'_> {
             for r in &d.records {
                 let reason = match r.status {
                     RecordStatus::Valid => continue,
-                    RecordStatus::KeyslotGone => format!(
+                    RecordStatus::KeyslotGone => (ReasonCode::DriftKeyslotGone, format!(
                         "drift: keyslot {} removed outside keyplan (it held {} v{}); record dropped",
                         r.slot, r.record.key, r.record.version
-                    ),
-                    RecordStatus::Rewritten => format!(
+                    )),
+                    RecordStatus::Rewritten => (ReasonCode::DriftRewritten, format!(
                         "drift: keyslot {} rewritten outside keyplan; it no longer holds {} v{} and is now unmanaged",
                         r.slot, r.record.key, r.record.version
-                    ),
-                    RecordStatus::FailedVerify => format!(
+                    )),
+                    RecordStatus::FailedVerify => (ReasonCode::VerifyFailed, format!(
                         "drift: keyslot {} no longer opens with {} v{}; record dropped, keyslot now unmanaged",
                         r.slot, r.record.key, r.record.version
-                    ),
+                    )),
                 };
                 todo.push((
                     id.clone(),
@@ -745,21 +794,32 @@ impl Planner<'_> {
         k
     }
 
-    fn rotate_reason(&self, key: &str, opts: &DiffOptions) -> Option<(KeyAction, String)> {
+    fn rotate_reason(
+        &self,
+        key: &str,
+        opts: &DiffOptions,
+    ) -> Option<(KeyAction, (ReasonCode, String))> {
         let st = self.obs.keys.get(key)?;
         if let Some(p) = st.pending {
             return Some((
                 KeyAction::Finish,
-                format!(
-                    "pending v{p} was staged by an earlier run that did not finish; finishing it"
+                (
+                    ReasonCode::PendingRotation,
+                    format!("pending v{p} was staged by an earlier run that did not finish; finishing it"),
                 ),
             ));
         }
         let Some(cur) = st.current_info() else {
-            return Some((KeyAction::Create, "not in KMS".to_string()));
+            return Some((
+                KeyAction::Create,
+                (ReasonCode::NotCreated, "not in KMS".to_string()),
+            ));
         };
         if opts.rotate.iter().any(|k| k == key) {
-            return Some((KeyAction::Rotate, "--rotate".to_string()));
+            return Some((
+                KeyAction::Rotate,
+                (ReasonCode::RotateRequested, "--rotate".to_string()),
+            ));
         }
         let spec = self.plan.keys.get(key)?;
         if let Some(max) = spec.rotate_after {
@@ -771,9 +831,12 @@ impl Planner<'_> {
                     .unwrap_or_else(|| short_duration(max));
                 return Some((
                     KeyAction::Rotate,
-                    format!(
-                        "rotate_after exceeded: age {} > {written}",
-                        short_duration(age)
+                    (
+                        ReasonCode::RotateAfterExceeded,
+                        format!(
+                            "rotate_after exceeded: age {} > {written}",
+                            short_duration(age)
+                        ),
                     ),
                 ));
             }
@@ -886,9 +949,12 @@ impl Planner<'_> {
                 let (_, v) = self.add_step(device, key, VersionRef::Version(c), target, unlock);
                 self.dev(device).anchor.get_or_insert(v);
                 let reason = if !with_c.is_empty() {
-                    format!("move to pinned keyslot {target}")
+                    (
+                        ReasonCode::MoveToPinned,
+                        format!("move to pinned keyslot {target}"),
+                    )
                 } else {
-                    "not enrolled".to_string()
+                    (ReasonCode::Enroll, "not enrolled".to_string())
                 };
                 self.change(device, target, SlotAction::Add, Some(key), Some(c), reason);
                 (target, Some(v))
@@ -909,11 +975,20 @@ impl Planner<'_> {
         self.dev(device).anchor.get_or_insert(anchor);
         for (s, v) in extras {
             let reason = if v != c {
-                format!("old version v{v} of {key} (current is v{c})")
+                (
+                    ReasonCode::SupersededVersion,
+                    format!("old version v{v} of {key} (current is v{c})"),
+                )
             } else if pinned.is_some() {
-                format!("{key} moved to pinned keyslot {keep_slot}")
+                (
+                    ReasonCode::MoveToPinned,
+                    format!("{key} moved to pinned keyslot {keep_slot}"),
+                )
             } else {
-                format!("duplicate keyslot of {key} v{c} (keeping keyslot {keep_slot})")
+                (
+                    ReasonCode::DuplicateKeyslot,
+                    format!("duplicate keyslot of {key} v{c} (keeping keyslot {keep_slot})"),
+                )
             };
             self.kill(
                 device,
@@ -982,7 +1057,10 @@ impl Planner<'_> {
                     SlotAction::Add,
                     Some(key),
                     Some(c),
-                    format!("temporary keyslot: pinned keyslot {n} is occupied"),
+                    (
+                        ReasonCode::TemporaryKeyslot,
+                        format!("temporary keyslot: pinned keyslot {n} is occupied"),
+                    ),
                 );
                 (m, vm)
             }
@@ -1001,7 +1079,10 @@ impl Planner<'_> {
             SlotAction::Remove,
             hkey.as_deref(),
             hversion,
-            format!("make room in pinned keyslot {n} for {key} v{c}"),
+            (
+                ReasonCode::MakeRoom,
+                format!("make room in pinned keyslot {n} for {key} v{c}"),
+            ),
         );
         let unlock = Unlock::Key {
             key: key.to_string(),
@@ -1016,7 +1097,10 @@ impl Planner<'_> {
             SlotAction::Add,
             Some(key),
             Some(c),
-            format!("move {key} v{c} into pinned keyslot {n}"),
+            (
+                ReasonCode::MoveToPinned,
+                format!("move {key} v{c} into pinned keyslot {n}"),
+            ),
         );
         self.dev(device).anchor = Some(vn);
         self.kill(
@@ -1034,7 +1118,10 @@ impl Planner<'_> {
             SlotAction::Remove,
             Some(key),
             Some(c),
-            format!("{key} moved to pinned keyslot {n}"),
+            (
+                ReasonCode::MoveToPinned,
+                format!("{key} moved to pinned keyslot {n}"),
+            ),
         );
         for &(s, v) in recs.iter().filter(|(s, _)| *s != n && *s != m) {
             self.kill(
@@ -1052,7 +1139,10 @@ impl Planner<'_> {
                 SlotAction::Remove,
                 Some(key),
                 Some(v),
-                format!("{key} moved to pinned keyslot {n}"),
+                (
+                    ReasonCode::MoveToPinned,
+                    format!("{key} moved to pinned keyslot {n}"),
+                ),
             );
         }
     }
@@ -1157,6 +1247,7 @@ impl Planner<'_> {
             action: KeyAction::Migrate,
             from: Some(from),
             to,
+            reason_code: ReasonCode::Migration,
             reason: format!(
                 "moved in the plan from KMS {} ({}) to KMS {to_kms} ({})",
                 o.kms,
@@ -1217,7 +1308,10 @@ impl Planner<'_> {
                 SlotAction::Drift,
                 Some(key),
                 Some(to),
-                format!("record: {key} now lives in KMS {to_kms}"),
+                (
+                    ReasonCode::Migration,
+                    format!("record: {key} now lives in KMS {to_kms}"),
+                ),
             );
         }
         if opts.rotate.iter().any(|k| k == key) {
@@ -1252,7 +1346,7 @@ impl Planner<'_> {
         st: &crate::kms::KeyState,
         devices: &[String],
         action: KeyAction,
-        reason: String,
+        (reason_code, reason): (ReasonCode, String),
     ) {
         let c = st.current;
         let max_known = st.versions.keys().copied().max().unwrap_or(0);
@@ -1267,6 +1361,7 @@ impl Planner<'_> {
             from: c,
             to,
             reason: reason.clone(),
+            reason_code,
             retire: Vec::new(),
             from_kms: None,
         });
@@ -1318,8 +1413,10 @@ impl Planner<'_> {
                     let (a, v) = self.add_step(device, key, VersionRef::Staged, target, unlock);
                     self.g.dep(stage, a);
                     let why = match action {
-                        KeyAction::Create => "not in KMS: new key".to_string(),
-                        _ => format!("rotate {key}"),
+                        KeyAction::Create => {
+                            (ReasonCode::NotCreated, "not in KMS: new key".to_string())
+                        }
+                        _ => (ReasonCode::NewVersion, format!("rotate {key}")),
                     };
                     self.change(device, target, SlotAction::Add, Some(key), Some(to), why);
                     (target, v)
@@ -1350,7 +1447,10 @@ impl Planner<'_> {
                     SlotAction::Remove,
                     Some(key),
                     Some(v),
-                    format!("replaced by {key} v{to}"),
+                    (
+                        ReasonCode::SupersededVersion,
+                        format!("replaced by {key} v{to}"),
+                    ),
                 );
                 if Some(s) == pinned {
                     pinned_kill = Some(k);
@@ -1371,7 +1471,10 @@ impl Planner<'_> {
                             SlotAction::Remove,
                             None,
                             None,
-                            format!("make room in pinned keyslot {n} for {key}"),
+                            (
+                                ReasonCode::MakeRoom,
+                                format!("make room in pinned keyslot {n} for {key}"),
+                            ),
                         );
                         pinned_kill = Some(k);
                     }
@@ -1393,7 +1496,10 @@ impl Planner<'_> {
                     SlotAction::Add,
                     Some(key),
                     Some(to),
-                    format!("move {key} v{to} back to pinned keyslot {n}"),
+                    (
+                        ReasonCode::MoveToPinned,
+                        format!("move {key} v{to} back to pinned keyslot {n}"),
+                    ),
                 );
                 let k2 = self.kill(
                     device,
@@ -1410,7 +1516,10 @@ impl Planner<'_> {
                     SlotAction::Remove,
                     Some(key),
                     Some(to),
-                    format!("temporary keyslot of the rotation (pinned keyslot is {n})"),
+                    (
+                        ReasonCode::TemporaryKeyslot,
+                        format!("temporary keyslot of the rotation (pinned keyslot is {n})"),
+                    ),
                 );
                 let d = self.dev(device);
                 d.anchor = Some(v2);
@@ -1533,7 +1642,10 @@ impl Planner<'_> {
                         },
                         Some(r.record.key.clone()),
                         Some(r.record.version),
-                        format!("key {} is no longer listed for this device", r.record.key),
+                        (
+                            ReasonCode::KeyNotListed,
+                            format!("key {} is no longer listed for this device", r.record.key),
+                        ),
                     ));
                 }
             }
@@ -1549,7 +1661,10 @@ impl Planner<'_> {
                         },
                         None,
                         None,
-                        "not created by keyplan (unmanaged_keyslots: remove)".to_string(),
+                        (
+                            ReasonCode::UnmanagedRemove,
+                            "not created by keyplan (unmanaged_keyslots: remove)".to_string(),
+                        ),
                     ));
                 }
             }
@@ -1651,7 +1766,13 @@ const KEYSLOT_JSON_BYTES: u64 = 512;
 const TOKEN_JSON_BYTES: u64 = 256;
 
 /// A keyslot `removals` plans to kill: `(keyslot, holder, key, version, reason)`.
-type Victim = (u32, SlotHolder, Option<String>, Option<u64>, String);
+type Victim = (
+    u32,
+    SlotHolder,
+    Option<String>,
+    Option<u64>,
+    (ReasonCode, String),
+);
 
 fn st_max(st: Option<&DeviceState>) -> u32 {
     st.map_or(32, |s| s.header.version.max_keyslots())

@@ -141,6 +141,7 @@ impl Cryptsetup {
                     keyslots,
                     tokens: Default::default(),
                     json_area: None,
+                    epoch: None,
                 })
             }
             LuksVersion::Luks2 => {
@@ -160,6 +161,7 @@ impl Cryptsetup {
                     keyslots,
                     tokens,
                     json_area: Some(json_area),
+                    epoch: dump::epoch(&text.stdout),
                 })
             }
         }

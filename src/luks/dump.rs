@@ -33,6 +33,12 @@ pub(crate) fn uuid(text: &str) -> Result<String, String> {
         .ok_or_else(|| "no \"UUID:\" line".to_owned())
 }
 
+/// The LUKS2 metadata epoch from a text dump's `Epoch:` line; `None` when there is no such
+/// line (LUKS1) or it is not a number.
+pub(crate) fn epoch(text: &str) -> Option<u64> {
+    field(text, "Epoch:").and_then(|v| v.parse().ok())
+}
+
 /// Value of the first unindented line starting with `name`, trimmed.
 fn field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
     text.lines()
@@ -304,6 +310,13 @@ Key Slot 3: DISABLED\n";
         assert_eq!(tokens[&4].token_type, "keyplan");
         assert_eq!(tokens[&4].json["key"], "k");
         Ok(())
+    }
+
+    #[test]
+    fn epoch_from_luks2_text_dump() {
+        let text = "LUKS header information\nVersion:       \t2\nEpoch:         \t7\nUUID: x\n";
+        assert_eq!(epoch(text), Some(7));
+        assert_eq!(epoch("LUKS header information for x\nVersion: 1\n"), None);
     }
 
     #[test]

@@ -108,6 +108,10 @@ pub struct Header {
     /// (`used` is an upper bound: compact JSON with each `/` counted twice, plus the
     /// terminating NUL); `None` for LUKS1, which has no JSON area.
     pub json_area: Option<(u64, u64)>,
+    /// LUKS2: the header's `Epoch:` (metadata sequence id; cryptsetup increments it on every
+    /// metadata write, so a changed epoch means the header changed). `None` for LUKS1, or when
+    /// the dump prints none.
+    pub epoch: Option<u64>,
 }
 
 /// The most bytes cryptsetup reads from a key file (8 MiB: cryptsetup(8), `--keyfile-size`,

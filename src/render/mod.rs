@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::diff::{Diff, KeyAction, SlotAction};
+use crate::diff::{Diff, KeyAction, KeyChange, SlotAction, SlotChange};
 use crate::spec::Plan;
 
 /// The line printed when nothing would change.
@@ -171,8 +171,44 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
     out
 }
 
-/// The plan as a JSON document (`format_version` "1.0"): keys and keyslot changes, no secrets.
+/// The plan as a JSON document (`format_version` "1.0"; readers must tolerate unknown fields
+/// within 1.x): `changes_present`, `summary`, `changes` (every key and keyslot change with its
+/// `address` — `key.ID` or `device.ID.keyslot[N]` —, `actions`, `reason`, `reason_code`
+/// ([`crate::diff::ReasonCode`]), `device`, `keyslot`, `key`, `version`), and, as before,
+/// `keys` and `keyslots` (each entry also with `address`), `notes` and `steps`. No secrets:
+/// only ids, numbers and KMS metadata.
 pub fn plan_json(diff: &Diff) -> serde_json::Value {
+    let keys: Vec<serde_json::Value> = diff.keys.iter().map(key_json).collect();
+    let slots: Vec<serde_json::Value> = diff.slots.iter().map(slot_json).collect();
+    let mut changes = Vec::new();
+    for (k, j) in diff.keys.iter().zip(&keys) {
+        changes.push(serde_json::json!({
+            "address": j["address"],
+            "type": "key",
+            "actions": [k.action],
+            "reason": k.reason,
+            "reason_code": k.reason_code,
+            "key": k.key,
+            "kms": k.kms,
+            "from_version": k.from,
+            "version": k.to,
+            "retire": k.retire,
+            "from_kms": k.from_kms,
+        }));
+    }
+    for (c, j) in diff.slots.iter().zip(&slots) {
+        changes.push(serde_json::json!({
+            "address": j["address"],
+            "type": "keyslot",
+            "actions": [c.action],
+            "reason": c.reason,
+            "reason_code": c.reason_code,
+            "device": c.device,
+            "keyslot": c.slot,
+            "key": c.key,
+            "version": c.version,
+        }));
+    }
     serde_json::json!({
         "format_version": "1.0",
         "changes_present": !diff.is_empty(),
@@ -182,9 +218,111 @@ pub fn plan_json(diff: &Diff) -> serde_json::Value {
             "rotate": diff.rotations(),
             "migrate": diff.keys.iter().filter(|k| k.action == KeyAction::Migrate).count(),
         },
-        "keys": diff.keys,
-        "keyslots": diff.slots,
+        "changes": changes,
+        "keys": keys,
+        "keyslots": slots,
         "notes": diff.notes,
         "steps": diff.graph.steps(),
     })
+}
+
+/// `key.ID`: the address of a key change.
+pub fn key_address(key: &str) -> String {
+    format!("key.{key}")
+}
+
+/// `device.ID.keyslot[N]`: the address of a keyslot change.
+pub fn slot_address(device: &str, slot: u32) -> String {
+    format!("device.{device}.keyslot[{slot}]")
+}
+
+fn with_address<T: serde::Serialize>(v: &T, address: String) -> serde_json::Value {
+    let mut j = serde_json::to_value(v).unwrap_or(serde_json::Value::Null);
+    if let Some(o) = j.as_object_mut() {
+        o.insert("address".into(), serde_json::Value::String(address));
+    }
+    j
+}
+
+fn key_json(k: &KeyChange) -> serde_json::Value {
+    with_address(k, key_address(&k.key))
+}
+
+fn slot_json(c: &SlotChange) -> serde_json::Value {
+    with_address(c, slot_address(&c.device, c.slot))
+}
+
+/// Renders a saved plan's changes when its plan file cannot be loaded (no device paths or KMS
+/// providers to show): one line per key and keyslot change with its address and reason, then
+/// the summary line of [`plan_text`].
+pub fn saved_text(diff: &Diff) -> String {
+    if diff.is_empty() {
+        return format!("{NO_CHANGES}\n");
+    }
+    let mut out = String::new();
+    for k in &diff.keys {
+        let from = k.from.map(|f| format!("v{f} -> ")).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {:?} {} {from}v{}  ({})",
+            k.action,
+            key_address(&k.key),
+            k.to,
+            k.reason
+        );
+    }
+    for c in &diff.slots {
+        let what = match (&c.key, c.version) {
+            (Some(k), Some(v)) => format!(" {k} v{v}"),
+            (Some(k), None) => format!(" {k}"),
+            (None, _) => " unmanaged".to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "  {:?} {}{what}  ({})",
+            c.action,
+            slot_address(&c.device, c.slot),
+            c.reason
+        );
+    }
+    for n in &diff.notes {
+        let _ = writeln!(out, "Note: {n}");
+    }
+    let _ = writeln!(
+        out,
+        "\nPlan: {} to add, {} to remove, {} keys to rotate.",
+        diff.adds(),
+        diff.removes(),
+        diff.rotations()
+    );
+    out
+}
+
+/// A JSON document that serializes with its `format_version` member first (then the other
+/// members in key order), so that readers and people see the version before anything else
+/// (DESIGN.md §4: the document starts with `format_version`). Nested values are unchanged.
+pub struct VersionFirst<'a>(pub &'a serde_json::Value);
+
+impl serde::Serialize for VersionFirst<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        let Some(obj) = self.0.as_object() else {
+            return self.0.serialize(s);
+        };
+        let mut map = s.serialize_map(Some(obj.len()))?;
+        if let Some(v) = obj.get("format_version") {
+            map.serialize_entry("format_version", v)?;
+        }
+        for (k, v) in obj.iter().filter(|(k, _)| *k != "format_version") {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+/// `doc` as pretty-printed JSON text with `format_version` first (see [`VersionFirst`]).
+///
+/// Errors: serialization failed (does not happen for a `serde_json::Value`).
+pub fn json_text(doc: &serde_json::Value) -> Result<String, serde_json::Error> {
+    serde_json::to_string_pretty(&VersionFirst(doc))
 }

@@ -1,0 +1,553 @@
+//! Saved plans (`keyplan plan -o FILE`, `keyplan apply FILE`, `keyplan show FILE`): the file
+//! format and the digest of the observed state a plan was made from.
+//!
+//! A saved plan is one JSON document ([`SavedPlan`]) holding the planned changes, the step
+//! graph that makes them, and a [`StateDigest`]: SHA-256 digests over a canonical JSON
+//! serialization of everything the plan was derived from, per component, so that a refusal can
+//! say what changed:
+//!
+//! * per device (and per former device still present): path, LUKS version and UUID, LUKS2
+//!   metadata epoch, every keyslot's number, KDF salt and type, priority and bound-ness, every
+//!   LUKS2 token, and keyplan's records (LUKS1: the record in the state directory);
+//! * per key (and per migration origin): the KMS state: current and pending version and every
+//!   version's number, state and creation time. Never key material;
+//! * the plan file's bytes;
+//! * the journal: the last run's id and whether it ended.
+//!
+//! Applying a saved plan changes the headers, the KMS and the journal, so the same saved plan
+//! is refused the second time, also when it was made against fresh devices. Nothing here
+//! touches a terminal; the CLI renders.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use crate::diff::{Diff, KeyChange, SlotChange};
+use crate::graph::{Step, StepGraph};
+use crate::journal::Record;
+use crate::kms::KeyState;
+use crate::observe::{DeviceState, Observed};
+
+/// `format_version` written into saved plans. Readers accept any `1.x` and ignore unknown
+/// fields.
+pub const FORMAT_VERSION: &str = "1.0";
+/// `kind` of a saved plan file.
+pub const KIND: &str = "keyplan-saved-plan";
+
+/// The plan file a saved plan was made from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanFileRef {
+    /// Absolute path.
+    pub path: PathBuf,
+    /// SHA-256 of its bytes, lower-case hex.
+    pub sha256: String,
+}
+
+/// Command-line options the plan was made with.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedOptions {
+    /// `--rotate KEY` keys.
+    pub rotate: Vec<String>,
+    /// `--verify`.
+    pub verify: bool,
+}
+
+/// The journal's last run when the plan was made.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JournalMark {
+    /// Run id of the last run, `None` for an empty journal.
+    pub last_run: Option<String>,
+    /// That run's outcome (`run_end`), `None` when it did not end (or there is none).
+    pub outcome: Option<String>,
+}
+
+/// Digests of the observed state (each a lower-case hex SHA-256).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateDigest {
+    /// Digest over all components below.
+    pub digest: String,
+    /// Plan file bytes.
+    pub plan_file: String,
+    /// Per device id (former devices as `former:ID`).
+    pub devices: BTreeMap<String, String>,
+    /// Per device id: per keyslot number, a digest of the keyslot (salt, KDF, priority,
+    /// bound-ness), the LUKS2 tokens assigned to it and keyplan's records of it; says which
+    /// keyslots changed when a device's digest did.
+    #[serde(default)]
+    pub keyslots: BTreeMap<String, BTreeMap<u32, String>>,
+    /// Per key id (migration origins as `KEY@KMS/NAME`).
+    pub keys: BTreeMap<String, String>,
+    /// The journal's last run.
+    pub journal: JournalMark,
+}
+
+/// A saved plan file (`keyplan plan -o FILE`). Holds no key material.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedPlan {
+    /// [`FORMAT_VERSION`].
+    pub format_version: String,
+    /// [`KIND`].
+    pub kind: String,
+    /// keyplan version that wrote it.
+    pub keyplan_version: String,
+    /// Unix seconds (UTC) when it was made.
+    pub created_at: u64,
+    /// The plan file.
+    pub plan_file: PlanFileRef,
+    /// The state directory (journal, lock) the plan was made against.
+    pub state_dir: PathBuf,
+    /// Options.
+    pub options: SavedOptions,
+    /// Digest of what the plan was made from.
+    pub state: StateDigest,
+    /// The changes: the `plan --json` document (`format_version`, `changes_present`,
+    /// `summary`, `changes`, `keys`, `keyslots`, `notes`) without its `steps`, which are below.
+    pub changes: serde_json::Value,
+    /// The steps, as the journal records them.
+    pub steps: Vec<Step>,
+    /// Step dependencies `(before, after)`.
+    pub deps: Vec<(usize, usize)>,
+}
+
+impl SavedPlan {
+    /// The changes and steps as a [`Diff`] (for rendering and running).
+    ///
+    /// Errors: `changes.keys`, `changes.keyslots` or `changes.notes` do not have the shape
+    /// keyplan writes (message says which), or `deps` name a step that does not exist.
+    pub fn diff(&self) -> Result<Diff, String> {
+        fn field<T: serde::de::DeserializeOwned + Default>(
+            v: &serde_json::Value,
+            name: &str,
+        ) -> Result<T, String> {
+            match v.get(name) {
+                None => Ok(T::default()),
+                Some(x) => serde_json::from_value(x.clone())
+                    .map_err(|e| format!("\"changes.{name}\" is damaged: {e}")),
+            }
+        }
+        let keys: Vec<KeyChange> = field(&self.changes, "keys")?;
+        let slots: Vec<SlotChange> = field(&self.changes, "keyslots")?;
+        let notes: Vec<String> = field(&self.changes, "notes")?;
+        if let Some((a, b)) = self
+            .deps
+            .iter()
+            .find(|(a, b)| *a >= self.steps.len() || *b >= self.steps.len())
+        {
+            return Err(format!(
+                "\"deps\" names step {} of {} steps",
+                (*a).max(*b),
+                self.steps.len()
+            ));
+        }
+        Ok(Diff {
+            keys,
+            slots,
+            graph: StepGraph::from_parts(self.steps.clone(), &self.deps),
+            notes,
+        })
+    }
+}
+
+/// Lower-case hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn digest_json(v: &serde_json::Value) -> String {
+    // serde_json writes object keys in sorted order (no `preserve_order` feature), so the
+    // compact serialization is canonical.
+    sha256_hex(v.to_string().as_bytes())
+}
+
+fn device_json(d: &DeviceState) -> serde_json::Value {
+    let h = &d.header;
+    let keyslots: BTreeMap<String, serde_json::Value> = h
+        .keyslots
+        .iter()
+        .map(|(n, k)| {
+            (
+                n.to_string(),
+                serde_json::json!({
+                    "salt": k.salt,
+                    "kdf": k.kdf,
+                    "priority": format!("{:?}", k.priority),
+                    "bound": k.bound,
+                }),
+            )
+        })
+        .collect();
+    let tokens: BTreeMap<String, serde_json::Value> = h
+        .tokens
+        .iter()
+        .map(|(id, t)| (id.to_string(), t.json.clone()))
+        .collect();
+    let mut records: Vec<serde_json::Value> = d
+        .records
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "slot": r.slot,
+                "key": r.record.key,
+                "version": r.record.version,
+                "salt": r.record.salt,
+                "entry": r.record.entry,
+                "token": r.token_id,
+            })
+        })
+        .collect();
+    records.sort_by_key(|v| v.to_string());
+    serde_json::json!({
+        "path": d.path,
+        "luks": h.version.to_string(),
+        "uuid": h.uuid,
+        "epoch": h.epoch,
+        "keyslots": keyslots,
+        "tokens": tokens,
+        "records": records,
+    })
+}
+
+/// Per keyslot of `d` (every occupied keyslot and every keyslot a record names): a digest
+/// of its header entry, the tokens assigned to it and keyplan's records of it.
+fn slot_digests(d: &DeviceState) -> BTreeMap<u32, String> {
+    let mut numbers: Vec<u32> = d.header.keyslots.keys().copied().collect();
+    numbers.extend(d.records.iter().map(|r| r.slot));
+    numbers.sort_unstable();
+    numbers.dedup();
+    numbers
+        .into_iter()
+        .map(|n| {
+            let ks = d.header.keyslots.get(&n).map(|k| {
+                serde_json::json!({
+                    "salt": k.salt,
+                    "kdf": k.kdf,
+                    "priority": format!("{:?}", k.priority),
+                    "bound": k.bound,
+                })
+            });
+            let tokens: Vec<&serde_json::Value> = d
+                .header
+                .tokens
+                .values()
+                .filter(|t| t.keyslots.contains(&n))
+                .map(|t| &t.json)
+                .collect();
+            let records: Vec<serde_json::Value> = d
+                .records
+                .iter()
+                .filter(|r| r.slot == n)
+                .map(|r| {
+                    serde_json::json!({
+                        "key": r.record.key,
+                        "version": r.record.version,
+                        "salt": r.record.salt,
+                        "entry": r.record.entry,
+                    })
+                })
+                .collect();
+            (
+                n,
+                digest_json(&serde_json::json!({
+                    "keyslot": ks,
+                    "tokens": tokens,
+                    "records": records,
+                })),
+            )
+        })
+        .collect()
+}
+
+fn key_json(k: &KeyState) -> serde_json::Value {
+    serde_json::json!({
+        "current": k.current,
+        "pending": k.pending,
+        "versions": k.versions.values().collect::<Vec<_>>(),
+    })
+}
+
+/// The journal's last run in `records`.
+pub fn journal_mark(records: &[Record]) -> JournalMark {
+    match crate::journal::last_run(records) {
+        Some(s) => JournalMark {
+            last_run: Some(s.run),
+            outcome: s.ended,
+        },
+        None => JournalMark::default(),
+    }
+}
+
+/// Computes the digest of `observed` (as [`crate::observe::observe`] returns it, before any
+/// `--verify`; record drift statuses are not part of it, they follow from header and record),
+/// the plan file's bytes and the journal's last run.
+pub fn state_digest(plan_bytes: &[u8], observed: &Observed, journal: JournalMark) -> StateDigest {
+    let mut devices = BTreeMap::new();
+    let mut keyslots = BTreeMap::new();
+    for (id, d) in &observed.devices {
+        devices.insert(id.clone(), digest_json(&device_json(d)));
+        keyslots.insert(id.clone(), slot_digests(d));
+    }
+    for (id, d) in &observed.former {
+        devices.insert(format!("former:{id}"), digest_json(&device_json(d)));
+    }
+    for (id, path, why) in &observed.former_unreadable {
+        devices.insert(
+            format!("former:{id}"),
+            digest_json(&serde_json::json!({"path": path, "unreadable": why})),
+        );
+    }
+    let mut keys = BTreeMap::new();
+    for (id, k) in &observed.keys {
+        keys.insert(id.clone(), digest_json(&key_json(k)));
+    }
+    for (id, origins) in &observed.origins {
+        for o in origins {
+            keys.insert(
+                format!("{id}@{}/{}", o.kms, o.name),
+                digest_json(&serde_json::json!({
+                    "state": o.state.as_ref().map(key_json),
+                })),
+            );
+        }
+    }
+    let plan_file = sha256_hex(plan_bytes);
+    let all = serde_json::json!({
+        "plan_file": plan_file,
+        "devices": devices,
+        "keys": keys,
+        "journal": journal,
+    });
+    StateDigest {
+        digest: digest_json(&all),
+        plan_file,
+        devices,
+        keyslots,
+        keys,
+        journal,
+    }
+}
+
+/// What changed on device `id`: the keyslots added, removed or changed (rewritten, another
+/// record or token), or, when no keyslot did, the header's other metadata.
+fn device_change(saved: &StateDigest, now: &StateDigest, id: &str) -> String {
+    let (Some(before), Some(after)) = (saved.keyslots.get(id), now.keyslots.get(id)) else {
+        return "LUKS header or keyplan record changed".to_string();
+    };
+    let list = |v: Vec<u32>| {
+        v.iter()
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let added: Vec<u32> = after
+        .keys()
+        .filter(|n| !before.contains_key(n))
+        .copied()
+        .collect();
+    let removed: Vec<u32> = before
+        .keys()
+        .filter(|n| !after.contains_key(n))
+        .copied()
+        .collect();
+    let changed: Vec<u32> = before
+        .iter()
+        .filter(|(n, d)| after.get(n).is_some_and(|a| a != *d))
+        .map(|(n, _)| *n)
+        .collect();
+    let mut parts = Vec::new();
+    if !added.is_empty() {
+        parts.push(format!("keyslot {} added", list(added)));
+    }
+    if !removed.is_empty() {
+        parts.push(format!("keyslot {} removed", list(removed)));
+    }
+    if !changed.is_empty() {
+        parts.push(format!("keyslot {} changed", list(changed)));
+    }
+    if parts.is_empty() {
+        "LUKS header metadata changed".to_string()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// What differs between the digest a plan was saved with and the one observed now, one
+/// phrase each (e.g. `device osd0: LUKS header or keyplan record changed`, `key data: KMS
+/// versions changed`, `the plan file changed`, `the journal records a later run (ID,
+/// success)`). Empty when nothing changed.
+pub fn changes_since(saved: &StateDigest, now: &StateDigest) -> Vec<String> {
+    let mut out = Vec::new();
+    if saved.plan_file != now.plan_file {
+        out.push("the plan file changed".to_string());
+    }
+    let describe = |what: &str, id: &str| -> String {
+        match id.strip_prefix("former:") {
+            Some(f) => format!("{what} {f} (no longer in the plan)"),
+            None => format!("{what} {id}"),
+        }
+    };
+    for (id, d) in &saved.devices {
+        match now.devices.get(id) {
+            Some(n) if n == d => {}
+            Some(_) => out.push(format!(
+                "{}: {}",
+                describe("device", id),
+                device_change(saved, now, id)
+            )),
+            None => out.push(format!("{}: no longer observed", describe("device", id))),
+        }
+    }
+    for id in now
+        .devices
+        .keys()
+        .filter(|id| !saved.devices.contains_key(*id))
+    {
+        out.push(format!("{}: new since the plan", describe("device", id)));
+    }
+    for (id, d) in &saved.keys {
+        match now.keys.get(id) {
+            Some(n) if n == d => {}
+            Some(_) => out.push(format!("key {id}: KMS versions changed")),
+            None => out.push(format!("key {id}: no longer observed")),
+        }
+    }
+    for id in now.keys.keys().filter(|id| !saved.keys.contains_key(*id)) {
+        out.push(format!("key {id}: new since the plan"));
+    }
+    if saved.journal != now.journal {
+        match (&now.journal.last_run, &now.journal.outcome) {
+            (Some(run), Some(outcome)) => out.push(format!(
+                "the journal records a later run ({run}, {outcome})"
+            )),
+            (Some(run), None) => out.push(format!(
+                "the journal records a later run ({run}) that did not finish"
+            )),
+            (None, _) => out.push("the journal was emptied".to_string()),
+        }
+    }
+    if out.is_empty() && saved.digest != now.digest {
+        out.push("the observed state changed".to_string());
+    }
+    out
+}
+
+/// Writes `saved` to `path` atomically with mode 0600 (it holds no secret, but names devices
+/// and keys).
+///
+/// Errors: the file cannot be written (message names the path); `path` is left as it was.
+pub fn write(path: &Path, saved: &SavedPlan) -> Result<(), String> {
+    let mut text = serde_json::to_string_pretty(saved)
+        .map_err(|e| format!("cannot serialize the saved plan: {e}"))?;
+    text.push('\n');
+    crate::fsutil::write_atomic(path, text.as_bytes(), 0o600)
+        .map_err(|e| format!("cannot write saved plan {}: {e}", path.display()))
+}
+
+/// Reads and checks a saved plan file.
+///
+/// Errors (messages name the file and what to do): unreadable, not JSON, not a keyplan saved
+/// plan (`kind`), or a `format_version` whose major version is not 1.
+pub fn read(path: &Path) -> Result<SavedPlan, String> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| format!("cannot read saved plan {}: {e}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+        format!(
+            "{} is not a keyplan saved plan (not JSON: {e}); make one with `keyplan plan -o FILE`, or, to apply a plan file, use `keyplan apply -f {}`",
+            path.display(),
+            path.display()
+        )
+    })?;
+    if v.get("kind").and_then(|k| k.as_str()) != Some(KIND) {
+        return Err(format!(
+            "{} is not a keyplan saved plan (no \"kind\": \"{KIND}\"); make one with `keyplan plan -o FILE`",
+            path.display()
+        ));
+    }
+    let fv = v
+        .get("format_version")
+        .and_then(|k| k.as_str())
+        .unwrap_or("");
+    if fv.split('.').next() != Some("1") {
+        return Err(format!(
+            "saved plan {} has format_version {fv:?}; this keyplan ({}) reads 1.x. Make the plan again with this keyplan",
+            path.display(),
+            env!("CARGO_PKG_VERSION")
+        ));
+    }
+    serde_json::from_value(v).map_err(|e| {
+        format!(
+            "saved plan {} is damaged ({e}); make it again with `keyplan plan -o FILE`",
+            path.display()
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn digest() -> StateDigest {
+        let mut d = StateDigest {
+            digest: "all".into(),
+            plan_file: "p".into(),
+            ..Default::default()
+        };
+        d.devices.insert("a".into(), "da".into());
+        d.keyslots.insert(
+            "a".into(),
+            [(0, "s0".to_string()), (1, "s1".to_string())].into(),
+        );
+        d.keys.insert("k".into(), "dk".into());
+        d.journal = JournalMark {
+            last_run: Some("1-1".into()),
+            outcome: Some("success".into()),
+        };
+        d
+    }
+
+    #[test]
+    fn nothing_changed_says_nothing() {
+        assert!(changes_since(&digest(), &digest()).is_empty());
+    }
+
+    #[test]
+    fn each_component_is_named() {
+        let saved = digest();
+        let mut now = digest();
+        now.digest = "other".into();
+        now.plan_file = "p2".into();
+        now.devices.insert("a".into(), "da2".into());
+        now.keyslots.insert(
+            "a".into(),
+            [(1, "s1b".to_string()), (2, "s2".to_string())].into(),
+        );
+        now.keys.insert("k".into(), "dk2".into());
+        now.journal.last_run = Some("2-2".into());
+        now.journal.outcome = None;
+        assert_eq!(
+            changes_since(&saved, &now),
+            vec![
+                "the plan file changed".to_string(),
+                "device a: keyslot 2 added, keyslot 0 removed, keyslot 1 changed".to_string(),
+                "key k: KMS versions changed".to_string(),
+                "the journal records a later run (2-2) that did not finish".to_string(),
+            ]
+        );
+    }
+
+    #[test]
+    fn header_change_outside_keyslots_is_named() {
+        let saved = digest();
+        let mut now = digest();
+        now.digest = "other".into();
+        now.devices.insert("a".into(), "da2".into());
+        assert_eq!(
+            changes_since(&saved, &now),
+            vec!["device a: LUKS header metadata changed".to_string()]
+        );
+    }
+}
