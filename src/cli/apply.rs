@@ -387,14 +387,7 @@ pub(super) fn cmd_apply(
     }
     // Every key derivation of this command: planning checks (an enroll_with test), an
     // interrupted run finished first, and this run.
-    outln!(
-        "\nApply complete! {} added, {} removed, {} keys rotated. ({} steps, {} PBKDF runs)",
-        totals.0,
-        totals.1,
-        totals.2,
-        totals.3,
-        world.cs.pbkdf_runs()
-    );
+    apply_complete(totals, world.cs.pbkdf_runs());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -508,13 +501,7 @@ pub(super) fn cmd_apply_saved(
     if !changed.is_empty() {
         return Err(stale(changed));
     }
-    let d = saved.diff().map_err(|e| {
-        miette!(
-            help = "make it again with `keyplan plan -o FILE`",
-            "saved plan {} is damaged: {e}",
-            path.display()
-        )
-    })?;
+    let d = saved_diff(&saved, path)?;
     out!("{}", render::plan_text_styled(&plan, &d, stdout_color(cli)));
     if d.is_empty() {
         return Ok(ExitCode::SUCCESS);
@@ -530,13 +517,9 @@ pub(super) fn cmd_apply_saved(
         &d.graph,
         parallelism,
     )?;
-    outln!(
-        "\nApply complete! {} added, {} removed, {} keys rotated. ({} steps, {} PBKDF runs)",
-        d.adds(),
-        d.removes(),
-        d.rotations(),
-        report.steps_run,
-        world.cs.pbkdf_runs()
+    apply_complete(
+        (d.adds(), d.removes(), d.rotations(), report.steps_run),
+        world.cs.pbkdf_runs(),
     );
     if d.keys.iter().any(|k| k.action == diff::KeyAction::Migrate) {
         outln!(
@@ -544,4 +527,33 @@ pub(super) fn cmd_apply_saved(
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Prints the closing line of an apply: `(added, removed, keys rotated, steps run)` and every
+/// PBKDF run of the command (planning checks, a finished interrupted run, this run).
+fn apply_complete(totals: (usize, usize, usize, usize), pbkdf_runs: u64) {
+    outln!(
+        "\nApply complete! {} added, {} removed, {} keys rotated. ({} steps, {} PBKDF runs)",
+        totals.0,
+        totals.1,
+        totals.2,
+        totals.3,
+        pbkdf_runs
+    );
+}
+
+/// The changes and steps of saved plan `saved` (read from `path`).
+///
+/// Errors: the file's `changes` or `deps` are damaged (see [`crate::saved::SavedPlan::diff`]).
+pub(super) fn saved_diff(
+    saved: &crate::saved::SavedPlan,
+    path: &std::path::Path,
+) -> Result<diff::Diff> {
+    saved.diff().map_err(|e| {
+        miette!(
+            help = "make it again with `keyplan plan -o FILE`",
+            "saved plan {} is damaged: {e}",
+            path.display()
+        )
+    })
 }

@@ -79,13 +79,7 @@ fn check(saved: &crate::saved::SavedPlan, cli: &Cli) -> (Freshness, Option<Plan>
 pub(super) fn cmd_show(cli: &Cli, path: &std::path::Path, json: bool) -> Result<ExitCode> {
     let saved = crate::saved::read(path).map_err(|e| miette!("{e}"))?;
     let (freshness, plan) = check(&saved, cli);
-    let d = saved.diff().map_err(|e| {
-        miette!(
-            help = "make it again with `keyplan plan -o FILE`",
-            "saved plan {} is damaged: {e}",
-            path.display()
-        )
-    })?;
+    let d = super::apply::saved_diff(&saved, path)?;
     if json {
         let mut doc = render::plan_json(&d);
         if let Some(obj) = doc.as_object_mut() {
