@@ -435,6 +435,79 @@ pub fn changes_since(saved: &StateDigest, now: &StateDigest) -> Vec<String> {
     out
 }
 
+/// What differs between the saved plan and `now`, the diff keyplan makes from the same plan
+/// file, the current state and the saved options (`--rotate`, `--verify`): the steps and their
+/// order, and every key and keyslot change (action, key, versions, device, keyslot; the reason
+/// texts are left out, as they name ages that grow by the minute). Empty when they agree.
+///
+/// A saved plan is a file anyone with write access to it can edit: `apply SAVED` runs its steps
+/// only when they are exactly the steps keyplan would plan now, so a hand-edited or damaged
+/// file cannot make keyplan kill a keyslot the plan keeps or commit a version some device does
+/// not hold. `changes` (what `show` renders and people review) must agree too.
+pub fn mismatch(saved: &SavedPlan, now: &Diff) -> Vec<String> {
+    let mut out = Vec::new();
+    let now_steps = now.graph.steps();
+    if saved.steps != now_steps {
+        let first = saved
+            .steps
+            .iter()
+            .zip(&now_steps)
+            .position(|(a, b)| a != b)
+            .unwrap_or(saved.steps.len().min(now_steps.len()));
+        let show = |v: &[Step]| {
+            v.get(first)
+                .map_or_else(|| "nothing".to_string(), |s| format!("`{s}`"))
+        };
+        out.push(format!(
+            "its steps differ from the {} steps keyplan would run now ({} saved); step {first}: saved {}, now {}",
+            now_steps.len(),
+            saved.steps.len(),
+            show(&saved.steps),
+            show(&now_steps)
+        ));
+    } else {
+        let mut a = saved.deps.clone();
+        let mut b = now.graph.deps();
+        a.sort_unstable();
+        a.dedup();
+        b.sort_unstable();
+        b.dedup();
+        if a != b {
+            out.push(
+                "the order of its steps (dependencies) differs from what keyplan would plan now"
+                    .to_string(),
+            );
+        }
+    }
+    match saved.diff() {
+        Err(e) => out.push(e),
+        Ok(d) => {
+            let keys = |d: &Diff| -> Vec<serde_json::Value> {
+                d.keys
+                    .iter()
+                    .map(|k| {
+                        serde_json::json!([
+                            k.key, k.kms, k.action, k.from, k.to, k.retire, k.from_kms
+                        ])
+                    })
+                    .collect()
+            };
+            let slots = |d: &Diff| -> Vec<serde_json::Value> {
+                d.slots
+                    .iter()
+                    .map(|c| serde_json::json!([c.device, c.slot, c.action, c.key, c.version]))
+                    .collect()
+            };
+            if keys(&d) != keys(now) || slots(&d) != slots(now) {
+                out.push(
+                    "the changes it lists differ from what keyplan would plan now".to_string(),
+                );
+            }
+        }
+    }
+    out
+}
+
 /// Writes `saved` to `path` atomically with mode 0600 (it holds no secret, but names devices
 /// and keys).
 ///

@@ -367,3 +367,118 @@ fn keyplan_cmd(s: &Scratch) -> std::process::Command {
     cmd.current_dir(s.dir.path()).env("NO_COLOR", "1");
     cmd
 }
+
+/// A saved plan is a file anyone who can write it can edit: steps added by hand (here: killing
+/// the unmanaged keyslot 0, whose passphrase the plan keeps) make `apply` refuse the file,
+/// `show` call it stale, and nothing changes. Found by a new-user trial.
+#[test]
+fn hand_edited_saved_plan_is_refused() {
+    let s = Scratch::new();
+    let devs = enrolled_with_saved_rotation(&s);
+    let mut doc = saved_json(&s, "rotate.json");
+    let salt = luks2_json(&devs[0])["keyslots"]["0"]["kdf"]["salt"]
+        .as_str()
+        .expect("keyslot 0 salt")
+        .to_string();
+    let steps = doc["steps"].as_array_mut().expect("steps");
+    let anchor = steps
+        .iter()
+        .position(|st| st["op"] == "verify" && st["device"] == "a")
+        .expect("verify step of a");
+    steps.push(serde_json::json!({
+        "op": "kill_keyslot", "device": "a", "slot": 0,
+        "holder": {"unmanaged": {"salt": salt}}, "anchor": anchor
+    }));
+    let killer = steps.len() - 1;
+    doc["deps"]
+        .as_array_mut()
+        .expect("deps")
+        .push(serde_json::json!([anchor, killer]));
+    std::fs::write(
+        s.path("evil.json"),
+        serde_json::to_vec_pretty(&doc).expect("json"),
+    )
+    .expect("write");
+    // The steps are still a valid graph (the file parses), but not what keyplan plans.
+    let before = Snapshot::take(&[devs[0].clone(), devs[1].clone(), s.path("keys")]);
+    let out = s.ok(&["show", "evil.json"], 0);
+    assert!(out.contains("is STALE"), "{out}");
+    assert!(out.contains("its steps differ"), "{out}");
+    let out = s.ok(&["apply", "evil.json"], 1);
+    assert!(
+        out.contains("does not match what keyplan plans now"),
+        "{out}"
+    );
+    assert!(out.contains("kill keyslot 0 (unmanaged)"), "{out}");
+    assert!(out.contains("nothing was changed"), "{out}");
+    before.assert_unchanged("hand-edited saved plan");
+    assert!(opens(&devs[0], INITIAL, Some(0)), "keyslot 0 still opens");
+
+    // The listed changes edited (what `show` renders and people review): refused too.
+    let mut doc = saved_json(&s, "rotate.json");
+    doc["changes"]["keyslots"]
+        .as_array_mut()
+        .expect("keyslots")
+        .pop();
+    std::fs::write(
+        s.path("edited.json"),
+        serde_json::to_vec_pretty(&doc).expect("json"),
+    )
+    .expect("write");
+    let out = s.ok(&["apply", "edited.json"], 1);
+    assert!(out.contains("the changes it lists differ"), "{out}");
+    before.assert_unchanged("saved plan with edited changes");
+
+    // The untouched file still applies.
+    let out = s.ok(&["apply", "rotate.json"], 0);
+    assert!(out.contains("Apply complete! 2 added, 2 removed"), "{out}");
+    assert!(opens(&devs[0], INITIAL, Some(0)), "keyslot 0 kept");
+}
+
+/// `apply SAVED` makes the same checks as `plan` before a run starts: an `enroll_with`
+/// passphrase that stopped working is refused with no run in the journal (so the reviewed
+/// file still applies once the passphrase is fixed). Found by a new-user trial.
+#[test]
+fn saved_plan_checks_enroll_with_before_any_run() {
+    let s = Scratch::new();
+    let devs = setup(&s);
+    s.ok(&["plan", "-o", "saved.json"], 0);
+    let good = std::fs::read(s.path("initial.pass")).expect("read");
+    std::fs::write(s.path("initial.pass"), b"wrong passphrase").expect("write");
+    let before = Snapshot::take(&[devs[0].clone(), devs[1].clone()]);
+    let out = s.ok(&["apply", "saved.json"], 1);
+    assert!(out.contains("no safe plan exists"), "{out}");
+    assert!(out.contains("enroll_with"), "{out}");
+    before.assert_unchanged("apply SAVED with a wrong enroll_with passphrase");
+    assert!(!s.path("keys").exists(), "nothing staged");
+    let journal = s.ok(&["journal", "--json"], 0);
+    let j: serde_json::Value = serde_json::from_str(&journal).expect("journal json");
+    assert_eq!(j["runs"].as_array().map(Vec::len), Some(0), "{journal}");
+    std::fs::write(s.path("initial.pass"), good).expect("write");
+    let out = s.ok(&["apply", "saved.json"], 0);
+    assert!(out.contains("Apply complete! 2 added"), "{out}");
+}
+
+/// `plan -o` never overwrites a file that is not a saved plan (the plan file itself, a
+/// passphrase file); an earlier saved plan is replaced.
+#[test]
+fn plan_out_refuses_to_overwrite_other_files() {
+    let s = Scratch::new();
+    setup(&s);
+    let plan_text = std::fs::read(s.path("keyplan.yaml")).expect("read");
+    let out = s.ok(&["plan", "-o", "keyplan.yaml"], 1);
+    assert!(
+        out.contains("is not a keyplan saved plan; refusing to overwrite"),
+        "{out}"
+    );
+    assert_eq!(
+        std::fs::read(s.path("keyplan.yaml")).expect("read"),
+        plan_text
+    );
+    let pass = std::fs::read(s.path("initial.pass")).expect("read");
+    s.ok(&["plan", "-o", "initial.pass"], 1);
+    assert_eq!(std::fs::read(s.path("initial.pass")).expect("read"), pass);
+    s.ok(&["plan", "-o", "saved.json"], 0);
+    s.ok(&["plan", "-o", "saved.json"], 0);
+    assert_eq!(saved_json(&s, "saved.json")["kind"], "keyplan-saved-plan");
+}

@@ -437,6 +437,7 @@ pub(super) fn cmd_apply_saved(
     parallelism: Option<usize>,
 ) -> Result<ExitCode> {
     let saved = crate::saved::read(path).map_err(|e| miette!("{e}"))?;
+    let d = saved_diff(&saved, path)?;
     let again = format!(
         "run `keyplan plan -f {} -o {}` again, review it, and apply the new file",
         saved.plan_file.path.display(),
@@ -495,18 +496,30 @@ pub(super) fn cmd_apply_saved(
             s.run
         ));
     }
-    let observed = observe::observe(&plan, &world)?;
+    // Plan again, exactly as `plan -o` did (same checks: enroll_with passphrases, free
+    // keyslots, writable devices, the KMS check), then require the saved file to agree with
+    // the state it was made from and with the plan keyplan makes now.
+    check_rotate_keys(&plan, &saved.options.rotate)?;
+    let (observed, now_diff) =
+        make_diff(&plan, &world, &saved.options.rotate, saved.options.verify)?;
     let now = crate::saved::state_digest(&bytes, &observed, crate::saved::journal_mark(&records));
     let changed = crate::saved::changes_since(&saved.state, &now);
     if !changed.is_empty() {
         return Err(stale(changed));
     }
-    let d = saved_diff(&saved, path)?;
+    let differs = crate::saved::mismatch(&saved, &now_diff);
+    if !differs.is_empty() {
+        return Err(miette!(
+            help = format!("{again}. A rotation that became due since the plan was made also changes the plan; a file edited by hand is never run"),
+            "saved plan {} does not match what keyplan plans now from the same plan file and state; nothing was changed:\n  - {}",
+            path.display(),
+            differs.join("\n  - ")
+        ));
+    }
     out!("{}", render::plan_text_styled(&plan, &d, stdout_color(cli)));
     if d.is_empty() {
         return Ok(ExitCode::SUCCESS);
     }
-    check_kms(&plan, &world, &d)?;
     outln!();
     let report = run_new(
         cli,

@@ -53,7 +53,7 @@ use apply::{cmd_apply, cmd_apply_saved};
 use journal::cmd_journal;
 use key::cmd_key_get;
 use plan::cmd_plan;
-use plan::{check_kms, interrupted_run, interrupted_text, make_diff};
+use plan::{interrupted_run, interrupted_text, make_diff};
 use show::cmd_show;
 use status::cmd_status;
 use validate::cmd_validate;

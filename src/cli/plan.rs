@@ -162,6 +162,17 @@ pub(super) fn cmd_plan(
     let plan = load_plan(cli, arg)?;
     check_rotate_keys(&plan, rotate)?;
     let world = World::open(&plan)?;
+    if let Some(path) = out {
+        // `-o keyplan.yaml` or `-o initial.pass` would replace the plan file or the only copy
+        // of a passphrase: only a missing file or an earlier saved plan is overwritten.
+        if path.exists() && crate::saved::read(path).is_err() {
+            return Err(miette!(
+                help = "choose another file name, or delete the file first if it really is disposable",
+                "{} exists and is not a keyplan saved plan; refusing to overwrite it (nothing was planned or written)",
+                path.display()
+            ));
+        }
+    }
     // Read once, before observing: the digest covers exactly the bytes that were planned.
     let plan_bytes = match out {
         Some(_) => Some(std::fs::read(&plan.source_path).map_err(|e| {
@@ -183,9 +194,16 @@ pub(super) fn cmd_plan(
         }
         // What is on the devices now is half of that run: a diff would mislead.
         if json {
+            // The usual fields stay present (empty), so readers of `changes` do not break; the
+            // remaining steps are under `interrupted_run`.
             let doc = serde_json::json!({
                 "format_version": "1.0",
                 "changes_present": true,
+                "summary": {"add": 0, "remove": 0, "rotate": 0, "migrate": 0},
+                "changes": [],
+                "keys": [],
+                "keyslots": [],
+                "notes": [format!("run {} was interrupted: `keyplan apply` finishes it first; plan again afterwards", s.run)],
                 "interrupted_run": {
                     "run": s.run,
                     "steps": s.steps,

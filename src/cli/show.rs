@@ -12,8 +12,9 @@ enum Freshness {
     Unknown(String),
 }
 
-/// Re-observes (read-only, no lock taken, no PBKDF run except an `enroll_with` check the
-/// observation itself needs) and compares with the saved digest. Returns the plan when it
+/// Plans again from the same plan file and options (read-only, no lock taken; the PBKDF runs
+/// `plan` would make: an `enroll_with` check, `--verify`), then compares with the saved digest
+/// and the saved steps and changes ([`crate::saved::mismatch`]). Returns the plan when it
 /// could be loaded (for labels).
 fn check(saved: &crate::saved::SavedPlan, cli: &Cli) -> (Freshness, Option<Plan>) {
     let bytes = match std::fs::read(&saved.plan_file.path) {
@@ -46,19 +47,21 @@ fn check(saved: &crate::saved::SavedPlan, cli: &Cli) -> (Freshness, Option<Plan>
         Some(d) => std::path::absolute(d).unwrap_or_else(|_| d.clone()),
         None => saved.state_dir.clone(),
     };
-    let observe_now = || -> std::result::Result<crate::saved::StateDigest, String> {
+    let observe_now = || -> std::result::Result<(crate::saved::StateDigest, diff::Diff), String> {
         let world = World::open(&plan).map_err(|e| e.to_string())?;
         let records = crate::journal::read(&plan.state_dir).map_err(|e| e.to_string())?;
-        let observed = observe::observe(&plan, &world).map_err(|e| e.to_string())?;
-        Ok(crate::saved::state_digest(
-            &bytes,
-            &observed,
-            crate::saved::journal_mark(&records),
-        ))
+        let (observed, d) = make_diff(&plan, &world, &saved.options.rotate, saved.options.verify)
+            .map_err(|e| e.to_string())?;
+        let digest =
+            crate::saved::state_digest(&bytes, &observed, crate::saved::journal_mark(&records));
+        Ok((digest, d))
     };
     let freshness = match observe_now() {
-        Ok(now) => {
-            let changed = crate::saved::changes_since(&saved.state, &now);
+        Ok((now, d)) => {
+            let mut changed = crate::saved::changes_since(&saved.state, &now);
+            if changed.is_empty() {
+                changed = crate::saved::mismatch(saved, &d);
+            }
             if changed.is_empty() {
                 Freshness::Current
             } else {
