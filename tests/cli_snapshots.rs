@@ -121,7 +121,7 @@ fn plan_apply_and_journal_texts() {
     });
 }
 
-/// A failing step in apply's piped output: the `FAILED after` line and the error report.
+/// A failing step in apply's piped output: the `[FAILED]` line and the error report.
 #[test]
 fn apply_failure_text() {
     let s = Scratch::new();

@@ -72,7 +72,7 @@ pub(super) mod interrupts {
 ///   `indicatif`; each finished step also leaves a line in the scrollback.
 /// - otherwise one plain line per finished step, stable for logs and scripts:
 ///   `  [3/8] osd0: add osd-kek v2 into keyslot 2 (unlock with osd-kek v1): added keyslot 2 (1.2s)`
-///   or `  [3/8] ...: FAILED after 1.2s: <error>`.
+///   or `  [FAILED] ...: after 1.2s: <error>` (the counter counts finished steps only).
 /// - `--quiet`: nothing.
 pub(super) struct ProgressView {
     mode: ViewMode,
@@ -172,7 +172,7 @@ impl ProgressView {
                     .unwrap_or_default();
                 let line = match result {
                     Ok(o) => format!("  [{done}/{total}] {desc}: {o} ({took})"),
-                    Err(e) => format!("  [{done}/{total}] {desc}: FAILED after {took}: {e}"),
+                    Err(e) => format!("  [FAILED] {desc}: after {took}: {e}"),
                 };
                 match &mut self.mode {
                     ViewMode::Quiet => {}
