@@ -528,11 +528,20 @@ pub fn read(path: &Path) -> Result<SavedPlan, String> {
     let bytes = std::fs::read(path)
         .map_err(|e| format!("cannot read saved plan {}: {e}", path.display()))?;
     let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
-        format!(
-            "{} is not a keyplan saved plan (not JSON: {e}); make one with `keyplan plan -o FILE`, or, to apply a plan file, use `keyplan apply -f {}`",
-            path.display(),
-            path.display()
-        )
+        // A plan file given where a saved plan belongs gets the `-f` hint; a saved plan cut
+        // short (or otherwise not JSON) does not.
+        if crate::spec::Format::from_path(path).is_some() {
+            format!(
+                "{} is not a keyplan saved plan (not JSON: {e}); make one with `keyplan plan -o FILE`, or, to apply a plan file, use `keyplan apply -f {}`",
+                path.display(),
+                path.display()
+            )
+        } else {
+            format!(
+                "{} is not a keyplan saved plan (not JSON: {e}); if it was one, it is damaged: make it again with `keyplan plan -o FILE`",
+                path.display()
+            )
+        }
     })?;
     if v.get("kind").and_then(|k| k.as_str()) != Some(KIND) {
         return Err(format!(
