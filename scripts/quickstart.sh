@@ -20,7 +20,10 @@ export PATH="$PATH:/usr/sbin:/sbin"
 
 say "building keyplan (cargo build --release)"
 cargo build --release --locked --quiet
-kp="$root/target/release/keyplan"
+# cargo puts the binary under CARGO_TARGET_DIR when set (relative to where cargo ran: $root).
+target_dir=${CARGO_TARGET_DIR:-$root/target}
+case $target_dir in /*) ;; *) target_dir="$root/$target_dir" ;; esac
+kp="$target_dir/release/keyplan"
 
 say "creating LUKS image files in $scratch"
 rm -rf "$scratch"

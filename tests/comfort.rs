@@ -420,11 +420,50 @@ fn github_actions_example_parses() {
         plan.contains("keyplan plan $KEYPLAN_ARGS --detailed-exitcode -o keyplan.plan"),
         "{plan}"
     );
-    assert!(runs("apply").contains("keyplan apply $KEYPLAN_ARGS --auto-approve"));
-    assert!(v["jobs"]["plan"]["if"]
-        .as_str()
+    // The apply job applies exactly the plan it printed and uploaded, in the same job.
+    let apply = runs("apply");
+    let saved = apply
+        .find("keyplan plan $KEYPLAN_ARGS -o keyplan.plan | tee plan.txt")
+        .expect(&apply);
+    let applied = apply
+        .find("keyplan apply --log-format json keyplan.plan")
+        .expect(&apply);
+    assert!(saved < applied, "{apply}");
+    assert!(!apply.contains("--auto-approve"), "{apply}");
+    assert!(apply.contains("set -o pipefail"), "{apply}");
+    let steps = v["jobs"]["apply"]["steps"].as_array().unwrap();
+    assert!(
+        steps.iter().any(|s| s["uses"]
+            .as_str()
+            .is_some_and(|u| u.starts_with("actions/upload-artifact"))
+            && s["with"]["path"].as_str().unwrap().contains("keyplan.plan")),
+        "the applied plan is uploaded"
+    );
+    // Every keyplan command of the apply job (status included) has the KMS token.
+    assert_eq!(
+        v["jobs"]["apply"]["env"]["VAULT_TOKEN"],
+        "${{ secrets.KEYPLAN_VAULT_TOKEN }}"
+    );
+    assert!(apply.contains("keyplan status -f keyplan.yaml"), "{apply}");
+    // The plan job's token may write (plan checks it could), and forks do not get it.
+    let plan_if = v["jobs"]["plan"]["if"].as_str().unwrap();
+    assert!(plan_if.contains("pull_request"), "{plan_if}");
+    assert!(
+        plan_if.contains("head.repo.full_name == github.repository"),
+        "{plan_if}"
+    );
+    let plan_step = v["jobs"]["plan"]["steps"]
+        .as_array()
         .unwrap()
-        .contains("pull_request"));
+        .iter()
+        .find(|s| s["id"] == "plan")
+        .unwrap();
+    assert_eq!(
+        plan_step["env"]["VAULT_TOKEN"],
+        "${{ secrets.KEYPLAN_VAULT_TOKEN_PLAN }}"
+    );
+    let text = std::fs::read_to_string(repo("examples/ci/github-actions.yml")).unwrap();
+    assert!(text.contains("sys/capabilities-self"), "the token note");
     // The global flags the example uses exist.
     let env = v["env"]["KEYPLAN_ARGS"].as_str().unwrap();
     assert_eq!(env, "--log-format json -f keyplan.yaml");
@@ -438,10 +477,28 @@ fn gitlab_ci_example_parses() {
     assert_eq!(v["plan"]["allow_failure"]["exit_codes"][0], 2);
     let plan = v["plan"]["script"][0].as_str().unwrap();
     assert!(plan.contains("--detailed-exitcode"), "{plan}");
-    assert!(v["apply"]["script"][0]
-        .as_str()
+    assert!(plan.contains("set -o pipefail"), "{plan}");
+    // Plan, then apply exactly that saved plan, in one job; the plan is kept.
+    let apply: Vec<&str> = v["apply"]["script"]
+        .as_array()
         .unwrap()
-        .contains("apply $KEYPLAN_ARGS --auto-approve"));
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        apply,
+        [
+            "set -o pipefail; keyplan plan $KEYPLAN_ARGS -o keyplan.plan | tee plan.txt",
+            "keyplan apply --log-format json keyplan.plan"
+        ]
+    );
+    assert_eq!(
+        v["apply"]["artifacts"]["paths"],
+        serde_json::json!(["keyplan.plan", "plan.txt"])
+    );
+    let text = std::fs::read_to_string(repo("examples/ci/gitlab-ci.yml")).unwrap();
+    assert!(text.contains("same checkout path"), "the artifact note");
+    assert!(text.contains("sys/capabilities-self"), "the token note");
 }
 
 /// `key=value` pairs of one `[section]` of a unit file (comments skipped; repeated keys kept).
@@ -485,10 +542,15 @@ fn systemd_example_units_are_valid() {
     assert_eq!(get(&svc, "Type"), ["oneshot"]);
     assert_eq!(
         get(&svc, "ExecStart"),
-        ["/usr/local/bin/keyplan apply --auto-approve -f /etc/keyplan/keyplan.yaml"]
+        ["/usr/local/bin/keyplan apply --auto-approve -f /etc/keyplan/keyplan.yaml --state-dir /var/lib/keyplan"]
     );
     assert_eq!(get(&svc, "KillMode"), ["mixed"]);
     assert_eq!(get(&svc, "StateDirectory"), ["keyplan"]);
+    // Under ProtectSystem=strict only /run/cryptsetup (and the StateDirectory) are writable;
+    // a file KMS directory must be added by the operator (a commented example is there).
+    assert_eq!(get(&svc, "ProtectSystem"), ["strict"]);
+    assert_eq!(get(&svc, "ReadWritePaths"), ["/run/cryptsetup"]);
+    assert!(service.contains("\n#ReadWritePaths=/etc/keyplan/keys\n"));
     assert!(!get(&svc, "TimeoutStopSec").is_empty());
     assert!(
         get(&svc, "PrivateDevices").is_empty(),
@@ -511,7 +573,7 @@ fn systemd_example_units_are_valid() {
     assert_eq!(get(&ssvc, "Type"), ["oneshot"]);
     assert_eq!(
         get(&ssvc, "ExecStart"),
-        ["/usr/local/bin/keyplan status -q -f /etc/keyplan/keyplan.yaml --format prometheus -o /var/lib/prometheus/node-exporter/keyplan.prom"]
+        ["/usr/local/bin/keyplan status -q -f /etc/keyplan/keyplan.yaml --state-dir /var/lib/keyplan --format prometheus -o /var/lib/prometheus/node-exporter/keyplan.prom"]
     );
     assert_eq!(
         get(&ssvc, "SuccessExitStatus"),

@@ -294,7 +294,7 @@ fn healthy_after_apply_json_prometheus_and_textfile() {
 
     // Every family is documented, and every metric the sample alert rules use exists.
     let families: BTreeSet<&str> = m.keys().map(|k| k.split('{').next().unwrap()).collect();
-    assert_eq!(families.len(), 17, "{families:?}");
+    assert_eq!(families.len(), 18, "{families:?}");
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let doc = std::fs::read_to_string(root.join("docs/monitoring.md")).unwrap();
     for f in &families {
@@ -639,6 +639,115 @@ fn failed_last_run_is_unhealthy() {
         "{j}"
     );
     assert_eq!(j["devices"][0]["checked"], false);
+}
+
+/// A run going on right now (a real `apply --rotate` held at its KMS commit by a failpoint
+/// sleep, holding the state lock) is `in_progress`, not a problem: exit 0, the holder named,
+/// `keyplan_run_in_progress 1`, and `keyplan_last_run_success` still describing the run before
+/// it. Once it ends, it is the last run and `keyplan_run_in_progress` is 0.
+#[cfg(feature = "failpoints")]
+#[test]
+fn apply_in_progress_is_not_unhealthy() {
+    let s = Scratch::new();
+    s.initial_pass();
+    s.small_image("a.img", "luks2");
+    s.plan("keyplan.yaml", &plan_text("30d", ""));
+    s.ok(&["apply", "--auto-approve"], 0);
+    let first = status_json(&s, 0);
+    let first_run = first["last_run"]["id"].clone();
+
+    let child = std::process::Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+        .current_dir(s.dir.path())
+        .env("NO_COLOR", "1")
+        .env("FAILPOINTS", "kms.commit=sleep(8000)")
+        .args(["apply", "--auto-approve", "--rotate", "k"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn apply");
+    // Wait until the new run has started (its run_start record is in the journal).
+    let journal = s.path(".keyplan/journal.jsonl");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::fs::read_to_string(&journal)
+        .unwrap_or_default()
+        .matches("\"event\":\"run_start\"")
+        .count()
+        < 2
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second apply never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+
+    let j = status_json(&s, 0);
+    assert_eq!(j["healthy"], true, "{j}");
+    assert_eq!(j["last_run"]["outcome"], "in_progress", "{j}");
+    assert_ne!(j["last_run"]["id"], first_run);
+    assert_eq!(j["last_run"]["ended_at"], serde_json::Value::Null);
+    let holder = j["last_run"]["holder"].as_str().unwrap().to_string();
+    assert!(
+        holder.starts_with(&format!("pid {} on host ", child.id())),
+        "{holder}"
+    );
+    let text = s.ok(&["status"], 0);
+    assert!(
+        text.contains(&format!("(in progress ({holder})), started ")),
+        "{text}"
+    );
+    assert!(!text.contains("UNHEALTHY"), "{text}");
+    let m = prometheus(&s, 0);
+    assert_eq!(m["keyplan_run_in_progress"], 1.0);
+    assert_eq!(
+        m["keyplan_last_run_success"], 1.0,
+        "the first run succeeded"
+    );
+    assert_eq!(m["keyplan_status_healthy"], 1.0);
+
+    let out = child.wait_with_output().expect("wait for apply");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j = status_json(&s, 0);
+    assert_eq!(j["last_run"]["outcome"], "success", "{j}");
+    assert!(j["last_run"].get("holder").is_none(), "{j}");
+    let m = prometheus(&s, 0);
+    assert_eq!(m["keyplan_run_in_progress"], 0.0);
+    assert_eq!(m["keyplan_last_run_success"], 1.0);
+    assert_eq!(
+        m[r#"keyplan_key_current_version{key="k",kms="local"}"#],
+        2.0
+    );
+}
+
+/// A run killed before its end record (SIGKILL at a failpoint) leaves the lock free: it is
+/// `unfinished`, unhealthy (exit 1), `keyplan_last_run_success 0`, not in progress.
+#[cfg(feature = "failpoints")]
+#[test]
+fn killed_run_is_unfinished() {
+    let s = Scratch::new();
+    s.initial_pass();
+    s.small_image("a.img", "luks2");
+    s.plan("keyplan.yaml", &plan_text("30d", ""));
+    s.ok(&["apply", "--auto-approve"], 0);
+    let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+        .current_dir(s.dir.path())
+        .env("NO_COLOR", "1")
+        .env("FAILPOINTS", "step.before_effect=1*off->return")
+        .args(["apply", "--auto-approve", "--rotate", "k"])
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0), "the failpoint killed it");
+    let j = status_json(&s, 1);
+    assert_eq!(j["last_run"]["outcome"], "unfinished", "{j}");
+    assert!(j["last_run"].get("holder").is_none(), "{j}");
+    let m = prometheus(&s, 1);
+    assert_eq!(m["keyplan_run_in_progress"], 0.0);
+    assert_eq!(m["keyplan_last_run_success"], 0.0);
 }
 
 #[test]

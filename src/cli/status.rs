@@ -31,6 +31,12 @@ struct Report {
     last_run: Option<RunReport>,
     /// When the last run that ended with `success` ended, Unix seconds.
     last_success_at: Option<u64>,
+    /// Whether the last run that is over (ended, or stopped without an end record and no
+    /// longer holding the state lock) succeeded; `None` before the first such run. Equals
+    /// `last_run.outcome == "success"` unless the last run is `in_progress`, in which case it
+    /// describes the run before it. Feeds `keyplan_last_run_success` only.
+    #[serde(skip)]
+    last_over_success: Option<bool>,
 }
 
 /// One key.
@@ -120,9 +126,13 @@ struct RunReport {
     started_at: u64,
     /// Unix seconds; `None` when the run has no end record.
     ended_at: Option<u64>,
-    /// `success`, `failed`, `interrupted` (signal), or `unfinished` (no end record: killed,
-    /// crashed, or running right now).
+    /// `success`, `failed`, `interrupted` (signal), `in_progress` (no end record, and a run
+    /// holds the state lock right now), or `unfinished` (no end record and the lock is free:
+    /// killed or crashed).
     outcome: String,
+    /// Who holds the state lock (`pid P on host H since T`), for an `in_progress` run only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    holder: Option<String>,
     /// The last error recorded for the run (never key material).
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
@@ -259,16 +269,38 @@ fn build(plan: &Plan, world: &World) -> Report {
             crate::journal::Event::RunEnd { .. } if x.run == r.run => Some(x.ts),
             _ => None,
         });
+        // No end record: running now if someone holds the state lock (only a run takes
+        // it), else killed or crashed.
+        let holder = match r.ended {
+            Some(_) => None,
+            None => crate::journal::lock_holder(&plan.state_dir),
+        };
+        let outcome = match (&r.ended, &holder) {
+            (Some(o), _) => o.clone(),
+            (None, Some(_)) => "in_progress".to_string(),
+            (None, None) => "unfinished".to_string(),
+        };
         RunReport {
             id: r.run.clone(),
             started_at: r.started,
             ended_at,
-            outcome: r.ended.clone().unwrap_or_else(|| "unfinished".into()),
+            outcome,
+            holder,
             error: r.last_error.clone(),
         }
     });
+    // The last run that is over: the last run, or the one before it while it is in progress.
+    let last_over_success = match &last_run {
+        Some(r) if r.outcome == "in_progress" => records
+            .iter()
+            .rposition(|x| matches!(x.event, crate::journal::Event::RunStart { .. }))
+            .and_then(|start| crate::journal::last_run(&records[..start]))
+            .map(|prev| prev.ended.as_deref() == Some("success")),
+        Some(r) => Some(r.outcome == "success"),
+        None => None,
+    };
     if let Some(r) = &last_run {
-        if r.outcome != "success" {
+        if r.outcome != "success" && r.outcome != "in_progress" {
             problems.push(format!(
                 "last run {} {} (`keyplan journal` shows its steps; `keyplan apply` finishes or retries it)",
                 r.id, r.outcome
@@ -305,6 +337,7 @@ fn build(plan: &Plan, world: &World) -> Report {
         devices,
         last_run,
         last_success_at,
+        last_over_success,
     }
 }
 
@@ -569,11 +602,14 @@ fn render_text(r: &Report) -> String {
             let _ = writeln!(s, "last run: none");
         }
         Some(run) => {
+            let outcome = match &run.holder {
+                Some(h) => format!("in progress ({h})"),
+                None => run.outcome.clone(),
+            };
             let _ = writeln!(
                 s,
-                "last run: {} ({}), started {}",
+                "last run: {} ({outcome}), started {}",
                 run.id,
-                run.outcome,
                 rfc3339(run.started_at)
             );
             if let Some(e) = &run.error {
@@ -703,7 +739,7 @@ fn render_prometheus(r: &Report) -> String {
     }
     let mut drift = Family::new(
         "keyplan_device_drift",
-        "1 when the device drifted from the plan (see keyplan status), else 0; absent when it could not be checked.",
+        "1 when the device drifted from the plan or cannot be read (see keyplan status), else 0; absent when it was left unchecked because the observation stopped (a KMS could not be read).",
     );
     let mut findings = Family::new(
         "keyplan_device_drift_findings",
@@ -721,18 +757,30 @@ fn render_prometheus(r: &Report) -> String {
     drift_devices.add(&[], r.devices.iter().filter(|d| d.drifted).count() as u64);
     let mut run_success = Family::new(
         "keyplan_last_run_success",
-        "1 when the last keyplan apply run ended with success, else 0 (failed or interrupted); absent before the first run.",
+        "1 when the last keyplan apply run that is over ended with success, else 0 (failed, interrupted, or stopped without an end record); a run in progress does not count; absent before the first such run.",
+    );
+    let mut run_in_progress = Family::new(
+        "keyplan_run_in_progress",
+        "1 when a keyplan apply run holds the state lock and has not ended yet, else 0.",
     );
     let mut run_started = Family::new(
         "keyplan_last_run_timestamp_seconds",
-        "When the last keyplan apply run started (Unix seconds).",
+        "When the last keyplan apply run started (Unix seconds), including a run in progress.",
     );
     let mut last_success = Family::new(
         "keyplan_last_success_timestamp_seconds",
         "When the last successful keyplan apply run ended (Unix seconds).",
     );
+    if let Some(ok) = r.last_over_success {
+        run_success.add(&[], b(ok));
+    }
+    run_in_progress.add(
+        &[],
+        b(r.last_run
+            .as_ref()
+            .is_some_and(|run| run.outcome == "in_progress")),
+    );
     if let Some(run) = &r.last_run {
-        run_success.add(&[], b(run.outcome == "success"));
         run_started.add(&[], run.started_at);
     }
     if let Some(t) = r.last_success_at {
@@ -755,6 +803,7 @@ fn render_prometheus(r: &Report) -> String {
         findings,
         drift_devices,
         run_success,
+        run_in_progress,
         run_started,
         last_success,
     ] {
