@@ -454,9 +454,23 @@ pub fn mismatch(saved: &SavedPlan, now: &Diff) -> Vec<String> {
             .zip(&now_steps)
             .position(|(a, b)| a != b)
             .unwrap_or(saved.steps.len().min(now_steps.len()));
+        // The step text leaves out some fields (`at_least`, `anchor`, ...): when both sides
+        // read the same, show the steps as JSON.
+        let same_text = match (saved.steps.get(first), now_steps.get(first)) {
+            (Some(a), Some(b)) => a.to_string() == b.to_string(),
+            _ => false,
+        };
         let show = |v: &[Step]| {
-            v.get(first)
-                .map_or_else(|| "nothing".to_string(), |s| format!("`{s}`"))
+            v.get(first).map_or_else(
+                || "nothing".to_string(),
+                |s| {
+                    if same_text {
+                        serde_json::to_string(s).unwrap_or_else(|_| format!("`{s}`"))
+                    } else {
+                        format!("`{s}`")
+                    }
+                },
+            )
         };
         out.push(format!(
             "its steps differ from the {} steps keyplan would run now ({} saved); step {first}: saved {}, now {}",

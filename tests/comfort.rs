@@ -426,7 +426,7 @@ fn github_actions_example_parses() {
         .find("keyplan plan $KEYPLAN_ARGS -o keyplan.plan | tee plan.txt")
         .expect(&apply);
     let applied = apply
-        .find("keyplan apply --log-format json keyplan.plan")
+        .find("keyplan apply $KEYPLAN_ARGS keyplan.plan")
         .expect(&apply);
     assert!(saved < applied, "{apply}");
     assert!(!apply.contains("--auto-approve"), "{apply}");
@@ -489,7 +489,7 @@ fn gitlab_ci_example_parses() {
         apply,
         [
             "set -o pipefail; keyplan plan $KEYPLAN_ARGS -o keyplan.plan | tee plan.txt",
-            "keyplan apply --log-format json keyplan.plan"
+            "keyplan apply $KEYPLAN_ARGS keyplan.plan"
         ]
     );
     assert_eq!(
@@ -497,7 +497,7 @@ fn gitlab_ci_example_parses() {
         serde_json::json!(["keyplan.plan", "plan.txt"])
     );
     let text = std::fs::read_to_string(repo("examples/ci/gitlab-ci.yml")).unwrap();
-    assert!(text.contains("same checkout path"), "the artifact note");
+    assert!(text.contains("same host runner"), "the artifact note");
     assert!(text.contains("sys/capabilities-self"), "the token note");
 }
 

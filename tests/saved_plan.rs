@@ -208,7 +208,10 @@ fn saved_rotation_applies_and_show_reports_freshness() {
     assert!(text.contains("cannot check whether saved plan"), "{text}");
     assert!(text.contains("key.k v1 -> v2"), "{text}");
     let out = s.ok(&["apply", "rotate.json"], 1);
-    assert!(out.contains("cannot read its plan file"), "{out}");
+    assert!(out.contains("no plan file in"), "{out}");
+    // Named with -f, it applies (the bytes are the ones the plan was made from).
+    let out = s.ok(&["apply", "-f", "moved.yaml", "rotate.json"], 1);
+    assert!(out.contains("stale"), "already applied: {out}");
 }
 
 #[test]
@@ -481,4 +484,50 @@ fn plan_out_refuses_to_overwrite_other_files() {
     s.ok(&["plan", "-o", "saved.json"], 0);
     s.ok(&["plan", "-o", "saved.json"], 0);
     assert_eq!(saved_json(&s, "saved.json")["kind"], "keyplan-saved-plan");
+}
+
+/// The plan file is the one the operator names (`-f` or the default), never the path written
+/// in the saved file: a saved plan made from another plan file (here one that removes the
+/// unmanaged keyslot 0), or one whose recorded path was edited to point at it, is refused and
+/// runs nothing, not even that plan's KMS helpers. Found by a tampering trial.
+#[test]
+fn saved_plan_is_bound_to_the_operators_plan_file() {
+    let s = Scratch::new();
+    let devs = enrolled_with_saved_rotation(&s);
+    let text = std::fs::read_to_string(s.path("keyplan.yaml")).expect("read");
+    let evil = text.replace(
+        "enroll_with: initial.pass }",
+        "enroll_with: initial.pass, unmanaged_keyslots: remove }",
+    );
+    assert_ne!(evil, text);
+    std::fs::write(s.path("other.yaml"), evil).expect("write");
+    s.ok(&["plan", "-f", "other.yaml", "-o", "other.json"], 0);
+    let before = Snapshot::take(&[devs[0].clone(), devs[1].clone(), s.path("keys")]);
+    for args in [
+        vec!["apply", "other.json"],
+        vec!["apply", "-f", "keyplan.yaml", "other.json"],
+    ] {
+        let out = s.ok(&args, 1);
+        assert!(
+            out.contains("is not the one the plan was made from"),
+            "{args:?}: {out}"
+        );
+        assert!(out.contains("nothing was changed"), "{out}");
+    }
+    let out = s.ok(&["show", "other.json"], 0);
+    assert!(out.contains("is STALE"), "{out}");
+    // The same with the recorded path edited to name the operator's file.
+    let mut doc = saved_json(&s, "other.json");
+    doc["plan_file"]["path"] = serde_json::json!(s.path("keyplan.yaml"));
+    std::fs::write(s.path("edited.json"), doc.to_string()).expect("write");
+    let out = s.ok(&["apply", "edited.json"], 1);
+    assert!(
+        out.contains("is not the one the plan was made from"),
+        "{out}"
+    );
+    before.assert_unchanged("saved plan of another plan file");
+    assert!(opens(&devs[0], INITIAL, Some(0)), "keyslot 0 kept");
+    // The other plan's own saved plan applies with its own plan file.
+    let out = s.ok(&["apply", "-f", "other.yaml", "other.json"], 0);
+    assert!(out.contains("Apply complete!"), "{out}");
 }

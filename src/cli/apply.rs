@@ -433,11 +433,13 @@ fn run_new(
 /// interrupted; the plan is stale; a KMS check fails; the run fails.
 pub(super) fn cmd_apply_saved(
     cli: &Cli,
+    arg: &PlanArg,
     path: &std::path::Path,
     parallelism: Option<usize>,
 ) -> Result<ExitCode> {
     let saved = crate::saved::read(path).map_err(|e| miette!("{e}"))?;
-    let d = saved_diff(&saved, path)?;
+    // Damaged step dependencies are reported as such, before anything else.
+    saved_diff(&saved, path)?;
     let again = format!(
         "run `keyplan plan -f {} -o {}` again, review it, and apply the new file",
         saved.plan_file.path.display(),
@@ -451,34 +453,18 @@ pub(super) fn cmd_apply_saved(
             what.join("\n  - ")
         )
     };
-    let bytes = std::fs::read(&saved.plan_file.path).map_err(|e| {
-        miette!(
-            help = again.clone(),
-            "saved plan {}: cannot read its plan file {}: {e}; nothing was changed",
-            path.display(),
-            saved.plan_file.path.display()
-        )
-    })?;
-    if crate::saved::sha256_hex(&bytes) != saved.plan_file.sha256 {
-        return Err(stale(vec![format!(
-            "the plan file {} changed",
-            saved.plan_file.path.display()
-        )]));
-    }
-    let mut plan = spec::load(&saved.plan_file.path)?;
-    if let Some(dir) = &cli.state_dir {
-        let dir = std::path::absolute(dir).into_diagnostic()?;
-        if dir != saved.state_dir {
+    let (plan, bytes) = match plan_for_saved(cli, arg, &saved) {
+        Ok(x) => x,
+        Err(PlanFileProblem::Unreadable(r)) => return Err(r),
+        Err(PlanFileProblem::Differs(m)) => return Err(stale(vec![m])),
+        Err(PlanFileProblem::StateDir(m)) => {
             return Err(miette!(
-                help = "leave out --state-dir (the saved plan names its own), or make a new saved plan with this one",
-                "saved plan {} was made against state directory {}, not {}; nothing was changed",
-                path.display(),
-                saved.state_dir.display(),
-                dir.display()
-            ));
+                help =
+                    "give the same --state-dir as when the plan was made, or make a new saved plan",
+                "{m}; nothing was changed"
+            ))
         }
-    }
-    plan.state_dir = saved.state_dir.clone();
+    };
     let parallelism = parallelism.unwrap_or(plan.parallelism);
     let world = World::open(&plan)?;
     let _lock = StateLock::acquire(&plan.state_dir).map_err(|e| miette!("{e}"))?;
@@ -488,7 +474,7 @@ pub(super) fn cmd_apply_saved(
         return Err(miette!(
             help = format!(
                 "run `keyplan apply -f {}` to finish it, then make a new saved plan: `keyplan plan -o {}`",
-                saved.plan_file.path.display(),
+                plan.source_path.display(),
                 path.display()
             ),
             "refusing to apply saved plan {}: run {} in the journal was interrupted; nothing was changed",
@@ -516,6 +502,9 @@ pub(super) fn cmd_apply_saved(
             differs.join("\n  - ")
         ));
     }
+    // Equal to the saved steps and changes: shown and run as keyplan planned them just now
+    // (reasons and notes from keyplan itself, not texts from the file).
+    let d = now_diff;
     out!("{}", render::plan_text_styled(&plan, &d, stdout_color(cli)));
     if d.is_empty() {
         return Ok(ExitCode::SUCCESS);
@@ -569,4 +558,44 @@ pub(super) fn saved_diff(
             path.display()
         )
     })
+}
+
+/// Why the plan file the operator names cannot be used with a saved plan.
+pub(super) enum PlanFileProblem {
+    /// It cannot be found, read or loaded.
+    Unreadable(miette::Report),
+    /// Its bytes are not the ones the saved plan was made from (another file, or edited).
+    Differs(String),
+    /// It uses another state directory than the saved plan was made against.
+    StateDir(String),
+}
+
+/// The plan file for saved plan `saved`: the one the operator names (`-f`, or the default in
+/// the current directory, as for every command), never the path written in the saved file,
+/// which anyone who can edit that file could point elsewhere. Loaded from exactly the bytes
+/// that are compared with the saved SHA-256 (one read), and with the state directory the
+/// saved plan was made against.
+///
+/// Errors: see [`PlanFileProblem`].
+pub(super) fn plan_for_saved(
+    cli: &Cli,
+    arg: &PlanArg,
+    saved: &crate::saved::SavedPlan,
+) -> std::result::Result<(Plan, Vec<u8>), PlanFileProblem> {
+    let (plan, bytes) = load_plan_with_bytes(cli, arg).map_err(PlanFileProblem::Unreadable)?;
+    if crate::saved::sha256_hex(&bytes) != saved.plan_file.sha256 {
+        return Err(PlanFileProblem::Differs(format!(
+            "the plan file {} is not the one the plan was made from ({}), or it changed since",
+            plan.source_path.display(),
+            saved.plan_file.path.display()
+        )));
+    }
+    if plan.state_dir != saved.state_dir {
+        return Err(PlanFileProblem::StateDir(format!(
+            "the saved plan was made against state directory {}, but the plan uses {}",
+            saved.state_dir.display(),
+            plan.state_dir.display()
+        )));
+    }
+    Ok((plan, bytes))
 }

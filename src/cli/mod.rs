@@ -176,7 +176,7 @@ pub enum Command {
     /// saved plan, apply exactly its changes, refusing if anything changed since it was made.
     Apply {
         /// A plan saved by `keyplan plan -o SAVED`: applied without a prompt.
-        #[arg(value_name = "SAVED", conflicts_with_all = ["file", "rotate", "verify"])]
+        #[arg(value_name = "SAVED", conflicts_with_all = ["rotate", "verify"])]
         saved: Option<PathBuf>,
         #[command(flatten)]
         plan: PlanArg,
@@ -199,6 +199,8 @@ pub enum Command {
         /// The saved plan file.
         #[arg(value_name = "SAVED")]
         saved: PathBuf,
+        #[command(flatten)]
+        plan: PlanArg,
         /// Print the saved plan as JSON (the `plan --json` shape plus `stale`).
         #[arg(long)]
         json: bool,
@@ -347,6 +349,15 @@ fn stdout_color(cli: &Cli) -> bool {
 }
 
 fn load_plan(cli: &Cli, arg: &PlanArg) -> Result<Plan> {
+    load_plan_with_bytes(cli, arg).map(|(plan, _)| plan)
+}
+
+/// The plan file `-f` names (default: `keyplan.yaml`, `keyplan.yml` or `keyplan.toml` in the
+/// current directory), with `--state-dir` applied, and the exact bytes it was parsed from (one
+/// read: a saved plan's digest covers exactly what was planned).
+///
+/// Errors: no plan file found, unreadable or invalid (see [`spec::load`]).
+fn load_plan_with_bytes(cli: &Cli, arg: &PlanArg) -> Result<(Plan, Vec<u8>)> {
     let path = match &arg.file {
         Some(p) => p.clone(),
         None => {
@@ -354,11 +365,11 @@ fn load_plan(cli: &Cli, arg: &PlanArg) -> Result<Plan> {
             spec::find_default(&cwd)?
         }
     };
-    let mut plan = spec::load(&path)?;
+    let (mut plan, bytes) = spec::load_with_bytes(&path)?;
     if let Some(dir) = &cli.state_dir {
         plan.state_dir = std::path::absolute(dir).into_diagnostic()?;
     }
-    Ok(plan)
+    Ok((plan, bytes))
 }
 
 fn run(cli: &Cli) -> Result<ExitCode> {
@@ -383,8 +394,9 @@ fn run(cli: &Cli) -> Result<ExitCode> {
         Command::Apply {
             saved: Some(saved),
             parallelism,
+            plan,
             ..
-        } => cmd_apply_saved(cli, saved, *parallelism),
+        } => cmd_apply_saved(cli, plan, saved, *parallelism),
         Command::Apply {
             saved: None,
             plan,
@@ -393,7 +405,7 @@ fn run(cli: &Cli) -> Result<ExitCode> {
             verify,
             parallelism,
         } => cmd_apply(cli, plan, *auto_approve, rotate, *verify, *parallelism),
-        Command::Show { saved, json } => cmd_show(cli, saved, *json),
+        Command::Show { saved, plan, json } => cmd_show(cli, plan, saved, *json),
         Command::Verify { plan } => cmd_verify(cli, plan),
         Command::Key {
             command:

@@ -12,41 +12,37 @@ enum Freshness {
     Unknown(String),
 }
 
-/// Plans again from the same plan file and options (read-only, no lock taken; the PBKDF runs
-/// `plan` would make: an `enroll_with` check, `--verify`), then compares with the saved digest
-/// and the saved steps and changes ([`crate::saved::mismatch`]). Returns the plan when it
-/// could be loaded (for labels).
-fn check(saved: &crate::saved::SavedPlan, cli: &Cli) -> (Freshness, Option<Plan>) {
-    let bytes = match std::fs::read(&saved.plan_file.path) {
-        Ok(b) => b,
-        Err(e) => {
+/// Plans again from the plan file the operator names (`-f` or the default, never the path the
+/// saved file records; see [`super::apply::plan_for_saved`]) with the saved options
+/// (read-only, no lock taken; the PBKDF runs `plan` would make: an `enroll_with` check,
+/// `--verify`), then compares with the saved digest and the saved steps and changes
+/// ([`crate::saved::mismatch`]). Returns the plan when it could be loaded (for labels) and,
+/// when the saved plan is current, the diff planned now: what is shown then comes from
+/// keyplan's own planning, not from texts in the file.
+fn check(
+    saved: &crate::saved::SavedPlan,
+    cli: &Cli,
+    arg: &PlanArg,
+) -> (Freshness, Option<Plan>, Option<diff::Diff>) {
+    let (plan, bytes) = match super::apply::plan_for_saved(cli, arg, saved) {
+        Ok(x) => x,
+        Err(super::apply::PlanFileProblem::Unreadable(e)) => {
             return (
-                Freshness::Unknown(format!(
-                    "its plan file {} cannot be read: {e}",
-                    saved.plan_file.path.display()
-                )),
+                Freshness::Unknown(format!("no plan file to check it against: {e}")),
+                None,
                 None,
             )
         }
+        Err(
+            super::apply::PlanFileProblem::Differs(m) | super::apply::PlanFileProblem::StateDir(m),
+        ) => {
+            let plan = load_plan(cli, arg).ok();
+            return (Freshness::Stale(vec![m]), plan, None);
+        }
     };
-    if crate::saved::sha256_hex(&bytes) != saved.plan_file.sha256 {
-        let plan = spec::load(&saved.plan_file.path).ok();
-        return (
-            Freshness::Stale(vec![format!(
-                "the plan file {} changed",
-                saved.plan_file.path.display()
-            )]),
-            plan,
-        );
+    if let Err(e) = check_rotate_keys(&plan, &saved.options.rotate) {
+        return (Freshness::Stale(vec![e.to_string()]), Some(plan), None);
     }
-    let mut plan = match spec::load(&saved.plan_file.path) {
-        Ok(p) => p,
-        Err(e) => return (Freshness::Unknown(format!("{e}")), None),
-    };
-    plan.state_dir = match &cli.state_dir {
-        Some(d) => std::path::absolute(d).unwrap_or_else(|_| d.clone()),
-        None => saved.state_dir.clone(),
-    };
     let observe_now = || -> std::result::Result<(crate::saved::StateDigest, diff::Diff), String> {
         let world = World::open(&plan).map_err(|e| e.to_string())?;
         let records = crate::journal::read(&plan.state_dir).map_err(|e| e.to_string())?;
@@ -56,21 +52,20 @@ fn check(saved: &crate::saved::SavedPlan, cli: &Cli) -> (Freshness, Option<Plan>
             crate::saved::state_digest(&bytes, &observed, crate::saved::journal_mark(&records));
         Ok((digest, d))
     };
-    let freshness = match observe_now() {
+    match observe_now() {
         Ok((now, d)) => {
             let mut changed = crate::saved::changes_since(&saved.state, &now);
             if changed.is_empty() {
                 changed = crate::saved::mismatch(saved, &d);
             }
             if changed.is_empty() {
-                Freshness::Current
+                (Freshness::Current, Some(plan), Some(d))
             } else {
-                Freshness::Stale(changed)
+                (Freshness::Stale(changed), Some(plan), None)
             }
         }
-        Err(e) => Freshness::Unknown(e),
-    };
-    (freshness, Some(plan))
+        Err(e) => (Freshness::Unknown(e), Some(plan), None),
+    }
 }
 
 /// `keyplan show SAVED [--json]`: prints the saved changes like `keyplan plan` does (text, or
@@ -79,10 +74,18 @@ fn check(saved: &crate::saved::SavedPlan, cli: &Cli) -> (Freshness, Option<Plan>
 /// informational; `keyplan apply SAVED` is what refuses a stale plan.
 ///
 /// Errors: the file is not a readable keyplan saved plan.
-pub(super) fn cmd_show(cli: &Cli, path: &std::path::Path, json: bool) -> Result<ExitCode> {
+pub(super) fn cmd_show(
+    cli: &Cli,
+    arg: &PlanArg,
+    path: &std::path::Path,
+    json: bool,
+) -> Result<ExitCode> {
     let saved = crate::saved::read(path).map_err(|e| miette!("{e}"))?;
-    let (freshness, plan) = check(&saved, cli);
-    let d = super::apply::saved_diff(&saved, path)?;
+    let saved_d = super::apply::saved_diff(&saved, path)?;
+    let (freshness, plan, fresh) = check(&saved, cli, arg);
+    // A current plan is shown as keyplan plans it now (equal steps and changes, reasons and
+    // notes from keyplan itself); otherwise the file's own texts, under a warning.
+    let d = fresh.unwrap_or(saved_d);
     if json {
         let mut doc = render::plan_json(&d);
         if let Some(obj) = doc.as_object_mut() {
@@ -111,7 +114,7 @@ pub(super) fn cmd_show(cli: &Cli, path: &std::path::Path, json: bool) -> Result<
             std::time::UNIX_EPOCH + std::time::Duration::from_secs(saved.created_at),
         );
         outln!(
-            "Saved plan {} (made from {} at {created} by keyplan {}{}):\n",
+            "Saved plan {} (the file says: made from {} at {created} by keyplan {}{}):\n",
             path.display(),
             saved.plan_file.path.display(),
             saved.keyplan_version,

@@ -81,6 +81,14 @@ pub fn find_default(dir: &Path) -> Result<PathBuf, miette::Report> {
 /// plan are resolved against the file's directory. The reports carry the file's text under
 /// `path` as given, and a label at the offending place; see [`load_str`] for the checks.
 pub fn load(path: &Path) -> Result<Plan, miette::Report> {
+    load_with_bytes(path).map(|(plan, _)| plan)
+}
+
+/// [`load`], also returning the exact bytes the plan was parsed from (one read of the file),
+/// for digests that must cover what was planned (saved plans).
+///
+/// Errors: as [`load`].
+pub fn load_with_bytes(path: &Path) -> Result<(Plan, Vec<u8>), miette::Report> {
     let text = load::read(path)?;
     let format = Format::from_path(path).unwrap_or_else(|| load::detect(&text));
     let base_dir = match path.parent() {
@@ -89,7 +97,7 @@ pub fn load(path: &Path) -> Result<Plan, miette::Report> {
     };
     let mut plan = load_str(&text, &path.display().to_string(), format, base_dir)?;
     plan.source_path = path.to_path_buf();
-    Ok(plan)
+    Ok((plan, text.into_bytes()))
 }
 
 /// Parses, validates and resolves plan `text` in `format`. `name` is the file name shown in
