@@ -159,7 +159,8 @@ pub(super) fn cmd_plan(
     json: bool,
     out: Option<&std::path::Path>,
 ) -> Result<ExitCode> {
-    let plan = load_plan(cli, arg)?;
+    // Read once: a saved plan's digest covers exactly the bytes that were planned.
+    let (plan, bytes) = load_plan_with_bytes(cli, arg)?;
     check_rotate_keys(&plan, rotate)?;
     let world = World::open(&plan)?;
     if let Some(path) = out {
@@ -173,16 +174,7 @@ pub(super) fn cmd_plan(
             ));
         }
     }
-    // Read once, before observing: the digest covers exactly the bytes that were planned.
-    let plan_bytes = match out {
-        Some(_) => Some(std::fs::read(&plan.source_path).map_err(|e| {
-            miette!(
-                "cannot read plan file {} again to save the plan: {e}",
-                plan.source_path.display()
-            )
-        })?),
-        None => None,
-    };
+    let plan_bytes = out.map(|_| bytes);
     if let Some(s) = interrupted_run(&plan)? {
         if let Some(path) = out {
             return Err(miette!(
