@@ -437,14 +437,16 @@ pub fn changes_since(saved: &StateDigest, now: &StateDigest) -> Vec<String> {
 
 /// What differs between the saved plan and `now`, the diff keyplan makes from the same plan
 /// file, the current state and the saved options (`--rotate`, `--verify`): the steps and their
-/// order, and every key and keyslot change (action, key, versions, device, keyslot; the reason
-/// texts are left out, as they name ages that grow by the minute). Empty when they agree.
+/// order, and every key and keyslot change (action, key, versions, device, keyslot), and the
+/// whole `changes` document reviewers read (`summary`, `changes_present`, `changes[]`, against
+/// `now_json`, the `plan --json` document of `now`); the reason and note texts are left out, as
+/// they name ages that grow by the minute. Empty when they agree.
 ///
 /// A saved plan is a file anyone with write access to it can edit: `apply SAVED` runs its steps
 /// only when they are exactly the steps keyplan would plan now, so a hand-edited or damaged
 /// file cannot make keyplan kill a keyslot the plan keeps or commit a version some device does
 /// not hold. `changes` (what `show` renders and people review) must agree too.
-pub fn mismatch(saved: &SavedPlan, now: &Diff) -> Vec<String> {
+pub fn mismatch(saved: &SavedPlan, now: &Diff, now_json: &serde_json::Value) -> Vec<String> {
     let mut out = Vec::new();
     let now_steps = now.graph.steps();
     if saved.steps != now_steps {
@@ -512,7 +514,10 @@ pub fn mismatch(saved: &SavedPlan, now: &Diff) -> Vec<String> {
                     .map(|c| serde_json::json!([c.device, c.slot, c.action, c.key, c.version]))
                     .collect()
             };
-            if keys(&d) != keys(now) || slots(&d) != slots(now) {
+            if keys(&d) != keys(now)
+                || slots(&d) != slots(now)
+                || without_texts(&saved.changes) != without_texts(now_json)
+            {
                 out.push(
                     "the changes it lists differ from what keyplan would plan now".to_string(),
                 );
@@ -520,6 +525,23 @@ pub fn mismatch(saved: &SavedPlan, now: &Diff) -> Vec<String> {
         }
     }
     out
+}
+
+/// `doc` (a `plan --json` document) without what may differ between two plans of the same
+/// changes: the reason and note texts (they name ages) and the steps (compared on their own).
+fn without_texts(doc: &serde_json::Value) -> serde_json::Value {
+    match doc {
+        serde_json::Value::Object(m) => serde_json::Value::Object(
+            m.iter()
+                .filter(|(k, _)| !matches!(k.as_str(), "reason" | "notes" | "steps"))
+                .map(|(k, v)| (k.clone(), without_texts(v)))
+                .collect(),
+        ),
+        serde_json::Value::Array(a) => {
+            serde_json::Value::Array(a.iter().map(without_texts).collect())
+        }
+        other => other.clone(),
+    }
 }
 
 /// Writes `saved` to `path` atomically with mode 0600 (it holds no secret, but names devices

@@ -123,7 +123,10 @@ fn header_changed_behind_the_plan_makes_it_stale() {
     assert!(out.contains("device b: keyslot 2 added"), "{out}");
     assert!(!out.contains("device a:"), "{out}");
     assert!(!out.contains("key k:"), "{out}");
-    assert!(out.contains("run `keyplan plan -f"), "{out}");
+    assert!(
+        out.contains("run `keyplan plan -o rotate.json` again"),
+        "{out}"
+    );
     before.assert_unchanged("stale saved plan");
     assert_eq!(s.key_get("k", None), v1);
 }
@@ -244,7 +247,10 @@ fn saved_plan_options_conflict_and_bad_files() {
     let out = s.ok(&["apply", "junk.json"], 1);
     assert!(out.contains("is not a keyplan saved plan"), "{out}");
     let out = s.ok(&["--state-dir", "elsewhere", "apply", "saved.json"], 1);
-    assert!(out.contains("was made against state directory"), "{out}");
+    assert!(
+        out.contains("the saved plan names another state directory"),
+        "{out}"
+    );
     assert!(!s.path("elsewhere").exists());
     let mut doc = saved_json(&s, "saved.json");
     doc["deps"] = serde_json::json!([[0, 99]]);
@@ -529,5 +535,48 @@ fn saved_plan_is_bound_to_the_operators_plan_file() {
     assert!(opens(&devs[0], INITIAL, Some(0)), "keyslot 0 kept");
     // The other plan's own saved plan applies with its own plan file.
     let out = s.ok(&["apply", "-f", "other.yaml", "other.json"], 0);
+    assert!(out.contains("Apply complete!"), "{out}");
+}
+
+/// What reviewers read in the file (`changes`: summary, `changes_present`, `changes[]`) must
+/// list what would run; texts from the file never reach the terminal unescaped, and a forged
+/// time does not crash `show`. Found by a tampering trial.
+#[test]
+fn forged_review_texts_are_refused_or_escaped() {
+    let s = Scratch::new();
+    let devs = enrolled_with_saved_rotation(&s);
+    let before = Snapshot::take(&[devs[0].clone(), devs[1].clone(), s.path("keys")]);
+    let mut doc = saved_json(&s, "rotate.json");
+    doc["changes"]["changes_present"] = serde_json::json!(false);
+    doc["changes"]["summary"] =
+        serde_json::json!({"add": 0, "remove": 0, "rotate": 0, "migrate": 0});
+    std::fs::write(s.path("summary.json"), doc.to_string()).expect("write");
+    let out = s.ok(&["apply", "summary.json"], 1);
+    assert!(out.contains("the changes it lists differ"), "{out}");
+    before.assert_unchanged("forged summary");
+
+    let mut doc = saved_json(&s, "rotate.json");
+    doc["keyplan_version"] = serde_json::json!("1.0\u{1b}[2J\u{1b}[H No changes.");
+    doc["created_at"] = serde_json::json!(u64::MAX);
+    doc["changes"]["keys"][0]["reason"] = serde_json::json!("\u{1b}[8mhidden");
+    std::fs::write(s.path("escapes.json"), doc.to_string()).expect("write");
+    let out = s.keyplan(&["show", "escapes.json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", both(&out));
+    let text = both(&out);
+    assert!(
+        !text.contains('\u{1b}'),
+        "no escape sequence reaches the terminal: {text:?}"
+    );
+    assert!(text.contains("\\u{1b}[2J"), "shown escaped: {text}");
+    assert!(
+        text.contains("The saved plan is current"),
+        "the version text is not checked: {text}"
+    );
+    assert!(
+        !text.contains("hidden"),
+        "a current plan is shown as keyplan plans it: {text}"
+    );
+    // The reviewed file itself still applies.
+    let out = s.ok(&["apply", "rotate.json"], 0);
     assert!(out.contains("Apply complete!"), "{out}");
 }

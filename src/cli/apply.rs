@@ -440,9 +440,13 @@ pub(super) fn cmd_apply_saved(
     let saved = crate::saved::read(path).map_err(|e| miette!("{e}"))?;
     // Damaged step dependencies are reported as such, before anything else.
     saved_diff(&saved, path)?;
+    // Advice names the operator's own plan file (`-f` as given), never a path from the file.
     let again = format!(
-        "run `keyplan plan -f {} -o {}` again, review it, and apply the new file",
-        saved.plan_file.path.display(),
+        "run `keyplan plan{} -o {}` again, review it, and apply the new file",
+        arg.file
+            .as_ref()
+            .map(|f| format!(" -f {}", f.display()))
+            .unwrap_or_default(),
         path.display()
     );
     let stale = |what: Vec<String>| {
@@ -458,11 +462,7 @@ pub(super) fn cmd_apply_saved(
         Err(PlanFileProblem::Unreadable(r)) => return Err(r),
         Err(PlanFileProblem::Differs(m)) => return Err(stale(vec![m])),
         Err(PlanFileProblem::StateDir(m)) => {
-            return Err(miette!(
-                help =
-                    "give the same --state-dir as when the plan was made, or make a new saved plan",
-                "{m}; nothing was changed"
-            ))
+            return Err(miette!(help = again.clone(), "{m}; nothing was changed"))
         }
     };
     let parallelism = parallelism.unwrap_or(plan.parallelism);
@@ -493,7 +493,7 @@ pub(super) fn cmd_apply_saved(
     if !changed.is_empty() {
         return Err(stale(changed));
     }
-    let differs = crate::saved::mismatch(&saved, &now_diff);
+    let differs = crate::saved::mismatch(&saved, &now_diff, &render::plan_json(&now_diff));
     if !differs.is_empty() {
         return Err(miette!(
             help = format!("{again}. A rotation that became due since the plan was made also changes the plan; a file edited by hand is never run"),
@@ -587,13 +587,14 @@ pub(super) fn plan_for_saved(
         return Err(PlanFileProblem::Differs(format!(
             "the plan file {} is not the one the plan was made from ({}), or it changed since",
             plan.source_path.display(),
-            saved.plan_file.path.display()
+            saved.plan_file.path.display().to_string().escape_debug()
         )));
     }
     if plan.state_dir != saved.state_dir {
+        // The recorded directory is text from the file: quoted with escapes, never steering.
         return Err(PlanFileProblem::StateDir(format!(
-            "the saved plan was made against state directory {}, but the plan uses {}",
-            saved.state_dir.display(),
+            "the saved plan names another state directory ({}) than the plan uses ({})",
+            saved.state_dir.display().to_string().escape_debug(),
             plan.state_dir.display()
         )));
     }

@@ -56,7 +56,7 @@ fn check(
         Ok((now, d)) => {
             let mut changed = crate::saved::changes_since(&saved.state, &now);
             if changed.is_empty() {
-                changed = crate::saved::mismatch(saved, &d);
+                changed = crate::saved::mismatch(saved, &d, &render::plan_json(&d));
             }
             if changed.is_empty() {
                 (Freshness::Current, Some(plan), Some(d))
@@ -85,7 +85,7 @@ pub(super) fn cmd_show(
     let (freshness, plan, fresh) = check(&saved, cli, arg);
     // A current plan is shown as keyplan plans it now (equal steps and changes, reasons and
     // notes from keyplan itself); otherwise the file's own texts, under a warning.
-    let d = fresh.unwrap_or(saved_d);
+    let d = fresh.unwrap_or_else(|| defang(saved_d));
     if json {
         let mut doc = render::plan_json(&d);
         if let Some(obj) = doc.as_object_mut() {
@@ -110,18 +110,28 @@ pub(super) fn cmd_show(
         }
         outln!("{}", render::json_text(&doc).into_diagnostic()?);
     } else {
-        let created = humantime::format_rfc3339_seconds(
-            std::time::UNIX_EPOCH + std::time::Duration::from_secs(saved.created_at),
-        );
+        // Texts from the file are printed with escapes (a forged version string must not
+        // drive the terminal); a time past year 9999 is shown as the raw number.
+        let created = if saved.created_at <= 253_402_300_799 {
+            humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + std::time::Duration::from_secs(saved.created_at),
+            )
+            .to_string()
+        } else {
+            format!("Unix time {}", saved.created_at)
+        };
         outln!(
             "Saved plan {} (the file says: made from {} at {created} by keyplan {}{}):\n",
             path.display(),
-            saved.plan_file.path.display(),
-            saved.keyplan_version,
+            saved.plan_file.path.display().to_string().escape_debug(),
+            saved.keyplan_version.escape_debug(),
             if saved.options.rotate.is_empty() {
                 String::new()
             } else {
-                format!(", --rotate {}", saved.options.rotate.join(" --rotate "))
+                format!(
+                    ", --rotate {}",
+                    saved.options.rotate.join(" --rotate ").escape_debug()
+                )
             }
         );
         match &plan {
@@ -151,4 +161,39 @@ pub(super) fn cmd_show(
         ),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `text` with control characters (terminal escape sequences) shown as escapes.
+fn escaped(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let v: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            v
+        })
+        .collect()
+}
+
+/// The saved plan's own texts (ids, reasons, notes), rendered only under a warning when the
+/// plan is not current, with control characters escaped: a file edited to drive the terminal
+/// (clear the screen, hide lines) shows its escapes instead.
+fn defang(mut d: diff::Diff) -> diff::Diff {
+    for k in &mut d.keys {
+        k.key = escaped(&k.key);
+        k.kms = escaped(&k.kms);
+        k.reason = escaped(&k.reason);
+        k.from_kms = k.from_kms.as_deref().map(escaped);
+    }
+    for c in &mut d.slots {
+        c.device = escaped(&c.device);
+        c.key = c.key.as_deref().map(escaped);
+        c.reason = escaped(&c.reason);
+    }
+    for n in &mut d.notes {
+        *n = escaped(n);
+    }
+    d
 }
