@@ -24,6 +24,7 @@ pub mod journal;
 pub mod kms;
 pub mod luks;
 pub mod observe;
+pub mod par;
 pub mod render;
 pub mod saved;
 pub mod secret;

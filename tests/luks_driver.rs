@@ -767,3 +767,136 @@ fn compat_image_luks2() {
     assert_eq!(id, 0);
     assert_eq!(cs.pbkdf_runs(), 3 + 2 + 1);
 }
+
+/// `Epoch:` and `UUID:` as `cryptsetup luksDump` prints them.
+fn text_ids(dev: &Path) -> (String, u64) {
+    let out = Command::new("cryptsetup")
+        .arg("luksDump")
+        .arg(dev)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+            .unwrap()
+    };
+    (field("UUID:"), field("Epoch:").parse().unwrap())
+}
+
+/// A cryptsetup wrapper that logs its argv (one line per call) to `log`, then runs cryptsetup.
+fn logging_cryptsetup(dir: &Path, log: &Path) -> Cryptsetup {
+    use std::os::unix::fs::PermissionsExt;
+    let script = dir.join("cryptsetup-logged");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho \"$*\" >> '{}'\nexec cryptsetup \"$@\"\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    Cryptsetup::with_program(script)
+}
+
+/// A LUKS2 header is read with one cryptsetup process (the JSON dump), the UUID and epoch
+/// coming from the binary headers, and they match what `luksDump` prints. When the two binary
+/// headers disagree (here: the secondary's seqid damaged), keyplan falls back to cryptsetup's
+/// text dump and gets the same answer cryptsetup gives.
+#[test]
+fn luks2_dump_uses_one_process_and_falls_back_when_the_copies_differ() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = Cryptsetup::new();
+    let dev = image(&plain, dir.path(), LuksVersion::Luks2, "first-pass", None);
+    plain
+        .add_keyslot(
+            &dev,
+            LuksVersion::Luks2,
+            Some(0),
+            &pass("first-pass"),
+            3,
+            &pass("second"),
+            Some(&fast()),
+        )
+        .unwrap();
+    let log = dir.path().join("calls.log");
+    let cs = logging_cryptsetup(dir.path(), &log);
+    let calls = || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        std::fs::write(&log, "").unwrap();
+        text.lines().map(str::to_owned).collect::<Vec<_>>()
+    };
+
+    let fast_header = cs.dump(&dev).unwrap();
+    let (uuid, epoch) = text_ids(&dev);
+    assert_eq!(fast_header.uuid, uuid);
+    assert_eq!(fast_header.epoch, Some(epoch));
+    assert_eq!(
+        fast_header.keyslots.keys().copied().collect::<Vec<_>>(),
+        [0, 3]
+    );
+    let c = calls();
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert!(c[0].starts_with("luksDump --dump-json-metadata "), "{c:?}");
+
+    // Damage the secondary header's seqid (u64 at hdr_size + 16; hdr_size is the u64 at 8).
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&dev)
+        .unwrap();
+    let mut size = [0u8; 8];
+    f.read_exact_at(&mut size, 8).unwrap();
+    let hdr_size = u64::from_be_bytes(size);
+    f.write_all_at(&(epoch + 100).to_be_bytes(), hdr_size + 16)
+        .unwrap();
+    drop(f);
+    let slow_header = cs.dump(&dev).unwrap();
+    let c = calls();
+    assert!(
+        c.iter().any(|l| l.starts_with("luksDump /")) && c.len() >= 2,
+        "no fallback to the text dump: {c:?}"
+    );
+    let (uuid2, epoch2) = text_ids(&dev);
+    assert_eq!(slow_header.uuid, uuid2);
+    assert_eq!(slow_header.epoch, Some(epoch2));
+    assert_eq!(slow_header.keyslots, fast_header.keyslots);
+    assert_eq!(slow_header.tokens, fast_header.tokens);
+}
+
+/// LUKS1 and non-LUKS files take the text dump directly (no binary-header fast path), one
+/// process each: the same verdicts as `cryptsetup isLuks` without running it.
+#[test]
+fn luks1_and_not_luks_need_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = Cryptsetup::new();
+    let dev = image(&plain, dir.path(), LuksVersion::Luks1, "first-pass", None);
+    let log = dir.path().join("calls.log");
+    let cs = logging_cryptsetup(dir.path(), &log);
+    let h = cs.dump(&dev).unwrap();
+    assert_eq!(h.version, LuksVersion::Luks1);
+    assert_eq!(h.uuid, text_ids_luks1(&dev));
+    let zeros = dir.path().join("zeros.img");
+    std::fs::write(&zeros, vec![0u8; 1 << 20]).unwrap();
+    assert!(matches!(cs.dump(&zeros), Err(LuksError::NotLuks { .. })));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let calls: Vec<&str> = text.lines().collect();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert!(
+        calls.iter().all(|l| l.starts_with("luksDump /")),
+        "{calls:?}"
+    );
+}
+
+fn text_ids_luks1(dev: &Path) -> String {
+    let out = Command::new("cryptsetup")
+        .arg("luksUUID")
+        .arg(dev)
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}

@@ -341,3 +341,106 @@ Key Slot 3: DISABLED\n";
         assert!(luks2_metadata(bad_token).is_err());
     }
 }
+
+/// What keyplan reads itself from one LUKS2 binary header (LUKS2 On-Disk Format
+/// Specification, section 2.1, `struct luks2_hdr_disk`; all integers big-endian): the
+/// magic (`LUKS\xba\xbe` primary, `SKUL\xba\xbe` secondary, bytes 0-5), the version (u16 at
+/// 6, must be 2), `hdr_size` (u64 at 8: binary plus JSON area in bytes, 16 KiB to 4 MiB, a
+/// power of two), `seqid` (u64 at 16, what `luksDump` prints as `Epoch:`) and `uuid` (40 bytes
+/// at 168, NUL-terminated ASCII).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BinaryHeader {
+    /// True for the primary header (magic `LUKS\xba\xbe`), false for the secondary.
+    pub primary: bool,
+    /// Size of one header copy (binary header + JSON area) in bytes.
+    pub hdr_size: u64,
+    /// Metadata sequence id (`Epoch:`).
+    pub seqid: u64,
+    /// LUKS UUID as stored.
+    pub uuid: String,
+}
+
+/// Parses the first 512 bytes of a LUKS2 binary header, or `None` when `bytes` is shorter, has
+/// no LUKS2 magic, another version, an impossible `hdr_size`, or a UUID that is empty or not
+/// printable ASCII. Checksums are not verified: the caller compares the two copies and lets
+/// cryptsetup decide whenever they differ.
+pub(crate) fn luks2_binary_header(bytes: &[u8]) -> Option<BinaryHeader> {
+    let bytes = bytes.get(..512)?;
+    let primary = match &bytes[..6] {
+        b"LUKS\xba\xbe" => true,
+        b"SKUL\xba\xbe" => false,
+        _ => return None,
+    };
+    let be_u64 = |at: usize| -> Option<u64> {
+        Some(u64::from_be_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
+    };
+    if u16::from_be_bytes([bytes[6], bytes[7]]) != 2 {
+        return None;
+    }
+    let hdr_size = be_u64(8)?;
+    if !hdr_size.is_power_of_two() || !(0x4000..=0x40_0000).contains(&hdr_size) {
+        return None;
+    }
+    let seqid = be_u64(16)?;
+    let raw = &bytes[168..208];
+    let end = raw.iter().position(|b| *b == 0).unwrap_or(raw.len());
+    let uuid = std::str::from_utf8(&raw[..end]).ok()?;
+    if uuid.is_empty() || !uuid.bytes().all(|b| b.is_ascii_graphic()) {
+        return None;
+    }
+    Some(BinaryHeader {
+        primary,
+        hdr_size,
+        seqid,
+        uuid: uuid.to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod binary_tests {
+    use super::luks2_binary_header;
+
+    fn header(magic: &[u8; 6], version: u16, size: u64, seqid: u64, uuid: &str) -> Vec<u8> {
+        let mut b = vec![0u8; 4096];
+        b[..6].copy_from_slice(magic);
+        b[6..8].copy_from_slice(&version.to_be_bytes());
+        b[8..16].copy_from_slice(&size.to_be_bytes());
+        b[16..24].copy_from_slice(&seqid.to_be_bytes());
+        b[168..168 + uuid.len()].copy_from_slice(uuid.as_bytes());
+        b
+    }
+
+    #[test]
+    fn reads_the_fields_and_refuses_what_is_not_a_luks2_header() {
+        let uuid = "eab820d8-6f8f-48bd-8375-8550a386a3bd";
+        let h = luks2_binary_header(&header(b"LUKS\xba\xbe", 2, 16384, 7, uuid));
+        let h = h.expect("a valid primary header");
+        assert!(h.primary);
+        assert_eq!((h.hdr_size, h.seqid, h.uuid.as_str()), (16384, 7, uuid));
+        let s = luks2_binary_header(&header(b"SKUL\xba\xbe", 2, 16384, 7, uuid));
+        assert_eq!(s.map(|s| s.primary), Some(false));
+        // LUKS1, bad sizes, no UUID, garbage, short input.
+        assert_eq!(
+            luks2_binary_header(&header(b"LUKS\xba\xbe", 1, 16384, 7, uuid)),
+            None
+        );
+        assert_eq!(
+            luks2_binary_header(&header(b"LUKS\xba\xbe", 2, 16385, 7, uuid)),
+            None
+        );
+        assert_eq!(
+            luks2_binary_header(&header(b"LUKS\xba\xbe", 2, 8 << 20, 7, uuid)),
+            None
+        );
+        assert_eq!(
+            luks2_binary_header(&header(b"LUKS\xba\xbe", 2, 16384, 7, "")),
+            None
+        );
+        assert_eq!(
+            luks2_binary_header(&header(b"LUKS\xba\xbe", 2, 16384, 7, "a\u{1b}[2J")),
+            None
+        );
+        assert_eq!(luks2_binary_header(&[0u8; 4096]), None);
+        assert_eq!(luks2_binary_header(b"LUKS\xba\xbe\x00\x02"), None);
+    }
+}

@@ -145,8 +145,8 @@ pub enum LuksError {
         /// What is wrong.
         message: String,
     },
-    /// The device exists but is not a LUKS container (`cryptsetup isLuks` exit 1).
-    #[error("device {path} is not a LUKS device (cryptsetup isLuks said no); nothing was changed")]
+    /// The device exists but is not a LUKS container (`cryptsetup luksDump` exit 1, as `isLuks`).
+    #[error("device {path} is not a LUKS device (cryptsetup luksDump: not a valid LUKS device); nothing was changed")]
     NotLuks {
         /// Device path.
         path: PathBuf,

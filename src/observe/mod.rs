@@ -500,8 +500,18 @@ pub fn observe(plan: &Plan, world: &World) -> Result<Observed, miette::Report> {
     let mut devices = BTreeMap::new();
     let mut uuids: BTreeMap<String, String> = BTreeMap::new();
     let dev_path = |id: &str| [PathSeg::Key("devices".into()), PathSeg::Key(id.to_string())];
-    for (id, dev) in &plan.devices {
-        let header = match world.cs.dump(&dev.path) {
+    // Reading headers is one or two cryptsetup processes per device (a few ms each, no PBKDF):
+    // they run on several threads, and the results are judged below in plan order, so the
+    // outcome and the order of errors do not depend on timing.
+    let listed: Vec<&crate::spec::Device> = plan.devices.values().collect();
+    let reads = crate::par::map(&listed, observe_workers(listed.len()), |dev| {
+        let header = world.cs.dump(&dev.path);
+        let records = header.as_ref().ok().map(|h| world.read_records(h));
+        let read_only = header.as_ref().ok().and_then(|_| cannot_write(&dev.path));
+        (header, records, read_only)
+    });
+    for ((id, dev), (header, records, read_only)) in plan.devices.iter().zip(reads) {
+        let header = match header {
             Ok(h) => h,
             Err(e) => {
                 let (message, help) = dump_error(id, &e);
@@ -564,12 +574,13 @@ pub fn observe(plan: &Plan, world: &World) -> Result<Observed, miette::Report> {
                 }
             }
         }
-        let records = match world.read_records(&header) {
-            Ok(r) => r,
-            Err(e) => {
+        let records = match records {
+            Some(Ok(r)) => r,
+            Some(Err(e)) => {
                 errors.push(miette!("device {id}: {e}"));
                 continue;
             }
+            None => continue,
         };
         let json_area = header.json_area;
         tracing::debug!(
@@ -587,7 +598,7 @@ pub fn observe(plan: &Plan, world: &World) -> Result<Observed, miette::Report> {
                 path: dev.path.clone(),
                 header,
                 records,
-                read_only: cannot_write(&dev.path),
+                read_only,
                 json_area,
                 enroll_with_problem: None,
             },
@@ -696,6 +707,17 @@ pub fn observe(plan: &Plan, world: &World) -> Result<Observed, miette::Report> {
         now: kms::now_unix(),
     })
 }
+
+/// Threads reading device headers at once: twice the CPUs (each read mostly waits for a
+/// cryptsetup child), at most [`MAX_OBSERVE_WORKERS`], at least 1, never more than `devices`.
+fn observe_workers(devices: usize) -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cpus * 2).clamp(1, MAX_OBSERVE_WORKERS).min(devices.max(1))
+}
+
+/// Upper bound on the threads reading device headers at once (each starts cryptsetup children,
+/// which take the device's cryptsetup lock for reading).
+const MAX_OBSERVE_WORKERS: usize = 16;
 
 /// Finds, for every key of `plan`, the other `(KMS instance, name)` pairs its valid records
 /// on plan devices name, and reads the key there (one KMS read each).
