@@ -7,6 +7,8 @@
 //! run again (each is idempotent; an add that was under way when the process died adopts the
 //! keyslot it finds only after testing that the staged passphrase opens it).
 
+pub mod memory;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Mutex};
@@ -39,6 +41,9 @@ pub struct RunReport {
     pub pbkdf_runs: u64,
     /// Per step: `(description, outcome)` in completion order.
     pub log: Vec<(String, String)>,
+    /// The most PBKDF memory held at once (KiB, estimated: keyslot memory costs plus
+    /// cryptsetup's own), and the most PBKDF runs at once.
+    pub peak_pbkdf: (u64, usize),
 }
 
 /// A failed run: what failed, and what was done before.
@@ -103,6 +108,30 @@ struct Exec<'a> {
     verified: Mutex<BTreeMap<usize, (String, u32, String)>>,
     /// Steps that a previous process started and did not finish.
     resumed: Vec<bool>,
+    /// Memory for the PBKDF runs of steps running at once.
+    memory: memory::MemoryBudget,
+}
+
+/// cryptsetup 2.6's default argon2 memory cost for new LUKS2 keyslots, in KiB (1 GiB;
+/// `cryptsetup --help` prints it; cryptsetup lowers it on hosts with less than twice that).
+pub const CRYPTSETUP_DEFAULT_ARGON2_KIB: u64 = 1024 * 1024;
+
+/// The argon2 memory cost in KiB of a keyslot that `plan` adds to a device of LUKS `version`:
+/// `settings.pbkdf.memory_kib` for argon2 (cryptsetup's default 1 GiB when unset, or when
+/// `settings.pbkdf` is absent on LUKS2); `None` for pbkdf2 and for LUKS1 (pbkdf2 only).
+pub fn new_keyslot_memory_kib(plan: &Plan, version: crate::luks::LuksVersion) -> Option<u64> {
+    use crate::spec::PbkdfType;
+    if version == crate::luks::LuksVersion::Luks1 {
+        return None;
+    }
+    match &plan.pbkdf {
+        None => Some(CRYPTSETUP_DEFAULT_ARGON2_KIB),
+        Some(p) if p.kind == PbkdfType::Pbkdf2 => None,
+        Some(p) => Some(
+            p.memory_kib
+                .map_or(CRYPTSETUP_DEFAULT_ARGON2_KIB, u64::from),
+        ),
+    }
 }
 
 /// A new run id: `<unix seconds>-<pid>`.
@@ -124,6 +153,9 @@ pub struct RunInput<'a> {
     pub resume: Option<&'a RunSummary>,
     /// Steps at once (>= 1).
     pub parallelism: usize,
+    /// KiB the PBKDF runs of steps running at once may use together (see [`memory`]): a step
+    /// waits for its PBKDF memory before it starts cryptsetup.
+    pub memory_budget_kib: u64,
     /// When set (by a signal handler), no further step is started; running steps finish and
     /// the run returns a [`RunFailure`] with `interrupted`, leaving the run open in the journal.
     pub stop: Option<&'a AtomicBool>,
@@ -148,6 +180,7 @@ pub fn run_graph(
         run_id,
         resume,
         parallelism,
+        memory_budget_kib,
         stop,
     } = input;
     let n = graph.len();
@@ -165,6 +198,7 @@ pub fn run_graph(
         staged: Mutex::new(BTreeMap::new()),
         verified: Mutex::new(BTreeMap::new()),
         resumed: vec![false; n],
+        memory: memory::MemoryBudget::new(memory_budget_kib),
     };
     match resume {
         Some(s) => {
@@ -378,6 +412,7 @@ pub fn run_graph(
                 steps_run,
                 pbkdf_runs: world.cs.pbkdf_runs() - pbkdf_before,
                 log,
+                peak_pbkdf: exec.memory.peak(),
             })
         }
     }
@@ -540,6 +575,24 @@ impl Exec<'_> {
         Ok((version, p))
     }
 
+    /// Takes from the run's memory budget what one PBKDF run at a time of the keyslots `slots`
+    /// of `header` needs (the costliest of them), and, with `new_keyslot` set to the device's
+    /// LUKS version, of a new keyslot made with the plan's PBKDF settings; blocks until free.
+    fn memory_for(
+        &self,
+        header: &crate::luks::Header,
+        slots: &[u32],
+        new_keyslot: Option<crate::luks::LuksVersion>,
+    ) -> memory::MemoryGuard<'_> {
+        let existing = slots
+            .iter()
+            .filter_map(|s| header.keyslots.get(s))
+            .filter_map(|k| k.memory_kib)
+            .max();
+        let new = new_keyslot.and_then(|v| new_keyslot_memory_kib(self.plan, v));
+        self.memory.take(memory::pbkdf_kib(existing.max(new)))
+    }
+
     fn run(&self, idx: usize, step: &Step) -> Result<StepOutcome, String> {
         let cs = &self.world.cs;
         let ok = |s: String| {
@@ -588,9 +641,11 @@ impl Exec<'_> {
                         && !recs
                             .iter()
                             .any(|r| r.slot == *slot && r.status == RecordStatus::Valid)
-                        && cs
-                            .test_passphrase(&path, *slot, &material)
-                            .map_err(|e| e.to_string())?
+                        && {
+                            let _mem = self.memory_for(&header, &[*slot], None);
+                            cs.test_passphrase(&path, *slot, &material)
+                                .map_err(|e| e.to_string())?
+                        }
                     {
                         let salt = header
                             .keyslots
@@ -649,6 +704,18 @@ impl Exec<'_> {
                         (None, Passphrase::new(bytes))
                     }
                 };
+                // The unlocking keyslot's PBKDF (or, unnamed, the costliest bound keyslot
+                // cryptsetup may try) and the new keyslot's, one after the other.
+                let tried: Vec<u32> = match unlock_slot {
+                    Some(s) => vec![s],
+                    None => header
+                        .keyslots
+                        .iter()
+                        .filter(|(_, k)| k.bound)
+                        .map(|(n, _)| *n)
+                        .collect(),
+                };
+                let _mem = self.memory_for(&header, &tried, Some(header.version));
                 let mut added = cs.add_keyslot(
                     &path,
                     header.version,
@@ -744,10 +811,12 @@ impl Exec<'_> {
                         "keyslot {slot} of device {device} is not bound to the data segment: it would open nothing"
                     ));
                 }
-                if !cs
+                let mem = self.memory_for(&header, &[*slot], None);
+                let opens = cs
                     .test_passphrase(&path, *slot, &material)
-                    .map_err(|e| e.to_string())?
-                {
+                    .map_err(|e| e.to_string())?;
+                drop(mem);
+                if !opens {
                     return Err(format!(
                         "{key} v{v} does not open keyslot {slot} of device {device}; nothing was committed or killed"
                     ));

@@ -332,6 +332,7 @@ pub(super) fn cmd_apply(
             run_id: &s.run,
             resume: Some(&s),
             parallelism,
+            memory_budget_kib: memory_budget_kib(&plan, parallelism),
             stop: Some(interrupts::install()?),
         };
         run_with_progress(cli, input, &mut journal)
@@ -391,6 +392,38 @@ pub(super) fn cmd_apply(
     Ok(ExitCode::SUCCESS)
 }
 
+/// The PBKDF memory budget of a run in KiB (`settings.memory_budget_kib`, or half the available
+/// memory: [`crate::apply::memory::budget`]). Logged at info level; when it holds fewer argon2
+/// PBKDF runs of the plan's settings than `parallelism` asks for, a warning on stderr says so
+/// (devices then wait for memory rather than swap).
+fn memory_budget_kib(plan: &Plan, parallelism: usize) -> u64 {
+    use crate::apply::memory;
+    let budget = memory::budget(plan.memory_budget_kib);
+    let per_run = memory::pbkdf_kib(crate::apply::new_keyslot_memory_kib(
+        plan,
+        crate::luks::LuksVersion::Luks2,
+    ));
+    let fits = usize::try_from(budget.kib / per_run).unwrap_or(usize::MAX);
+    tracing::info!(
+        budget_kib = budget.kib,
+        per_pbkdf_kib = per_run,
+        "PBKDF memory budget {} ({}): {fits} PBKDF runs of {} at once",
+        memory::mib_text(budget.kib),
+        budget.why,
+        memory::mib_text(per_run)
+    );
+    if fits < parallelism.min(plan.devices.len()) {
+        tracing::warn!(
+            "the PBKDF memory budget of {} ({}) holds {} PBKDF run(s) of {} at once, fewer than parallelism {parallelism}: devices wait for memory rather than swap (raise settings.memory_budget_kib or lower settings.pbkdf.memory_kib to run more at once)",
+            memory::mib_text(budget.kib),
+            budget.why,
+            fits.max(1),
+            memory::mib_text(per_run)
+        );
+    }
+    budget.kib
+}
+
 /// Runs `graph` as a new run (the caller holds the state lock): records the plan's devices in
 /// the registry, then runs the steps with the journal, the progress printer and deferred
 /// signals.
@@ -416,6 +449,7 @@ fn run_new(
         run_id: &run_id,
         resume: None,
         parallelism,
+        memory_budget_kib: memory_budget_kib(plan, parallelism),
         stop: Some(interrupts::install()?),
     };
     run_with_progress(cli, input, journal).map_err(|f| failure_report(f, "run"))

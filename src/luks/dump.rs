@@ -74,6 +74,7 @@ pub(crate) fn luks1_keyslots(text: &str) -> Result<BTreeMap<u32, Keyslot>, Strin
                             salt: String::new(),
                             priority: Priority::Normal,
                             kdf: "pbkdf2".to_owned(),
+                            memory_kib: None,
                         },
                     );
                     Some(number)
@@ -159,6 +160,10 @@ pub(crate) fn luks2_metadata(
             .and_then(serde_json::Value::as_str)
             .unwrap_or("")
             .to_owned();
+        // LUKS2 On-Disk Format Specification, "kdf" object: argon2 `memory` in KiB.
+        let memory_kib = kdf
+            .and_then(|k| k.get("memory"))
+            .and_then(serde_json::Value::as_u64);
         let priority = match slot.get("priority") {
             None => Priority::Normal,
             Some(p) => match p.as_u64() {
@@ -172,6 +177,7 @@ pub(crate) fn luks2_metadata(
             number,
             Keyslot {
                 bound: bound.contains(&number),
+                memory_kib,
                 salt,
                 priority,
                 kdf: kdf_type,

@@ -78,6 +78,10 @@ pub struct Keyslot {
     pub priority: Priority,
     /// KDF type, e.g. `pbkdf2`, `argon2id`.
     pub kdf: String,
+    /// Memory cost in KiB of one PBKDF run of this keyslot: the argon2 `kdf.memory` of the
+    /// LUKS2 metadata; `None` for pbkdf2 (and every LUKS1 keyslot), which needs no more than a
+    /// few KiB.
+    pub memory_kib: Option<u64>,
 }
 
 /// One LUKS2 token (`tokens` object of the JSON metadata).

@@ -161,6 +161,7 @@ pub fn load_str(
             devices: r.devices,
             pbkdf: r.pbkdf,
             parallelism: r.parallelism,
+            memory_budget_kib: r.memory_budget_kib,
             source,
         }),
         Err(issues) => {
@@ -224,6 +225,9 @@ pub struct Plan {
     pub pbkdf: Option<PbkdfSettings>,
     /// Devices worked on at once (>= 1; default 4).
     pub parallelism: usize,
+    /// `settings.memory_budget_kib`: KiB the PBKDF runs of one apply may use at once; `None`:
+    /// half the available memory, see [`crate::apply::memory`].
+    pub memory_budget_kib: Option<u64>,
     /// The raw text and a span index, for diagnostics.
     source: Source,
 }

@@ -247,6 +247,13 @@ pub struct SettingsFile {
     #[serde(default)]
     #[schemars(range(min = 1))]
     pub parallelism: Option<usize>,
+    /// KiB of memory the PBKDF runs of one `apply` may use at once, together (each argon2 run
+    /// needs its keyslot's memory cost, plus about 16 MiB for cryptsetup itself). Default: half
+    /// of the memory available when the run starts (`MemAvailable` of /proc/meminfo, or less
+    /// when the cgroup's `memory.max` leaves less). Devices wait for memory rather than swap.
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub memory_budget_kib: Option<u64>,
 }
 
 /// PBKDF type, as cryptsetup's `--pbkdf` names it (cryptsetup(8), "--pbkdf").

@@ -61,6 +61,7 @@ pub(crate) struct Resolved {
     pub devices: BTreeMap<String, Device>,
     pub pbkdf: Option<PbkdfSettings>,
     pub parallelism: usize,
+    pub memory_budget_kib: Option<u64>,
 }
 
 fn key(s: &str) -> PathSeg {
@@ -779,6 +780,17 @@ pub(crate) fn validate(
         });
     }
 
+    if file.settings.memory_budget_kib == Some(0) {
+        issues.push(Issue {
+            path: p(&["settings", "memory_budget_kib"]),
+            code: "keyplan::plan::memory_budget",
+            message: "`memory_budget_kib` is 0: no PBKDF run could start".to_owned(),
+            label: "must be 1 or more".to_owned(),
+            help: "set the KiB the PBKDF runs of one apply may use at once, or remove it for the default (half the available memory)".to_owned(),
+            also: Vec::new(),
+        });
+    }
+
     if issues.is_empty() {
         Ok(Resolved {
             state_dir,
@@ -787,6 +799,7 @@ pub(crate) fn validate(
             devices,
             pbkdf: file.settings.pbkdf,
             parallelism,
+            memory_budget_kib: file.settings.memory_budget_kib,
         })
     } else {
         Err(issues)
