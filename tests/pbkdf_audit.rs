@@ -19,6 +19,12 @@ impl Audit {
     /// debug lines (`# ...`; they name keyslots and derivations, never key material) to
     /// `debug.log` and passes the rest of stdout on unchanged.
     fn new(debug: bool) -> Audit {
+        Audit::with(debug, false)
+    }
+
+    /// Like [`Audit::new`]; with `broken_benchmark` the wrapper answers `benchmark` with
+    /// output keyplan cannot understand (exit 0) instead of running it.
+    fn with(debug: bool, broken_benchmark: bool) -> Audit {
         let s = Scratch::new();
         let real = real_cryptsetup();
         let log = s.path("argv.log");
@@ -33,8 +39,13 @@ impl Audit {
         } else {
             String::new()
         };
+        let broken = if broken_benchmark {
+            "  benchmark) echo 'argon2id: a format of the future'; exit 0 ;;\n"
+        } else {
+            ""
+        };
         let body = format!(
-            "#!/bin/bash\nprintf '%s\\n' \"$*\" >> \"{log}\"\ncase \"$1\" in\n  benchmark) out=$(\"{real}\" \"$@\"); rc=$?; printf '%s\\n' \"$out\" >> \"{bench}\"; printf '%s\\n' \"$out\"; exit $rc ;;\n{debug_case}esac\nexec \"{real}\" \"$@\"\n",
+            "#!/bin/bash\nprintf '%s\\n' \"$*\" >> \"{log}\"\ncase \"$1\" in\n{broken}  benchmark) out=$(\"{real}\" \"$@\"); rc=$?; printf '%s\\n' \"$out\" >> \"{bench}\"; printf '%s\\n' \"$out\"; exit $rc ;;\n{debug_case}esac\nexec \"{real}\" \"$@\"\n",
             log = log.display(),
             real = real.display(),
             bench = bench.display(),
@@ -76,6 +87,16 @@ impl Audit {
         for f in ["argv.log", "bench.log", "debug.log"] {
             let _ = std::fs::remove_file(self.s.path(f));
         }
+    }
+
+    /// Benchmarks cryptsetup ran inside `open`/`luksAddKey` (with the debug wrapper), e.g.
+    /// `# Running argon2id() benchmark.`, `# Running pbkdf2(sha256) benchmark.`
+    fn internal_benchmarks(&self) -> usize {
+        std::fs::read_to_string(self.s.path("debug.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("# Running ") && l.ends_with(") benchmark."))
+            .count()
     }
 
     /// Keyslot key derivations cryptsetup ran (with the debug wrapper): every keyslot tried for
@@ -234,6 +255,91 @@ fn time_target_benchmarks_once_per_run() {
             d.display()
         );
         assert_eq!(json["keyslots"]["2"]["kdf"]["type"], "pbkdf2");
+    }
+}
+
+/// argon2id with a time target: one benchmark (with the plan's memory and threads), and every
+/// new keyslot carries the measured time cost, memory and threads.
+#[test]
+fn argon2_time_target_benchmarks_once_per_run() {
+    let a = Audit::new(true);
+    let settings = "settings:\n  pbkdf: { type: argon2id, iter_time_ms: 100, memory_kib: 32768, parallel: 1 }\n  parallelism: 4\n";
+    let devs = enrolled_three(&a, "luks2", settings);
+    a.clear();
+    let out = a.run(&["apply", "--auto-approve", "--rotate", "osd-kek"], 0);
+    assert!(out.contains(" 10 PBKDF runs)"), "{out}");
+    let calls = a.calls();
+    let benches = action(&calls, "benchmark");
+    assert_eq!(
+        benches,
+        ["benchmark --pbkdf argon2id --iter-time 100 --pbkdf-memory 32768 --pbkdf-parallel 1"]
+    );
+    let bench = std::fs::read_to_string(a.s.path("bench.log")).expect("bench.log");
+    // argon2id      4 iterations, 32768 memory, 1 parallel threads (CPUs) for 256-bit key ...
+    let (time, memory, threads) = bench
+        .lines()
+        .find_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            if w.first() != Some(&"argon2id") || w.len() < 6 {
+                return None;
+            }
+            let n = |s: &str| s.trim_end_matches(',').parse::<u64>().ok();
+            Some((n(w[1])?, n(w[3])?, n(w[5])?))
+        })
+        .unwrap_or_else(|| panic!("no result in {bench:?}"));
+    let adds = action(&calls, "luksAddKey");
+    assert_eq!(adds.len(), 3, "{calls:#?}");
+    for c in &adds {
+        assert_eq!(value(c, "--pbkdf").as_deref(), Some("argon2id"), "{c}");
+        assert_eq!(value(c, "--pbkdf-force-iterations"), Some(time.to_string()));
+        assert_eq!(value(c, "--pbkdf-memory"), Some(memory.to_string()));
+        assert_eq!(value(c, "--pbkdf-parallel"), Some(threads.to_string()));
+        assert!(!c.contains("--iter-time"), "{c}");
+    }
+    for d in &devs {
+        let kdf = &luks2_json(d)["keyslots"]["2"]["kdf"];
+        assert_eq!(kdf["type"], "argon2id");
+        assert_eq!(kdf["time"].as_u64(), Some(time), "{kdf}");
+        assert_eq!(kdf["memory"].as_u64(), Some(memory), "{kdf}");
+        assert_eq!(kdf["cpus"].as_u64(), Some(threads), "{kdf}");
+    }
+    // cryptsetup itself benchmarked nothing: the parameters were explicit.
+    assert_eq!(a.internal_benchmarks(), 0);
+    // unlock + derive per add, one derivation per verify
+    assert_eq!(a.derivations(), 9);
+}
+
+/// A benchmark whose output keyplan does not understand is not fatal: a warning, and every add
+/// gets the plan's time target as before (cryptsetup benchmarks itself); the benchmark is not
+/// run again for each add.
+#[test]
+fn unparsable_benchmark_falls_back_with_a_warning() {
+    let a = Audit::with(true, true);
+    let settings = "settings:\n  pbkdf: { type: pbkdf2, iter_time_ms: 50 }\n  parallelism: 4\n";
+    a.s.initial_pass();
+    a.s.plan("keyplan.yaml", &plan_text(&NAMES, settings));
+    let devs: Vec<PathBuf> = NAMES
+        .iter()
+        .map(|n| a.s.image(&format!("{n}.img"), "luks2"))
+        .collect();
+    let out = a.run(&["apply", "--auto-approve"], 0);
+    assert!(
+        out.contains("cannot understand the output of cryptsetup benchmark"),
+        "{out}"
+    );
+    let calls = a.calls();
+    assert_eq!(action(&calls, "benchmark").len(), 1, "{calls:#?}");
+    let adds = action(&calls, "luksAddKey");
+    assert_eq!(adds.len(), 3, "{calls:#?}");
+    for c in &adds {
+        assert_eq!(value(c, "--iter-time").as_deref(), Some("50"), "{c}");
+        assert!(!c.contains("--pbkdf-force-iterations"), "{c}");
+    }
+    // the old behaviour: cryptsetup benchmarks inside every luksAddKey
+    assert_eq!(a.internal_benchmarks(), 3);
+    let key = a.s.key_get("osd-kek", None);
+    for d in &devs {
+        assert!(opens(d, &key, Some(1)));
     }
 }
 
