@@ -110,6 +110,8 @@ struct Exec<'a> {
     resumed: Vec<bool>,
     /// Memory for the PBKDF runs of steps running at once.
     memory: memory::MemoryBudget,
+    /// See [`RunInput::enroll_with_keyslots`].
+    enroll_with_keyslots: &'a BTreeMap<String, u32>,
 }
 
 /// cryptsetup 2.6's default argon2 memory cost for new LUKS2 keyslots, in KiB (1 GiB;
@@ -159,6 +161,12 @@ pub struct RunInput<'a> {
     /// When set (by a signal handler), no further step is started; running steps finish and
     /// the run returns a [`RunFailure`] with `interrupted`, leaving the run open in the journal.
     pub stop: Option<&'a AtomicBool>,
+    /// Device id -> the keyslot its `enroll_with` passphrase opened when observing
+    /// ([`crate::observe::DeviceState::enroll_with_keyslot`]). An add unlocking with
+    /// `enroll_with` names that keyslot (`--key-slot N`: one unlocking PBKDF run instead of one
+    /// per keyslot tried) and falls back to trying keyslots when it no longer opens. May be
+    /// empty (a resumed run): every such add then tries keyslots. Not journaled.
+    pub enroll_with_keyslots: &'a BTreeMap<String, u32>,
 }
 
 /// Runs `input.graph` as run `input.run_id`, journaling into `journal`. `input.resume` carries
@@ -182,6 +190,7 @@ pub fn run_graph(
         parallelism,
         memory_budget_kib,
         stop,
+        enroll_with_keyslots,
     } = input;
     let n = graph.len();
     let fail = |error: String, completed: Vec<String>| RunFailure {
@@ -199,6 +208,7 @@ pub fn run_graph(
         verified: Mutex::new(BTreeMap::new()),
         resumed: vec![false; n],
         memory: memory::MemoryBudget::new(memory_budget_kib),
+        enroll_with_keyslots,
     };
     match resume {
         Some(s) => {
@@ -701,14 +711,18 @@ impl Exec<'_> {
                                 file.display()
                             ));
                         }
-                        (None, Passphrase::new(bytes))
+                        (
+                            self.enroll_with_keyslots.get(device).copied(),
+                            Passphrase::new(bytes),
+                        )
                     }
                 };
-                // The unlocking keyslot's PBKDF (or, unnamed, the costliest bound keyslot
-                // cryptsetup may try) and the new keyslot's, one after the other.
-                let tried: Vec<u32> = match unlock_slot {
-                    Some(s) => vec![s],
-                    None => header
+                // The unlocking keyslot's PBKDF (or, for enroll_with, whose named keyslot may
+                // fall back to trying every one, the costliest bound keyslot cryptsetup may
+                // try) and the new keyslot's, one after the other.
+                let tried: Vec<u32> = match (unlock, unlock_slot) {
+                    (Unlock::Key { .. }, Some(s)) => vec![s],
+                    _ => header
                         .keyslots
                         .iter()
                         .filter(|(_, k)| k.bound)
@@ -725,14 +739,31 @@ impl Exec<'_> {
                     &material,
                     self.plan.pbkdf.as_ref(),
                 );
+                let enroll_with = matches!(unlock, Unlock::EnrollWith);
+                let no_unlock = |a: &Result<(), crate::luks::LuksError>| {
+                    matches!(a, Err(crate::luks::LuksError::Failed { code: 1 | 2, .. }))
+                };
+                // The keyslot the enroll_with passphrase opened when planning no longer opens
+                // with it (changed since): try keyslots, as without the hint.
+                if enroll_with && unlock_slot.is_some() && no_unlock(&added) {
+                    tracing::info!(
+                        device = %device,
+                        "the enroll_with passphrase no longer opens keyslot {}; trying every keyslot",
+                        unlock_slot.unwrap_or_default()
+                    );
+                    added = cs.add_keyslot(
+                        &path,
+                        header.version,
+                        None,
+                        &unlock_pass,
+                        *slot,
+                        &material,
+                        self.plan.pbkdf.as_ref(),
+                    );
+                }
                 // cryptsetup skips keyslots with priority `ignore` unless named with
                 // --key-slot (cryptsetup-config(8)); an enroll_with passphrase may live in one.
-                if unlock_slot.is_none()
-                    && matches!(
-                        added,
-                        Err(crate::luks::LuksError::Failed { code: 1 | 2, .. })
-                    )
-                {
+                if enroll_with && no_unlock(&added) {
                     for (s, _) in header
                         .keyslots
                         .iter()

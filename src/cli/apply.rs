@@ -334,6 +334,8 @@ pub(super) fn cmd_apply(
             parallelism,
             memory_budget_kib: memory_budget_kib(&plan, parallelism),
             stop: Some(interrupts::install()?),
+            // Not journaled: the resumed adds try keyslots (one PBKDF run per keyslot tried).
+            enroll_with_keyslots: &BTreeMap::new(),
         };
         run_with_progress(cli, input, &mut journal)
             .map_err(|f| failure_report(f, "finishing interrupted run"))?;
@@ -442,6 +444,11 @@ fn run_new(
     observe::update_registry(&plan.state_dir, observed).map_err(|e| miette!("{e}"))?;
     let run_id = crate::apply::new_run_id();
     tracing::info!(run = %run_id, steps = graph.len(), "starting run");
+    let enroll_with_keyslots: BTreeMap<String, u32> = observed
+        .devices
+        .iter()
+        .filter_map(|(id, d)| d.enroll_with_keyslot.map(|n| (id.clone(), n)))
+        .collect();
     let input = crate::apply::RunInput {
         plan,
         world,
@@ -451,6 +458,7 @@ fn run_new(
         parallelism,
         memory_budget_kib: memory_budget_kib(plan, parallelism),
         stop: Some(interrupts::install()?),
+        enroll_with_keyslots: &enroll_with_keyslots,
     };
     run_with_progress(cli, input, journal).map_err(|f| failure_report(f, "run"))
 }

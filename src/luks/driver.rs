@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::run::{self, Outcome};
-use super::{dump, Cryptsetup, Header, LuksError, LuksVersion, PbkdfCounter};
+use super::{bench, dump, Cryptsetup, Header, LuksError, LuksVersion, PbkdfCounter};
 use crate::secret::Passphrase;
 use crate::spec::{PbkdfSettings, PbkdfType};
 
@@ -31,6 +31,33 @@ const MAX_IDS: u32 = 32;
 
 /// Environment variable naming the cryptsetup program to run (see [`Cryptsetup::new`]).
 pub const PROGRAM_ENV: &str = "KEYPLAN_CRYPTSETUP";
+
+/// What [`Cryptsetup::test_any_keyslot`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnyKeyslot {
+    /// No keyslot cryptsetup tried opens with the passphrase.
+    Fails,
+    /// Keyslot N opens (cryptsetup printed `Key slot N unlocked.`).
+    Keyslot(u32),
+    /// It opens, but cryptsetup did not say which keyslot.
+    Unknown,
+}
+
+/// The keyslot of the one `Key slot N unlocked.` line of `cryptsetup -v open` output (cryptsetup
+/// 2.6.1 prints it on stdout), or `None` when there is no such line, or more than one.
+fn unlocked_keyslot(stdout: &str) -> Option<u32> {
+    let mut found = stdout.lines().filter_map(|l| {
+        l.trim()
+            .strip_prefix("Key slot ")?
+            .strip_suffix(" unlocked.")
+            .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))?
+            .parse::<u32>()
+            .ok()
+            .filter(|n| *n < MAX_IDS)
+    });
+    let first = found.next()?;
+    found.next().is_none().then_some(first)
+}
 
 impl Default for Cryptsetup {
     /// Same as [`Cryptsetup::new`].
@@ -57,6 +84,7 @@ impl Cryptsetup {
         Cryptsetup {
             program,
             counter: Arc::new(PbkdfCounter::default()),
+            benchmarks: Arc::default(),
         }
     }
 
@@ -239,23 +267,30 @@ impl Cryptsetup {
     /// Tests whether `pass` opens `dev` through any keyslot cryptsetup tries without being told
     /// which (cryptsetup-open(8), `--test-passphrase` without `--key-slot`): only keyslots
     /// bound to the data segment, and not those with priority `ignore`. Runs
-    /// `cryptsetup open --test-passphrase --key-file=- DEV` with the passphrase on stdin. Adds
-    /// 1 PBKDF run (a lower bound: each keyslot tried costs one).
+    /// `cryptsetup -v open --test-passphrase --key-file=- DEV` with the passphrase on stdin;
+    /// `-v` makes cryptsetup 2.6 print `Key slot N unlocked.` on stdout, which tells which
+    /// keyslot opened, so a later `luksAddKey` can name it (`--key-slot N`) and derive once
+    /// instead of trying keyslots again. Adds 1 PBKDF run (a lower bound: each keyslot tried
+    /// costs one).
     ///
-    /// Returns `Ok(true)` on exit 0, `Ok(false)` when no tried keyslot opens (exit 2, or exit 1
-    /// "no usable keyslot", e.g. when the passphrase belongs to an unbound keyslot).
+    /// Returns [`AnyKeyslot::Keyslot`] on exit 0 with exactly one such line,
+    /// [`AnyKeyslot::Unknown`] on exit 0 without it (or with several), [`AnyKeyslot::Fails`]
+    /// when no tried keyslot opens (exit 2, or exit 1 "no usable keyslot", e.g. when the
+    /// passphrase belongs to an unbound keyslot).
     ///
     /// Errors: [`LuksError::Refused`] for an empty passphrase; [`LuksError::Device`] for a bad
     /// device; [`LuksError::Failed`] for any other exit (the header is only read).
-    pub fn test_any_keyslot(&self, dev: &Path, pass: &Passphrase) -> Result<bool, LuksError> {
+    pub fn test_any_keyslot(&self, dev: &Path, pass: &Passphrase) -> Result<AnyKeyslot, LuksError> {
         let operation = "open --test-passphrase (any keyslot)";
         if pass.is_empty() {
             return Err(refused(operation, dev, "the passphrase is empty"));
         }
         let out = self.open_test(dev, None, pass)?;
         match out.code {
-            Some(0) => Ok(true),
-            Some(1 | 2) => Ok(false),
+            Some(0) => Ok(unlocked_keyslot(&out.stdout)
+                .map(AnyKeyslot::Keyslot)
+                .unwrap_or(AnyKeyslot::Unknown)),
+            Some(1 | 2) => Ok(AnyKeyslot::Fails),
             _ => Err(failed(
                 operation,
                 dev,
@@ -267,6 +302,7 @@ impl Cryptsetup {
 
     /// Runs `cryptsetup open --test-passphrase [--key-slot SLOT] --key-file=- DEV` with `pass`
     /// on stdin after checking the device, and counts 1 PBKDF run; the caller judges the exit.
+    /// Without `slot`, `-v` comes first (see [`Self::test_any_keyslot`]).
     ///
     /// Errors: [`LuksError::Device`] for a bad device; [`LuksError::Spawn`].
     fn open_test(
@@ -276,7 +312,11 @@ impl Cryptsetup {
         pass: &Passphrase,
     ) -> Result<Outcome, LuksError> {
         check_device(dev)?;
-        let mut argv: Vec<OsString> = vec!["open".into(), "--test-passphrase".into()];
+        let mut argv: Vec<OsString> = Vec::new();
+        if slot.is_none() {
+            argv.push("-v".into());
+        }
+        argv.extend(["open".into(), "--test-passphrase".into()]);
         if let Some(slot) = slot {
             argv.push("--key-slot".into());
             argv.push(slot.to_string().into());
@@ -295,11 +335,20 @@ impl Cryptsetup {
     /// `--key-slot` is omitted and cryptsetup tries every keyslot (skipping priority `ignore`).
     ///
     /// `version` is the device's LUKS version as read by [`Self::dump`] (not looked up again);
-    /// it decides the PBKDF arguments, see [`pbkdf_args`]: LUKS1 ignores argon2 settings.
-    /// `pbkdf` `None` lets cryptsetup use its defaults (with a benchmark).
+    /// with `pbkdf` it decides the PBKDF of the new keyslot: LUKS1 ignores argon2 settings,
+    /// `pbkdf` `None` means cryptsetup's defaults (pbkdf2 for LUKS1, argon2id for LUKS2). When
+    /// `pbkdf` forces `iterations`, the arguments are those of [`pbkdf_args`]. Otherwise (a time
+    /// target, or the defaults) the parameters are measured by one `cryptsetup benchmark` per
+    /// PBKDF type (pbkdf2: and hash and key size) for this driver and its clones, run by the
+    /// first add that needs it (pbkdf2 reads the key size and hash with a `luksDump` first), and
+    /// passed explicitly (`--pbkdf TYPE --pbkdf-force-iterations N`, argon2 also
+    /// `--pbkdf-memory KiB --pbkdf-parallel N`), so cryptsetup does not benchmark on every add.
+    /// When the benchmark fails or its output is not understood, a warning is logged and the
+    /// arguments of [`pbkdf_args`] are used (cryptsetup benchmarks per add, as before).
     ///
-    /// Adds 2 PBKDF runs (unlock + derive) whenever cryptsetup is run; without `unlock_slot`
-    /// that is a lower bound (each keyslot tried costs one more).
+    /// Adds 2 PBKDF runs (unlock + derive) whenever cryptsetup is run, plus 1 for a benchmark
+    /// run by this call; without `unlock_slot` the 2 are a lower bound (each keyslot tried
+    /// costs one more).
     ///
     /// Errors: [`LuksError::Refused`] (nothing run) when either passphrase is empty or a keyslot
     /// number is beyond `version`'s keyslot count; [`LuksError::Failed`] when cryptsetup fails:
@@ -351,7 +400,7 @@ impl Cryptsetup {
             "--key-file=/dev/fd/0".into(),
             format!("--new-keyfile=/dev/fd/{}", run::SECRET_FD).into(),
         ]);
-        argv.extend(pbkdf_args(version, pbkdf));
+        argv.extend(self.new_keyslot_pbkdf_args(dev, version, pbkdf));
         argv.push(dev.as_os_str().to_owned());
 
         let out = self.exec(argv, Some(unlock.expose()), Some(new.expose()))?;
@@ -597,6 +646,89 @@ impl Cryptsetup {
         }
     }
 
+    /// PBKDF arguments for a new keyslot of `dev` (see [`Self::add_keyslot`]): measured ones
+    /// from this run's benchmark (run now when it is the first), or [`pbkdf_args`] when the
+    /// plan forces iterations or the benchmark failed.
+    fn new_keyslot_pbkdf_args(
+        &self,
+        dev: &Path,
+        version: LuksVersion,
+        settings: Option<&PbkdfSettings>,
+    ) -> Vec<OsString> {
+        let Some(mut req) = bench::request(version, settings) else {
+            return pbkdf_args(version, settings);
+        };
+        if req.kind == "pbkdf2" {
+            // PBKDF2's cost per iteration grows with the output (the keyslot key) size, and
+            // LUKS1 keyslots use the header's hash: benchmark exactly what the add derives.
+            let (hash, bits) = match self.exec(args(["luksDump"], dev), None, None) {
+                Ok(out) if out.success() => bench::hash_and_key_bits(version, &out.stdout),
+                _ => (bench::DEFAULT_HASH.to_owned(), None),
+            };
+            req.hash = hash;
+            req.key_bits = bits;
+        }
+        // Held while benchmarking: concurrent adds wait for the one benchmark of the run.
+        let measured = match self.benchmarks.lock() {
+            Ok(mut cache) => match cache.get(&req) {
+                Some(m) => *m,
+                None => {
+                    let m = self.benchmark(&req);
+                    cache.insert(req.clone(), m);
+                    m
+                }
+            },
+            Err(_) => None,
+        };
+        match measured {
+            Some(m) => bench::forced_args(&req, &m),
+            None => pbkdf_args(version, settings),
+        }
+    }
+
+    /// Runs `cryptsetup benchmark` for `req` (adds 1 PBKDF run when it ran) and parses it;
+    /// `None`, with a warning, when it cannot be run, fails or is not understood.
+    fn benchmark(&self, req: &bench::Request) -> Option<bench::Measured> {
+        let argv = bench::benchmark_args(req);
+        let shown = argv
+            .iter()
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let out = match self.exec(argv, None, None) {
+            Ok(out) => out,
+            Err(e) => {
+                tracing::warn!("cryptsetup {shown}: {e}; cryptsetup will benchmark the PBKDF on each luksAddKey instead");
+                return None;
+            }
+        };
+        self.counter.add(1);
+        if !out.success() {
+            tracing::warn!(
+                "cryptsetup {shown} failed (exit code {:?}): {}; cryptsetup will benchmark the PBKDF on each luksAddKey instead",
+                out.code,
+                out.stderr
+            );
+            return None;
+        }
+        match bench::parse(req, &out.stdout) {
+            Ok(m) => {
+                tracing::info!(
+                    "PBKDF benchmark (cryptsetup {shown}): {} iterations{}; used for every new keyslot of this run",
+                    m.iterations,
+                    m.argon2
+                        .map(|(mem, par)| format!(", {mem} KiB, {par} threads"))
+                        .unwrap_or_default()
+                );
+                Some(m)
+            }
+            Err(e) => {
+                tracing::warn!("cannot understand the output of cryptsetup {shown}: {e}; cryptsetup will benchmark the PBKDF on each luksAddKey instead");
+                None
+            }
+        }
+    }
+
     /// Runs cryptsetup with `argv`; only start failures are errors.
     fn exec(
         &self,
@@ -613,7 +745,10 @@ impl Cryptsetup {
 
 /// cryptsetup arguments for PBKDF `settings` on a device of `version` (cryptsetup(8) options
 /// `--pbkdf`, `--pbkdf-force-iterations`, `--iter-time` (milliseconds), `--pbkdf-memory` (KiB),
-/// `--pbkdf-parallel` (threads)):
+/// `--pbkdf-parallel` (threads)), as written in the plan. `luksFormat` uses them as they are;
+/// `luksAddKey` only when they force iterations, or when the run's one PBKDF benchmark failed
+/// (see [`Cryptsetup::add_keyslot`]): without forced iterations cryptsetup benchmarks on each
+/// call.
 ///
 /// * `None`: nothing (cryptsetup's defaults, with a benchmark).
 /// * pbkdf2: `--pbkdf pbkdf2`, then `--pbkdf-force-iterations N` when `iterations` is set, else
@@ -889,6 +1024,22 @@ mod tests {
                 "4"
             ]
         );
+    }
+
+    #[test]
+    fn unlocked_keyslot_lines() {
+        let out = "No usable token is available.\nKey slot 2 unlocked.\nCommand successful.\n";
+        assert_eq!(unlocked_keyslot(out), Some(2));
+        for bad in [
+            "",
+            "Command successful.\n",
+            "Key slot unlocked.\n",
+            "Key slot 32 unlocked.\n",
+            "Key slot +1 unlocked.\n",
+            "Key slot 1 unlocked.\nKey slot 2 unlocked.\n",
+        ] {
+            assert_eq!(unlocked_keyslot(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -7,17 +7,32 @@
 //! pipe on fd 3 (`--new-keyfile=/dev/fd/3`). Nothing secret is ever placed in argv, the
 //! environment or a file.
 //!
-//! PBKDF runs caused by each call are counted in [`PbkdfCounter`] (test: 1; add: 2, a lower bound
-//! when no unlocking keyslot is named; format: 1; kill, dump, token: 0).
+//! PBKDF runs caused by each call are counted in [`PbkdfCounter`]:
+//!
+//! | call | PBKDF runs |
+//! |---|---|
+//! | `open --test-passphrase --key-slot N` (verify) | 1 |
+//! | `-v open --test-passphrase` (any keyslot: the `enroll_with` check) | 1, a lower bound: each keyslot tried costs 1 |
+//! | `luksAddKey --key-slot N --new-key-slot M` with explicit PBKDF parameters | 2 (unlock, derive) |
+//! | `luksAddKey` without `--key-slot` | 2, a lower bound: each keyslot tried costs 1 |
+//! | `benchmark --pbkdf TYPE` (at most once per PBKDF type per run, see `bench`) | 1 |
+//! | `luksFormat` | 1 |
+//! | `luksKillSlot --batch-mode` (no key input), `luksDump`, `isLuks`, `token` | 0 |
+//!
+//! A `luksAddKey` without forced iterations would also benchmark inside cryptsetup (about one
+//! more run, uncounted): keyplan passes the parameters measured by its own one benchmark per run
+//! instead, and falls back to that only when its benchmark failed.
 //!
 //! Layout: this file declares the types; `driver` implements [`Cryptsetup`]'s operations, `dump`
 //! parses `luksDump` output and `run` starts the child processes (locale, pipes, capture).
 
+mod bench;
 mod driver;
 mod dump;
 pub(crate) mod run;
 
-pub use driver::{pbkdf_args, PROGRAM_ENV};
+pub use bench::DEFAULT_ITER_TIME_MS;
+pub use driver::{pbkdf_args, AnyKeyslot, PROGRAM_ENV};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -203,11 +218,14 @@ pub enum LuksError {
     },
 }
 
-/// Handle to the `cryptsetup` program. Cheap to clone; clones share the PBKDF counter.
+/// Handle to the `cryptsetup` program. Cheap to clone; clones share the PBKDF counter and the
+/// PBKDF benchmarks of the run (see `bench`).
 #[derive(Debug, Clone)]
 pub struct Cryptsetup {
     program: PathBuf,
     counter: Arc<PbkdfCounter>,
+    /// Benchmarks run so far by request; `None` when one failed (the old behaviour is used).
+    benchmarks: Arc<std::sync::Mutex<BTreeMap<bench::Request, Option<bench::Measured>>>>,
 }
 
 /// A size for test and example images that suits both versions as [`Cryptsetup::format`] lays

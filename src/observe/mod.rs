@@ -97,6 +97,10 @@ pub struct DeviceState {
     /// found that enrolling needs it (no keyplan keyslot opens the device) and testing it
     /// failed (it opens no bound keyslot). One PBKDF run or more; `None` otherwise.
     pub enroll_with_problem: Option<String>,
+    /// The keyslot the `enroll_with` passphrase opened when observing tested it (see
+    /// `enroll_with_problem`), so the enrolling `luksAddKey` can name it and derive once instead
+    /// of trying keyslots; `None` when it was not tested, or cryptsetup did not say which.
+    pub enroll_with_keyslot: Option<u32>,
 }
 
 impl DeviceState {
@@ -601,6 +605,7 @@ pub fn observe(plan: &Plan, world: &World) -> Result<Observed, miette::Report> {
                 read_only,
                 json_area,
                 enroll_with_problem: None,
+                enroll_with_keyslot: None,
             },
         );
     }
@@ -687,6 +692,7 @@ pub fn observe(plan: &Plan, world: &World) -> Result<Observed, miette::Report> {
                                 read_only: None,
                                 json_area: None,
                                 enroll_with_problem: None,
+                                enroll_with_keyslot: None,
                             },
                         );
                     }
@@ -820,11 +826,12 @@ fn cannot_write(path: &Path) -> Option<String> {
 ///
 /// Costs one PBKDF run when the passphrase opens a bound keyslot of normal priority, one more
 /// per `ignore`-priority bound keyslot tried, and, only when it fails, one per unbound keyslot
-/// (to say whether it opens only an unbound one).
+/// (to say whether it opens only an unbound one). Sets `st.enroll_with_keyslot` to the keyslot
+/// it opens, when known.
 fn check_enroll_with(
     world: &World,
     dev: &crate::spec::Device,
-    st: &DeviceState,
+    st: &mut DeviceState,
     keys: &BTreeMap<String, KeyState>,
     origins: &BTreeMap<String, Vec<Origin>>,
     here: &str,
@@ -866,12 +873,16 @@ fn check_enroll_with(
     let pass = Passphrase::new(bytes);
     let path = &st.path;
     let shown = file.display();
-    let tested = |r: Result<bool, LuksError>| -> Result<bool, String> {
-        r.map_err(|e| format!("{here}: testing the enroll_with passphrase in {shown} failed: {e}"))
+    let failed = |e: LuksError| -> String {
+        format!("{here}: testing the enroll_with passphrase in {shown} failed: {e}")
     };
-    match tested(world.cs.test_any_keyslot(path, &pass)) {
-        Ok(true) => return None,
-        Ok(false) => {}
+    match world.cs.test_any_keyslot(path, &pass).map_err(failed) {
+        Ok(crate::luks::AnyKeyslot::Keyslot(n)) => {
+            st.enroll_with_keyslot = Some(n);
+            return None;
+        }
+        Ok(crate::luks::AnyKeyslot::Unknown) => return None,
+        Ok(crate::luks::AnyKeyslot::Fails) => {}
         Err(m) => return Some(m),
     }
     let bound: Vec<u32> = st
@@ -887,8 +898,11 @@ fn check_enroll_with(
         .iter()
         .filter(|(_, k)| k.bound && k.priority == Priority::Ignore)
     {
-        match tested(world.cs.test_passphrase(path, *n, &pass)) {
-            Ok(true) => return None,
+        match world.cs.test_passphrase(path, *n, &pass).map_err(failed) {
+            Ok(true) => {
+                st.enroll_with_keyslot = Some(*n);
+                return None;
+            }
             Ok(false) => {}
             Err(m) => return Some(m),
         }
