@@ -240,7 +240,8 @@ pub enum UnmanagedKeyslots {
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SettingsFile {
-    /// PBKDF for new keyslots; default: cryptsetup's own default (argon2id, benchmarked).
+    /// PBKDF for new keyslots; default: cryptsetup's own default (argon2id for LUKS2, pbkdf2 for
+    /// LUKS1, 2 s), measured once per `apply` with `cryptsetup benchmark`.
     #[serde(default)]
     pub pbkdf: Option<PbkdfSettings>,
     /// Devices worked on at once (default 4, at least 1).
@@ -283,7 +284,8 @@ pub struct PbkdfSettings {
     /// Argon2 parallel threads.
     #[serde(default)]
     pub parallel: Option<u32>,
-    /// Target unlock time in milliseconds (makes cryptsetup benchmark).
+    /// Target unlock time in milliseconds: keyplan runs `cryptsetup benchmark` once per `apply`
+    /// and forces the iterations it measures on every new keyslot of that run.
     #[serde(default)]
     #[schemars(range(min = 1))]
     pub iter_time_ms: Option<u32>,
