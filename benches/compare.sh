@@ -23,6 +23,7 @@
 # ${XDG_CACHE_HOME:-$HOME/.cache}/keyplan-bench/venv (env BENCH_VENV) when missing.
 # Run as root (cryptsetup on images needs no root, losetup does).
 set -euo pipefail
+{ # the whole script is read before it runs, so editing it during a run cannot break the run
 export PATH="$PATH:/usr/sbin:/sbin"
 export LC_ALL=C
 here=$(cd "$(dirname "$0")" && pwd)
@@ -62,6 +63,7 @@ done
 for n in $plan_sizes; do
   [[ $n =~ ^[1-9][0-9]*$ && $n -le 1000 ]] || die "--plan-sizes: integers 1-1000 are needed, got '$n'"
 done
+[[ -n ${plan_sizes//[[:space:]]/} ]] || skip_plan=1
 command -v cryptsetup >/dev/null || die "cryptsetup not found (looked in PATH, /usr/sbin, /sbin)"
 command -v python3 >/dev/null || die "python3 not found"
 [[ -z $out ]] || out=$(realpath -m "$out")
@@ -483,3 +485,5 @@ python3 "$here/report.py" "$results" >"$work/report.md"
 echo
 cat "$work/report.md"
 if [[ -n $out ]]; then cp "$work/report.md" "$out" && echo "(written to $out)"; fi
+exit
+}
