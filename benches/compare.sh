@@ -11,9 +11,10 @@
 #   --parallel P           argon2id threads (default 1; env BENCH_PBKDF_PARALLEL)
 #   --iterations I         argon2id iterations, forced (default 4; env BENCH_PBKDF_ITERATIONS)
 #   --plan-sizes "A B ..." device counts for the plan timing (default "10 100 1000"; env BENCH_PLAN_SIZES)
-#   --skip-rook, --skip-ansible, --skip-plan, --skip-count
+#   --skip-rook, --skip-ansible, --skip-plan, --skip-count, --skip-budget
 #                          leave a part out (--skip-count: the pass that counts PBKDF runs with
-#                          cryptsetup --debug)
+#                          cryptsetup --debug; --skip-budget: keyplan's rotation with parallelism 2
+#                          under a memory budget that holds one PBKDF run)
 #   --out FILE             also write the Markdown results to FILE
 #   --keep                 keep the scratch directory (printed) instead of removing it
 #
@@ -35,7 +36,7 @@ par=${BENCH_PBKDF_PARALLEL:-1}
 iters=${BENCH_PBKDF_ITERATIONS:-4}
 plan_sizes=${BENCH_PLAN_SIZES:-"10 100 1000"}
 venv=${BENCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/keyplan-bench/venv}
-skip_rook=0 skip_ansible=0 skip_plan=0 skip_count=0 keep=0 out=""
+skip_rook=0 skip_ansible=0 skip_plan=0 skip_count=0 skip_budget=0 keep=0 out=""
 
 die() { echo "compare.sh: $*" >&2; exit 1; }
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-0}"; }
@@ -50,6 +51,7 @@ while (($#)); do
     --skip-ansible) skip_ansible=1 ;;
     --skip-plan) skip_plan=1 ;;
     --skip-count) skip_count=1 ;;
+    --skip-budget) skip_budget=1 ;;
     --out) out=${2:?}; shift ;;
     --keep) keep=1 ;;
     -h | --help) usage 0 ;;
@@ -209,20 +211,30 @@ keyplan_counted_runs() { # LOG: "(S steps, R PBKDF runs)" -> R
   grep -o '[0-9]* PBKDF runs' "$1" | tail -n 1 | cut -d' ' -f1
 }
 
-bench_keyplan() { # PARALLELISM
-  local p=$1 dir=$work/keyplan-p$1 old new json runs
-  echo "== keyplan, parallelism $p: enrolling (not measured)"
+# bench_keyplan PARALLELISM [BUDGET_KIB]: enroll a fresh set, then the measured rotation; with
+# BUDGET_KIB, settings.memory_budget_kib is set to it for the rotation
+bench_keyplan() {
+  local p=$1 budget=${2:-} dir=$work/keyplan-p$1${2:+-budget} old new json runs label
+  label="keyplan, parallelism $p${budget:+, memory_budget_kib $budget}"
+  echo "== $label: enrolling (not measured)"
   keyplan_prepare "$dir" argon
+  if [[ -n $budget ]]; then
+    echo "  memory_budget_kib: $budget" >>"$dir/keyplan.yaml"
+    if ! "$KEYPLAN" validate -f "$dir/keyplan.yaml" --color never >"$dir/validate.log" 2>&1; then
+      echo "   (skipped: this keyplan does not accept settings.memory_budget_kib)"
+      return 0
+    fi
+  fi
   old=$(keyplan_key "$dir")
   unit_sample
-  echo "== keyplan, parallelism $p: rotating"
+  echo "== $label: rotating"
   json=$(run_measured "keyplan-p$p" "$dir/rotate.log" "$KEYPLAN" apply -f "$dir/keyplan.yaml" \
     --auto-approve --rotate k --parallelism "$p" --color never)
   runs=$(keyplan_counted_runs "$dir/rotate.log")
   new=$(keyplan_key "$dir")
   # shellcheck disable=SC2046
   check_rotated "keyplan" "$new" "$old" $(set_devices "$dir")
-  record "keyplan, parallelism $p" rotation "$json" "self_counted=${runs:-null}"
+  record "$label" rotation "$json" "self_counted=${runs:-null}" "budget_kib=${budget:-null}"
 }
 
 # ---------------------------------------------------------------- Rook
@@ -488,6 +500,9 @@ bench_plan() {
 bench_unit
 bench_keyplan 1
 bench_keyplan 2
+# A budget that holds one PBKDF run (memory cost + 16 MiB for cryptsetup) but not two: parallelism
+# 2 must then run one derivation at a time
+((skip_budget)) || bench_keyplan 2 $(((mem + 16384) * 3 / 2))
 ((skip_rook)) || bench_rook
 ((skip_ansible)) || bench_ansible
 unit_sample

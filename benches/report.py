@@ -68,7 +68,13 @@ def main() -> int:
     par = rot.get("keyplan, parallelism 2")
     if seq and par:
         p(f"keyplan wall time, parallelism 2 vs 1: {par['wall_s']:.1f} s vs {seq['wall_s']:.1f} s "
-          f"(speed-up {seq['wall_s'] / par['wall_s']:.2f}x).")
+          f"(speed-up {seq['wall_s'] / par['wall_s']:.2f}x); peak memory of all processes "
+          f"{mib(par['tree_rss_kib'])} MiB vs {mib(seq['tree_rss_kib'])} MiB.")
+    for r in rot.values():
+        if r.get("budget_kib"):
+            p(f"With `memory_budget_kib: {r['budget_kib']}` ({r['budget_kib'] // 1024} MiB, room for one "
+              f"PBKDF run of {meta['memory_kib'] // 1024} MiB + 16 MiB, not two) and parallelism 2: "
+              f"{r['wall_s']:.1f} s wall, peak memory of all processes {mib(r['tree_rss_kib'])} MiB.")
 
     counts = [r for r in rows if r["kind"] == "count"]
     if counts:
