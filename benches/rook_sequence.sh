@@ -12,8 +12,8 @@
 #   5. every device: kill keyslot 1 (luksKillSlot, given K2)
 #
 # Sources: Rook's design doc design/ceph/key-encryption-key-rotation.md (the step table) and
-# the "key-management rotate" command's description (steps 2, 3 and 5 loop over the devices
-# in this order; kills are given a passphrase, see rook/rook PR 14367).
+# its OSD key rotation (pkg/daemon/ceph/osd/key_rotation.go: steps 2, 3 and 5 each loop over
+# the devices, in this order; kills are given a passphrase, see rook/rook PR 14367).
 #
 # Usage: PBKDF_ARGS="--pbkdf argon2id --pbkdf-memory 262144 ..." rook_sequence.sh STORE DEVICE...
 # PBKDF_ARGS: cryptsetup options for new keyslots. Real Rook passes none, so cryptsetup also
