@@ -80,6 +80,7 @@ KEYPLAN=$(realpath "$KEYPLAN")
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/keyplan-bench.XXXXXX")
 loops=()
+# shellcheck disable=SC2329 # run by the EXIT trap
 cleanup() {
   local l
   for l in ${loops[@]+"${loops[@]}"}; do losetup -d "$l" 2>/dev/null || true; done
@@ -260,7 +261,9 @@ ansible_install() {
   fi
   echo "== installing ansible (PyPI) into $venv"
   mkdir -p "$(dirname "$venv")"
-  python3 -m venv "$venv" && "$venv/bin/pip" install --quiet ansible || die "could not install ansible into $venv"
+  if ! { python3 -m venv "$venv" && "$venv/bin/pip" install --quiet ansible; }; then
+    die "could not install ansible into $venv"
+  fi
 }
 
 # ansible_playbook FILE MODULE(luks|noop): two tasks over all devices, one play on localhost
@@ -323,6 +326,7 @@ PY
 }
 
 # ansible-playbook with its state kept in the scratch directory, quiet, colourless
+# shellcheck disable=SC2054 # "localhost," is one argument (an inventory of one host)
 ansible_cmd=(env LC_ALL=C.UTF-8 LANG=C.UTF-8 ANSIBLE_HOME="$work/ansible-home" ANSIBLE_LOCAL_TEMP="$work/ansible-home/tmp"
   ANSIBLE_NOCOLOR=1 ANSIBLE_LOCALHOST_WARNING=false ANSIBLE_INVENTORY_UNPARSED_WARNING=false
   ANSIBLE_RETRY_FILES_ENABLED=false ANSIBLE_CONFIG="$work/ansible.cfg" "$venv/bin/ansible-playbook" -i localhost,)
@@ -444,7 +448,7 @@ bench_count() {
 
 # ---------------------------------------------------------------- plan scaling
 bench_plan() {
-  local dir=$work/plan max=0 n i run json
+  local dir=$work/plan max=0 n i json
   for n in $plan_sizes; do ((n > max)) && max=$n; done
   echo "== plan scaling: formatting $max small LUKS2 images (pbkdf2, 1000 iterations; 2 at a time)"
   mkdir -p "$dir"
@@ -479,12 +483,13 @@ bench_plan() {
   record "keyplan apply enrolling $max devices (pbkdf2, parallelism 2)" enroll "$json" "devices=$max"
   for n in $plan_sizes; do
     echo "== plan scaling: keyplan plan on $n devices (3 runs)"
-    for run in 1 2 3; do
+    for _ in 1 2 3; do
       json=$(run_measured "plan-$n" "$dir/plan-$n.log" "$KEYPLAN" plan -f "$dir/plan-$n.yaml" --detailed-exitcode --color never)
       grep -q 'No changes' "$dir/plan-$n.log" || die "keyplan plan on $n devices does not say 'No changes' (see $dir/plan-$n.log)"
       record "keyplan plan" plan "$json" "devices=$n" "registry=$n"
     done
   done
+  # shellcheck disable=SC2086 # one size per word
   n=$(printf '%s\n' $plan_sizes | sort -n | head -n 1)
   if ((n < max)); then
     echo "== plan scaling: keyplan plan on $n devices, state directory knowing all $max (1 run)"
