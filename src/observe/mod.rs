@@ -656,32 +656,37 @@ pub fn observe(plan: &Plan, world: &World) -> Result<Observed, miette::Report> {
     match read_registry(&plan.state_dir) {
         Err(e) => errors.push(miette!(help = "keyplan changed nothing", "{e}")),
         Ok(reg) => {
-            for (uuid, entry) in reg.devices {
-                if uuids.contains_key(&uuid) {
-                    continue;
-                }
+            // Read on several threads like the plan's devices: a state directory remembers
+            // every device a run touched, which can be many more than the plan lists.
+            let gone: Vec<(String, RegistryEntry)> = reg
+                .devices
+                .into_iter()
+                .filter(|(uuid, _)| !uuids.contains_key(uuid))
+                .collect();
+            let reads =
+                crate::par::map(
+                    &gone,
+                    observe_workers(gone.len()),
+                    |(uuid, entry)| match world.cs.dump(&entry.path) {
+                        Ok(h) if h.uuid.eq_ignore_ascii_case(uuid) => {
+                            let records = world.read_records(&h);
+                            Ok((h, records))
+                        }
+                        Ok(h) => Err(format!(
+                            "it now holds another LUKS device (UUID {})",
+                            h.uuid
+                        )),
+                        Err(e) => Err(e.to_string()),
+                    },
+                );
+            for ((_, entry), read) in gone.into_iter().zip(reads) {
                 let id = if plan.devices.contains_key(&entry.id) {
                     format!("{} (formerly at {})", entry.id, entry.path.display())
                 } else {
                     entry.id.clone()
                 };
-                let header = match world.cs.dump(&entry.path) {
-                    Ok(h) if h.uuid.eq_ignore_ascii_case(&uuid) => h,
-                    Ok(h) => {
-                        former_unreadable.push((
-                            id,
-                            entry.path,
-                            format!("it now holds another LUKS device (UUID {})", h.uuid),
-                        ));
-                        continue;
-                    }
-                    Err(e) => {
-                        former_unreadable.push((id, entry.path, e.to_string()));
-                        continue;
-                    }
-                };
-                match world.read_records(&header) {
-                    Ok(records) => {
+                match read {
+                    Ok((header, Ok(records))) => {
                         former.insert(
                             id.clone(),
                             DeviceState {
@@ -696,7 +701,7 @@ pub fn observe(plan: &Plan, world: &World) -> Result<Observed, miette::Report> {
                             },
                         );
                     }
-                    Err(e) => former_unreadable.push((id, entry.path, e)),
+                    Ok((_, Err(e))) | Err(e) => former_unreadable.push((id, entry.path, e)),
                 }
             }
         }
