@@ -10,6 +10,9 @@
 #   --memory KIB           argon2id memory cost (default 262144; env BENCH_PBKDF_MEMORY)
 #   --parallel P           argon2id threads (default 1; env BENCH_PBKDF_PARALLEL)
 #   --iterations I         argon2id iterations, forced (default 4; env BENCH_PBKDF_ITERATIONS)
+#   --iter-time MS         instead of forced iterations, a time target for everyone (cryptsetup
+#                          --iter-time; keyplan iter_time_ms; Ansible iteration_time): each tool
+#                          benchmarks as it does, as Rook does in production (env BENCH_PBKDF_ITER_TIME)
 #   --plan-sizes "A B ..." device counts for the plan timing (default "10 100 1000"; env BENCH_PLAN_SIZES)
 #   --skip-rook, --skip-ansible, --skip-plan, --skip-count, --skip-budget
 #                          leave a part out (--skip-count: the pass that counts PBKDF runs with
@@ -34,6 +37,7 @@ devices=${BENCH_DEVICES:-4}
 mem=${BENCH_PBKDF_MEMORY:-262144}
 par=${BENCH_PBKDF_PARALLEL:-1}
 iters=${BENCH_PBKDF_ITERATIONS:-4}
+iter_time=${BENCH_PBKDF_ITER_TIME:-}
 plan_sizes=${BENCH_PLAN_SIZES:-"10 100 1000"}
 venv=${BENCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/keyplan-bench/venv}
 skip_rook=0 skip_ansible=0 skip_plan=0 skip_count=0 skip_budget=0 keep=0 out=""
@@ -46,6 +50,7 @@ while (($#)); do
     --memory) mem=${2:?}; shift ;;
     --parallel) par=${2:?}; shift ;;
     --iterations) iters=${2:?}; shift ;;
+    --iter-time) iter_time=${2:?}; shift ;;
     --plan-sizes) plan_sizes=${2?}; shift ;;
     --skip-rook) skip_rook=1 ;;
     --skip-ansible) skip_ansible=1 ;;
@@ -62,6 +67,7 @@ done
 for v in devices mem par iters; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "--${v/mem/memory}: a positive integer is needed, got '${!v}'"
 done
+[[ -z $iter_time || $iter_time =~ ^[1-9][0-9]*$ ]] || die "--iter-time: a positive integer (ms) is needed, got '$iter_time'"
 for n in $plan_sizes; do
   [[ $n =~ ^[1-9][0-9]*$ && $n -le 1000 ]] || die "--plan-sizes: integers 1-1000 are needed, got '$n'"
 done
@@ -89,24 +95,36 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 results=$work/results.jsonl
-python3 - "$devices" "$mem" "$par" "$iters" "$(cryptsetup --version)" "$("$KEYPLAN" --version | cut -d' ' -f2)" >"$results" <<'PY2'
+python3 - "$devices" "$mem" "$par" "$iters" "$(cryptsetup --version)" "$("$KEYPLAN" --version | cut -d' ' -f2)" "${iter_time:-0}" >"$results" <<'PY2'
 import json, os, sys, time
-devices, mem, par, iters, cs, kp = sys.argv[1:]
+devices, mem, par, iters, cs, kp, iter_time = sys.argv[1:]
 info = dict(l.split(":", 1) for l in open("/proc/meminfo"))
 gib = lambda k: round(int(info[k].split()[0]) / 1048576, 1)
 print(json.dumps({"kind": "meta", "label": "meta", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     "nproc": os.cpu_count(), "mem_total_gib": gib("MemTotal"), "mem_available_gib": gib("MemAvailable"),
     "load_start": open("/proc/loadavg").read().split()[0], "cryptsetup": cs, "keyplan": kp,
-    "devices": int(devices), "memory_kib": int(mem), "parallel": int(par), "iterations": int(iters)}))
+    "devices": int(devices), "memory_kib": int(mem), "parallel": int(par), "iterations": int(iters),
+    "iter_time_ms": int(iter_time)}))
 PY2
 measure=$here/measure.py
 
-pbkdf_args="--pbkdf argon2id --pbkdf-memory $mem --pbkdf-parallel $par --pbkdf-force-iterations $iters"
+if [[ -n $iter_time ]]; then
+  # Time-target mode: every tool asks for the same argon2id memory, threads and unlock time,
+  # and each decides how to meet it (cryptsetup benchmarks on each luksAddKey; keyplan once
+  # per run). This is how Rook runs: it passes no PBKDF options at all.
+  pbkdf_args="--pbkdf argon2id --pbkdf-memory $mem --pbkdf-parallel $par --iter-time $iter_time"
+  kdf_yaml="iter_time_ms: $iter_time"
+  kdf_desc="iter-time $iter_time ms (each tool benchmarks as it does)"
+else
+  pbkdf_args="--pbkdf argon2id --pbkdf-memory $mem --pbkdf-parallel $par --pbkdf-force-iterations $iters"
+  kdf_yaml="iterations: $iters"
+  kdf_desc="iterations $iters"
+fi
 fast_args="--pbkdf pbkdf2 --pbkdf-force-iterations 1000"
 real_cryptsetup=$(command -v cryptsetup)
 cs_version=$(cryptsetup --version)
 echo "== $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, $cs_version, keyplan $("$KEYPLAN" --version | cut -d' ' -f2)"
-echo "== PBKDF for everyone: argon2id, memory $mem KiB, parallel $par, iterations $iters; $devices devices per set"
+echo "== PBKDF for everyone: argon2id, memory $mem KiB, parallel $par, $kdf_desc; $devices devices per set"
 
 # ---------------------------------------------------------------- helpers
 newkey() { head -c 32 /dev/urandom | base64 -w0; }
@@ -188,7 +206,7 @@ keyplan_plan() {
     done
     echo "settings:"
     if [[ $kind == argon ]]; then
-      echo "  pbkdf: { type: argon2id, memory_kib: $mem, parallel: $par, iterations: $iters }"
+      echo "  pbkdf: { type: argon2id, memory_kib: $mem, parallel: $par, $kdf_yaml }"
     else
       echo "  pbkdf: { type: pbkdf2, iterations: 1000 }"
     fi
@@ -313,10 +331,12 @@ ansible_vars() {
     loops+=("$dev")
     printf '%s %s\n' "$dev" "$(newkey)" >>"$dir/devs"
   done
-  python3 - "$file" "$kind" "$initial" "$mem" "$par" "$iters" "$dir/devs" <<'PY'
+  python3 - "$file" "$kind" "$initial" "$mem" "$par" "$iters" "$dir/devs" "${iter_time:-0}" <<'PY'
 import json, sys
-file, kind, old, mem, par, iters, devs = sys.argv[1:]
-if kind == "argon":
+file, kind, old, mem, par, iters, devs, iter_time = sys.argv[1:]
+if kind == "argon" and int(iter_time):
+    pbkdf = {"algorithm": "argon2id", "memory": int(mem), "parallel": int(par), "iteration_time": int(iter_time) / 1000}
+elif kind == "argon":
     pbkdf = {"algorithm": "argon2id", "memory": int(mem), "parallel": int(par), "iteration_count": int(iters)}
 else:
     pbkdf = {"algorithm": "pbkdf2", "iteration_count": 1000}

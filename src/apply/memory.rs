@@ -8,9 +8,10 @@
 //! once is at most `parallelism` and at most what the budget holds.
 //!
 //! The default budget is half of the memory available when the run starts: `MemAvailable` of
-//! /proc/meminfo (proc(5)), or, when keyplan runs in a cgroup v2 with a `memory.max` limit
-//! (a container, a systemd unit with `MemoryMax=`), what that limit leaves above
-//! `memory.current`, whichever is less.
+//! /proc/meminfo (proc(5)), or, when keyplan runs in a cgroup with a memory limit (a container,
+//! a systemd unit or slice with `MemoryMax=`; cgroup v2 `memory.max` or v1
+//! `memory.limit_in_bytes`, on the cgroup or any ancestor), what that limit leaves above the
+//! cgroup's usage, whichever is less.
 
 use std::sync::{Condvar, Mutex};
 
@@ -52,9 +53,9 @@ pub fn budget(configured: Option<u64>) -> BudgetSource {
         .map(|bytes| bytes / 1024);
     let cgroup = cgroup_headroom_kib();
     let (available, source) = match (meminfo, cgroup) {
-        (Some(m), Some(c)) if c < m => (c, "the cgroup's memory.max minus memory.current"),
+        (Some(m), Some(c)) if c < m => (c, "what the cgroup's memory limit leaves"),
         (Some(m), _) => (m, "/proc/meminfo MemAvailable"),
-        (None, Some(c)) => (c, "the cgroup's memory.max minus memory.current"),
+        (None, Some(c)) => (c, "what the cgroup's memory limit leaves"),
         (None, None) => {
             return BudgetSource {
                 kib: FALLBACK_BUDGET_KIB,
@@ -72,25 +73,56 @@ pub fn budget(configured: Option<u64>) -> BudgetSource {
     }
 }
 
-/// What the cgroup v2 `memory.max` of this process leaves above `memory.current`, in KiB;
-/// `None` without cgroup v2, without a limit (`max`), or when the files cannot be read
-/// (cgroups(7), "Cgroups version 2"; the kernel's cgroup-v2.rst, "memory.max").
+/// What the memory limits of this process's cgroups leave free, in KiB; `None` when no limit
+/// can be read. See [`cgroup_headroom_in`].
 fn cgroup_headroom_kib() -> Option<u64> {
-    let groups = std::fs::File::open("/proc/self/cgroup")
-        .ok()
-        .and_then(|f| procfs_core::ProcessCGroups::from_read(f).ok())?;
-    let v2 = groups.into_iter().find(|g| g.hierarchy == 0)?;
-    let dir = std::path::Path::new("/sys/fs/cgroup").join(v2.pathname.trim_start_matches('/'));
-    let number = |name: &str| -> Option<u64> {
-        std::fs::read_to_string(dir.join(name))
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    cgroup_headroom_in(&text, std::path::Path::new("/sys/fs/cgroup"))
+}
+
+/// The least headroom (limit minus usage, KiB) of every memory limit over the cgroups named
+/// by `proc_self_cgroup` (the text of /proc/self/cgroup, cgroups(7)) and all their ancestors,
+/// under the cgroup file system mounted at `sys_root`: cgroup v2 `memory.max` minus
+/// `memory.current` (the kernel's cgroup-v2.rst), and cgroup v1 `memory.limit_in_bytes`
+/// minus `memory.usage_in_bytes` of the `memory` controller's hierarchy mounted at
+/// `sys_root/memory` (cgroup-v1/memory.rst). A limit set on a parent (a systemd slice with
+/// `MemoryMax=`, a Kubernetes pod around its container) binds as much as one on the leaf.
+/// `max` (no limit) and unreadable files are skipped; `None` when nothing is limited.
+fn cgroup_headroom_in(proc_self_cgroup: &str, sys_root: &std::path::Path) -> Option<u64> {
+    let groups = procfs_core::ProcessCGroups::from_read(proc_self_cgroup.as_bytes()).ok()?;
+    let number = |file: std::path::PathBuf| -> Option<u64> {
+        std::fs::read_to_string(file)
             .ok()?
             .trim()
             .parse::<u64>()
             .ok()
     };
-    let max = number("memory.max")?;
-    let current = number("memory.current").unwrap_or(0);
-    Some(max.saturating_sub(current) / 1024)
+    let mut least: Option<u64> = None;
+    for group in groups {
+        let (base, limit, usage) = if group.hierarchy == 0 {
+            (sys_root.to_path_buf(), "memory.max", "memory.current")
+        } else if group.controllers.iter().any(|c| c == "memory") {
+            (
+                sys_root.join("memory"),
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+            )
+        } else {
+            continue;
+        };
+        let mut dir = base.join(group.pathname.trim_start_matches('/'));
+        loop {
+            if let Some(max) = number(dir.join(limit)) {
+                let used = number(dir.join(usage)).unwrap_or(0);
+                let free = max.saturating_sub(used) / 1024;
+                least = Some(least.map_or(free, |l| l.min(free)));
+            }
+            if dir == base || !dir.pop() || !dir.starts_with(&base) {
+                break;
+            }
+        }
+    }
+    least
 }
 
 /// `N.N GiB` or `N MiB` for `kib` KiB.
@@ -217,6 +249,49 @@ mod tests {
         }
         let _a = budget.take(60);
         assert_eq!(budget.peak(), (5000, 1));
+    }
+
+    fn write(dir: &std::path::Path, name: &str, text: &str) {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+
+    #[test]
+    fn cgroup_limits_of_v2_v1_and_ancestors() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        // v2: the leaf is unlimited, its parent (a slice) has 1 GiB of which 256 MiB is used.
+        write(&r.join("app.slice"), "memory.max", "1073741824\n");
+        write(&r.join("app.slice"), "memory.current", "268435456\n");
+        write(&r.join("app.slice/keyplan.service"), "memory.max", "max\n");
+        write(
+            &r.join("app.slice/keyplan.service"),
+            "memory.current",
+            "1000\n",
+        );
+        let v2 = "0::/app.slice/keyplan.service\n";
+        assert_eq!(cgroup_headroom_in(v2, r), Some(768 * 1024));
+        // v1 (hybrid host): memory controller limit 900 MiB, 100 MiB used; v2 part unlimited.
+        write(
+            &r.join("memory/user.slice/x"),
+            "memory.limit_in_bytes",
+            "943718400\n",
+        );
+        write(
+            &r.join("memory/user.slice/x"),
+            "memory.usage_in_bytes",
+            "104857600\n",
+        );
+        write(
+            &r.join("memory"),
+            "memory.limit_in_bytes",
+            "9223372036854771712\n",
+        );
+        let v1 = "12:memory:/user.slice/x\n11:cpu,cpuacct:/user.slice\n0::/other\n";
+        assert_eq!(cgroup_headroom_in(v1, r), Some(800 * 1024));
+        // Nothing limited.
+        assert_eq!(cgroup_headroom_in("0::/nowhere\n", r), None);
+        assert_eq!(cgroup_headroom_in("garbage", r), None);
     }
 
     #[test]

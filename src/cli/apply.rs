@@ -332,7 +332,7 @@ pub(super) fn cmd_apply(
             run_id: &s.run,
             resume: Some(&s),
             parallelism,
-            memory_budget_kib: memory_budget_kib(&plan, parallelism),
+            memory_budget_kib: memory_budget_kib(&plan, parallelism, None),
             stop: Some(interrupts::install()?),
             // Not journaled: the resumed adds try keyslots (one PBKDF run per keyslot tried).
             enroll_with_keyslots: &BTreeMap::new(),
@@ -395,16 +395,24 @@ pub(super) fn cmd_apply(
 }
 
 /// The PBKDF memory budget of a run in KiB (`settings.memory_budget_kib`, or half the available
-/// memory: [`crate::apply::memory::budget`]). Logged at info level; when it holds fewer argon2
-/// PBKDF runs of the plan's settings than `parallelism` asks for, a warning on stderr says so
-/// (devices then wait for memory rather than swap).
-fn memory_budget_kib(plan: &Plan, parallelism: usize) -> u64 {
+/// memory: [`crate::apply::memory::budget`]). Logged at info level; when it holds fewer PBKDF
+/// runs than `parallelism` asks for, a warning on stderr says so (devices then wait for memory
+/// rather than swap). The cost of one run is the larger of a new keyslot's argon2 memory (the
+/// plan's `memory_kib`, else cryptsetup's default of up to 1 GiB) and the largest argon2 memory
+/// of the keyslots the `observed` devices already have (`None`: not known, when finishing an
+/// interrupted run), plus 16 MiB for cryptsetup.
+fn memory_budget_kib(plan: &Plan, parallelism: usize, observed: Option<&observe::Observed>) -> u64 {
     use crate::apply::memory;
     let budget = memory::budget(plan.memory_budget_kib);
-    let per_run = memory::pbkdf_kib(crate::apply::new_keyslot_memory_kib(
-        plan,
-        crate::luks::LuksVersion::Luks2,
-    ));
+    let new = crate::apply::new_keyslot_memory_kib(plan, crate::luks::LuksVersion::Luks2);
+    let existing = observed.and_then(|o| {
+        o.devices
+            .values()
+            .flat_map(|d| d.header.keyslots.values())
+            .filter_map(|k| k.memory_kib)
+            .max()
+    });
+    let per_run = memory::pbkdf_kib(new.max(existing));
     let fits = usize::try_from(budget.kib / per_run).unwrap_or(usize::MAX);
     tracing::info!(
         budget_kib = budget.kib,
@@ -415,8 +423,15 @@ fn memory_budget_kib(plan: &Plan, parallelism: usize) -> u64 {
         memory::mib_text(per_run)
     );
     if fits < parallelism.min(plan.devices.len()) {
+        let advice = if existing > new {
+            "existing keyslots with a larger argon2 memory cost are unlocked as they are; raise settings.memory_budget_kib to run more at once"
+        } else if plan.pbkdf.as_ref().is_some_and(|p| p.memory_kib.is_some()) {
+            "raise settings.memory_budget_kib or lower settings.pbkdf.memory_kib to run more at once"
+        } else {
+            "without settings.pbkdf.memory_kib each run may take cryptsetup's default of up to 1 GiB; set it, or raise settings.memory_budget_kib, to run more at once"
+        };
         tracing::warn!(
-            "the PBKDF memory budget of {} ({}) holds {} PBKDF run(s) of {} at once, fewer than parallelism {parallelism}: devices wait for memory rather than swap (raise settings.memory_budget_kib or lower settings.pbkdf.memory_kib to run more at once)",
+            "the PBKDF memory budget of {} ({}) holds {} PBKDF run(s) of up to {} at once, fewer than parallelism {parallelism}: devices wait for memory rather than swap ({advice})",
             memory::mib_text(budget.kib),
             budget.why,
             fits.max(1),
@@ -456,7 +471,7 @@ fn run_new(
         run_id: &run_id,
         resume: None,
         parallelism,
-        memory_budget_kib: memory_budget_kib(plan, parallelism),
+        memory_budget_kib: memory_budget_kib(plan, parallelism, Some(observed)),
         stop: Some(interrupts::install()?),
         enroll_with_keyslots: &enroll_with_keyslots,
     };

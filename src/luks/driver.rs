@@ -931,8 +931,13 @@ fn failed(operation: &str, dev: &Path, out: &Outcome, note: Option<&str>) -> Luk
     } else {
         out.stderr.clone()
     };
-    if out.code.is_none() {
-        stderr.push_str(" (killed by a signal)");
+    match (out.code, out.signal) {
+        (None, Some(9)) => stderr.push_str(
+            " (killed by SIGKILL: by the kernel's OOM killer when memory ran out, see `dmesg`, or by an operator; lower settings.memory_budget_kib or settings.pbkdf.memory_kib if memory is short)",
+        ),
+        (None, Some(n)) => stderr.push_str(&format!(" (killed by signal {n})")),
+        (None, None) => stderr.push_str(" (killed by a signal)"),
+        _ => {}
     }
     if let Some(n) = note {
         stderr.push_str("; ");

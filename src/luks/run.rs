@@ -35,6 +35,8 @@ pub(crate) const SECRET_FD: i32 = 3;
 pub(crate) struct Outcome {
     /// Exit code; `None` when the child was killed by a signal.
     pub code: Option<i32>,
+    /// The signal that killed the child, when one did (`ExitStatusExt::signal`).
+    pub signal: Option<i32>,
     /// Standard output (lossy UTF-8).
     pub stdout: String,
     /// Standard error (lossy UTF-8), trimmed, lines joined with `"; "`.
@@ -120,6 +122,7 @@ pub(crate) fn run(
 
     Ok(Outcome {
         code: output.status.code(),
+        signal: std::os::unix::process::ExitStatusExt::signal(&output.status),
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
         stderr: tidy_stderr(&String::from_utf8_lossy(&output.stderr)),
     })
