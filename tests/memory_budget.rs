@@ -66,19 +66,7 @@ fn most_at_once(log: &Path) -> usize {
 }
 
 fn apply(s: &Scratch, wrapper: &Path, args: &[&str]) -> String {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_keyplan"));
-    cmd.current_dir(s.dir.path())
-        .args(args)
-        .env("KEYPLAN_CRYPTSETUP", wrapper)
-        .env("NO_COLOR", "1");
-    let out = cmd.output().expect("run keyplan");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(out.status.code(), Some(0), "keyplan {args:?}:\n{text}");
-    text
+    s.ok_with_env(args, &[("KEYPLAN_CRYPTSETUP", wrapper)], 0)
 }
 
 fn all_open_with_current_key(s: &Scratch) {

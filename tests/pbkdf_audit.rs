@@ -56,21 +56,8 @@ impl Audit {
 
     /// Runs keyplan with the wrapper; asserts exit `code`; returns stdout+stderr.
     fn run(&self, args: &[&str], code: i32) -> String {
-        let out = assert_cmd::Command::cargo_bin("keyplan")
-            .expect("binary")
-            .current_dir(self.s.dir.path())
-            .env("NO_COLOR", "1")
-            .env("KEYPLAN_CRYPTSETUP", &self.wrapper)
-            .args(args)
-            .output()
-            .expect("run keyplan");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert_eq!(out.status.code(), Some(code), "keyplan {args:?}:\n{text}");
-        text
+        self.s
+            .ok_with_env(args, &[("KEYPLAN_CRYPTSETUP", &self.wrapper)], code)
     }
 
     /// The logged cryptsetup calls since the last [`Audit::clear`], one argv (space-joined) each.

@@ -84,7 +84,17 @@ impl Scratch {
 
     /// Runs keyplan and asserts exit code `code`; returns stdout+stderr as text.
     pub fn ok(&self, args: &[&str], code: i32) -> String {
-        let out = self.keyplan(args);
+        self.ok_with_env(args, &[], code)
+    }
+
+    /// Like [`Scratch::ok`], with extra environment variables (e.g. `KEYPLAN_CRYPTSETUP`).
+    pub fn ok_with_env(&self, args: &[&str], env: &[(&str, &Path)], code: i32) -> String {
+        let mut cmd = assert_cmd::Command::cargo_bin("keyplan").expect("binary");
+        cmd.current_dir(self.dir.path()).env("NO_COLOR", "1");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.args(args).output().expect("run keyplan");
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),
