@@ -732,7 +732,7 @@ impl Exec<'_> {
                 let _mem = self.memory_for(&header, &tried, Some(header.version));
                 let mut added = cs.add_keyslot(
                     &path,
-                    header.version,
+                    &header,
                     unlock_slot,
                     &unlock_pass,
                     *slot,
@@ -753,7 +753,7 @@ impl Exec<'_> {
                     );
                     added = cs.add_keyslot(
                         &path,
-                        header.version,
+                        &header,
                         None,
                         &unlock_pass,
                         *slot,
@@ -771,7 +771,7 @@ impl Exec<'_> {
                     {
                         added = cs.add_keyslot(
                             &path,
-                            header.version,
+                            &header,
                             Some(*s),
                             &unlock_pass,
                             *slot,

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::run::{self, Outcome};
-use super::{bench, dump, Cryptsetup, Header, LuksError, LuksVersion, PbkdfCounter};
+use super::{bench, dump, AddTarget, Cryptsetup, Header, LuksError, LuksVersion, PbkdfCounter};
 use crate::secret::Passphrase;
 use crate::spec::{PbkdfSettings, PbkdfType};
 
@@ -174,6 +174,7 @@ impl Cryptsetup {
                     tokens: Default::default(),
                     json_area: None,
                     epoch: None,
+                    pbkdf2_target: bench::hash_and_key_bits(version, &text.stdout),
                 })
             }
             LuksVersion::Luks2 => {
@@ -340,7 +341,8 @@ impl Cryptsetup {
     /// `pbkdf` forces `iterations`, the arguments are those of [`pbkdf_args`]. Otherwise (a time
     /// target, or the defaults) the parameters are measured by one `cryptsetup benchmark` per
     /// PBKDF type (pbkdf2: and hash and key size) for this driver and its clones, run by the
-    /// first add that needs it (pbkdf2 reads the key size and hash with a `luksDump` first), and
+    /// first add that needs it (pbkdf2 takes the key size and hash from `target` when it comes
+    /// from a [`Header`], else from a `luksDump`), and
     /// passed explicitly (`--pbkdf TYPE --pbkdf-force-iterations N`, argon2 also
     /// `--pbkdf-memory KiB --pbkdf-parallel N`), so cryptsetup does not benchmark on every add.
     /// When the benchmark fails or its output is not understood, a warning is logged and the
@@ -358,13 +360,15 @@ impl Cryptsetup {
     pub fn add_keyslot(
         &self,
         dev: &Path,
-        version: LuksVersion,
+        target: impl Into<AddTarget>,
         unlock_slot: Option<u32>,
         unlock: &Passphrase,
         new_slot: u32,
         new: &Passphrase,
         pbkdf: Option<&PbkdfSettings>,
     ) -> Result<(), LuksError> {
+        let target = target.into();
+        let version = target.version;
         let operation = match unlock_slot {
             Some(u) => format!("luksAddKey into keyslot {new_slot} unlocking with keyslot {u}"),
             None => format!("luksAddKey into keyslot {new_slot} unlocking with any keyslot"),
@@ -400,7 +404,7 @@ impl Cryptsetup {
             "--key-file=/dev/fd/0".into(),
             format!("--new-keyfile=/dev/fd/{}", run::SECRET_FD).into(),
         ]);
-        argv.extend(self.new_keyslot_pbkdf_args(dev, version, pbkdf));
+        argv.extend(self.new_keyslot_pbkdf_args(dev, &target, pbkdf));
         argv.push(dev.as_os_str().to_owned());
 
         let out = self.exec(argv, Some(unlock.expose()), Some(new.expose()))?;
@@ -652,18 +656,23 @@ impl Cryptsetup {
     fn new_keyslot_pbkdf_args(
         &self,
         dev: &Path,
-        version: LuksVersion,
+        target: &AddTarget,
         settings: Option<&PbkdfSettings>,
     ) -> Vec<OsString> {
+        let version = target.version;
         let Some(mut req) = bench::request(version, settings) else {
             return pbkdf_args(version, settings);
         };
         if req.kind == "pbkdf2" {
             // PBKDF2's cost per iteration grows with the output (the keyslot key) size, and
-            // LUKS1 keyslots use the header's hash: benchmark exactly what the add derives.
-            let (hash, bits) = match self.exec(args(["luksDump"], dev), None, None) {
-                Ok(out) if out.success() => bench::hash_and_key_bits(version, &out.stdout),
-                _ => (bench::DEFAULT_HASH.to_owned(), None),
+            // LUKS1 keyslots use the header's hash: benchmark exactly what the add derives,
+            // as the caller's header says, or else as a `luksDump` says.
+            let (hash, bits) = match &target.pbkdf2 {
+                Some(known) => known.clone(),
+                None => match self.exec(args(["luksDump"], dev), None, None) {
+                    Ok(out) if out.success() => bench::hash_and_key_bits(version, &out.stdout),
+                    _ => (bench::DEFAULT_HASH.to_owned(), None),
+                },
             };
             req.hash = hash;
             req.key_bits = bits;
@@ -812,6 +821,7 @@ fn luks2_header(
         tokens,
         json_area: Some(json_area),
         epoch,
+        pbkdf2_target: (bench::DEFAULT_HASH.to_owned(), dump::luks2_key_bits(json)),
     })
 }
 

@@ -215,6 +215,18 @@ pub(crate) fn luks2_metadata(
     Ok((keyslots, tokens))
 }
 
+/// The key size in bits of the first keyslot of a LUKS2 JSON metadata dump (`key_size`, in
+/// bytes, × 8); `None` without keyslots or on unreadable JSON (the caller has parsed it already).
+pub(crate) fn luks2_key_bits(json_text: &str) -> Option<u32> {
+    let root: serde_json::Value = serde_json::from_str(json_text).ok()?;
+    let keyslots = root.get("keyslots")?.as_object()?;
+    let (_, first) = keyslots
+        .iter()
+        .min_by_key(|(id, _)| id.parse::<u32>().unwrap_or(u32::MAX))?;
+    let bytes = first.get("key_size")?.as_u64()?;
+    u32::try_from(bytes.checked_mul(8)?).ok()
+}
+
 /// `(json_size, used)` of a LUKS2 JSON metadata dump: `config.json_size` (the JSON area's
 /// size in bytes) and an upper bound of the bytes cryptsetup needs to store this metadata:
 /// the compact JSON text, with every `/` counted twice (json-c may escape it as `\/`), plus
@@ -404,7 +416,15 @@ pub(crate) fn luks2_binary_header(bytes: &[u8]) -> Option<BinaryHeader> {
 
 #[cfg(test)]
 mod binary_tests {
-    use super::luks2_binary_header;
+    use super::{luks2_binary_header, luks2_key_bits};
+
+    #[test]
+    fn key_bits_of_the_first_keyslot() {
+        let json = r#"{"keyslots":{"3":{"key_size":32},"1":{"key_size":64}}}"#;
+        assert_eq!(luks2_key_bits(json), Some(512));
+        assert_eq!(luks2_key_bits(r#"{"keyslots":{}}"#), None);
+        assert_eq!(luks2_key_bits("not json"), None);
+    }
 
     fn header(magic: &[u8; 6], version: u16, size: u64, seqid: u64, uuid: &str) -> Vec<u8> {
         let mut b = vec![0u8; 4096];

@@ -131,6 +131,40 @@ pub struct Header {
     /// metadata write, so a changed epoch means the header changed). `None` for LUKS1, or when
     /// the dump prints none.
     pub epoch: Option<u64>,
+    /// What a new pbkdf2 keyslot of this device derives with, for benchmarking it: the hash
+    /// (LUKS1: the header's `Hash spec:`; LUKS2: cryptsetup's default, sha256) and the keyslot
+    /// key size in bits (LUKS1: `MK bits:`; LUKS2: the first keyslot's `key_size` × 8), `None`
+    /// when the dump shows none.
+    pub pbkdf2_target: (String, Option<u32>),
+}
+
+/// The device [`Cryptsetup::add_keyslot`] adds to: its LUKS version and, when a header was
+/// already read, what a new pbkdf2 keyslot derives with ([`Header::pbkdf2_target`]), so a
+/// pbkdf2 benchmark needs no further `luksDump`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddTarget {
+    /// LUKS1 or LUKS2.
+    pub version: LuksVersion,
+    /// [`Header::pbkdf2_target`]; `None`: read with a `luksDump` when a pbkdf2 benchmark needs it.
+    pub pbkdf2: Option<(String, Option<u32>)>,
+}
+
+impl From<LuksVersion> for AddTarget {
+    fn from(version: LuksVersion) -> Self {
+        AddTarget {
+            version,
+            pbkdf2: None,
+        }
+    }
+}
+
+impl From<&Header> for AddTarget {
+    fn from(header: &Header) -> Self {
+        AddTarget {
+            version: header.version,
+            pbkdf2: Some(header.pbkdf2_target.clone()),
+        }
+    }
 }
 
 /// The most bytes cryptsetup reads from a key file (8 MiB: cryptsetup(8), `--keyfile-size`,
