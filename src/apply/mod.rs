@@ -329,17 +329,20 @@ pub fn run_graph(
                 Ok(o) => tracing::info!(run = run_id, step = i, "done: {desc}: {}", o.outcome),
                 Err(e) => tracing::warn!(run = run_id, step = i, "failed: {desc}: {e}"),
             }
+            done[i] |= result.is_ok();
+            progress(StepEvent::Finished {
+                step: i,
+                total: n,
+                done: done.iter().filter(|d| **d).count(),
+                desc: &desc,
+                device: graph.step(i).device(),
+                result: match &result {
+                    Ok(o) => Ok(&o.outcome),
+                    Err(e) => Err(e),
+                },
+            });
             match result {
                 Ok(o) => {
-                    done[i] = true;
-                    progress(StepEvent::Finished {
-                        step: i,
-                        total: n,
-                        done: done.iter().filter(|d| **d).count(),
-                        desc: &desc,
-                        device: graph.step(i).device(),
-                        result: Ok(&o.outcome),
-                    });
                     log.push((desc, o.outcome.clone()));
                     journal
                         .append(
@@ -354,14 +357,6 @@ pub fn run_graph(
                         .map_err(|e| e.to_string())?;
                 }
                 Err(e) => {
-                    progress(StepEvent::Finished {
-                        step: i,
-                        total: n,
-                        done: done.iter().filter(|d| **d).count(),
-                        desc: &desc,
-                        device: graph.step(i).device(),
-                        result: Err(&e),
-                    });
                     let _ = journal.append(
                         run_id,
                         Event::StepFailed {
