@@ -14,6 +14,7 @@
 
 pub mod apply;
 pub mod cli;
+pub mod clock;
 pub mod diff;
 pub mod failpoint;
 pub mod fsutil;

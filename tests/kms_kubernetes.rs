@@ -400,7 +400,7 @@ fn provider_contract_real_cluster() {
     let prefix = format!(
         "keyplan-contract-{}-{}",
         std::process::id(),
-        keyplan::kms::now_unix()
+        keyplan::clock::now_unix()
     );
     kms_contract::run(&a, &b, &prefix);
     for key in [format!("{prefix}-a"), format!("{prefix}-b")] {

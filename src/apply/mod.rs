@@ -138,7 +138,7 @@ pub fn new_keyslot_memory_kib(plan: &Plan, version: crate::luks::LuksVersion) ->
 
 /// A new run id: `<unix seconds>-<pid>`.
 pub fn new_run_id() -> String {
-    format!("{}-{}", crate::kms::now_unix(), std::process::id())
+    format!("{}-{}", crate::clock::now_unix(), std::process::id())
 }
 
 /// What [`run_graph`] runs.

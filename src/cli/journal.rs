@@ -25,9 +25,7 @@ pub(super) fn cmd_journal(cli: &Cli, arg: &PlanArg, json: bool) -> Result<ExitCo
     }
     let mut steps: Vec<crate::graph::Step> = Vec::new();
     for r in &records {
-        let ts = humantime::format_rfc3339_seconds(
-            std::time::UNIX_EPOCH + std::time::Duration::from_secs(r.ts),
-        );
+        let ts = crate::clock::rfc3339(r.ts);
         let line = match &r.event {
             crate::journal::Event::RunStart {
                 steps: s,

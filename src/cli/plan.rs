@@ -221,7 +221,7 @@ pub(super) fn cmd_plan(
                 format_version: crate::saved::FORMAT_VERSION.to_string(),
                 kind: crate::saved::KIND.to_string(),
                 keyplan_version: env!("CARGO_PKG_VERSION").to_string(),
-                created_at: crate::kms::now_unix(),
+                created_at: crate::clock::now_unix(),
                 plan_file: crate::saved::PlanFileRef {
                     path: std::path::absolute(&plan.source_path).into_diagnostic()?,
                     sha256: crate::saved::sha256_hex(&bytes),

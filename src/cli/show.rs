@@ -112,14 +112,7 @@ pub(super) fn cmd_show(
     } else {
         // Texts from the file are printed with escapes (a forged version string must not
         // drive the terminal); a time past year 9999 is shown as the raw number.
-        let created = if saved.created_at <= 253_402_300_799 {
-            humantime::format_rfc3339_seconds(
-                std::time::UNIX_EPOCH + std::time::Duration::from_secs(saved.created_at),
-            )
-            .to_string()
-        } else {
-            format!("Unix time {}", saved.created_at)
-        };
+        let created = crate::clock::rfc3339(saved.created_at);
         outln!(
             "Saved plan {} (the file says: made from {} at {created} by keyplan {}{}):\n",
             path.display(),

@@ -184,7 +184,7 @@ pub(super) fn cmd_status(
 
 /// Gathers everything: KMS state per key, drift per device, the journal's last run.
 fn build(plan: &Plan, world: &World) -> Report {
-    let now = crate::kms::now_unix();
+    let now = crate::clock::now_unix();
     let mut problems = Vec::new();
     let records = match crate::journal::read(&plan.state_dir) {
         Ok(r) => r,
@@ -527,8 +527,7 @@ fn first_line(s: &str) -> &str {
 
 /// Unix seconds as RFC 3339 (UTC, whole seconds).
 fn rfc3339(t: u64) -> String {
-    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_secs(t))
-        .to_string()
+    crate::clock::rfc3339(t)
 }
 
 /// The report for people.

@@ -179,7 +179,7 @@ impl Journal {
     /// Errors: [`JournalError::Io`]; the caller must then stop before the step's effect.
     pub fn append(&mut self, run: &str, event: Event) -> Result<(), JournalError> {
         let record = Record {
-            ts: crate::kms::now_unix(),
+            ts: crate::clock::now_unix(),
             run: run.to_string(),
             event,
         };
@@ -432,7 +432,7 @@ impl StateLock {
             "pid {} on host {} since {}\n",
             std::process::id(),
             gethostname::gethostname().to_string_lossy(),
-            humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+            crate::clock::now_rfc3339()
         );
         file.set_len(0)
             .and_then(|()| file.seek(SeekFrom::Start(0)))

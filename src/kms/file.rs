@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{now_unix, KeyState, Kms, KmsError, VersionInfo, VersionState};
+use super::{KeyState, Kms, KmsError, VersionInfo, VersionState};
 use crate::fsutil;
 use crate::secret::Passphrase;
 
@@ -198,7 +198,7 @@ impl Kms for FileKms {
             meta.pending = Some(version);
             meta.versions.push(VersionInfo {
                 version,
-                created_at: now_unix(),
+                created_at: crate::clock::now_unix(),
                 state: VersionState::Pending,
             });
             self.write_meta(name, &meta)?;

@@ -601,7 +601,7 @@ impl Kms for KmipKms {
                 ApplicationNamespace(APP_NAMESPACE.into()),
                 ApplicationData(format!(
                     "{CREATED_FIELD}={};{HISTORY_FIELD}={}",
-                    super::now_unix(),
+                    crate::clock::now_unix(),
                     history.join(",")
                 )),
             ),

@@ -63,7 +63,7 @@ use serde::{Deserialize, Serialize};
 use zeroize::{Zeroize, Zeroizing};
 
 use super::{
-    block_on, now_unix, with_retries, KeyState, Kms, KmsError, VersionInfo, VersionState,
+    block_on, with_retries, KeyState, Kms, KmsError, VersionInfo, VersionState,
     REQUEST_TIMEOUT,
 };
 use crate::secret::Passphrase;
@@ -1281,7 +1281,7 @@ impl VersionMeta {
     fn new(version: u64, state: VersionState) -> VersionMeta {
         VersionMeta {
             version,
-            created_at: now_unix(),
+            created_at: crate::clock::now_unix(),
             state,
             secret: None,
             data_key: None,

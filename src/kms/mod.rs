@@ -338,11 +338,3 @@ impl Kms for Injected {
         self.0.destroy_key(name, expected_current)
     }
 }
-
-/// Current time in seconds since the Unix epoch (0 if the clock is before 1970).
-pub fn now_unix() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}

@@ -50,7 +50,7 @@ use vaultrs::error::ClientError;
 use zeroize::Zeroizing;
 
 use super::{
-    block_on, now_unix, with_retries, KeyState, Kms, KmsError, VersionInfo, VersionState,
+    block_on, with_retries, KeyState, Kms, KmsError, VersionInfo, VersionState,
     REQUEST_TIMEOUT,
 };
 use crate::secret::Passphrase;
@@ -754,7 +754,7 @@ impl VaultKms {
         let Some(meta) = self.read_metadata(name)? else {
             return Ok(None);
         };
-        let now = now_unix();
+        let now = crate::clock::now_unix();
         let readable = (1..kv_version)
             .rev()
             .filter(|v| material_kept(Some(&meta), *v, now))
@@ -885,7 +885,7 @@ impl VaultKms {
             .ok_or_else(|| bad("has no keyplan_version"))?;
         let created_at = match number(&data, FIELD_CREATED_AT).map_err(|e| bad(&e))? {
             Some(t) => t,
-            None => parse_time(&resp.metadata.created_time).unwrap_or_else(now_unix),
+            None => parse_time(&resp.metadata.created_time).unwrap_or_else(crate::clock::now_unix),
         };
         let base = number(&data, FIELD_BASE).map_err(|e| bad(&e))?;
         Ok(PendingRead::Found(Pending {
@@ -921,7 +921,7 @@ impl VaultKms {
             );
             if !live.history.is_empty() {
                 let meta = self.read_metadata(name)?;
-                let now = now_unix();
+                let now = crate::clock::now_unix();
                 for h in &live.history {
                     let state = if material_kept(meta.as_ref(), h.kv_version, now) {
                         VersionState::Previous
@@ -1217,7 +1217,7 @@ impl Kms for VaultKms {
         }
         let version = (highest + 1).max(at_least);
         let version_text = version.to_string();
-        let created_text = now_unix().to_string();
+        let created_text = crate::clock::now_unix().to_string();
         let base_text = main.as_ref().map_or(0, |m| m.kv_version).to_string();
         let data = BTreeMap::from([
             (FIELD_PASSPHRASE, text),
@@ -1432,7 +1432,7 @@ impl Kms for VaultKms {
                     ),
                 ));
             }
-            let at = now_unix().to_string();
+            let at = crate::clock::now_unix().to_string();
             let tombstone = BTreeMap::from([(FIELD_DESTROYED_AT, at.as_str())]);
             if self.write(name, &tombstone, m.kv_version)?.is_none() {
                 return Err(self.conflict(
@@ -1552,11 +1552,7 @@ fn history_json(history: &[Hist]) -> String {
 
 /// Vault's RFC 3339 timestamps (`2024-05-01T12:00:00.123456789Z`) as Unix seconds.
 fn parse_time(t: &str) -> Option<u64> {
-    humantime::parse_rfc3339_weak(t.trim())
-        .ok()?
-        .duration_since(std::time::UNIX_EPOCH)
-        .ok()
-        .map(|d| d.as_secs())
+    crate::clock::parse_rfc3339(t)
 }
 
 fn into_passphrase(p: &Zeroizing<String>) -> Passphrase {

@@ -715,7 +715,7 @@ pub fn observe(plan: &Plan, world: &World) -> Result<Observed, miette::Report> {
         former,
         former_unreadable,
         origins,
-        now: kms::now_unix(),
+        now: crate::clock::now_unix(),
     })
 }
 
