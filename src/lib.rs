@@ -1,21 +1,40 @@
 //! keyplan: declarative, crash-safe rotation of LUKS keyslots whose passphrases live in a KMS.
 //!
-//! Data flows one way: [`spec`] loads and validates the plan file; [`observe`] reads every
-//! device's LUKS header (through [`luks`], the cryptsetup driver) and every key's versions
-//! (through [`kms`]); [`diff`] compares desired and observed state into a list of changes, each
-//! with a reason; [`graph`] turns changes into a dependency graph of idempotent steps; [`apply`]
-//! runs that graph under a lock with a write-ahead [`journal`], resuming an interrupted run
-//! first. [`render`] prints plans for humans; [`cli`] is the command line. Key material is held
-//! only in [`secret::Passphrase`]. [`saved`] holds saved plans (`plan -o`): the file format and the
-//! digest of the observed state that makes a stale saved plan refused.
+//! # Where things live
 //!
-//! [`failpoint`] holds the crash and error injection points the crash tests fire (compiled
-//! only with the `failpoints` cargo feature); `fuzzing` (hidden) holds the fuzz harnesses.
+//! **Front ends** call the engine API and nothing else: [`cli`] is the command line (one thin
+//! module per command: parse, prompt, call [`ops`], render, exit status); the node agent will
+//! be another. **[`ops`]** is the engine API: `plan`, an `apply` session (state lock, journal,
+//! the interrupted run, planning rounds), saved plans, `status`, `verify`, `key get`,
+//! `journal`. Engine errors are [`error::Error`]; front ends decide how to show them.
+//!
+//! **The pipeline** behind `ops` runs one way: [`spec`] loads and validates the plan file
+//! (the only place with source-span diagnostics); [`observe`] reads every device's header and
+//! records and every key's versions, into an `Observed` state; [`diff`] is the planner, a pure
+//! function of plan and observed state, in three parts (decisions, preflight checks, and the
+//! ordering passes of [`graph::passes`]) producing changes and a [`graph::StepGraph`] of
+//! idempotent steps; [`apply`] runs the graph: a scheduler ([`apply::schedule`]), one executor
+//! per step kind, and the write-ahead [`journal`] (which also holds the state lock). [`render`]
+//! formats plans, status reports, journal lines for people and programs; [`saved`] is the
+//! saved-plan file format and its state digests.
+//!
+//! **The doors to the world** are [`world::World`]: the cryptsetup driver [`luks`], one client
+//! per KMS instance ([`kms`]: the `Kms` trait, its providers, and `kms::book`, the version
+//! bookkeeping all providers share), and the record store ([`world::records`]: keyplan's
+//! LUKS2 tokens and LUKS1 record files); [`world::registry`] remembers every device a run
+//! touched. Child processes (cryptsetup, exec KMS helpers) are started through [`child`].
+//!
+//! **Shared pieces**: key material only ever in [`secret::Passphrase`]; the one clock
+//! [`clock`]; [`fsutil`] (atomic private writes); [`par`] (a bounded parallel map);
+//! [`failpoint`] (crash and error injection points, compiled only with the `failpoints` cargo
+//! feature); `fuzzing` (hidden) holds the fuzz harnesses.
 
 pub mod apply;
+
 pub mod cli;
 pub mod clock;
 pub mod diff;
+pub mod error;
 pub mod failpoint;
 pub mod fsutil;
 #[doc(hidden)]
@@ -25,8 +44,10 @@ pub mod journal;
 pub mod kms;
 pub mod luks;
 pub mod observe;
+pub mod ops;
 pub mod par;
 pub mod render;
 pub mod saved;
 pub mod secret;
 pub mod spec;
+pub mod world;

@@ -116,15 +116,15 @@ impl SavedPlan {
     ///
     /// Errors: `changes.keys`, `changes.keyslots` or `changes.notes` do not have the shape
     /// keyplan writes (message says which), or `deps` name a step that does not exist.
-    pub fn diff(&self) -> Result<Diff, String> {
+    pub fn diff(&self) -> Result<Diff, Damage> {
         fn field<T: serde::de::DeserializeOwned + Default>(
             v: &serde_json::Value,
             name: &str,
-        ) -> Result<T, String> {
+        ) -> Result<T, Damage> {
             match v.get(name) {
                 None => Ok(T::default()),
                 Some(x) => serde_json::from_value(x.clone())
-                    .map_err(|e| format!("\"changes.{name}\" is damaged: {e}")),
+                    .map_err(|e| Damage(format!("\"changes.{name}\" is damaged: {e}"))),
             }
         }
         let keys: Vec<KeyChange> = field(&self.changes, "keys")?;
@@ -135,11 +135,11 @@ impl SavedPlan {
             .iter()
             .find(|(a, b)| *a >= self.steps.len() || *b >= self.steps.len())
         {
-            return Err(format!(
+            return Err(Damage(format!(
                 "\"deps\" names step {} of {} steps",
                 (*a).max(*b),
                 self.steps.len()
-            ));
+            )));
         }
         Ok(Diff {
             keys,
@@ -149,6 +149,11 @@ impl SavedPlan {
         })
     }
 }
+
+/// What is inconsistent in a saved plan's changes or step dependencies.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Damage(pub String);
 
 /// Lower-case hex SHA-256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -498,7 +503,7 @@ pub fn mismatch(saved: &SavedPlan, now: &Diff, now_json: &serde_json::Value) -> 
     // `changes` holds every key and keyslot change with all its fields (action, key, versions,
     // device, keyslot, address, reason code): comparing it without the texts covers them all.
     if let Err(e) = saved.diff() {
-        out.push(e);
+        out.push(e.0);
     } else if without_texts(&saved.changes) != without_texts(now_json) {
         out.push("the changes it lists differ from what keyplan would plan now".to_string());
     }
@@ -522,45 +527,122 @@ fn without_texts(doc: &serde_json::Value) -> serde_json::Value {
     }
 }
 
+/// Why a saved plan file cannot be used. Nothing was changed in any case.
+#[derive(Debug, thiserror::Error)]
+pub enum SavedError {
+    /// The file cannot be read or written.
+    #[error("cannot {what} saved plan {}: {source}", path.display())]
+    Io {
+        /// `read` or `write`.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The file is not a keyplan saved plan (not JSON, no `kind`, a plan file given instead).
+    #[error("{} is not a keyplan saved plan ({why}); {advice}", path.display())]
+    NotSaved {
+        /// The file.
+        path: PathBuf,
+        /// What it lacks.
+        why: String,
+        /// What to do.
+        advice: String,
+    },
+    /// Its `format_version` is not 1.x.
+    #[error("saved plan {} has format_version {found:?}; this keyplan ({}) reads 1.x. Make the plan again with this keyplan", path.display(), env!("CARGO_PKG_VERSION"))]
+    Version {
+        /// The file.
+        path: PathBuf,
+        /// The version it names.
+        found: String,
+    },
+    /// It has the right kind and version but does not parse as a saved plan.
+    #[error("saved plan {} is damaged ({detail}); make it again with `keyplan plan -o FILE`", path.display())]
+    Damaged {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message.
+        detail: String,
+    },
+    /// It parses, but its changes or step dependencies are inconsistent.
+    #[error("saved plan {} is damaged: {damage}", path.display())]
+    Inconsistent {
+        /// The file.
+        path: PathBuf,
+        /// What is inconsistent.
+        damage: Damage,
+    },
+    /// It cannot be serialized (does not happen for plans keyplan made).
+    #[error("cannot serialize the saved plan: {0}")]
+    Encode(String),
+}
+
+impl SavedError {
+    /// What to do, for the variants whose message does not say it.
+    pub fn help(&self) -> Option<String> {
+        match self {
+            SavedError::Inconsistent { .. } => {
+                Some("make it again with `keyplan plan -o FILE`".into())
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Writes `saved` to `path` atomically with mode 0600 (it holds no secret, but names devices
 /// and keys).
 ///
 /// Errors: the file cannot be written (message names the path); `path` is left as it was.
-pub fn write(path: &Path, saved: &SavedPlan) -> Result<(), String> {
-    let mut text = serde_json::to_string_pretty(saved)
-        .map_err(|e| format!("cannot serialize the saved plan: {e}"))?;
+pub fn write(path: &Path, saved: &SavedPlan) -> Result<(), SavedError> {
+    let mut text =
+        serde_json::to_string_pretty(saved).map_err(|e| SavedError::Encode(e.to_string()))?;
     text.push('\n');
-    crate::fsutil::write_atomic(path, text.as_bytes(), 0o600)
-        .map_err(|e| format!("cannot write saved plan {}: {e}", path.display()))
+    crate::fsutil::write_atomic(path, text.as_bytes(), 0o600).map_err(|source| SavedError::Io {
+        what: "write",
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Reads and checks a saved plan file.
 ///
 /// Errors (messages name the file and what to do): unreadable, not JSON, not a keyplan saved
-/// plan (`kind`), or a `format_version` whose major version is not 1.
-pub fn read(path: &Path) -> Result<SavedPlan, String> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| format!("cannot read saved plan {}: {e}", path.display()))?;
+/// plan (`kind`), or a `format_version` whose major version is not 1, or damaged content.
+pub fn read(path: &Path) -> Result<SavedPlan, SavedError> {
+    let bytes = std::fs::read(path).map_err(|source| SavedError::Io {
+        what: "read",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let not_saved = |why: String, advice: String| SavedError::NotSaved {
+        path: path.to_path_buf(),
+        why,
+        advice,
+    };
     let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
         // A plan file given where a saved plan belongs gets the `-f` hint; a saved plan cut
         // short (or otherwise not JSON) does not.
         if crate::spec::Format::from_path(path).is_some() {
-            format!(
-                "{} is not a keyplan saved plan (not JSON: {e}); make one with `keyplan plan -o FILE`, or, to apply a plan file, use `keyplan apply -f {}`",
-                path.display(),
-                path.display()
+            not_saved(
+                format!("not JSON: {e}"),
+                format!(
+                    "make one with `keyplan plan -o FILE`, or, to apply a plan file, use `keyplan apply -f {}`",
+                    path.display()
+                ),
             )
         } else {
-            format!(
-                "{} is not a keyplan saved plan (not JSON: {e}); if it was one, it is damaged: make it again with `keyplan plan -o FILE`",
-                path.display()
+            not_saved(
+                format!("not JSON: {e}"),
+                "if it was one, it is damaged: make it again with `keyplan plan -o FILE`".into(),
             )
         }
     })?;
     if v.get("kind").and_then(|k| k.as_str()) != Some(KIND) {
-        return Err(format!(
-            "{} is not a keyplan saved plan (no \"kind\": \"{KIND}\"); make one with `keyplan plan -o FILE`",
-            path.display()
+        return Err(not_saved(
+            format!("no \"kind\": \"{KIND}\""),
+            "make one with `keyplan plan -o FILE`".into(),
         ));
     }
     let fv = v
@@ -568,17 +650,14 @@ pub fn read(path: &Path) -> Result<SavedPlan, String> {
         .and_then(|k| k.as_str())
         .unwrap_or("");
     if fv.split('.').next() != Some("1") {
-        return Err(format!(
-            "saved plan {} has format_version {fv:?}; this keyplan ({}) reads 1.x. Make the plan again with this keyplan",
-            path.display(),
-            env!("CARGO_PKG_VERSION")
-        ));
+        return Err(SavedError::Version {
+            path: path.to_path_buf(),
+            found: fv.to_string(),
+        });
     }
-    serde_json::from_value(v).map_err(|e| {
-        format!(
-            "saved plan {} is damaged ({e}); make it again with `keyplan plan -o FILE`",
-            path.display()
-        )
+    serde_json::from_value(v).map_err(|e| SavedError::Damaged {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
     })
 }
 

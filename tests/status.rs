@@ -294,7 +294,7 @@ fn healthy_after_apply_json_prometheus_and_textfile() {
 
     // Every family is documented, and every metric the sample alert rules use exists.
     let families: BTreeSet<&str> = m.keys().map(|k| k.split('{').next().unwrap()).collect();
-    assert_eq!(families.len(), 18, "{families:?}");
+    assert_eq!(families.len(), 20, "{families:?}");
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let doc = std::fs::read_to_string(root.join("docs/monitoring.md")).unwrap();
     for f in &families {
@@ -612,8 +612,9 @@ fn failed_last_run_is_unhealthy() {
         2.0
     );
 
-    // A KMS that cannot be read: exit 1, readable 0, the key's other metrics absent, drift
-    // not checked (absent, not 0), the error named.
+    // A KMS that cannot be read: nothing wrong was found, but the key and the devices could
+    // not be checked: exit 3 (not 1), readable 0, the key's other metrics absent, drift not
+    // checked (absent, not 0), `keyplan_status_complete 0`, the error named under `unchecked`.
     let status_with_kms_down = |format: &str| {
         assert_cmd::Command::cargo_bin("keyplan")
             .unwrap()
@@ -625,14 +626,26 @@ fn failed_last_run_is_unhealthy() {
             .unwrap()
     };
     let out = status_with_kms_down("prometheus");
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(3));
     let m = parse_prometheus(&String::from_utf8(out.stdout).unwrap());
     assert_eq!(m[r#"keyplan_key_kms_readable{key="k",kms="local"}"#], 0.0);
     assert!(!m.contains_key(r#"keyplan_key_age_seconds{key="k",kms="local"}"#));
     assert!(!m.contains_key(r#"keyplan_device_drift{device="a"}"#));
     assert_eq!(m["keyplan_status_healthy"], 0.0);
+    assert_eq!(m["keyplan_status_complete"], 0.0);
+    assert_eq!(m["keyplan_status_problems"], 0.0);
     let out = status_with_kms_down("json");
+    assert_eq!(out.status.code(), Some(3));
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["verdict"], "unknown");
+    assert_eq!(j["problems"], serde_json::json!([]));
+    assert!(
+        j["unchecked"][0]
+            .as_str()
+            .unwrap()
+            .contains("key k: KMS local unreadable"),
+        "{j}"
+    );
     assert_eq!(j["keys"][0]["readable"], false);
     assert!(
         j["keys"][0]["error"].as_str().unwrap().contains("injected"),
@@ -766,4 +779,71 @@ fn prometheus_parser_rejects_bad_text() {
     }
     let ok = parse_prometheus("# HELP a h\n# TYPE a gauge\na{l=\"x\\\"y\\\\\\n\",m=\"\"} 1\n");
     assert_eq!(ok.len(), 1);
+}
+
+/// The exit status tells what monitoring must tell apart (docs/monitoring.md, "Healthy, and
+/// the exit code"): 1 when `status` found a problem, 3 when it found none but could not check
+/// everything (a journal it cannot read, a plan that does not load, a report it cannot write),
+/// and 1 again when it found a problem even though something else could not be checked.
+#[test]
+fn exit_status_tells_a_problem_from_what_could_not_be_checked() {
+    let s = Scratch::new();
+    s.initial_pass();
+    s.small_image("a.img", "luks2");
+    s.plan("keyplan.yaml", &plan_text("30d", ""));
+    s.ok(&["apply", "--auto-approve"], 0);
+    status_json(&s, 0);
+
+    // A journal that cannot be read: nothing wrong found, but the last run is unknown.
+    let journal = s.path(".keyplan/journal.jsonl");
+    let good = std::fs::read(&journal).unwrap();
+    let mut bad = b"{not json}\n".to_vec();
+    bad.extend_from_slice(&good);
+    std::fs::write(&journal, &bad).unwrap();
+    let j = status_json(&s, 3);
+    assert_eq!(j["verdict"], "unknown");
+    assert_eq!(j["healthy"], false);
+    assert_eq!(j["problems"], serde_json::json!([]));
+    assert!(
+        j["unchecked"][0]
+            .as_str()
+            .unwrap()
+            .contains("journal unreadable"),
+        "{j}"
+    );
+    let text = s.ok(&["status"], 3);
+    assert!(text.contains("NOT CHECKED: journal unreadable"), "{text}");
+    assert!(!text.contains("UNHEALTHY"), "{text}");
+
+    // ... and a device that is gone as well: a problem found, exit 1.
+    std::fs::rename(s.path("a.img"), s.path("a.moved")).unwrap();
+    let j = status_json(&s, 1);
+    assert_eq!(j["verdict"], "problem");
+    assert_eq!(j["devices"][0]["drift"][0]["kind"], "unreadable", "{j}");
+    assert!(!j["unchecked"].as_array().unwrap().is_empty(), "{j}");
+    std::fs::rename(s.path("a.moved"), s.path("a.img")).unwrap();
+    std::fs::write(&journal, &good).unwrap();
+    status_json(&s, 0);
+
+    // The report cannot be written: 3, the old file untouched.
+    let out = s.keyplan(&[
+        "status",
+        "--format",
+        "prometheus",
+        "-o",
+        "no/such/dir/k.prom",
+    ]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot write the status to"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A plan that does not load: 3, nothing on stdout.
+    s.plan("keyplan.yaml", "version: 1\nkeys: {k: {kms: nowhere}}\n");
+    let out = s.keyplan(&["status", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nowhere"));
 }

@@ -7,12 +7,12 @@ use clap::CommandFactory as _;
 /// Writes the completion script for `shell` to stdout.
 ///
 /// Errors: none of its own; a closed stdout is ignored like all other output.
-pub(super) fn cmd_completions(shell: clap_complete::Shell) -> Result<ExitCode> {
+pub(super) fn cmd_completions(shell: clap_complete::Shell) -> Result<Exit> {
     let mut cmd = Cli::command();
     let mut buf = Vec::new();
     clap_complete::generate(shell, &mut cmd, "keyplan", &mut buf);
     let _ = io::stdout().write_all(&buf);
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Success)
 }
 
 /// Writes the man page of `keyplan` (section 1, roff) to stdout, or with `out_dir` one page per
@@ -20,7 +20,7 @@ pub(super) fn cmd_completions(shell: clap_complete::Shell) -> Result<ExitCode> {
 /// directory, creating it if needed, and prints the paths written.
 ///
 /// Errors: the directory cannot be created or a page cannot be written (names the path).
-pub(super) fn cmd_man(out_dir: Option<&std::path::Path>) -> Result<ExitCode> {
+pub(super) fn cmd_man(out_dir: Option<&std::path::Path>) -> Result<Exit> {
     let cmd = Cli::command();
     match out_dir {
         None => {
@@ -46,7 +46,7 @@ pub(super) fn cmd_man(out_dir: Option<&std::path::Path>) -> Result<ExitCode> {
             }
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Success)
 }
 
 /// Writes the page of `cmd` and of each of its visible subcommands (depth first) into `dir`.

@@ -1,33 +1,23 @@
-//! `keyplan key get`: break-glass read of a key version.
+//! `keyplan key get`: the break-glass read of a key version ([`crate::ops::key`]).
 
 use super::*;
 
+/// `keyplan key get KEY [--version N]`: the passphrase bytes to stdout, exactly (no newline);
+/// refuses a terminal without `--reveal`.
+///
+/// Errors: no such key; no current version; a retired version; the KMS failed; stdout is a
+/// terminal and `--reveal` was not given.
 pub(super) fn cmd_key_get(
     cli: &Cli,
     arg: &PlanArg,
     key: &str,
     version: Option<u64>,
     reveal: bool,
-) -> Result<ExitCode> {
+) -> Result<Exit> {
     let plan = load_plan(cli, arg)?;
-    let Some(spec) = plan.keys.get(key) else {
-        return Err(miette!("no key {key:?} in {}", plan.source_path.display()));
-    };
-    let world = World::open(&plan)?;
-    let kms = world.kms_for(&plan, key).map_err(|e| miette!("{e}"))?;
-    let version = match version {
-        Some(v) => v,
-        None => kms
-            .read(&spec.name)
-            .map_err(|e| miette!("{e}"))?
-            .current
-            .ok_or_else(|| {
-                miette!(
-                    "{}: key {key} has no current version yet; run `keyplan apply`",
-                    kms.describe()
-                )
-            })?,
-    };
+    ops::key::check_key(&plan, key).or_report(&plan)?;
+    let engine = Engine::open(plan.clone()).or_report(&plan)?;
+    let version = ops::key::resolve_version(&engine, key, version).or_report(&plan)?;
     let stdout = io::stdout();
     if stdout.is_terminal() && !reveal {
         return Err(miette!(
@@ -35,18 +25,9 @@ pub(super) fn cmd_key_get(
             "refusing to print key material to a terminal"
         ));
     }
-    let state = kms.read(&spec.name).map_err(|e| miette!("{e}"))?;
-    if let Some(info) = state.versions.get(&version) {
-        if info.state == crate::kms::VersionState::Retired {
-            return Err(miette!(
-                "{}: {key} v{version} was retired: its material was destroyed after a rotation, as no device held it any more",
-                kms.describe()
-            ));
-        }
-    }
-    let pass = kms.get(&spec.name, version).map_err(|e| miette!("{e}"))?;
+    let pass = ops::key::material(&engine, key, version).or_report(&plan)?;
     let mut lock = stdout.lock();
     lock.write_all(pass.expose()).into_diagnostic()?;
     lock.flush().into_diagnostic()?;
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Success)
 }

@@ -1,8 +1,10 @@
-//! The command line (DESIGN.md §4): clap definitions, one function per command, and the
-//! mapping of outcomes to exit codes (`0` success / no changes, `1` error, `2` changes present
-//! with `--detailed-exitcode`).
+//! The command line (DESIGN.md §4): clap definitions, and one thin module per command that
+//! parses its arguments, asks for confirmation where needed, calls [`crate::ops`], renders
+//! with [`crate::render`] and maps the outcome to an [`Exit`] status (`0` success / no
+//! changes, `1` error, `2` changes present with `--detailed-exitcode`, `3` status could not
+//! check). Engine errors become miette reports here ([`report`]); nothing in this module
+//! touches a device, a KMS or the journal.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,10 +12,9 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use miette::{miette, IntoDiagnostic, Result};
 
-use crate::apply::RunFailure;
-use crate::diff::{self, DiffOptions};
-use crate::journal::{Journal, StateLock};
-use crate::observe::{self, World};
+use crate::diff;
+use crate::error::Error;
+use crate::ops::{self, Engine};
 use crate::render;
 use crate::spec::{self, Plan};
 
@@ -41,19 +42,25 @@ macro_rules! out {
 
 mod apply;
 mod docs;
+pub mod exit;
+mod interrupts;
 mod journal;
 mod key;
 mod plan;
+mod progress;
+mod report;
 mod show;
 mod status;
 mod validate;
 mod verify;
 
 use apply::{cmd_apply, cmd_apply_saved};
+pub use exit::Exit;
 use journal::cmd_journal;
 use key::cmd_key_get;
 use plan::cmd_plan;
-use plan::{interrupted_run, interrupted_text, make_diff};
+use progress::ProgressView;
+use report::OrReport as _;
 use show::cmd_show;
 use status::cmd_status;
 use validate::cmd_validate;
@@ -300,10 +307,10 @@ pub fn main() -> ExitCode {
         )
     }));
     match run(&cli) {
-        Ok(code) => code,
+        Ok(code) => code.into(),
         Err(e) => {
             eprintln!("{e:?}");
-            ExitCode::from(1)
+            Exit::Failure.into()
         }
     }
 }
@@ -372,7 +379,7 @@ fn load_plan_with_bytes(cli: &Cli, arg: &PlanArg) -> Result<(Plan, Vec<u8>)> {
     Ok((plan, bytes))
 }
 
-fn run(cli: &Cli) -> Result<ExitCode> {
+fn run(cli: &Cli) -> Result<Exit> {
     match &cli.command {
         Command::Validate { plan, json } => cmd_validate(cli, plan, *json),
         Command::Plan {
@@ -425,20 +432,4 @@ fn run(cli: &Cli) -> Result<ExitCode> {
         Command::Completions { shell } => docs::cmd_completions(*shell),
         Command::Man { out_dir } => docs::cmd_man(out_dir.as_deref()),
     }
-}
-
-fn check_rotate_keys(plan: &Plan, rotate: &[String]) -> Result<()> {
-    for k in rotate {
-        if !plan.keys.contains_key(k) {
-            return Err(miette!(
-                help = format!(
-                    "keys in {}: {}",
-                    plan.source_path.display(),
-                    plan.keys.keys().cloned().collect::<Vec<_>>().join(", ")
-                ),
-                "--rotate {k}: no such key in the plan"
-            ));
-        }
-    }
-    Ok(())
 }

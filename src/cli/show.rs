@@ -1,9 +1,11 @@
-//! `keyplan show SAVED`: render a saved plan and say whether it is stale.
+//! `keyplan show SAVED`: render a saved plan and say whether it is stale
+//! ([`crate::ops::saved::freshness`]).
 
 use super::*;
+use crate::ops::saved::Freshness;
 
-/// Whether a saved plan still matches what it was made from.
-enum Freshness {
+/// What `show` says about a saved plan's freshness.
+enum Shown {
     /// Nothing changed: `keyplan apply SAVED` would run it.
     Current,
     /// What changed (one phrase each).
@@ -12,60 +14,27 @@ enum Freshness {
     Unknown(String),
 }
 
-/// Plans again from the plan file the operator names (`-f` or the default, never the path the
-/// saved file records; see [`super::apply::plan_for_saved`]) with the saved options
-/// (read-only, no lock taken; the PBKDF runs `plan` would make: an `enroll_with` check,
-/// `--verify`), then compares with the saved digest and the saved steps and changes
-/// ([`crate::saved::mismatch`]). Returns the plan when it could be loaded (for labels) and,
-/// when the saved plan is current, the diff planned now: what is shown then comes from
-/// keyplan's own planning, not from texts in the file.
+/// Whether `saved` is current, checked against the plan file the operator names (`-f` or the
+/// default, never the path the saved file records); that plan when it could be loaded (for
+/// labels); and, when current, the diff as keyplan plans it now.
 fn check(
     saved: &crate::saved::SavedPlan,
     cli: &Cli,
     arg: &PlanArg,
-) -> (Freshness, Option<Plan>, Option<diff::Diff>) {
-    let (plan, bytes) = match super::apply::plan_for_saved(cli, arg, saved) {
+) -> (Shown, Option<Plan>, Option<diff::Diff>) {
+    let (plan, bytes) = match load_plan_with_bytes(cli, arg) {
         Ok(x) => x,
-        Err(super::apply::PlanFileProblem::Unreadable(e)) => {
-            return (
-                Freshness::Unknown(format!("no plan file to check it against: {e}")),
-                None,
-                None,
-            )
-        }
-        Err(
-            super::apply::PlanFileProblem::Differs(m) | super::apply::PlanFileProblem::StateDir(m),
-        ) => {
-            let plan = load_plan(cli, arg).ok();
-            return (Freshness::Stale(vec![m]), plan, None);
+        Err(e) => {
+            let why = format!("no plan file to check it against: {e}");
+            return (Shown::Unknown(why), None, None);
         }
     };
-    if let Err(e) = check_rotate_keys(&plan, &saved.options.rotate) {
-        return (Freshness::Stale(vec![e.to_string()]), Some(plan), None);
-    }
-    let observe_now = || -> std::result::Result<(crate::saved::StateDigest, diff::Diff), String> {
-        let world = World::open(&plan).map_err(|e| e.to_string())?;
-        let records = crate::journal::read(&plan.state_dir).map_err(|e| e.to_string())?;
-        let (observed, d) = make_diff(&plan, &world, &saved.options.rotate, saved.options.verify)
-            .map_err(|e| e.to_string())?;
-        let digest =
-            crate::saved::state_digest(&bytes, &observed, crate::saved::journal_mark(&records));
-        Ok((digest, d))
+    let shown = match ops::saved::freshness(saved, &plan, &bytes) {
+        Freshness::Current(d) => return (Shown::Current, Some(plan), Some(*d)),
+        Freshness::Stale(why) => Shown::Stale(why),
+        Freshness::Unknown(e) => Shown::Unknown(report::report(Some(&plan), e).to_string()),
     };
-    match observe_now() {
-        Ok((now, d)) => {
-            let mut changed = crate::saved::changes_since(&saved.state, &now);
-            if changed.is_empty() {
-                changed = crate::saved::mismatch(saved, &d, &render::plan_json(&d));
-            }
-            if changed.is_empty() {
-                (Freshness::Current, Some(plan), Some(d))
-            } else {
-                (Freshness::Stale(changed), Some(plan), None)
-            }
-        }
-        Err(e) => (Freshness::Unknown(e), Some(plan), None),
-    }
+    (shown, Some(plan), None)
 }
 
 /// `keyplan show SAVED [--json]`: prints the saved changes like `keyplan plan` does (text, or
@@ -79,9 +48,8 @@ pub(super) fn cmd_show(
     arg: &PlanArg,
     path: &std::path::Path,
     json: bool,
-) -> Result<ExitCode> {
-    let saved = crate::saved::read(path).map_err(|e| miette!("{e}"))?;
-    let saved_d = super::apply::saved_diff(&saved, path)?;
+) -> Result<Exit> {
+    let (saved, saved_d) = ops::saved::read(path).map_err(report::bare)?;
     let (freshness, plan, fresh) = check(&saved, cli, arg);
     // A current plan is shown as keyplan plans it now (equal steps and changes, reasons and
     // notes from keyplan itself); otherwise the file's own texts, under a warning.
@@ -101,9 +69,9 @@ pub(super) fn cmd_show(
                 }),
             );
             let (stale, why) = match &freshness {
-                Freshness::Current => (serde_json::json!(false), serde_json::json!([])),
-                Freshness::Stale(w) => (serde_json::json!(true), serde_json::json!(w)),
-                Freshness::Unknown(w) => (serde_json::Value::Null, serde_json::json!([w])),
+                Shown::Current => (serde_json::json!(false), serde_json::json!([])),
+                Shown::Stale(w) => (serde_json::json!(true), serde_json::json!(w)),
+                Shown::Unknown(w) => (serde_json::Value::Null, serde_json::json!([w])),
             };
             obj.insert("stale".into(), stale);
             obj.insert("stale_reasons".into(), why);
@@ -133,7 +101,7 @@ pub(super) fn cmd_show(
         }
     }
     match freshness {
-        Freshness::Current => {
+        Shown::Current => {
             if !json {
                 outln!(
                     "\nThe saved plan is current: `keyplan apply {}` would make exactly these changes.",
@@ -141,19 +109,19 @@ pub(super) fn cmd_show(
                 );
             }
         }
-        Freshness::Stale(why) => eprintln!(
+        Shown::Stale(why) => eprintln!(
             "\nWARNING: saved plan {} is STALE. Since it was made:\n  - {}\n`keyplan apply {}` would refuse it; run `keyplan plan -o {}` again.",
             path.display(),
             why.join("\n  - "),
             path.display(),
             path.display()
         ),
-        Freshness::Unknown(why) => eprintln!(
+        Shown::Unknown(why) => eprintln!(
             "\nWARNING: cannot check whether saved plan {} is stale: {why}",
             path.display()
         ),
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Success)
 }
 
 /// `text` with control characters (terminal escape sequences) shown as escapes.

@@ -22,7 +22,7 @@ struct JsonReport {
 /// with `--json` the diagnostics go to stdout as
 /// `{format_version, valid, error_count, warning_count, diagnostics: [...]}`
 /// ([`spec::JsonDiagnostic`]) and nothing is written to stderr.
-pub(super) fn cmd_validate(cli: &Cli, arg: &PlanArg, json: bool) -> Result<ExitCode> {
+pub(super) fn cmd_validate(cli: &Cli, arg: &PlanArg, json: bool) -> Result<Exit> {
     let result = load_plan(cli, arg);
     if json {
         let diagnostics = match &result {
@@ -41,11 +41,7 @@ pub(super) fn cmd_validate(cli: &Cli, arg: &PlanArg, json: bool) -> Result<ExitC
             diagnostics,
         };
         outln!("{}", serde_json::to_string_pretty(&doc).into_diagnostic()?);
-        return Ok(if valid {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::from(1)
-        });
+        return Ok(if valid { Exit::Success } else { Exit::Failure });
     }
     let plan = result?;
     outln!(
@@ -55,5 +51,5 @@ pub(super) fn cmd_validate(cli: &Cli, arg: &PlanArg, json: bool) -> Result<ExitC
         plan.keys.len(),
         plan.devices.len()
     );
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::Success)
 }

@@ -5,6 +5,8 @@
 //! petgraph DAG; the executor runs a step once all its predecessors are done. Steps are
 //! serializable (they go into the journal's `run_start` record) and hold no key material.
 
+pub mod passes;
+
 use std::collections::BTreeMap;
 use std::fmt;
 

@@ -63,8 +63,7 @@ use serde::{Deserialize, Serialize};
 use zeroize::{Zeroize, Zeroizing};
 
 use super::{
-    block_on, with_retries, KeyState, Kms, KmsError, VersionInfo, VersionState,
-    REQUEST_TIMEOUT,
+    block_on, with_retries, KeyState, Kms, KmsError, VersionInfo, VersionState, REQUEST_TIMEOUT,
 };
 use crate::secret::Passphrase;
 use crate::spec::KmsConfig;

@@ -50,8 +50,7 @@ use vaultrs::error::ClientError;
 use zeroize::Zeroizing;
 
 use super::{
-    block_on, with_retries, KeyState, Kms, KmsError, VersionInfo, VersionState,
-    REQUEST_TIMEOUT,
+    block_on, with_retries, KeyState, Kms, KmsError, VersionInfo, VersionState, REQUEST_TIMEOUT,
 };
 use crate::secret::Passphrase;
 use crate::spec::KmsConfig;

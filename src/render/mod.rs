@@ -1,4 +1,9 @@
-//! Human output: terraform-like plan rendering.
+//! Output for people and programs: the plan (terraform-like text and the versioned
+//! `plan --json` document) here; the `status` report in [`status`]; runs, the journal and
+//! `verify` in [`run`]. The engine computes; this module only formats.
+
+pub mod run;
+pub mod status;
 
 use std::fmt::Write as _;
 

@@ -1,0 +1,52 @@
+//! The KMS side of a rotation: stage a new version (or reuse the pending one), commit it with
+//! compare-and-swap and read it back, retire an old version.
+
+use super::{Exec, StepError, StepOutcome};
+use crate::secret::Passphrase;
+
+impl Exec<'_> {
+    /// `stage`: reuses the pending version if the KMS has one (I3: never a second pending
+    /// version), else generates `bytes` random bytes (OS CSPRNG, base64 text) and stores them
+    /// as pending, numbered at least `at_least`.
+    pub(super) fn stage(&self, key: &str, at_least: u64) -> Result<StepOutcome, StepError> {
+        let (kms, name, bytes) = self.key_ctx(key)?;
+        let st = kms.read(&name)?;
+        let (v, what) = match st.pending {
+            Some(p) => (p, format!("reused pending v{p}")),
+            None => {
+                let material = Passphrase::generate(bytes).map_err(StepError::Internal)?;
+                let v = kms.stage(&name, &material, at_least)?;
+                (v, format!("staged v{v}"))
+            }
+        };
+        self.staged_outcome(key, v, what)
+    }
+
+    /// `commit`: the staged version becomes current if the current one is still
+    /// `expected_current` (compare-and-swap in the KMS), then reads it back.
+    pub(super) fn commit(
+        &self,
+        key: &str,
+        expected_current: Option<u64>,
+    ) -> Result<StepOutcome, StepError> {
+        let v = self.resolve(key, crate::graph::VersionRef::Staged)?;
+        let (kms, name, _) = self.key_ctx(key)?;
+        kms.commit(&name, expected_current, v)?;
+        let st = kms.read(&name)?;
+        if st.current != Some(v) {
+            return Err(StepError::Drift(format!(
+                "{}: after commit, the current version of {key} reads back as {:?}, not v{v}",
+                kms.describe(),
+                st.current
+            )));
+        }
+        StepOutcome::done(format!("{key} v{v} is now current"))
+    }
+
+    /// `retire`: destroys the material of a non-current version in the KMS (idempotent).
+    pub(super) fn retire(&self, key: &str, version: u64) -> Result<StepOutcome, StepError> {
+        let (kms, name, _) = self.key_ctx(key)?;
+        kms.retire(&name, version)?;
+        StepOutcome::done(format!("retired {key} v{version}"))
+    }
+}

@@ -1,0 +1,65 @@
+//! SIGINT/SIGTERM/SIGHUP during `apply`: the first signal lets the running steps finish and
+//! then stops the run (left open in the journal, exit 1); a second signal exits at once (safe
+//! at any instant: the journal and the step algorithm make every instant resumable, and
+//! cryptsetup children die with keyplan, see `child`). Outside a run (planning, the
+//! confirmation prompt) a signal exits at once: nothing is being changed then.
+//!
+//! Signals are the front end's business: the engine only gets the stop flag
+//! (`ops::apply::RunOptions::stop`).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+use miette::{IntoDiagnostic as _, Result};
+
+/// Set by the first signal during a run.
+static STOP: AtomicBool = AtomicBool::new(false);
+/// True while a step graph runs.
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+static INSTALLED: OnceLock<()> = OnceLock::new();
+
+fn say(msg: &[u8]) {
+    // SAFETY: write(2) is async-signal-safe; `msg` is a valid buffer of `msg.len()` bytes.
+    unsafe {
+        libc::write(2, msg.as_ptr().cast(), msg.len());
+    }
+}
+
+fn on_signal() {
+    if !ACTIVE.load(Ordering::SeqCst) {
+        say(b"\nkeyplan: interrupted\n");
+        signal_hook::low_level::exit(1);
+    }
+    if STOP.swap(true, Ordering::SeqCst) {
+        say(b"\nkeyplan: second signal: exiting now. The journal records the interrupted run; run `keyplan apply` to finish it.\n");
+        signal_hook::low_level::exit(1);
+    }
+    say(b"\nkeyplan: signal received: finishing the running steps, then stopping (send it again to exit at once)\n");
+}
+
+/// Installs the SIGINT, SIGTERM and SIGHUP handlers (once) and returns the stop flag.
+///
+/// Errors: the handlers could not be installed (sigaction(2) failed).
+pub(super) fn install() -> Result<&'static AtomicBool> {
+    if INSTALLED.get().is_none() {
+        for sig in [
+            signal_hook::consts::SIGINT,
+            signal_hook::consts::SIGTERM,
+            signal_hook::consts::SIGHUP,
+        ] {
+            // SAFETY: the handler uses only atomics, write(2) and _exit(2), all
+            // async-signal-safe; it allocates and locks nothing.
+            unsafe { signal_hook::low_level::register(sig, on_signal) }.into_diagnostic()?;
+        }
+        let _ = INSTALLED.set(());
+    }
+    Ok(&STOP)
+}
+
+/// Runs `f` (a step graph) with signals deferred to the end of the running steps.
+pub(super) fn during_run<T>(f: impl FnOnce() -> T) -> T {
+    ACTIVE.store(!STOP.load(Ordering::SeqCst), Ordering::SeqCst);
+    let out = f();
+    ACTIVE.store(false, Ordering::SeqCst);
+    out
+}

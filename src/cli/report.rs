@@ -1,0 +1,60 @@
+//! Engine errors as miette reports, the CLI's edge: [`crate::error::Finding`]s point at their
+//! place in the plan file; every other error shows its message and what to do.
+
+use miette::miette;
+
+use crate::error::{Error, Finding};
+use crate::spec::Plan;
+
+/// `e` as a report; `plan` gives findings their place in the plan file (without it, they
+/// are shown without a place).
+pub(super) fn report(plan: Option<&Plan>, e: Error) -> miette::Report {
+    match e {
+        Error::Findings(findings) => {
+            combine(findings.into_iter().map(|f| finding(plan, f)).collect())
+        }
+        e => match e.help() {
+            Some(help) => miette!(help = help, "{e}"),
+            None => miette!("{e}"),
+        },
+    }
+}
+
+/// One finding: labeled in the plan file when it has a place there.
+fn finding(plan: Option<&Plan>, f: Finding) -> miette::Report {
+    match (f.at, f.help, plan) {
+        (Some(at), help, Some(plan)) => plan.error_at(&at, f.message, help),
+        (_, Some(help), _) => miette!(help = help, "{}", f.message),
+        (_, None, _) => miette!("{}", f.message),
+    }
+}
+
+/// Joins several reports into one: the only one, or a summary with each rendered in full
+/// (source snippets included).
+fn combine(mut errors: Vec<miette::Report>) -> miette::Report {
+    if errors.len() == 1 {
+        if let Some(e) = errors.pop() {
+            return e;
+        }
+    }
+    let count = errors.len();
+    let text: Vec<String> = errors.iter().map(|e| format!("{e:?}")).collect();
+    miette!("{count} problems found:\n\n{}", text.join("\n"))
+}
+
+/// Turns engine errors into reports with the plan at hand.
+pub(super) trait OrReport<T> {
+    /// The value, or the error as a report (see [`report`]).
+    fn or_report(self, plan: &Plan) -> miette::Result<T>;
+}
+
+impl<T> OrReport<T> for Result<T, Error> {
+    fn or_report(self, plan: &Plan) -> miette::Result<T> {
+        self.map_err(|e| report(Some(plan), e))
+    }
+}
+
+/// `e` as a report when no plan is loaded yet (a saved plan that cannot be read, ...).
+pub(super) fn bare(e: Error) -> miette::Report {
+    report(None, e)
+}

@@ -1,0 +1,174 @@
+//! Per device: records that drift made stale, keyslots to remove (keys no longer listed,
+//! unmanaged keyslots under `remove`), and the anchor that makes a removal safe.
+
+use std::collections::BTreeSet;
+
+use super::Planner;
+use crate::diff::{ReasonCode, SlotAction};
+use crate::graph::{SlotHolder, Step, VersionRef};
+use crate::spec::UnmanagedKeyslots;
+use crate::world::RecordStatus;
+
+/// A keyslot `removals` plans to kill: `(keyslot, holder, key, version, reason)`.
+type Victim = (
+    u32,
+    SlotHolder,
+    Option<String>,
+    Option<u64>,
+    (ReasonCode, String),
+);
+
+impl Planner<'_> {
+    /// Records whose keyslot was killed or rewritten outside keyplan (or that `--verify`
+    /// failed): a forget step and a `~` change each.
+    pub(super) fn drift(&mut self) {
+        let obs = self.obs;
+        for (id, d) in &obs.devices {
+            for r in &d.records {
+                let reason = match r.status {
+                    RecordStatus::Valid => continue,
+                    RecordStatus::KeyslotGone => (ReasonCode::DriftKeyslotGone, format!(
+                        "drift: keyslot {} removed outside keyplan (it held {} v{}); record dropped",
+                        r.slot, r.record.key, r.record.version
+                    )),
+                    RecordStatus::Rewritten => (ReasonCode::DriftRewritten, format!(
+                        "drift: keyslot {} rewritten outside keyplan; it no longer holds {} v{} and is now unmanaged",
+                        r.slot, r.record.key, r.record.version
+                    )),
+                    RecordStatus::FailedVerify => (ReasonCode::VerifyFailed, format!(
+                        "drift: keyslot {} no longer opens with {} v{}; record dropped, keyslot now unmanaged",
+                        r.slot, r.record.key, r.record.version
+                    )),
+                };
+                let failed_verify = r.status == RecordStatus::FailedVerify;
+                let s = self.g.add(Step::ForgetRecord {
+                    device: id.clone(),
+                    slot: r.slot,
+                    failed_verify,
+                });
+                if failed_verify {
+                    self.dev(id).repairs.push(s);
+                }
+                self.change(
+                    id,
+                    r.slot,
+                    SlotAction::Drift,
+                    Some(&r.record.key),
+                    Some(r.record.version),
+                    reason,
+                );
+            }
+        }
+    }
+
+    /// Keyslots of keys no longer listed for a device, and unmanaged keyslots under `remove`:
+    /// killed once a keyslot of a listed key is verified on the device (and, when that keyslot
+    /// holds a staged version, once it is committed). Refused when no listed key is known to
+    /// open the device.
+    pub(super) fn removals(&mut self) {
+        let obs = self.obs;
+        for id in obs.devices.keys() {
+            let victims = self.victims(id);
+            if victims.is_empty() {
+                continue;
+            }
+            let Some(anchor) = self.anchor(id) else {
+                let lost = self.lost_records(id);
+                let message = format!(
+                    "{}: keyslot(s) {} would be removed, but no keyslot of a key in the plan is known to open the device{lost}, so removing them could lock you out; nothing was changed. List a key for this device (with enroll_with if needed) first",
+                    self.at(id),
+                    victims.iter().map(|v| v.0.to_string()).collect::<Vec<_>>().join(", ")
+                );
+                self.refuse_device(id, message);
+                continue;
+            };
+            for (slot, holder, key, version, reason) in victims {
+                if self.dev(id).kills.contains_key(&slot) {
+                    continue;
+                }
+                let k = self.kill(id, slot, holder, anchor);
+                if let Some(c) = self.devs.get(id).and_then(|d| d.anchor_commit) {
+                    self.intents.after_commit.push((k, c));
+                }
+                self.change(
+                    id,
+                    slot,
+                    SlotAction::Remove,
+                    key.as_deref(),
+                    version,
+                    reason,
+                );
+            }
+        }
+    }
+
+    /// The keyslots of device `id` that `removals` would kill.
+    fn victims(&self, id: &str) -> Vec<Victim> {
+        let (Some(st), Some(spec)) = (self.state(id), self.plan.devices.get(id)) else {
+            return Vec::new();
+        };
+        let listed: BTreeSet<&str> = spec.keys.iter().map(|k| k.key.as_str()).collect();
+        let mut victims: Vec<Victim> = Vec::new();
+        for r in st
+            .records
+            .iter()
+            .filter(|r| r.status == RecordStatus::Valid)
+            .filter(|r| !listed.contains(r.record.key.as_str()))
+        {
+            victims.push((
+                r.slot,
+                SlotHolder::Record {
+                    key: r.record.key.clone(),
+                    version: VersionRef::Version(r.record.version),
+                },
+                Some(r.record.key.clone()),
+                Some(r.record.version),
+                (
+                    ReasonCode::KeyNotListed,
+                    format!("key {} is no longer listed for this device", r.record.key),
+                ),
+            ));
+        }
+        if spec.unmanaged == UnmanagedKeyslots::Remove {
+            for (slot, ks) in &st.header.keyslots {
+                if st.record(*slot).is_some() {
+                    continue;
+                }
+                victims.push((
+                    *slot,
+                    SlotHolder::Unmanaged {
+                        salt: ks.salt.clone(),
+                    },
+                    None,
+                    None,
+                    (
+                        ReasonCode::UnmanagedRemove,
+                        "not created by keyplan (unmanaged_keyslots: remove)".to_string(),
+                    ),
+                ));
+            }
+        }
+        victims
+    }
+
+    /// A verify step of a keyslot that stays on `device`: one planned already, or a new verify
+    /// of the first listed key whose current version is recorded there.
+    fn anchor(&mut self, device: &str) -> Option<usize> {
+        if let Some(a) = self.devs.get(device).and_then(|d| d.anchor) {
+            return Some(a);
+        }
+        let spec = self.plan.devices.get(device)?;
+        let st = self.state(device)?;
+        for k in &spec.keys {
+            let Some(c) = self.obs.keys.get(&k.key).and_then(|s| s.current) else {
+                continue;
+            };
+            if let Some((slot, _)) = st.slots_of(&k.key).into_iter().find(|(_, v)| *v == c) {
+                let v = self.verify_step(device, &k.key, VersionRef::Version(c), slot);
+                self.dev(device).anchor = Some(v);
+                return Some(v);
+            }
+        }
+        None
+    }
+}

@@ -1,0 +1,233 @@
+//! Per key: what happens to it (create, rotate, finish a pending rotation, migrate, converge),
+//! and converging a key that does not rotate.
+
+use std::time::Duration;
+
+use super::Planner;
+use crate::diff::{short_duration, DiffOptions, KeyAction, ReasonCode, SlotAction};
+use crate::graph::{SlotHolder, VersionRef};
+use crate::world::RecordStatus;
+
+impl Planner<'_> {
+    /// Decides for `key`: a migration when its records name another KMS; a refusal when its
+    /// KMS metadata is damaged or lost; otherwise a rotation when one is due (or asked for, or
+    /// pending, or the key does not exist yet), else convergence on every device listing it.
+    pub(super) fn key(&mut self, key: &str, opts: &DiffOptions) {
+        let Some(st) = self.obs.keys.get(key) else {
+            return;
+        };
+        if let Some(origins) = self.obs.origins.get(key) {
+            self.migrate(key, st, origins, opts);
+            return;
+        }
+        if let Some(c) = st.current {
+            if st.current_info().is_none() {
+                self.refuse_key(key, format!(
+                    "key {key}: the KMS names v{c} as current but has no such version; its metadata is damaged. Nothing was changed: repair it (see README, file KMS layout) or restore it from a backup"
+                ));
+                return;
+            }
+        }
+        if st.versions.is_empty() && self.refuse_lost_kms(key) {
+            return;
+        }
+        let devices = self.devices_of(key);
+        match self.rotate_reason(key, opts) {
+            Some((action, reason)) => self.rotate(key, st, &devices, action, reason),
+            None => {
+                let Some(c) = st.current else { return };
+                for d in &devices {
+                    self.converge(key, c, d);
+                }
+            }
+        }
+    }
+
+    /// A KMS that holds no version of `key` while device records name it was lost (or its path
+    /// changed): creating a new key would enroll it through `enroll_with` and kill the keyslots
+    /// holding the real key. Refuses and returns true in that case.
+    fn refuse_lost_kms(&mut self, key: &str) -> bool {
+        let held: Vec<String> = self
+            .obs
+            .devices
+            .values()
+            .chain(self.obs.former.values())
+            .flat_map(|d| {
+                d.records
+                    .iter()
+                    .filter(|r| r.status == RecordStatus::Valid && r.record.key == key)
+                    .map(move |r| {
+                        format!("{} keyslot {} ({key} v{})", d.id, r.slot, r.record.version)
+                    })
+            })
+            .collect();
+        if held.is_empty() {
+            return false;
+        }
+        let kms = self.kms_of(key);
+        self.refuse_key(key, format!(
+            "key {key}: KMS {kms} holds no version of it, yet keyplan recorded it on {}. Was the KMS lost, or did its path change? keyplan will not create a new key over keyslots it cannot open. Nothing was changed: restore the KMS (or fix its path); to start over on purpose, kill those keyslots by hand",
+            held.join(", ")
+        ));
+        true
+    }
+
+    /// Why `key` gets a new version now, if it does: a pending version to finish, no version
+    /// yet, `--rotate`, or `rotate_after` exceeded at the observation time.
+    fn rotate_reason(
+        &self,
+        key: &str,
+        opts: &DiffOptions,
+    ) -> Option<(KeyAction, (ReasonCode, String))> {
+        let st = self.obs.keys.get(key)?;
+        if let Some(p) = st.pending {
+            return Some((
+                KeyAction::Finish,
+                (
+                    ReasonCode::PendingRotation,
+                    format!("pending v{p} was staged by an earlier run that did not finish; finishing it"),
+                ),
+            ));
+        }
+        let Some(cur) = st.current_info() else {
+            return Some((
+                KeyAction::Create,
+                (ReasonCode::NotCreated, "not in KMS".to_string()),
+            ));
+        };
+        if opts.rotate.iter().any(|k| k == key) {
+            return Some((
+                KeyAction::Rotate,
+                (ReasonCode::RotateRequested, "--rotate".to_string()),
+            ));
+        }
+        let spec = self.plan.keys.get(key)?;
+        let max = spec.rotate_after?;
+        let age = Duration::from_secs(self.obs.now.saturating_sub(cur.created_at));
+        if age <= max {
+            return None;
+        }
+        let written = spec
+            .rotate_after_text
+            .clone()
+            .unwrap_or_else(|| short_duration(max));
+        Some((
+            KeyAction::Rotate,
+            (
+                ReasonCode::RotateAfterExceeded,
+                format!(
+                    "rotate_after exceeded: age {} > {written}",
+                    short_duration(age)
+                ),
+            ),
+        ))
+    }
+
+    /// Key with a current version `c` and no rotation: make sure `device` holds exactly one
+    /// keyslot with it (in the pinned keyslot if any), and no keyslot with older versions.
+    pub(super) fn converge(&mut self, key: &str, c: u64, device: &str) {
+        let Some(st) = self.state(device) else {
+            return;
+        };
+        let recs = st.slots_of(key);
+        let pinned = self.pinned(device, key);
+        let with_c: Vec<u32> = recs
+            .iter()
+            .filter(|(_, v)| *v == c)
+            .map(|(s, _)| *s)
+            .collect();
+        let keep = match pinned {
+            Some(n) => with_c.iter().copied().find(|s| *s == n),
+            None => with_c.first().copied(),
+        };
+        let (keep_slot, anchor) = match keep {
+            Some(s) => (s, None),
+            None => {
+                if let Some(n) = pinned.filter(|n| st.header.keyslots.contains_key(n)) {
+                    match self.evictable(device, key, n) {
+                        Some(holder) => {
+                            self.move_into_pin(device, key, c, n, holder, &with_c, &recs)
+                        }
+                        None => self.refuse_pin_taken(device, key, n),
+                    }
+                    return;
+                }
+                let Some((target, verify)) = self.enroll(device, key, c, !with_c.is_empty()) else {
+                    return;
+                };
+                (target, Some(verify))
+            }
+        };
+        let extras: Vec<(u32, u64)> = recs
+            .iter()
+            .copied()
+            .filter(|(s, _)| *s != keep_slot)
+            .collect();
+        if extras.is_empty() {
+            return;
+        }
+        let anchor = match anchor {
+            Some(a) => a,
+            None => self.verify_step(device, key, VersionRef::Version(c), keep_slot),
+        };
+        self.dev(device).anchor.get_or_insert(anchor);
+        for (s, v) in extras {
+            let reason = if v != c {
+                (
+                    ReasonCode::SupersededVersion,
+                    format!("old version v{v} of {key} (current is v{c})"),
+                )
+            } else if pinned.is_some() {
+                (
+                    ReasonCode::MoveToPinned,
+                    format!("{key} moved to pinned keyslot {keep_slot}"),
+                )
+            } else {
+                (
+                    ReasonCode::DuplicateKeyslot,
+                    format!("duplicate keyslot of {key} v{c} (keeping keyslot {keep_slot})"),
+                )
+            };
+            let holder = SlotHolder::Record {
+                key: key.to_string(),
+                version: VersionRef::Version(v),
+            };
+            self.kill(device, s, holder, anchor);
+            self.change(device, s, SlotAction::Remove, Some(key), Some(v), reason);
+        }
+    }
+
+    /// Adds the current version `c` of `key` to `device` in a free keyslot (the pinned one
+    /// when free): `elsewhere` when the device already holds it in another keyslot (a move to
+    /// the pinned keyslot). Returns the keyslot and its verify, which becomes the device's
+    /// anchor.
+    fn enroll(&mut self, device: &str, key: &str, c: u64, elsewhere: bool) -> Option<(u32, usize)> {
+        let target = self.target(device, key, true)?;
+        let unlock = self.unlock(device, key, Some(c))?;
+        let (_, v) = self.add_step(device, key, VersionRef::Version(c), target, unlock);
+        self.dev(device).anchor.get_or_insert(v);
+        let reason = if elsewhere {
+            (
+                ReasonCode::MoveToPinned,
+                format!("move to pinned keyslot {target}"),
+            )
+        } else {
+            (ReasonCode::Enroll, "not enrolled".to_string())
+        };
+        self.change(device, target, SlotAction::Add, Some(key), Some(c), reason);
+        Some((target, v))
+    }
+
+    /// Refuses a pinned keyslot `n` that holds a keyslot keyplan may not kill.
+    fn refuse_pin_taken(&mut self, device: &str, key: &str, n: u32) {
+        let holder = match self.state(device).and_then(|st| st.record(n)) {
+            Some(r) => format!(" ({} v{})", r.key, r.version),
+            None => " that keyplan did not create".to_string(),
+        };
+        let message = format!(
+            "{}: keyslot {n} is pinned for {key} but already holds another keyslot{holder}; nothing was changed. Free keyslot {n} or pin another one",
+            self.at(device)
+        );
+        self.refuse_device(device, message);
+    }
+}

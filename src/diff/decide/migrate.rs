@@ -1,0 +1,199 @@
+//! Moving a key to the KMS instance or name the plan now gives it (docs/architecture.md,
+//! "Migration is planned from the records"): copy, verify on every device, destroy in the old
+//! KMS, re-record.
+
+use super::Planner;
+use crate::diff::{DiffOptions, KeyAction, KeyChange, ReasonCode, SlotAction};
+use crate::graph::{Step, VersionRef};
+use crate::kms::KeyState;
+use crate::observe::Origin;
+use crate::world::RecordStatus;
+
+impl Planner<'_> {
+    /// The plan moved `key` (state `st` in its new KMS) away from the `origins` its records
+    /// name: plan the migration (copy, read back, verify on every device, destroy in the old
+    /// KMS, update the records). A rotation that is due waits for the next planning round,
+    /// which `apply` runs right after the migration.
+    pub(super) fn migrate(
+        &mut self,
+        key: &str,
+        st: &KeyState,
+        origins: &[Origin],
+        opts: &DiffOptions,
+    ) {
+        let to_kms = self.kms_of(key);
+        let Some(o) = self.single_origin(key, origins, &to_kms) else {
+            return;
+        };
+        let Some(old) = &o.state else {
+            self.refuse_key(key, format!(
+                "key {key}: its keyslots are recorded in KMS {:?} (as {:?}), which is no longer in the plan, so the key cannot be moved to KMS {to_kms}. Nothing was changed: keep the definition of KMS {:?} in the plan until `keyplan apply` has moved the key, then remove it",
+                o.kms, o.name, o.kms
+            ));
+            return;
+        };
+        let holders = self.migration_holders(key, o);
+        if holders.is_empty() {
+            return;
+        }
+        if let Some(p) = old.pending {
+            self.refuse_key(key, format!(
+                "key {key}: a rotation is under way in KMS {:?} (v{p} pending), which the plan moves the key from. Nothing was changed: point the key back at KMS {:?}, run `keyplan apply` to finish the rotation, then move it",
+                o.kms, o.kms
+            ));
+            return;
+        }
+        let Some((from, copy)) = self.migration_source(key, st, o, old, &holders, &to_kms) else {
+            return;
+        };
+        let to = match (copy, st.current) {
+            (false, Some(c)) => c,
+            _ => from.max(st.versions.keys().copied().max().map_or(0, |m| m + 1)),
+        };
+        let to_name = self
+            .plan
+            .keys
+            .get(key)
+            .map(|k| k.name.clone())
+            .unwrap_or_else(|| key.to_string());
+        self.keys.push(KeyChange {
+            key: key.to_string(),
+            kms: to_kms.clone(),
+            action: KeyAction::Migrate,
+            from: Some(from),
+            to,
+            reason_code: ReasonCode::Migration,
+            reason: format!(
+                "moved in the plan from KMS {} ({}) to KMS {to_kms} ({to_name})",
+                o.kms, o.name,
+            ),
+            retire: Vec::new(),
+            from_kms: Some(o.kms.clone()),
+        });
+        let version = if copy {
+            self.g.add(Step::MigrateCopy {
+                key: key.to_string(),
+                from_kms: o.kms.clone(),
+                from_name: o.name.clone(),
+                version: from,
+                to_kms: to_kms.clone(),
+                to_name: to_name.clone(),
+            });
+            self.g.add(Step::DestroyOrigin {
+                key: key.to_string(),
+                from_kms: o.kms.clone(),
+                from_name: o.name.clone(),
+                version: from,
+                to_kms: to_kms.clone(),
+                to_name: to_name.clone(),
+            });
+            VersionRef::Staged
+        } else {
+            VersionRef::Version(from)
+        };
+        for (device, slot, _) in &holders {
+            self.verify_step(device, key, version, *slot);
+            self.g.add(Step::Rerecord {
+                device: device.clone(),
+                key: key.to_string(),
+                slot: *slot,
+                version,
+                to_kms: to_kms.clone(),
+                to_name: to_name.clone(),
+            });
+            self.change(
+                device,
+                *slot,
+                SlotAction::Drift,
+                Some(key),
+                Some(to),
+                (
+                    ReasonCode::Migration,
+                    format!("record: {key} now lives in KMS {to_kms}"),
+                ),
+            );
+        }
+        if opts.rotate.iter().any(|k| k == key) {
+            self.notes.push(format!(
+                "{key} is rotated right after its migration: `keyplan apply` plans again once the key is in KMS {to_kms}"
+            ));
+        }
+    }
+
+    /// The one origin a moved key's records name; refuses when they name several.
+    fn single_origin<'o>(
+        &mut self,
+        key: &str,
+        origins: &'o [Origin],
+        to_kms: &str,
+    ) -> Option<&'o Origin> {
+        if origins.len() > 1 {
+            let list: Vec<String> = origins
+                .iter()
+                .map(|o| format!("{} ({})", o.kms, o.name))
+                .collect();
+            self.refuse_key(key, format!(
+                "key {key}: its keyslot records name several KMSs ({}) besides {to_kms}; keyplan cannot tell which holds the key. Nothing was changed: point the plan back at one of them and apply, then move it",
+                list.join(", ")
+            ));
+            return None;
+        }
+        origins.first()
+    }
+
+    /// `(device, keyslot, version)` of every valid record of `key` naming origin `o`, on the
+    /// plan devices that list the key.
+    fn migration_holders(&self, key: &str, o: &Origin) -> Vec<(String, u32, u64)> {
+        let entry = Some((o.kms.clone(), o.name.clone()));
+        let planned = self.devices_of(key);
+        self.obs
+            .devices
+            .iter()
+            .filter(|(id, _)| planned.contains(id))
+            .flat_map(|(id, d)| {
+                d.records
+                    .iter()
+                    .filter(|r| {
+                        r.status == RecordStatus::Valid
+                            && r.record.key == key
+                            && r.record.entry == entry
+                    })
+                    .map(move |r| (id.clone(), r.slot, r.record.version))
+            })
+            .collect()
+    }
+
+    /// The version to move and whether it must be copied: the origin's current version (every
+    /// holder must hold it), or, when the origin has none any more (an earlier run copied and
+    /// destroyed it, then stopped), the destination's current version, which is only verified
+    /// and recorded. Refuses otherwise.
+    fn migration_source(
+        &mut self,
+        key: &str,
+        st: &KeyState,
+        o: &Origin,
+        old: &KeyState,
+        holders: &[(String, u32, u64)],
+        to_kms: &str,
+    ) -> Option<(u64, bool)> {
+        if let Some(n) = old.current {
+            if let Some((d, s, v)) = holders.iter().find(|(_, _, v)| *v != n) {
+                let message = format!(
+                    "key {key}: {} keyslot {s} holds v{v}, but v{n} is current in KMS {:?}; nothing was changed. Point the key back at KMS {:?} and run `keyplan apply` so every device holds the current version, then move it",
+                    self.at(d), o.kms, o.kms
+                );
+                self.refuse_key(key, message);
+                return None;
+            }
+            return Some((n, true));
+        }
+        if let Some(c) = st.current {
+            return Some((c, false));
+        }
+        self.refuse_key(key, format!(
+            "key {key}: its keyslots are recorded in KMS {:?} (as {:?}), which holds no current version of it, and KMS {to_kms} holds none either. Nothing was changed: restore the key in one of them",
+            o.kms, o.name
+        ));
+        None
+    }
+}

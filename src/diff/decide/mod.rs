@@ -1,0 +1,337 @@
+//! Decisions: what happens to each key and device, as changes, steps and the ordering facts
+//! only a decision knows ([`crate::graph::passes::Intents`]).
+//!
+//! Layout: [`keys`] dispatches per key (create/rotate/finish, converge, migrate) and holds
+//! `converge`; [`rotate`] a rotation; [`retention`] which old versions a rotation destroys;
+//! [`pins`] moving a key into its pinned keyslot; [`migrate`] moving a key to another KMS;
+//! [`devices`] records to drop (drift) and keyslots to remove; [`unlock`] how a device is
+//! opened to add a keyslot; this file the planner's state and the step helpers.
+
+mod devices;
+mod keys;
+mod migrate;
+mod pins;
+mod retention;
+mod rotate;
+mod unlock;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{DiffOptions, KeyChange, ReasonCode, Refusal, SlotAction, SlotChange};
+use crate::graph::passes::Intents;
+use crate::graph::{SlotHolder, Step, StepGraph, Unlock, VersionRef};
+use crate::observe::{DeviceState, Observed};
+use crate::spec::{PathSeg, Plan, UnmanagedKeyslots};
+use crate::world::RecordStatus;
+
+/// Per-device planning state.
+#[derive(Default)]
+pub(super) struct Dev {
+    /// Keyslots chosen as targets in this run.
+    reserved: BTreeSet<u32>,
+    /// Verify step usable as anchor for kills (a keyslot that stays).
+    pub(super) anchor: Option<usize>,
+    /// The commit the anchor's version waits for, when the anchor verifies a staged version:
+    /// kills anchored on it must wait for that commit too (a staged version is not yet the
+    /// KMS's current one).
+    pub(super) anchor_commit: Option<usize>,
+    /// Kill steps by keyslot.
+    kills: BTreeMap<u32, usize>,
+    /// Forget-record steps for records `--verify` failed: they run only once the device's
+    /// anchor (the key enrolled again) is verified, so a failed repair loses no record.
+    repairs: Vec<usize>,
+    /// Keyslots being added, so they are not taken for unmanaged.
+    pub(super) added: BTreeSet<u32>,
+}
+
+/// The planner's state while deciding.
+pub(super) struct Planner<'a> {
+    pub(super) plan: &'a Plan,
+    pub(super) obs: &'a Observed,
+    pub(super) g: StepGraph,
+    pub(super) intents: Intents,
+    pub(super) keys: Vec<KeyChange>,
+    pub(super) slots: Vec<SlotChange>,
+    pub(super) devs: BTreeMap<String, Dev>,
+    pub(super) refusals: Vec<Refusal>,
+    pub(super) notes: Vec<String>,
+}
+
+impl<'a> Planner<'a> {
+    /// A planner with nothing decided yet.
+    pub(super) fn new(plan: &'a Plan, obs: &'a Observed) -> Planner<'a> {
+        let devs = obs
+            .devices
+            .keys()
+            .map(|id| (id.clone(), Dev::default()))
+            .collect();
+        Planner {
+            plan,
+            obs,
+            g: StepGraph::new(),
+            intents: Intents::default(),
+            keys: Vec::new(),
+            slots: Vec::new(),
+            devs,
+            refusals: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    /// Every decision, in this order: records drift made stale, each key in plan order,
+    /// keyslots to remove, then the repair facts of each device.
+    pub(super) fn decide(&mut self, opts: &DiffOptions) {
+        self.drift();
+        for key in self.plan.keys.keys() {
+            self.key(key, opts);
+        }
+        self.removals();
+        self.repairs();
+    }
+
+    fn dev(&mut self, id: &str) -> &mut Dev {
+        self.devs.entry(id.to_string()).or_default()
+    }
+
+    pub(super) fn state(&self, id: &str) -> Option<&'a DeviceState> {
+        self.obs.devices.get(id)
+    }
+
+    /// `device ID (PATH, PLAN:LINE:COL)`: how refusals name a device, with its place in the
+    /// plan file.
+    pub(super) fn at(&self, device: &str) -> String {
+        let path = self
+            .plan
+            .devices
+            .get(device)
+            .map(|d| d.path.display().to_string())
+            .unwrap_or_default();
+        match self
+            .plan
+            .location_of(&[PathSeg::Key("devices".into()), PathSeg::Key(device.into())])
+        {
+            Some((line, col)) => format!(
+                "device {device} ({path}, {}:{line}:{col})",
+                self.plan.source_path.display()
+            ),
+            None => format!("device {device} ({path})"),
+        }
+    }
+
+    /// Refuses for device `id`.
+    pub(super) fn refuse_device(&mut self, id: &str, message: String) {
+        self.refusals.push(Refusal::device(id, message));
+    }
+
+    /// Refuses for key `id`.
+    fn refuse_key(&mut self, id: &str, message: String) {
+        self.refusals.push(Refusal::key(id, message));
+    }
+
+    /// Records of `device` keyplan can no longer use, described for a refusal (e.g.
+    /// ` (keyslot 1 (k v1) was removed outside keyplan)`), or an empty string.
+    fn lost_records(&self, device: &str) -> String {
+        let Some(st) = self.state(device) else {
+            return String::new();
+        };
+        let lost: Vec<String> = st
+            .records
+            .iter()
+            .filter_map(|r| {
+                let (slot, key, v) = (r.slot, &r.record.key, r.record.version);
+                Some(match r.status {
+                    RecordStatus::Valid => return None,
+                    RecordStatus::KeyslotGone => {
+                        format!("keyslot {slot} ({key} v{v}) was removed outside keyplan")
+                    }
+                    RecordStatus::Rewritten => {
+                        format!("keyslot {slot} ({key} v{v}) was rewritten outside keyplan")
+                    }
+                    RecordStatus::FailedVerify => format!(
+                        "keyslot {slot} no longer opens with {key} v{v} from the KMS (--verify)"
+                    ),
+                })
+            })
+            .collect();
+        if lost.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", lost.join("; "))
+        }
+    }
+
+    /// Lists a keyslot change.
+    fn change(
+        &mut self,
+        device: &str,
+        slot: u32,
+        action: SlotAction,
+        key: Option<&str>,
+        version: Option<u64>,
+        (reason_code, reason): (ReasonCode, String),
+    ) {
+        self.slots.push(SlotChange {
+            device: device.to_string(),
+            slot,
+            action,
+            key: key.map(str::to_string),
+            version,
+            reason,
+            reason_code,
+        });
+    }
+
+    /// The keyslot `key` is pinned to on `device`, if any.
+    fn pinned(&self, device: &str, key: &str) -> Option<u32> {
+        self.plan
+            .devices
+            .get(device)
+            .and_then(|d| d.keys.iter().find(|k| k.key == key))
+            .and_then(|k| k.keyslot)
+    }
+
+    /// The keyslots other keys are pinned to on `device`.
+    fn pins_of_others(&self, device: &str, key: &str) -> BTreeSet<u32> {
+        self.plan
+            .devices
+            .get(device)
+            .map(|d| {
+                d.keys
+                    .iter()
+                    .filter(|k| k.key != key)
+                    .filter_map(|k| k.keyslot)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// True when `device` says `unmanaged_keyslots: remove`.
+    fn removes_unmanaged(&self, device: &str) -> bool {
+        self.plan
+            .devices
+            .get(device)
+            .is_some_and(|d| d.unmanaged == UnmanagedKeyslots::Remove)
+    }
+
+    /// Picks the keyslot for a new keyslot of `key` on `device`: the pinned one when free (and
+    /// `allow_pinned`), else the lowest free keyslot not pinned by another key and not already
+    /// chosen. Refuses when there is none.
+    fn target(&mut self, device: &str, key: &str, allow_pinned: bool) -> Option<u32> {
+        let st = self.state(device)?;
+        let free = st.free_slots();
+        let others = self.pins_of_others(device, key);
+        let pinned = self.pinned(device, key);
+        let reserved = self
+            .devs
+            .get(device)
+            .map(|d| d.reserved.clone())
+            .unwrap_or_default();
+        let pick = match pinned {
+            Some(n) if allow_pinned && free.contains(&n) && !reserved.contains(&n) => Some(n),
+            _ => free
+                .into_iter()
+                .find(|s| !others.contains(s) && !reserved.contains(s) && Some(*s) != pinned),
+        };
+        if let Some(s) = pick {
+            let d = self.dev(device);
+            d.reserved.insert(s);
+            d.added.insert(s);
+            return Some(s);
+        }
+        let max = st.header.version.max_keyslots();
+        let advice = if self.removes_unmanaged(device) {
+            "Unmanaged keyslots are removed only after the plan's keys are in place: run `keyplan apply` without --rotate first, or free a keyslot by hand (cryptsetup luksKillSlot)"
+        } else {
+            "Free a keyslot by hand (cryptsetup luksKillSlot) or set unmanaged_keyslots: remove"
+        };
+        let message = format!(
+            "{}: no free keyslot for {key} (all {max} keyslots are in use or pinned); nothing was changed. {advice}",
+            self.at(device)
+        );
+        self.refuse_device(device, message);
+        None
+    }
+
+    /// Adds `version` of `key` into `slot` of `device`, unlocking with `unlock`, and its verify.
+    /// Returns `(add, verify)`.
+    fn add_step(
+        &mut self,
+        device: &str,
+        key: &str,
+        version: VersionRef,
+        slot: u32,
+        unlock: Unlock,
+    ) -> (usize, usize) {
+        let a = self.g.add(Step::AddKeyslot {
+            device: device.to_string(),
+            key: key.to_string(),
+            version,
+            slot,
+            unlock,
+        });
+        let v = self.g.add(Step::Verify {
+            device: device.to_string(),
+            key: key.to_string(),
+            version,
+            slot,
+        });
+        (a, v)
+    }
+
+    /// A verify that `version` of `key` opens the existing `slot` of `device`.
+    fn verify_step(&mut self, device: &str, key: &str, version: VersionRef, slot: u32) -> usize {
+        self.g.add(Step::Verify {
+            device: device.to_string(),
+            key: key.to_string(),
+            version,
+            slot,
+        })
+    }
+
+    /// A kill of `slot` of `device`, which must hold `holder`, once `anchor` is verified.
+    fn kill(&mut self, device: &str, slot: u32, holder: SlotHolder, anchor: usize) -> usize {
+        let k = self.g.add(Step::KillKeyslot {
+            device: device.to_string(),
+            slot,
+            holder,
+            anchor,
+        });
+        self.dev(device).kills.insert(slot, k);
+        k
+    }
+
+    /// The KMS instance name of `key` (empty if the key is not in the plan).
+    fn kms_of(&self, key: &str) -> String {
+        self.plan
+            .keys
+            .get(key)
+            .map(|k| k.kms.clone())
+            .unwrap_or_default()
+    }
+
+    /// Plan devices that list `key` and could be observed, in plan order.
+    fn devices_of(&self, key: &str) -> Vec<String> {
+        self.plan
+            .devices
+            .values()
+            .filter(|d| d.keys.iter().any(|k| k.key == key))
+            .filter(|d| self.obs.devices.contains_key(&d.id))
+            .map(|d| d.id.clone())
+            .collect()
+    }
+
+    /// The facts of each device's repairs (records `--verify` failed): after the device's
+    /// anchor, and after the commit that anchor waits for.
+    fn repairs(&mut self) {
+        for d in self.devs.values() {
+            for &r in &d.repairs {
+                if let Some(a) = d.anchor {
+                    self.intents.after_verify.push((r, a));
+                }
+                if let Some(c) = d.anchor_commit {
+                    self.intents.after_commit.push((r, c));
+                }
+            }
+        }
+    }
+}

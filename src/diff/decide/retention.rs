@@ -1,0 +1,110 @@
+//! Which old versions a rotation destroys in the KMS (docs/architecture.md, "Retention:
+//! previous version kept, known devices consulted").
+//!
+//! The version superseded now stays as `previous` (a device that was offline, or left the
+//! plan, can still be opened with it). Older versions are destroyed once no device keyplan
+//! knows holds them: plan devices that do not list this key (their keyslots are removed by
+//! `removals`, but only after this run's retire would be too late to matter) and former devices
+//! that left the plan but are still present. While a former device cannot be read, nothing is
+//! destroyed.
+
+use std::collections::BTreeMap;
+
+use super::Planner;
+use crate::graph::Step;
+use crate::kms::{KeyState, VersionState};
+use crate::world::RecordStatus;
+
+impl Planner<'_> {
+    /// Plans the retire steps of `key` (state `st`) rotated on `devices` and notes the versions
+    /// kept and why. Returns the versions destroyed.
+    pub(super) fn retention(&mut self, key: &str, st: &KeyState, devices: &[String]) -> Vec<u64> {
+        let held = self.held_elsewhere(key, devices);
+        let old: Vec<u64> = st
+            .versions
+            .values()
+            .filter(|v| v.state == VersionState::Previous)
+            .map(|v| v.version)
+            .collect();
+        let mut retired = Vec::new();
+        if !self.obs.former_unreadable.is_empty() && !old.is_empty() {
+            self.note_unknown_holders(key, &old);
+        }
+        for v in old
+            .into_iter()
+            .filter(|_| self.obs.former_unreadable.is_empty())
+        {
+            if let Some(where_) = held.get(&v) {
+                let former = self
+                    .obs
+                    .former
+                    .keys()
+                    .any(|f| where_.iter().any(|w| w.starts_with(f.as_str())));
+                self.notes.push(format!(
+                    "{key} v{v} is kept in the KMS: {} still hold{} it{}",
+                    where_.join(", "),
+                    if where_.len() == 1 { "s" } else { "" },
+                    if former {
+                        " (a device no longer in the plan; keyplan does not touch it)"
+                    } else {
+                        ""
+                    }
+                ));
+                continue;
+            }
+            self.g.add(Step::Retire {
+                key: key.to_string(),
+                version: v,
+            });
+            retired.push(v);
+        }
+        if let Some(c) = st.current {
+            if let Some(where_) = held.get(&c) {
+                self.notes.push(format!(
+                    "{key} v{c} stays in the KMS as the previous version; {} still hold{} it",
+                    where_.join(", "),
+                    if where_.len() == 1 { "s" } else { "" }
+                ));
+            }
+        }
+        retired
+    }
+
+    /// Versions of `key`'s KMS entry that keyslots outside this rotation hold, with where:
+    /// every valid record of the same entry (another device, or an older key id naming the
+    /// same entry, or a former device), except the keyslots of this key on the `devices` it is
+    /// rotated on (those are replaced in this run).
+    fn held_elsewhere(&self, key: &str, devices: &[String]) -> BTreeMap<u64, Vec<String>> {
+        let mut held: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+        let spec = self.plan.keys.get(key);
+        for (id, d) in self.obs.devices.iter().chain(self.obs.former.iter()) {
+            for r in d.records.iter().filter(|r| r.status == RecordStatus::Valid) {
+                let same_entry = spec.is_some_and(|k| r.record.is_of(k));
+                if !same_entry || (devices.contains(id) && r.record.key == key) {
+                    continue;
+                }
+                held.entry(r.record.version)
+                    .or_default()
+                    .push(format!("{id} keyslot {}", r.slot));
+            }
+        }
+        held
+    }
+
+    /// Notes that versions `old` of `key` are kept because former devices cannot be read.
+    fn note_unknown_holders(&mut self, key: &str, old: &[u64]) {
+        let list: Vec<String> = self
+            .obs
+            .former_unreadable
+            .iter()
+            .map(|(id, path, why)| format!("{id} ({}: {why})", path.display()))
+            .collect();
+        self.notes.push(format!(
+            "{key} v{} {} kept in the KMS: device(s) keyplan worked on before cannot be read now, so nobody knows which versions they hold: {}. Once such a device is gone for good, delete its entry from {}",
+            old.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", v"),
+            if old.len() == 1 { "is" } else { "are" },
+            list.join("; "),
+            self.plan.state_dir.join(crate::world::REGISTRY_FILE).display()
+        ));
+    }
+}

@@ -1,0 +1,257 @@
+//! A rotation (DESIGN.md §5): stage a new version, add it on every device, verify it, commit,
+//! kill the keyslots of the old version; a pinned key's new version moves back into its pinned
+//! keyslot after the commit (docs/architecture.md, "Pinned keys cost more to rotate").
+
+use super::Planner;
+use crate::diff::{KeyAction, KeyChange, ReasonCode, SlotAction};
+use crate::graph::{SlotHolder, Step, Unlock, VersionRef};
+use crate::kms::KeyState;
+
+/// The steps of one rotation that every device's steps hang on.
+#[derive(Clone, Copy)]
+struct Rotation {
+    commit: usize,
+    /// The version that becomes current (the pending one, or the predicted next number).
+    to: u64,
+    action: KeyAction,
+}
+
+impl Planner<'_> {
+    /// Rotates `key` (state `st`) on `devices`: one stage and one commit, per device an add and
+    /// a verify of the new version (or a verify of a keyslot that holds the pending version
+    /// already) and the kills of the old keyslots, then which old versions the KMS destroys.
+    pub(super) fn rotate(
+        &mut self,
+        key: &str,
+        st: &KeyState,
+        devices: &[String],
+        action: KeyAction,
+        (reason_code, reason): (ReasonCode, String),
+    ) {
+        let c = st.current;
+        let max_known = st.versions.keys().copied().max().unwrap_or(0);
+        let at_least = self.max_recorded(key).max(max_known) + 1;
+        let to = st.pending.unwrap_or(at_least);
+        let change_index = self.keys.len();
+        self.keys.push(KeyChange {
+            key: key.to_string(),
+            kms: self.kms_of(key),
+            action,
+            from: c,
+            to,
+            reason,
+            reason_code,
+            retire: Vec::new(),
+            from_kms: None,
+        });
+        self.g.add(Step::Stage {
+            key: key.to_string(),
+            at_least,
+        });
+        let commit = self.g.add(Step::Commit {
+            key: key.to_string(),
+            expected_current: c,
+        });
+        let r = Rotation { commit, to, action };
+        for device in devices {
+            self.rotate_device(key, st, device, r);
+        }
+        let retired = self.retention(key, st, devices);
+        if let Some(k) = self.keys.get_mut(change_index) {
+            k.retire = retired;
+        }
+    }
+
+    /// The highest version of `key` any plan device's record names (0 for none): a new version
+    /// is numbered above it, so a number a stale keyslot claims is never reused.
+    fn max_recorded(&self, key: &str) -> u64 {
+        self.obs
+            .devices
+            .values()
+            .flat_map(|d| d.records.iter())
+            .filter(|r| r.record.key == key)
+            .map(|r| r.record.version)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The rotation's steps on one device.
+    fn rotate_device(&mut self, key: &str, st: &KeyState, device: &str, r: Rotation) {
+        let Some(ds) = self.state(device) else {
+            return;
+        };
+        let recs = ds.slots_of(key);
+        let pinned = self.pinned(device, key);
+        let already = st
+            .pending
+            .and_then(|p| recs.iter().find(|(_, v)| *v == p).map(|(s, _)| *s));
+        let (new_slot, verify) = match already {
+            Some(s) => (s, self.verify_step(device, key, VersionRef::Staged, s)),
+            None => match self.add_new_version(key, st, device, pinned, &recs, r) {
+                Some(x) => x,
+                None => return,
+            },
+        };
+        self.intents.gates.push((verify, r.commit));
+        let d = self.dev(device);
+        if d.anchor.is_none() {
+            d.anchor = Some(verify);
+            d.anchor_commit = Some(r.commit);
+        }
+        let mut pinned_kill = None;
+        for (s, v) in recs.iter().copied().filter(|(s, _)| *s != new_slot) {
+            let holder = SlotHolder::Record {
+                key: key.to_string(),
+                version: VersionRef::Version(v),
+            };
+            let k = self.kill(device, s, holder, verify);
+            self.intents.after_commit.push((k, r.commit));
+            self.change(
+                device,
+                s,
+                SlotAction::Remove,
+                Some(key),
+                Some(v),
+                (
+                    ReasonCode::SupersededVersion,
+                    format!("replaced by {key} v{}", r.to),
+                ),
+            );
+            if Some(s) == pinned {
+                pinned_kill = Some(k);
+            }
+        }
+        if let Some(n) = pinned.filter(|n| *n != new_slot) {
+            if pinned_kill.is_none() {
+                pinned_kill = self.evict_unmanaged_pin(key, device, n, verify, r);
+            }
+            if let Some(k) = pinned_kill {
+                self.move_back_to_pin(key, device, n, new_slot, k, r);
+            }
+        }
+    }
+
+    /// Adds the staged version on `device` (into the pinned keyslot when it is free), unlocking
+    /// with the current version `st.current`. Returns the keyslot and its verify; refuses when
+    /// the pinned keyslot holds a keyslot keyplan may not evict, or no keyslot or way in is
+    /// left.
+    fn add_new_version(
+        &mut self,
+        key: &str,
+        st: &KeyState,
+        device: &str,
+        pinned: Option<u32>,
+        recs: &[(u32, u64)],
+        r: Rotation,
+    ) -> Option<(u32, usize)> {
+        if let Some(n) = pinned {
+            let occupied = self
+                .state(device)
+                .is_some_and(|ds| ds.header.keyslots.contains_key(&n));
+            let held_by_key = recs.iter().any(|(s, _)| *s == n);
+            if occupied && !held_by_key && self.evictable(device, key, n).is_none() {
+                let message = format!(
+                    "{}: keyslot {n} is pinned for {key} but holds a keyslot that is not {key}'s; nothing was changed. Free keyslot {n} or pin another one",
+                    self.at(device)
+                );
+                self.refuse_device(device, message);
+                return None;
+            }
+        }
+        let target = self.target(device, key, true)?;
+        let unlock = self.unlock(device, key, st.current)?;
+        let (_, v) = self.add_step(device, key, VersionRef::Staged, target, unlock);
+        let why = match r.action {
+            KeyAction::Create => (ReasonCode::NotCreated, "not in KMS: new key".to_string()),
+            _ => (ReasonCode::NewVersion, format!("rotate {key}")),
+        };
+        self.change(device, target, SlotAction::Add, Some(key), Some(r.to), why);
+        Some((target, v))
+    }
+
+    /// A pinned keyslot `n` held by an unmanaged keyslot (under `remove`): killed after the
+    /// commit, like an old version, to make room. Returns the kill.
+    fn evict_unmanaged_pin(
+        &mut self,
+        key: &str,
+        device: &str,
+        n: u32,
+        verify: usize,
+        r: Rotation,
+    ) -> Option<usize> {
+        let occupied = self
+            .state(device)
+            .is_some_and(|ds| ds.header.keyslots.contains_key(&n));
+        if !occupied {
+            return None;
+        }
+        let holder @ SlotHolder::Unmanaged { .. } = self.evictable(device, key, n)? else {
+            return None;
+        };
+        let k = self.kill(device, n, holder, verify);
+        self.intents.after_commit.push((k, r.commit));
+        self.change(
+            device,
+            n,
+            SlotAction::Remove,
+            None,
+            None,
+            (
+                ReasonCode::MakeRoom,
+                format!("make room in pinned keyslot {n} for {key}"),
+            ),
+        );
+        Some(k)
+    }
+
+    /// Moves the new version into the pinned keyslot `n` once kill `freed` emptied it: add into
+    /// `n` unlocking through `new_slot`, verify, kill `new_slot` (3 more PBKDF runs). The verify
+    /// of `n` becomes the device's anchor.
+    fn move_back_to_pin(
+        &mut self,
+        key: &str,
+        device: &str,
+        n: u32,
+        new_slot: u32,
+        freed: usize,
+        r: Rotation,
+    ) {
+        let unlock = Unlock::Key {
+            key: key.to_string(),
+            version: VersionRef::Staged,
+            slot: new_slot,
+        };
+        let (a2, v2) = self.add_step(device, key, VersionRef::Staged, n, unlock);
+        self.intents.frees.push((freed, a2));
+        self.change(
+            device,
+            n,
+            SlotAction::Add,
+            Some(key),
+            Some(r.to),
+            (
+                ReasonCode::MoveToPinned,
+                format!("move {key} v{} back to pinned keyslot {n}", r.to),
+            ),
+        );
+        let holder = SlotHolder::Record {
+            key: key.to_string(),
+            version: VersionRef::Staged,
+        };
+        self.kill(device, new_slot, holder, v2);
+        self.change(
+            device,
+            new_slot,
+            SlotAction::Remove,
+            Some(key),
+            Some(r.to),
+            (
+                ReasonCode::TemporaryKeyslot,
+                format!("temporary keyslot of the rotation (pinned keyslot is {n})"),
+            ),
+        );
+        let d = self.dev(device);
+        d.anchor = Some(v2);
+        d.anchor_commit = Some(r.commit);
+    }
+}

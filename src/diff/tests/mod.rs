@@ -1,0 +1,9 @@
+//! Pure planner tests: synthetic observed states (no cryptsetup, no KMS, no files but the plan
+//! text), the changes and the step graph as snapshots (`src/diff/tests/snapshots/`).
+//!
+//! `scenario` builds plans and observed states; `snapshots` holds the scenario tests;
+//! `differential` compares the planner with the one it replaced on random states.
+
+mod differential;
+pub(crate) mod scenario;
+mod snapshots;

@@ -1,0 +1,87 @@
+//! Reading the KMSs: every key's version metadata, and where moved keys' records say they were.
+
+use std::collections::BTreeMap;
+
+use super::{DeviceState, Origin};
+use crate::error::Finding;
+use crate::kms::KeyState;
+use crate::spec::{PathSeg, Plan};
+use crate::world::{RecordStatus, World};
+
+/// `keys.<id>` as a path into the plan document.
+fn key_path(id: &str) -> Vec<PathSeg> {
+    vec![PathSeg::Key("keys".into()), PathSeg::Key(id.to_string())]
+}
+
+/// Reads every key's state in its KMS (one read each, in plan order). Keys that cannot be read
+/// are left out, with a finding pointing at the key in the plan.
+pub(super) fn read(
+    plan: &Plan,
+    world: &World,
+    findings: &mut Vec<Finding>,
+) -> BTreeMap<String, KeyState> {
+    let mut keys = BTreeMap::new();
+    for (id, key) in &plan.keys {
+        let res = world
+            .kms_for(plan, id)
+            .map_err(|e| e.to_string())
+            .and_then(|k| k.read(&key.name).map_err(|e| e.to_string()));
+        match res {
+            Ok(st) => {
+                keys.insert(id.clone(), st);
+            }
+            Err(e) => findings.push(Finding::at(key_path(id), format!("key {id}: {e}"), None)),
+        }
+    }
+    keys
+}
+
+/// Finds, for every key of `plan`, the other `(KMS instance, name)` pairs its valid records
+/// on plan devices name, and reads the key there (one KMS read each).
+///
+/// Errors: every origin KMS that cannot be read, pointing at the key in the plan.
+pub(super) fn origins(
+    plan: &Plan,
+    world: &World,
+    devices: &BTreeMap<String, DeviceState>,
+) -> Result<BTreeMap<String, Vec<Origin>>, Vec<Finding>> {
+    let mut out: BTreeMap<String, Vec<Origin>> = BTreeMap::new();
+    let mut errors = Vec::new();
+    for (id, key) in &plan.keys {
+        let mut seen: Vec<(String, String)> = devices
+            .values()
+            .flat_map(|d| d.records.iter())
+            .filter(|r| r.status == RecordStatus::Valid && r.record.key == *id)
+            .filter_map(|r| r.record.entry.clone())
+            .filter(|(k, n)| *k != key.kms || *n != key.name)
+            .collect();
+        seen.sort();
+        seen.dedup();
+        for (kms_name, name) in seen {
+            let state = match world.kms.get(&kms_name) {
+                None => None,
+                Some(k) => match k.read(&name) {
+                    Ok(st) => Some(st),
+                    Err(e) => {
+                        errors.push(Finding::at(
+                            key_path(id),
+                            format!("key {id}: its devices record it in KMS {kms_name:?} (as {name:?}), which the plan moved it from: {e}"),
+                            None,
+                        ));
+                        continue;
+                    }
+                },
+            };
+            out.entry(id.clone()).or_default().push(Origin {
+                kms: kms_name,
+                name,
+                state,
+            });
+        }
+    }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors)
+    }
+}

@@ -1,0 +1,77 @@
+//! `key get`: the break-glass read of a key version's passphrase from its KMS.
+
+use super::Engine;
+use crate::error::Error;
+use crate::kms::VersionState;
+use crate::secret::Passphrase;
+
+/// Checks that the plan has a key `key`, before anything is opened.
+///
+/// Errors: [`Error::Request`] naming the plan file.
+pub fn check_key(plan: &crate::spec::Plan, key: &str) -> Result<(), Error> {
+    if plan.keys.contains_key(key) {
+        return Ok(());
+    }
+    Err(Error::request(
+        format!("no key {key:?} in {}", plan.source_path.display()),
+        None,
+    ))
+}
+
+/// The version `key get` means: `version`, or the key's current version in its KMS.
+///
+/// Errors: [`Error::Request`] when the plan has no such key, or the key has no current
+/// version yet; [`Error::Kms`].
+pub fn resolve_version(engine: &Engine, key: &str, version: Option<u64>) -> Result<u64, Error> {
+    let (spec, kms) = key_and_kms(engine, key)?;
+    match version {
+        Some(v) => Ok(v),
+        None => kms.read(&spec.name)?.current.ok_or_else(|| {
+            Error::request(
+                format!(
+                    "{}: key {key} has no current version yet; run `keyplan apply`",
+                    kms.describe()
+                ),
+                None,
+            )
+        }),
+    }
+}
+
+/// The passphrase of `version` of `key` (zeroized when dropped).
+///
+/// Errors: [`Error::Request`] when the version was retired (its material destroyed);
+/// [`Error::Kms`] (no such version, KMS unreachable, ...).
+pub fn material(engine: &Engine, key: &str, version: u64) -> Result<Passphrase, Error> {
+    let (spec, kms) = key_and_kms(engine, key)?;
+    let state = kms.read(&spec.name)?;
+    if let Some(info) = state.versions.get(&version) {
+        if info.state == VersionState::Retired {
+            return Err(Error::request(
+                format!(
+                    "{}: {key} v{version} was retired: its material was destroyed after a rotation, as no device held it any more",
+                    kms.describe()
+                ),
+                None,
+            ));
+        }
+    }
+    Ok(kms.get(&spec.name, version)?)
+}
+
+/// The plan's key `key` and its KMS.
+///
+/// Errors: [`Error::Request`] when the plan has no such key.
+fn key_and_kms<'e>(
+    engine: &'e Engine,
+    key: &str,
+) -> Result<(&'e crate::spec::Key, &'e dyn crate::kms::Kms), Error> {
+    let plan = engine.plan();
+    check_key(plan, key)?;
+    let spec = &plan.keys[key];
+    let kms = engine
+        .world()
+        .kms_for(plan, key)
+        .map_err(|e| Error::request(e.to_string(), None))?;
+    Ok((spec, kms))
+}

@@ -1,0 +1,598 @@
+//! `status`: per key its KMS state and rotation schedule, per device its drift from the plan,
+//! and the journal's last run, as one [`StatusReport`] (rendered by `render::status` as text,
+//! JSON or Prometheus metrics; docs/monitoring.md has the definitions).
+//!
+//! Reads the KMSs, the journal and the LUKS headers; writes nothing; no PBKDF run. It tells a
+//! problem it found ([`Verdict::Problem`]) apart from something it could not check
+//! ([`Verdict::Unknown`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use super::Engine;
+use crate::diff::{self, DiffOptions, SlotAction};
+use crate::graph::Step;
+use crate::journal::{Event, Record};
+use crate::kms::KeyState;
+use crate::observe::{self, EnrollCheck, Observed};
+use crate::spec::Plan;
+use crate::world::RecordStatus;
+
+/// Version of the JSON document `status --format json` writes (minor versions only add fields).
+pub const FORMAT_VERSION: &str = "1.0";
+
+/// What `status` concludes (its exit status: docs/monitoring.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Everything was checked and no problem found.
+    Healthy,
+    /// At least one problem was found (`problems`).
+    Problem,
+    /// No problem was found, but something could not be checked (`unchecked`).
+    Unknown,
+}
+
+/// The whole report: what every output format renders.
+#[derive(Debug, Clone, Serialize)]
+pub struct StatusReport {
+    /// Always [`FORMAT_VERSION`].
+    pub format_version: &'static str,
+    /// When the report was made, Unix seconds (UTC).
+    pub generated_at: u64,
+    /// True when the verdict is [`Verdict::Healthy`] (exit code 0).
+    pub healthy: bool,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// One line per problem found.
+    pub problems: Vec<String>,
+    /// One line per thing that could not be checked, and why.
+    pub unchecked: Vec<String>,
+    /// Keys in plan order.
+    pub keys: Vec<KeyReport>,
+    /// Devices in plan order.
+    pub devices: Vec<DeviceReport>,
+    /// The last run in the journal, if any.
+    pub last_run: Option<RunReport>,
+    /// When the last run that ended with `success` ended, Unix seconds.
+    pub last_success_at: Option<u64>,
+    /// Whether the last run that is over (ended, or stopped without an end record and no
+    /// longer holding the state lock) succeeded; `None` before the first such run. Equals
+    /// `last_run.outcome == "success"` unless the last run is `in_progress`, in which case it
+    /// describes the run before it. Feeds `keyplan_last_run_success` only.
+    #[serde(skip)]
+    pub last_over_success: Option<bool>,
+}
+
+/// One key.
+#[derive(Debug, Clone, Serialize)]
+pub struct KeyReport {
+    /// Key id.
+    pub id: String,
+    /// KMS instance name from the plan.
+    pub kms: String,
+    /// Provider of that instance (`file`, `vault`, ...).
+    pub provider: String,
+    /// Name of the key in the KMS.
+    pub name: String,
+    /// False when the KMS could not be read (`error` says why).
+    pub readable: bool,
+    /// Why the KMS could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The current version.
+    pub current: Option<CurrentReport>,
+    /// True when a run committed a version of this key but the KMS has no current version.
+    pub missing: bool,
+    /// `rotate_after` in seconds.
+    pub rotate_after_seconds: Option<u64>,
+    /// `current.created_at + rotate_after_seconds`, Unix seconds.
+    pub rotation_due_at: Option<u64>,
+    /// True when the rotation is due and has not happened.
+    pub overdue: bool,
+    /// Version staged by a run that has not committed it yet.
+    pub pending: Option<u64>,
+    /// Older versions whose material the KMS still holds.
+    pub retained: Vec<u64>,
+}
+
+/// A key's current version.
+#[derive(Debug, Clone, Serialize)]
+pub struct CurrentReport {
+    /// Version number.
+    pub version: u64,
+    /// Unix seconds.
+    pub created_at: u64,
+    /// Seconds since `created_at`.
+    pub age_seconds: u64,
+}
+
+/// One device.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceReport {
+    /// Device id.
+    pub id: String,
+    /// Device path.
+    pub path: String,
+    /// False when drift could not be determined (the KMS or the plan stopped the observation;
+    /// `unchecked` says why).
+    pub checked: bool,
+    /// True when `drift` is not empty.
+    pub drifted: bool,
+    /// The findings.
+    pub drift: Vec<DriftReport>,
+}
+
+/// One drift finding.
+#[derive(Debug, Clone, Serialize)]
+pub struct DriftReport {
+    /// The keyslot concerned, when one is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keyslot: Option<u32>,
+    /// What kind of drift.
+    pub kind: DriftKind,
+    /// What `status` found or `apply` would do.
+    pub detail: String,
+}
+
+/// Kinds of drift (docs/monitoring.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DriftKind {
+    /// The device cannot be read (missing, not LUKS, another LUKS UUID than the plan's).
+    Unreadable,
+    /// A keyslot keyplan recorded is gone (its LUKS2 token or LUKS1 record remains).
+    KeyslotGone,
+    /// A keyslot keyplan recorded was rewritten (other KDF salt).
+    KeyslotRewritten,
+    /// A key the plan lists for the device is held by no keyslot.
+    KeyMissing,
+    /// The device holds a version of a key other than the KMS's current one.
+    StaleVersion,
+    /// A keyslot holds a key the plan no longer lists for the device.
+    KeyNotListed,
+    /// A keyslot keyplan did not create, under `unmanaged_keyslots: remove`.
+    UnmanagedKeyslot,
+    /// Any other change `keyplan plan` would make on the device.
+    Other,
+}
+
+impl DriftKind {
+    /// The snake_case name (`key_missing`, ...), as in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            DriftKind::Unreadable => "unreadable",
+            DriftKind::KeyslotGone => "keyslot_gone",
+            DriftKind::KeyslotRewritten => "keyslot_rewritten",
+            DriftKind::KeyMissing => "key_missing",
+            DriftKind::StaleVersion => "stale_version",
+            DriftKind::KeyNotListed => "key_not_listed",
+            DriftKind::UnmanagedKeyslot => "unmanaged_keyslot",
+            DriftKind::Other => "other",
+        }
+    }
+}
+
+/// The last run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    /// Run id.
+    pub id: String,
+    /// Unix seconds.
+    pub started_at: u64,
+    /// Unix seconds; `None` when the run has no end record.
+    pub ended_at: Option<u64>,
+    /// `success`, `failed`, `interrupted` (signal), `in_progress` (no end record, and a run
+    /// holds the state lock right now), or `unfinished` (no end record and the lock is free:
+    /// killed or crashed).
+    pub outcome: String,
+    /// Who holds the state lock (`pid P on host H since T`), for an `in_progress` run only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    /// The last error recorded for the run (never key material).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// What `status` collects before the verdict.
+#[derive(Default)]
+struct Findings {
+    problems: Vec<String>,
+    unchecked: Vec<String>,
+}
+
+/// `keyplan status`: KMS state per key, drift per device, the journal's last run. Never fails:
+/// what cannot be read becomes an `unchecked` line of the report.
+pub fn status(engine: &Engine) -> StatusReport {
+    let plan = engine.plan();
+    let now = crate::clock::now_unix();
+    let mut f = Findings::default();
+    let records = match crate::journal::read(&plan.state_dir) {
+        Ok(r) => r,
+        Err(e) => {
+            f.unchecked.push(format!("journal unreadable: {e}"));
+            Vec::new()
+        }
+    };
+    let (observed, mut devices) = observe_devices(engine, &mut f);
+    let committed = committed_keys(&records);
+    let keys = plan
+        .keys
+        .keys()
+        .map(|id| key_report(engine, observed.as_ref(), id, &committed, now, &mut f))
+        .collect();
+    let last_run = last_run(plan, &records);
+    let last_over_success = last_over_success(&records, last_run.as_ref());
+    if let Some(r) = &last_run {
+        if r.outcome != "success" && r.outcome != "in_progress" {
+            f.problems.push(format!(
+                "last run {} {} (`keyplan journal` shows its steps; `keyplan apply` finishes or retries it)",
+                r.id, r.outcome
+            ));
+        }
+    }
+    let last_success_at = records.iter().rev().find_map(|x| match &x.event {
+        Event::RunEnd { outcome, .. } if outcome == "success" => Some(x.ts),
+        _ => None,
+    });
+    for d in &mut devices {
+        d.drifted = !d.drift.is_empty();
+        if d.drifted {
+            let kinds: BTreeSet<&str> = d.drift.iter().map(|x| x.kind.name()).collect();
+            f.problems.push(format!(
+                "device {} drifted ({}; `keyplan plan` shows the repair)",
+                d.id,
+                kinds.into_iter().collect::<Vec<_>>().join(", ")
+            ));
+        }
+    }
+    let verdict = if !f.problems.is_empty() {
+        Verdict::Problem
+    } else if !f.unchecked.is_empty() {
+        Verdict::Unknown
+    } else {
+        Verdict::Healthy
+    };
+    StatusReport {
+        format_version: FORMAT_VERSION,
+        generated_at: now,
+        healthy: verdict == Verdict::Healthy,
+        verdict,
+        problems: f.problems,
+        unchecked: f.unchecked,
+        keys,
+        devices,
+        last_run,
+        last_success_at,
+        last_over_success,
+    }
+}
+
+/// One key's report: from the observation when there is one, else read from its KMS now.
+fn key_report(
+    engine: &Engine,
+    observed: Option<&Observed>,
+    id: &str,
+    committed: &BTreeSet<String>,
+    now: u64,
+    f: &mut Findings,
+) -> KeyReport {
+    let plan = engine.plan();
+    let key = &plan.keys[id];
+    let provider = plan
+        .kms
+        .get(&key.kms)
+        .map_or("unknown", |k| k.provider())
+        .to_string();
+    let state: Result<KeyState, String> = match observed.and_then(|o| o.keys.get(id)) {
+        Some(st) => Ok(st.clone()),
+        None => engine
+            .world()
+            .kms_for(plan, id)
+            .map_err(|e| e.to_string())
+            .and_then(|k| k.read(&key.name).map_err(|e| e.to_string())),
+    };
+    let mut kr = KeyReport {
+        id: id.to_string(),
+        kms: key.kms.clone(),
+        provider,
+        name: key.name.clone(),
+        readable: true,
+        error: None,
+        current: None,
+        missing: false,
+        rotate_after_seconds: key.rotate_after.map(|d| d.as_secs()),
+        rotation_due_at: None,
+        overdue: false,
+        pending: None,
+        retained: Vec::new(),
+    };
+    let st = match state {
+        Ok(st) => st,
+        Err(e) => {
+            f.unchecked
+                .push(format!("key {id}: KMS {} unreadable: {e}", key.kms));
+            kr.readable = false;
+            kr.error = Some(e);
+            return kr;
+        }
+    };
+    if let Some(c) = st.current_info() {
+        kr.current = Some(CurrentReport {
+            version: c.version,
+            created_at: c.created_at,
+            age_seconds: now.saturating_sub(c.created_at),
+        });
+        if let Some(limit) = key.rotate_after {
+            let due = c.created_at.saturating_add(limit.as_secs());
+            kr.rotation_due_at = Some(due);
+            if due <= now {
+                kr.overdue = true;
+                f.problems.push(format!(
+                    "key {id}: rotation overdue by {} (rotate_after {})",
+                    diff::short_duration(std::time::Duration::from_secs(now - due)),
+                    key.rotate_after_text.as_deref().unwrap_or("?")
+                ));
+            }
+        }
+    } else if committed.contains(id) {
+        kr.missing = true;
+        f.problems.push(format!(
+            "key {id}: missing from its KMS {} although a run committed a version",
+            key.kms
+        ));
+    }
+    kr.pending = st.pending;
+    kr.retained = st.retained_previous();
+    kr
+}
+
+/// The journal's last run, with its outcome; `in_progress` when it has no end record and a
+/// run holds the state lock (only a run takes it), `unfinished` when the lock is free.
+fn last_run(plan: &Plan, records: &[Record]) -> Option<RunReport> {
+    let r = crate::journal::last_run(records)?;
+    let ended_at = records.iter().rev().find_map(|x| match &x.event {
+        Event::RunEnd { .. } if x.run == r.run => Some(x.ts),
+        _ => None,
+    });
+    let holder = match r.ended {
+        Some(_) => None,
+        None => crate::journal::lock_holder(&plan.state_dir),
+    };
+    let outcome = match (&r.ended, &holder) {
+        (Some(o), _) => o.clone(),
+        (None, Some(_)) => "in_progress".to_string(),
+        (None, None) => "unfinished".to_string(),
+    };
+    Some(RunReport {
+        id: r.run.clone(),
+        started_at: r.started,
+        ended_at,
+        outcome,
+        holder,
+        error: r.last_error.clone(),
+    })
+}
+
+/// Whether the last run that is over succeeded: the last run, or the one before it while the
+/// last one is in progress.
+fn last_over_success(records: &[Record], last: Option<&RunReport>) -> Option<bool> {
+    match last {
+        Some(r) if r.outcome == "in_progress" => records
+            .iter()
+            .rposition(|x| matches!(x.event, Event::RunStart { .. }))
+            .and_then(|start| crate::journal::last_run(&records[..start]))
+            .map(|prev| prev.ended.as_deref() == Some("success")),
+        Some(r) => Some(r.outcome == "success"),
+        None => None,
+    }
+}
+
+/// The plan the drift diff sees: no rotation is ever due (every `rotate_after` removed), so the
+/// only changes left are drift and key-level work.
+fn no_rotation_due(plan: &Plan) -> Plan {
+    let mut p = plan.clone();
+    for k in p.keys.values_mut() {
+        k.rotate_after = None;
+    }
+    p
+}
+
+/// Observes the devices and finds drift (docs/monitoring.md, "Drift"): a device drifted when
+/// `keyplan plan` would change it for a reason other than a key-level change (a due rotation,
+/// a key not created yet, a pending version, a migration). Due rotations are taken out by
+/// diffing against the plan without `rotate_after`; `enroll_with` passphrases are not tested
+/// (no PBKDF run), though the diff still sees them, so it plans as `apply` would.
+///
+/// Unreadable devices become drift of their own and are left out of the diff. What stops the
+/// observation lands in `unchecked`, with the devices marked unchecked.
+fn observe_devices(engine: &Engine, f: &mut Findings) -> (Option<Observed>, Vec<DeviceReport>) {
+    let plan = engine.plan();
+    let mut devices: Vec<DeviceReport> = plan
+        .devices
+        .values()
+        .map(|d| DeviceReport {
+            id: d.id.clone(),
+            path: d.path.display().to_string(),
+            checked: false,
+            drifted: false,
+            drift: Vec::new(),
+        })
+        .collect();
+    let mut diff_plan = no_rotation_due(plan);
+    let world = engine.world();
+    let observed = match observe::observe(&diff_plan, world, EnrollCheck::Skip) {
+        Ok(o) => Some(o),
+        Err(_) => {
+            // Find the devices that cannot be read, report them, and observe the rest.
+            for (id, why) in unreadable_devices(engine) {
+                diff_plan.devices.remove(&id);
+                if let Some(d) = devices.iter_mut().find(|d| d.id == id) {
+                    d.checked = true;
+                    d.drift.push(DriftReport {
+                        keyslot: None,
+                        kind: DriftKind::Unreadable,
+                        detail: why,
+                    });
+                }
+            }
+            match observe::observe(&diff_plan, world, EnrollCheck::Skip) {
+                Ok(o) => Some(o),
+                Err(e) => {
+                    f.unchecked.push(format!(
+                        "devices could not be checked for drift: {}",
+                        first_line(&e.to_string())
+                    ));
+                    None
+                }
+            }
+        }
+    };
+    let Some(obs) = observed else {
+        return (None, devices);
+    };
+    record_drift(&obs, &mut devices);
+    match diff::diff(&diff_plan, &obs, &DiffOptions::default()) {
+        Err(refusals) => {
+            for r in refusals {
+                f.problems
+                    .push(format!("`keyplan apply` could not proceed: {r}"));
+            }
+        }
+        Ok(d) => planned_drift(plan, &obs, &d, &mut devices),
+    }
+    (Some(obs), devices)
+}
+
+/// The plan's devices whose header cannot be read (one luksDump each, no PBKDF), or whose LUKS
+/// UUID is not the plan's, with why.
+fn unreadable_devices(engine: &Engine) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for dev in engine.plan().devices.values() {
+        let why = match engine.world().cs.dump(&dev.path) {
+            Err(e) => Some(e.to_string()),
+            Ok(h) => match &dev.uuid {
+                Some(want) if !want.eq_ignore_ascii_case(&h.uuid) => Some(format!(
+                    "it has LUKS UUID {}, not the plan's {want}",
+                    h.uuid
+                )),
+                _ => None,
+            },
+        };
+        if let Some(why) = why {
+            out.push((dev.id.clone(), why));
+        }
+    }
+    out
+}
+
+/// Marks the observed devices checked and reports their records that drift made stale.
+fn record_drift(obs: &Observed, devices: &mut [DeviceReport]) {
+    for (id, st) in &obs.devices {
+        let Some(d) = devices.iter_mut().find(|d| d.id == *id) else {
+            continue;
+        };
+        d.checked = true;
+        for r in &st.records {
+            let kind = match r.status {
+                RecordStatus::Valid => continue,
+                RecordStatus::KeyslotGone => DriftKind::KeyslotGone,
+                RecordStatus::Rewritten => DriftKind::KeyslotRewritten,
+                RecordStatus::FailedVerify => DriftKind::Other,
+            };
+            let detail = match kind {
+                DriftKind::KeyslotGone => format!(
+                    "keyslot {} was removed outside keyplan; it held {} v{}",
+                    r.slot, r.record.key, r.record.version
+                ),
+                _ => format!(
+                    "keyslot {} was rewritten outside keyplan; it no longer holds {} v{}",
+                    r.slot, r.record.key, r.record.version
+                ),
+            };
+            d.drift.push(DriftReport {
+                keyslot: Some(r.slot),
+                kind,
+                detail,
+            });
+        }
+    }
+}
+
+/// Classifies the keyslot changes of the no-rotation diff `d` that key-level work does not
+/// explain as drift of their device.
+fn planned_drift(plan: &Plan, obs: &Observed, d: &diff::Diff, devices: &mut [DeviceReport]) {
+    let key_work: BTreeSet<&str> = d.keys.iter().map(|k| k.key.as_str()).collect();
+    for c in &d.slots {
+        if c.action == SlotAction::Drift {
+            continue; // reported from the records
+        }
+        if c.key.as_deref().is_some_and(|k| key_work.contains(k)) {
+            continue; // explained by key-level work `keyplan plan` shows
+        }
+        let Some(dev) = devices.iter_mut().find(|x| x.id == c.device) else {
+            continue;
+        };
+        let listed = plan
+            .devices
+            .get(&c.device)
+            .is_some_and(|pd| pd.keys.iter().any(|k| Some(&k.key) == c.key.as_ref()));
+        let holds_other = |key: &str| {
+            obs.devices
+                .get(&c.device)
+                .is_some_and(|st| st.slots_of(key).iter().any(|(_, v)| Some(*v) != c.version))
+        };
+        let kind = match (c.action, c.key.as_deref()) {
+            (SlotAction::Add, Some(k)) if holds_other(k) => DriftKind::StaleVersion,
+            (SlotAction::Add, Some(_)) => DriftKind::KeyMissing,
+            (SlotAction::Remove, None) => DriftKind::UnmanagedKeyslot,
+            (SlotAction::Remove, Some(_)) if !listed => DriftKind::KeyNotListed,
+            (SlotAction::Remove, Some(_)) => DriftKind::StaleVersion,
+            _ => DriftKind::Other,
+        };
+        let (keyslot, what) = match (c.action, &c.key, c.version) {
+            (SlotAction::Add, Some(k), Some(v)) => {
+                (None, format!("would add {k} v{v} in keyslot {}", c.slot))
+            }
+            (SlotAction::Remove, Some(k), Some(v)) => (
+                Some(c.slot),
+                format!("would remove keyslot {} ({k} v{v})", c.slot),
+            ),
+            _ => (Some(c.slot), format!("would change keyslot {}", c.slot)),
+        };
+        dev.drift.push(DriftReport {
+            keyslot,
+            kind,
+            detail: format!("`keyplan apply` {what}: {}", c.reason),
+        });
+    }
+}
+
+/// The first line of a (possibly multi-line) message.
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or(s)
+}
+
+/// Key ids for which a run of the journal finished a commit or a migration copy (the key
+/// existed in its KMS then).
+fn committed_keys(records: &[Record]) -> BTreeSet<String> {
+    let mut steps: BTreeMap<&str, &Vec<Step>> = BTreeMap::new();
+    let mut out = BTreeSet::new();
+    for r in records {
+        match &r.event {
+            Event::RunStart { steps: s, .. } => {
+                steps.insert(r.run.as_str(), s);
+            }
+            Event::StepDone { step, .. } => {
+                if let Some(Step::Commit { key, .. } | Step::MigrateCopy { key, .. }) =
+                    steps.get(r.run.as_str()).and_then(|s| s.get(*step))
+                {
+                    out.insert(key.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}

@@ -1,0 +1,120 @@
+//! `verify`: every enrolled key's current version opens a bound keyslot of each device that
+//! lists it (one PBKDF run per key and device: `open --test-passphrase --key-slot N`).
+//! Read-only.
+
+use super::Engine;
+use crate::error::Error;
+use crate::observe::{self, EnrollCheck};
+
+/// What one key on one device showed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The current version opens this bound keyslot.
+    Opens {
+        /// The current version.
+        version: u64,
+        /// The keyslot.
+        slot: u32,
+    },
+    /// The KMS has no current version of the key.
+    NoCurrent,
+    /// No keyslot is recorded for the current version.
+    NotEnrolled {
+        /// The current version.
+        version: u64,
+    },
+    /// The current version opens the recorded keyslot, but it is not bound (opens nothing).
+    Unbound {
+        /// The current version.
+        version: u64,
+        /// The keyslot.
+        slot: u32,
+    },
+    /// The current version does not open the recorded keyslot.
+    DoesNotOpen {
+        /// The current version.
+        version: u64,
+        /// The keyslot.
+        slot: u32,
+    },
+}
+
+/// One key checked on one device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    /// Device id.
+    pub device: String,
+    /// Key id.
+    pub key: String,
+    /// What it showed.
+    pub outcome: Outcome,
+}
+
+impl Check {
+    /// True unless the current version opens a bound keyslot.
+    pub fn failed(&self) -> bool {
+        !matches!(self.outcome, Outcome::Opens { .. })
+    }
+}
+
+/// How a verify ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Summary {
+    /// Checks that failed.
+    pub failures: usize,
+    /// PBKDF runs of the whole command (observing included).
+    pub pbkdf_runs: u64,
+}
+
+/// Checks every key listed on every device, in plan order, calling `each` with every check as
+/// it is made.
+///
+/// Errors: the observation failed ([`Error::Findings`]); a KMS or cryptsetup call failed (the
+/// checks made until then were reported).
+pub fn verify(engine: &Engine, each: &mut dyn FnMut(&Check)) -> Result<Summary, Error> {
+    let (plan, world) = (engine.plan(), engine.world());
+    let observed = observe::observe(plan, world, EnrollCheck::Test)?;
+    let mut failures = 0usize;
+    for dev in plan.devices.values() {
+        let Some(st) = observed.devices.get(&dev.id) else {
+            continue;
+        };
+        for k in &dev.keys {
+            let Some(key) = plan.keys.get(&k.key) else {
+                continue;
+            };
+            let outcome = match observed.keys.get(&k.key).and_then(|s| s.current) {
+                None => Outcome::NoCurrent,
+                Some(version) => match st.slots_of(&k.key).into_iter().find(|(_, v)| *v == version)
+                {
+                    None => Outcome::NotEnrolled { version },
+                    Some((slot, _)) => {
+                        let kms = world
+                            .kms_for(plan, &k.key)
+                            .map_err(|e| Error::request(e.to_string(), None))?;
+                        let pass = kms.get(&key.name, version)?;
+                        let bound = st.header.keyslots.get(&slot).is_some_and(|s| s.bound);
+                        match (world.cs.test_passphrase(&dev.path, slot, &pass)?, bound) {
+                            (true, true) => Outcome::Opens { version, slot },
+                            (true, false) => Outcome::Unbound { version, slot },
+                            (false, _) => Outcome::DoesNotOpen { version, slot },
+                        }
+                    }
+                },
+            };
+            let check = Check {
+                device: dev.id.clone(),
+                key: k.key.clone(),
+                outcome,
+            };
+            if check.failed() {
+                failures += 1;
+            }
+            each(&check);
+        }
+    }
+    Ok(Summary {
+        failures,
+        pbkdf_runs: engine.pbkdf_runs(),
+    })
+}

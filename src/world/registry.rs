@@ -1,0 +1,116 @@
+//! The device registry: `<state_dir>/devices.json`, every device a run has touched, keyed by
+//! LUKS UUID (lower case).
+//!
+//! Retention consults it: a device that left the plan may still hold an old key version, so
+//! such a version is kept until no device keyplan knows holds it (docs/architecture.md,
+//! "Retention"). Keying by LUKS UUID means re-pointing a device id at another disk does not
+//! forget the first one.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::fsutil;
+
+/// File name of the device registry in the state directory.
+pub const REGISTRY_FILE: &str = "devices.json";
+
+/// One device keyplan has worked on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryEntry {
+    /// Device id in the plan when keyplan last worked on it.
+    pub id: String,
+    /// Device path then.
+    pub path: PathBuf,
+}
+
+/// `<state_dir>/devices.json`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Registry {
+    /// Format version (1).
+    pub format: u32,
+    /// LUKS UUID (lower case) -> entry.
+    pub devices: BTreeMap<String, RegistryEntry>,
+}
+
+/// Errors reading or writing the registry.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// The file exists but cannot be parsed; keyplan never guesses at it, because a lost
+    /// registry could let a rotation destroy a version an absent device still needs.
+    #[error("{} is corrupt ({detail}); keyplan will not guess which devices it worked on. Restore it from a backup, or fix it by hand: {{\"format\":1,\"devices\":{{\"<LUKS UUID>\":{{\"id\":\"<device id>\",\"path\":\"<path>\"}}}}}}", path.display())]
+    Corrupt {
+        /// The registry file.
+        path: PathBuf,
+        /// The parser's message.
+        detail: String,
+    },
+    /// The file could not be read or written.
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        /// `reading` or `writing`.
+        what: &'static str,
+        /// The registry file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// Reads `<state_dir>/devices.json`; an empty registry when the file does not exist.
+///
+/// Errors: [`RegistryError::Corrupt`], [`RegistryError::Io`].
+pub fn read(state_dir: &Path) -> Result<Registry, RegistryError> {
+    let path = state_dir.join(REGISTRY_FILE);
+    match std::fs::read(&path) {
+        Ok(b) => serde_json::from_slice(&b).map_err(|e| RegistryError::Corrupt {
+            path,
+            detail: e.to_string(),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Registry {
+            format: 1,
+            devices: BTreeMap::new(),
+        }),
+        Err(source) => Err(RegistryError::Io {
+            what: "reading",
+            path,
+            source,
+        }),
+    }
+}
+
+/// Adds `devices` (`(device id, LUKS UUID, path)`) to `<state_dir>/devices.json` (atomically,
+/// mode 0600, in a 0700 directory), keeping entries of devices no longer in the plan, so later
+/// rotations keep what they hold.
+///
+/// Errors: the registry is corrupt, or could not be written.
+pub fn update<'a>(
+    state_dir: &Path,
+    devices: impl IntoIterator<Item = (&'a str, &'a str, &'a Path)>,
+) -> Result<(), RegistryError> {
+    let mut reg = read(state_dir)?;
+    reg.format = 1;
+    for (id, uuid, path) in devices {
+        reg.devices.insert(
+            uuid.to_lowercase(),
+            RegistryEntry {
+                id: id.to_string(),
+                path: path.to_path_buf(),
+            },
+        );
+    }
+    let path = state_dir.join(REGISTRY_FILE);
+    let io = |source| RegistryError::Io {
+        what: "writing",
+        path: path.clone(),
+        source,
+    };
+    let mut text = serde_json::to_vec_pretty(&reg).map_err(|e| io(std::io::Error::other(e)))?;
+    text.push(b'\n');
+    fsutil::ensure_private_dir(state_dir)
+        .and_then(|()| fsutil::write_atomic(&path, &text, 0o600))
+        .map_err(io)
+}
