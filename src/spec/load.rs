@@ -372,115 +372,77 @@ fn is_int_type_message(message: &str) -> bool {
     )
 }
 
+/// A serde error on a syntactically valid document, placed in the located tree but not yet
+/// classified: what the parser said, and where.
+struct SchemaAt<'a> {
+    /// The plan file's text.
+    text: &'a str,
+    /// Its syntax.
+    format: Format,
+    /// The located tree of `text`.
+    tree: &'a Located,
+    /// The parser's message, without location.
+    message: String,
+    /// What lies at the parser's position; `None` when it gave none.
+    hit: Option<Hit>,
+    /// The parser's span.
+    span: Option<Span>,
+}
+
+impl SchemaAt<'_> {
+    /// The path at the parser's position (empty when it gave none).
+    fn path(&self) -> Vec<PathSeg> {
+        self.hit
+            .as_ref()
+            .map(|h| h.path().to_vec())
+            .unwrap_or_default()
+    }
+}
+
+/// A classified schema error: its code, where to report it, and what to say.
+struct SchemaReport {
+    /// Stable diagnostic code.
+    code: &'static str,
+    /// The field the error is about (empty: the document).
+    path: Vec<PathSeg>,
+    /// What to mark (widened to the line); `None`: no label.
+    span: Option<Span>,
+    /// The message after the field path.
+    detail: String,
+    /// What to do.
+    help: String,
+}
+
 /// A serde error on a syntactically valid document: unknown or missing field, wrong type, bad
-/// enum value. The path comes from the located tree at the parser's position.
+/// enum value. The path comes from the located tree at the parser's position; each kind is
+/// placed and worded by [`unknown_field`], [`missing_field`], [`unknown_variant`] or
+/// [`bad_type`]. The message is `path: detail`, the label marks the span's line.
 fn schema_error(src: &SourceFile, format: Format, tree: &Located, raw: RawError) -> PlanError {
     let text: &str = &src.text;
-    let hit = raw.span.map(|s| tree.hit(s.start));
-    let mut path: Vec<PathSeg> = hit.as_ref().map(|h| h.path().to_vec()).unwrap_or_default();
-    let mut span = raw.span;
-    let message = raw.message;
-    let code;
-    let help: String;
-    let detail: String;
-
-    if let Some(field) = backticked_after(&message, "unknown field `") {
-        code = "keyplan::plan::unknown_field";
-        // Internally tagged enums (`kms:`) report at the enclosing entry: find the field.
-        if path.last() != Some(&PathSeg::Key(field.to_owned())) {
-            let mut base = path.clone();
-            loop {
-                if let Some((k, _)) = node_at(tree, &base).and_then(|n| n.entry(field)) {
-                    span = Some(k.span);
-                    base.push(PathSeg::Key(field.to_owned()));
-                    path = base;
-                    break;
-                }
-                if base.pop().is_none() {
-                    break;
-                }
-            }
-        }
-        detail = message.clone();
-        help = format!(
-            "remove `{}` or correct its spelling: only the fields listed are allowed here",
-            display_path(&path)
-        );
-    } else if let Some(field) = backticked_after(&message, "missing field `") {
-        code = "keyplan::plan::missing_field";
-        // Reported at the start of the mapping, which is also its first key (YAML), or at the
-        // table's header (TOML; the root table has an empty span at 0).
-        if let Some(Hit::Key(_)) = hit {
-            path.pop();
-        }
-        if format == Format::Toml && raw.span.is_some_and(|s| s.len == 0 && s.start == 0) {
-            path.clear();
-        }
-        // KMS instances are an internally tagged enum (`provider:`): YAML reports their missing
-        // fields at the start of the whole `kms` mapping. Find the instance that lacks it.
-        if path == [PathSeg::Key("kms".to_owned())] {
-            if let Some(name) = kms_instance_missing(tree, field) {
-                path.push(PathSeg::Key(name));
-            }
-        }
-        if let Some(t) = tree.get(&path) {
-            span = Some(locate::label_span(text, &t));
-        } else if path.is_empty() {
-            // A top-level field: mark the start of the document, not where the parser stopped.
-            span = Some(Span {
-                start: tree.span.start.min(first_content(text)),
-                len: 0,
-            });
-        }
-        detail = message.clone();
-        help = if path.is_empty() && field == "version" {
-            format!("add `{}` at the top of the plan file", version_line(format))
-        } else if path.is_empty() {
-            format!("add `{field}` at the top level of the plan file")
-        } else {
-            format!("add `{field}` to `{}`", display_path(&path))
-        };
-    } else if message.starts_with("unknown variant `") {
-        code = "keyplan::plan::bad_value";
-        // Internally tagged enums (`provider:`) report at the key: mark the value.
-        if let Some(Hit::Key(p)) = &hit {
-            if let Some(t) = tree.get(p) {
-                if let Node::Scalar(_) = t.value.node {
-                    span = Some(t.value.span);
-                }
-            }
-        }
-        detail = message.clone();
-        help = "use one of the values listed".to_owned();
+    let at = SchemaAt {
+        text,
+        format,
+        tree,
+        hit: raw.span.map(|s| tree.hit(s.start)),
+        span: raw.span,
+        message: raw.message,
+    };
+    let report = if let Some(field) = backticked_after(&at.message, "unknown field `") {
+        unknown_field(&at, field)
+    } else if let Some(field) = backticked_after(&at.message, "missing field `") {
+        missing_field(&at, field)
+    } else if at.message.starts_with("unknown variant `") {
+        unknown_variant(&at)
     } else {
-        code = "keyplan::plan::bad_type";
-        let found = describe(node_at(tree, &path));
-        detail = if is_int_type_message(&message) {
-            format!("expected a whole number (0 or more), found {found}")
-        } else if message == "expected sequence start" {
-            format!("expected a list, found {found}")
-        } else if message == "expected mapping start" {
-            format!("expected a mapping, found {found}")
-        } else if message == "expected string scalar" {
-            format!("expected a text value, found {found}")
-        } else if message.starts_with("cannot deserialize null") {
-            "a value is required here, found an empty value".to_owned()
-        } else {
-            message.clone()
-        };
-        help = if path.is_empty() {
-            format!(
-                "a plan file is a mapping that starts with `{}`",
-                version_line(format)
-            )
-        } else {
-            format!(
-                "change `{}` to a value of the expected type",
-                display_path(&path)
-            )
-        };
-    }
-
+        bad_type(&at)
+    };
+    let SchemaReport {
+        code,
+        path,
+        span,
+        detail,
+        help,
+    } = report;
     let full = if path.is_empty() {
         detail
     } else {
@@ -495,6 +457,147 @@ fn schema_error(src: &SourceFile, format: Format, tree: &Located, raw: RawError)
         .into_iter()
         .collect();
     PlanError::new(src, code, full, labels, Some(help))
+}
+
+/// `keyplan::plan::unknown_field` for `field`. Internally tagged enums (`kms:`) report it at
+/// the enclosing entry: the nearest enclosing mapping that has `field` is searched for it, and
+/// the report moves to that key.
+fn unknown_field(at: &SchemaAt, field: &str) -> SchemaReport {
+    let mut path = at.path();
+    let mut span = at.span;
+    if path.last() != Some(&PathSeg::Key(field.to_owned())) {
+        let mut base = path.clone();
+        loop {
+            if let Some((k, _)) = node_at(at.tree, &base).and_then(|n| n.entry(field)) {
+                span = Some(k.span);
+                base.push(PathSeg::Key(field.to_owned()));
+                path = base;
+                break;
+            }
+            if base.pop().is_none() {
+                break;
+            }
+        }
+    }
+    let help = format!(
+        "remove `{}` or correct its spelling: only the fields listed are allowed here",
+        display_path(&path)
+    );
+    SchemaReport {
+        code: "keyplan::plan::unknown_field",
+        path,
+        span,
+        detail: at.message.clone(),
+        help,
+    }
+}
+
+/// `keyplan::plan::missing_field` for `field`, reported at the mapping that lacks it (a
+/// top-level field: at the start of the document); the help says where to add it.
+fn missing_field(at: &SchemaAt, field: &str) -> SchemaReport {
+    let mut path = at.path();
+    let mut span = at.span;
+    // Reported at the start of the mapping, which is also its first key (YAML), or at the
+    // table's header (TOML; the root table has an empty span at 0).
+    if let Some(Hit::Key(_)) = at.hit {
+        path.pop();
+    }
+    if at.format == Format::Toml && at.span.is_some_and(|s| s.len == 0 && s.start == 0) {
+        path.clear();
+    }
+    // KMS instances are an internally tagged enum (`provider:`): YAML reports their missing
+    // fields at the start of the whole `kms` mapping. Find the instance that lacks it.
+    if path == [PathSeg::Key("kms".to_owned())] {
+        if let Some(name) = kms_instance_missing(at.tree, field) {
+            path.push(PathSeg::Key(name));
+        }
+    }
+    if let Some(t) = at.tree.get(&path) {
+        span = Some(locate::label_span(at.text, &t));
+    } else if path.is_empty() {
+        // A top-level field: mark the start of the document, not where the parser stopped.
+        span = Some(Span {
+            start: at.tree.span.start.min(first_content(at.text)),
+            len: 0,
+        });
+    }
+    let help = if path.is_empty() && field == "version" {
+        format!(
+            "add `{}` at the top of the plan file",
+            version_line(at.format)
+        )
+    } else if path.is_empty() {
+        format!("add `{field}` at the top level of the plan file")
+    } else {
+        format!("add `{field}` to `{}`", display_path(&path))
+    };
+    SchemaReport {
+        code: "keyplan::plan::missing_field",
+        path,
+        span,
+        detail: at.message.clone(),
+        help,
+    }
+}
+
+/// `keyplan::plan::bad_value`: an enum value not among those allowed (the parser's message
+/// lists them). Internally tagged enums (`provider:`) report it at the key: the value is
+/// marked instead.
+fn unknown_variant(at: &SchemaAt) -> SchemaReport {
+    let mut span = at.span;
+    if let Some(Hit::Key(p)) = &at.hit {
+        if let Some(t) = at.tree.get(p) {
+            if let Node::Scalar(_) = t.value.node {
+                span = Some(t.value.span);
+            }
+        }
+    }
+    SchemaReport {
+        code: "keyplan::plan::bad_value",
+        path: at.path(),
+        span,
+        detail: at.message.clone(),
+        help: "use one of the values listed".to_owned(),
+    }
+}
+
+/// `keyplan::plan::bad_type`: a value of the wrong type. The parser's wording (`invalid u32`,
+/// `expected sequence start`, ...) becomes what was expected and what was found.
+fn bad_type(at: &SchemaAt) -> SchemaReport {
+    let path = at.path();
+    let message = &at.message;
+    let found = describe(node_at(at.tree, &path));
+    let detail = if is_int_type_message(message) {
+        format!("expected a whole number (0 or more), found {found}")
+    } else if message == "expected sequence start" {
+        format!("expected a list, found {found}")
+    } else if message == "expected mapping start" {
+        format!("expected a mapping, found {found}")
+    } else if message == "expected string scalar" {
+        format!("expected a text value, found {found}")
+    } else if message.starts_with("cannot deserialize null") {
+        "a value is required here, found an empty value".to_owned()
+    } else {
+        message.clone()
+    };
+    let help = if path.is_empty() {
+        format!(
+            "a plan file is a mapping that starts with `{}`",
+            version_line(at.format)
+        )
+    } else {
+        format!(
+            "change `{}` to a value of the expected type",
+            display_path(&path)
+        )
+    };
+    SchemaReport {
+        code: "keyplan::plan::bad_type",
+        path,
+        span: at.span,
+        detail,
+        help,
+    }
 }
 
 /// Byte offset of the first line that is neither blank nor a comment (0 if none).
