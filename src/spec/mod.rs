@@ -20,6 +20,7 @@ mod diag;
 mod load;
 mod locate;
 pub mod model;
+mod parse_error;
 mod validate;
 
 use std::collections::BTreeMap;

@@ -294,7 +294,7 @@ pub struct PbkdfSettings {
     pub iterations: Option<u32>,
 }
 
-/// Pattern of KMS instance names, key ids and device ids (`spec::validate::is_id`).
+/// Pattern of KMS instance names, key ids and device ids (`spec::validate::syntax::is_id`).
 pub const ID_PATTERN: &str = "^[A-Za-z0-9._-]+$";
 
 /// Pattern of fields that must not be empty or blank (they are trimmed before the check in
@@ -302,8 +302,8 @@ pub const ID_PATTERN: &str = "^[A-Za-z0-9._-]+$";
 pub const NON_BLANK_PATTERN: &str = r"\S";
 
 /// Pattern of `rotate_after`: one or more `<number><unit>` parts (spaces allowed), units as
-/// `spec::validate::parse_rotate_after` accepts them (s, m, h, d, w and their long spellings).
-/// A zero duration matches but is refused by `keyplan validate`.
+/// `spec::validate::syntax::parse_rotate_after` accepts them (s, m, h, d, w and their long
+/// spellings). A zero duration matches but is refused by `keyplan validate`.
 pub const DURATION_PATTERN: &str =
     r"^(\s*[0-9]+\s*(s|secs?|seconds?|m|mins?|minutes?|h|hrs?|hours?|d|days?|w|weeks?))+\s*$";
 

@@ -1,0 +1,116 @@
+//! KMS instances (`kms.<name>`): valid names, the fields each provider needs, and paths
+//! resolved against the plan's directory.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::{empty_issue, name_issue, p, Ctx, KmsConfig, PathSeg};
+
+/// Checks every KMS instance, in name order, and returns them with their paths resolved.
+///
+/// Issues per instance, in this order: `keyplan::plan::name` (the name is not an id), then
+/// those of its provider (see [`resolve_kms`]).
+pub(super) fn check_kms(
+    instances: &BTreeMap<String, KmsConfig>,
+    cx: &mut Ctx,
+) -> BTreeMap<String, KmsConfig> {
+    let mut kms = BTreeMap::new();
+    for (name, cfg) in instances {
+        if !super::syntax::is_id(name) {
+            cx.push(name_issue(
+                p(&["kms", name]),
+                name,
+                "KMS instance name",
+                "invalid name",
+            ));
+        }
+        kms.insert(name.clone(), resolve_kms(name, cfg, cx));
+    }
+    kms
+}
+
+/// Instance `name` with its paths resolved against the plan's directory.
+///
+/// Issues: `keyplan::plan::empty` for the provider's blank required field (`path`, `address`,
+/// `namespace`, `endpoint`, `command`), then `keyplan::plan::path` for each path that resolves
+/// to non-UTF-8, in field order. A blank file-KMS `path` is kept as written.
+fn resolve_kms(name: &str, cfg: &KmsConfig, cx: &mut Ctx) -> KmsConfig {
+    let at = |f: &str| p(&["kms", name, f]);
+    let mut resolved = cfg.clone();
+    match &mut resolved {
+        KmsConfig::File { path } => {
+            if path.trim().is_empty() {
+                cx.push(empty_issue(
+                    at("path"),
+                    "path",
+                    "set `path` to the directory that holds the keys, e.g. `keys`",
+                ));
+            } else {
+                *path = cx.resolve_string(path, at("path"));
+            }
+        }
+        KmsConfig::Vault {
+            address, ca_cert, ..
+        } => {
+            if address.trim().is_empty() {
+                cx.push(empty_issue(
+                    at("address"),
+                    "address",
+                    "set `address` to the Vault server URL, e.g. `http://127.0.0.1:8200`",
+                ));
+            }
+            if let Some(c) = ca_cert {
+                *c = cx.resolve_string(c, at("ca_cert"));
+            }
+        }
+        KmsConfig::Kubernetes { namespace, .. } => {
+            if namespace.trim().is_empty() {
+                cx.push(empty_issue(
+                    at("namespace"),
+                    "namespace",
+                    "set `namespace` to the namespace of the Secrets, e.g. `rook-ceph`",
+                ));
+            }
+        }
+        KmsConfig::Kmip {
+            endpoint,
+            ca_cert,
+            client_cert,
+            client_key,
+        } => {
+            if endpoint.trim().is_empty() {
+                cx.push(empty_issue(
+                    at("endpoint"),
+                    "endpoint",
+                    "set `endpoint` to the KMIP server's `host:port`",
+                ));
+            }
+            *ca_cert = cx.resolve_string(ca_cert, at("ca_cert"));
+            *client_cert = cx.resolve_string(client_cert, at("client_cert"));
+            *client_key = cx.resolve_string(client_key, at("client_key"));
+        }
+        KmsConfig::Exec { command } => resolve_exec(command, at, cx),
+    }
+    resolved
+}
+
+/// The exec provider's `command`: the program must be given and not blank
+/// (`keyplan::plan::empty`); a program naming a relative path is resolved
+/// (`keyplan::plan::path`).
+fn resolve_exec(command: &mut [String], at: impl Fn(&str) -> Vec<PathSeg>, cx: &mut Ctx) {
+    if command.first().is_none_or(|c| c.trim().is_empty()) {
+        cx.push(empty_issue(
+            at("command"),
+            "command",
+            "give the helper program's argv, e.g. `[/usr/local/bin/my-kms-helper]`",
+        ));
+    }
+    // The program, like every path in the plan, is relative to the plan file when it names a
+    // path (`./helper`, `bin/helper`); a bare name is looked up in `PATH` as a shell would.
+    // Arguments are passed unchanged (docs/kms/exec.md).
+    if let Some(program) = command.first_mut() {
+        if program.contains('/') && !Path::new(program.as_str()).is_absolute() {
+            *program = cx.resolve_string(program, at("command"));
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! The syntax of values: ids (KMS instance names, key ids, device ids), file-KMS key names,
+//! and `rotate_after` durations.
+
+use std::time::Duration;
+
+/// Units accepted in `rotate_after` (humantime's spellings of s, m, h, d, w).
+const DURATION_UNITS: [&str; 21] = [
+    "s", "sec", "secs", "second", "seconds", "m", "min", "mins", "minute", "minutes", "h", "hr",
+    "hrs", "hour", "hours", "d", "day", "days", "w", "week", "weeks",
+];
+
+/// The help of every `rotate_after` issue.
+pub(super) const DURATION_HELP: &str = "write a number and a unit, e.g. `90d`, `12h` or `2w` (combinations like `1w 3d` work too); units: s (seconds), m (minutes), h (hours), d (days), w (weeks); months and years are not accepted because their length varies: use e.g. `13w` or `365d`";
+
+/// The characters of an id, as the help of an id issue names them.
+pub(super) const ID_CHARS: &str = "ASCII letters, digits, `.`, `_` and `-`";
+
+/// KMS instance names, key ids and device ids: non-empty `[A-Za-z0-9._-]+`.
+pub(crate) fn is_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// Key names stored by the file KMS: an id that does not start with `.`.
+pub(crate) fn is_safe_file_name(s: &str) -> bool {
+    is_id(s) && !s.starts_with('.')
+}
+
+/// Parses `rotate_after`: humantime syntax restricted to units s, m, h, d, w; more than zero.
+/// Errors carry a message (the help is [`DURATION_HELP`]).
+pub(crate) fn parse_rotate_after(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err("`rotate_after` is empty".to_owned());
+    }
+    let chars: Vec<char> = t.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        while i < chars.len() && chars[i].is_whitespace() {
+            i += 1;
+        }
+        if i >= chars.len() {
+            break;
+        }
+        let num_start = i;
+        while i < chars.len() && chars[i].is_ascii_digit() {
+            i += 1;
+        }
+        if i == num_start {
+            return Err(format!(
+                "`rotate_after: {t}` is not a duration (expected a number at `{}`)",
+                chars[num_start..].iter().collect::<String>()
+            ));
+        }
+        let number: String = chars[num_start..i].iter().collect();
+        while i < chars.len() && chars[i].is_whitespace() {
+            i += 1;
+        }
+        let unit_start = i;
+        while i < chars.len() && chars[i].is_alphabetic() {
+            i += 1;
+        }
+        if i == unit_start {
+            return Err(if i >= chars.len() {
+                format!("`rotate_after: {t}` has no unit after `{number}`")
+            } else {
+                format!(
+                    "`rotate_after: {t}` is not a duration (unexpected `{}`)",
+                    chars[i]
+                )
+            });
+        }
+        let unit: String = chars[unit_start..i].iter().collect();
+        if !DURATION_UNITS.contains(&unit.as_str()) {
+            return Err(format!(
+                "`rotate_after: {t}` uses the unit `{unit}`, which is not accepted"
+            ));
+        }
+    }
+    let d = humantime::parse_duration(t)
+        .map_err(|e| format!("`rotate_after: {t}` is not a duration: {e}"))?;
+    if d.is_zero() {
+        return Err(format!(
+            "`rotate_after: {t}` is zero; keys would rotate on every run"
+        ));
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(
+            parse_rotate_after("90d").unwrap(),
+            Duration::from_secs(90 * 86400)
+        );
+        assert_eq!(
+            parse_rotate_after("12h").unwrap(),
+            Duration::from_secs(12 * 3600)
+        );
+        assert_eq!(
+            parse_rotate_after("2w").unwrap(),
+            Duration::from_secs(14 * 86400)
+        );
+        assert_eq!(
+            parse_rotate_after("1w 3d").unwrap(),
+            Duration::from_secs(10 * 86400)
+        );
+        assert_eq!(
+            parse_rotate_after("30m").unwrap(),
+            Duration::from_secs(1800)
+        );
+        for bad in [
+            "90x",
+            "3 months",
+            "0d",
+            "1y",
+            "2M",
+            "",
+            "d",
+            "90",
+            "1.5h",
+            "-1d",
+            "10ms",
+            "12h!",
+            "99999999999999999999w",
+        ] {
+            assert!(parse_rotate_after(bad).is_err(), "{bad} accepted");
+        }
+        assert!(parse_rotate_after("3 months")
+            .unwrap_err()
+            .contains("months"));
+    }
+
+    #[test]
+    fn ids_and_file_names() {
+        assert!(is_id("osd0-block_1.x"));
+        assert!(!is_id(""));
+        assert!(!is_id("a/b"));
+        assert!(!is_id("a b"));
+        assert!(is_safe_file_name("data-kek"));
+        assert!(!is_safe_file_name(".hidden"));
+        assert!(!is_safe_file_name(".."));
+    }
+}
