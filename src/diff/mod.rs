@@ -22,8 +22,6 @@
 //! It costs no PBKDF run.
 
 mod decide;
-#[cfg(test)]
-mod legacy;
 mod preflight;
 #[cfg(test)]
 mod tests;

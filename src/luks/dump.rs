@@ -125,9 +125,32 @@ pub(crate) fn luks2_metadata(
             .and_then(serde_json::Value::as_object)
             .ok_or_else(|| format!("JSON metadata has no {name:?} object"))
     };
+    let bound = bound_keyslots(object("digests")?)?;
+    let mut keyslots = BTreeMap::new();
+    for (id, slot) in object("keyslots")? {
+        let number: u32 = id
+            .parse()
+            .map_err(|_| format!("keyslot id {id:?} is not a number"))?;
+        keyslots.insert(number, keyslot(number, slot, bound.contains(&number))?);
+    }
+    let mut tokens = BTreeMap::new();
+    for (id, token) in object("tokens")? {
+        let number: u32 = id
+            .parse()
+            .map_err(|_| format!("token id {id:?} is not a number"))?;
+        tokens.insert(number, self::token(number, token)?);
+    }
+    Ok((keyslots, tokens))
+}
 
+/// The keyslots a digest covering data segment 0 lists: the bound ones.
+///
+/// Errors: such a digest without a `keyslots` array of number strings.
+fn bound_keyslots(
+    digests: &serde_json::Map<String, serde_json::Value>,
+) -> Result<BTreeSet<u32>, String> {
     let mut bound = BTreeSet::new();
-    for (id, digest) in object("digests")? {
+    for (id, digest) in digests {
         let covers_segment_0 = digest
             .get("segments")
             .and_then(serde_json::Value::as_array)
@@ -143,76 +166,63 @@ pub(crate) fn luks2_metadata(
             bound.insert(number_string(slot, &format!("digest {id} keyslot"))?);
         }
     }
+    Ok(bound)
+}
 
-    let mut keyslots = BTreeMap::new();
-    for (id, slot) in object("keyslots")? {
-        let number: u32 = id
-            .parse()
-            .map_err(|_| format!("keyslot id {id:?} is not a number"))?;
-        let kdf = slot.get("kdf");
-        let kdf_type = kdf
-            .and_then(|k| k.get("type"))
+/// Keyslot `number` from its JSON object: KDF type, salt and argon2 memory (KiB; LUKS2 On-Disk
+/// Format Specification, "kdf" object), priority.
+///
+/// Errors: a `priority` other than 0, 1 or 2.
+fn keyslot(number: u32, slot: &serde_json::Value, bound: bool) -> Result<Keyslot, String> {
+    let kdf = slot.get("kdf");
+    let text = |field: &str, default: &str| {
+        kdf.and_then(|k| k.get(field))
             .and_then(serde_json::Value::as_str)
-            .unwrap_or("none")
-            .to_owned();
-        let salt = kdf
-            .and_then(|k| k.get("salt"))
-            .and_then(serde_json::Value::as_str)
-            .unwrap_or("")
-            .to_owned();
-        // LUKS2 On-Disk Format Specification, "kdf" object: argon2 `memory` in KiB.
-        let memory_kib = kdf
+            .unwrap_or(default)
+            .to_owned()
+    };
+    let priority = match slot.get("priority") {
+        None => Priority::Normal,
+        Some(p) => match p.as_u64() {
+            Some(0) => Priority::Ignore,
+            Some(1) => Priority::Normal,
+            Some(2) => Priority::Prefer,
+            _ => return Err(format!("keyslot {number} has unknown priority {p}")),
+        },
+    };
+    Ok(Keyslot {
+        bound,
+        memory_kib: kdf
             .and_then(|k| k.get("memory"))
-            .and_then(serde_json::Value::as_u64);
-        let priority = match slot.get("priority") {
-            None => Priority::Normal,
-            Some(p) => match p.as_u64() {
-                Some(0) => Priority::Ignore,
-                Some(1) => Priority::Normal,
-                Some(2) => Priority::Prefer,
-                _ => return Err(format!("keyslot {number} has unknown priority {p}")),
-            },
-        };
-        keyslots.insert(
-            number,
-            Keyslot {
-                bound: bound.contains(&number),
-                memory_kib,
-                salt,
-                priority,
-                kdf: kdf_type,
-            },
-        );
-    }
+            .and_then(serde_json::Value::as_u64),
+        salt: text("salt", ""),
+        priority,
+        kdf: text("type", "none"),
+    })
+}
 
-    let mut tokens = BTreeMap::new();
-    for (id, token) in object("tokens")? {
-        let number: u32 = id
-            .parse()
-            .map_err(|_| format!("token id {id:?} is not a number"))?;
-        let token_type = token
-            .get("type")
-            .and_then(serde_json::Value::as_str)
-            .ok_or_else(|| format!("token {number} has no string \"type\""))?
-            .to_owned();
-        let slots = token
-            .get("keyslots")
-            .and_then(serde_json::Value::as_array)
-            .ok_or_else(|| format!("token {number} has no \"keyslots\" array"))?
-            .iter()
-            .map(|v| number_string(v, &format!("token {number} keyslot")))
-            .collect::<Result<Vec<u32>, String>>()?;
-        tokens.insert(
-            number,
-            Token {
-                id: number,
-                token_type,
-                keyslots: slots,
-                json: token.clone(),
-            },
-        );
-    }
-    Ok((keyslots, tokens))
+/// Token `number` from its JSON object.
+///
+/// Errors: no string `type`, or no `keyslots` array of number strings.
+fn token(number: u32, token: &serde_json::Value) -> Result<Token, String> {
+    let token_type = token
+        .get("type")
+        .and_then(serde_json::Value::as_str)
+        .ok_or_else(|| format!("token {number} has no string \"type\""))?
+        .to_owned();
+    let keyslots = token
+        .get("keyslots")
+        .and_then(serde_json::Value::as_array)
+        .ok_or_else(|| format!("token {number} has no \"keyslots\" array"))?
+        .iter()
+        .map(|v| number_string(v, &format!("token {number} keyslot")))
+        .collect::<Result<Vec<u32>, String>>()?;
+    Ok(Token {
+        id: number,
+        token_type,
+        keyslots,
+        json: token.clone(),
+    })
 }
 
 /// The key size in bits of the first keyslot of a LUKS2 JSON metadata dump (`key_size`, in

@@ -62,8 +62,8 @@ fn colorize(text: &str) -> String {
 /// Renders `diff` as text: one block per key with a KMS change, one block per device, then the
 /// summary line `Plan: N to add, M to remove, K keys to rotate.`
 pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
+    let mut out = String::new();
     if diff.is_empty() {
-        let mut out = String::new();
         for n in &diff.notes {
             let _ = writeln!(out, "Note: {n}\n");
         }
@@ -71,57 +71,91 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
         out.push('\n');
         return out;
     }
-    let mut out = String::new();
     let _ = writeln!(out, "keyplan will perform the following actions:\n");
     for k in &diff.keys {
-        let kms = plan
-            .kms
-            .get(&k.kms)
-            .map(|c| format!("{} KMS {:?}", c.provider(), k.kms))
-            .unwrap_or_else(|| k.kms.clone());
-        let _ = writeln!(out, "  # key {} ({kms})", k.key);
-        let line = match (k.action, k.from) {
-            (KeyAction::Migrate, from) => format!(
-                "  > key {} v{} from KMS {}{}",
-                k.key,
-                k.to,
-                k.from_kms.as_deref().unwrap_or("?"),
-                from.filter(|f| *f != k.to)
-                    .map(|f| format!(" (there v{f})"))
-                    .unwrap_or_default()
-            ),
-            (KeyAction::Create, _) | (_, None) => format!("  + key {} v{}", k.key, k.to),
-            (_, Some(from)) => format!("  ~ key {} v{from} -> v{}", k.key, k.to),
-        };
-        let _ = writeln!(out, "{line:<44} ({})", k.reason);
-        if k.action == KeyAction::Migrate {
-            let _ = writeln!(
-                out,
-                "{:<44} (copied, read back, verified on every device, then destroyed there)",
-                format!(
-                    "  - key {} in KMS {}",
-                    k.key,
-                    k.from_kms.as_deref().unwrap_or("?")
-                )
-            );
-        } else if let Some(from) = k.from {
-            let _ = writeln!(
-                out,
-                "{:<44} (kept as the previous version)",
-                format!("    key {} v{from}", k.key)
-            );
-        }
-        for v in &k.retire {
-            let _ = writeln!(
-                out,
-                "{:<44} (destroyed at the end: older than the previous version; no other device holds it)",
-                format!("  - key {} v{v}", k.key)
-            );
-        }
+        key_block(&mut out, plan, k);
+    }
+    device_blocks(&mut out, plan, &diff.slots);
+    for n in &diff.notes {
+        let _ = writeln!(out, "Note: {n}");
+    }
+    if !diff.notes.is_empty() {
         out.push('\n');
     }
+    let migrations = diff
+        .keys
+        .iter()
+        .filter(|k| k.action == KeyAction::Migrate)
+        .count();
+    let _ = writeln!(
+        out,
+        "Plan: {} to add, {} to remove, {} keys to rotate{}.",
+        diff.adds(),
+        diff.removes(),
+        diff.rotations(),
+        if migrations > 0 {
+            format!(", {migrations} to move to another KMS")
+        } else {
+            String::new()
+        }
+    );
+    out
+}
+
+/// The block of one key change: the new version, the one kept as previous (or the KMS it
+/// leaves), the versions destroyed.
+fn key_block(out: &mut String, plan: &Plan, k: &KeyChange) {
+    let kms = plan
+        .kms
+        .get(&k.kms)
+        .map(|c| format!("{} KMS {:?}", c.provider(), k.kms))
+        .unwrap_or_else(|| k.kms.clone());
+    let _ = writeln!(out, "  # key {} ({kms})", k.key);
+    let line = match (k.action, k.from) {
+        (KeyAction::Migrate, from) => format!(
+            "  > key {} v{} from KMS {}{}",
+            k.key,
+            k.to,
+            k.from_kms.as_deref().unwrap_or("?"),
+            from.filter(|f| *f != k.to)
+                .map(|f| format!(" (there v{f})"))
+                .unwrap_or_default()
+        ),
+        (KeyAction::Create, _) | (_, None) => format!("  + key {} v{}", k.key, k.to),
+        (_, Some(from)) => format!("  ~ key {} v{from} -> v{}", k.key, k.to),
+    };
+    let _ = writeln!(out, "{line:<44} ({})", k.reason);
+    if k.action == KeyAction::Migrate {
+        let _ = writeln!(
+            out,
+            "{:<44} (copied, read back, verified on every device, then destroyed there)",
+            format!(
+                "  - key {} in KMS {}",
+                k.key,
+                k.from_kms.as_deref().unwrap_or("?")
+            )
+        );
+    } else if let Some(from) = k.from {
+        let _ = writeln!(
+            out,
+            "{:<44} (kept as the previous version)",
+            format!("    key {} v{from}", k.key)
+        );
+    }
+    for v in &k.retire {
+        let _ = writeln!(
+            out,
+            "{:<44} (destroyed at the end: older than the previous version; no other device holds it)",
+            format!("  - key {} v{v}", k.key)
+        );
+    }
+    out.push('\n');
+}
+
+/// One block per device: its keyslot changes, `+` added, `-` removed, `~` record corrected.
+fn device_blocks(out: &mut String, plan: &Plan, slots: &[SlotChange]) {
     let mut current: Option<&str> = None;
-    for s in &diff.slots {
+    for s in slots {
         if current != Some(s.device.as_str()) {
             if current.is_some() {
                 out.push('\n');
@@ -150,30 +184,6 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
     if current.is_some() {
         out.push('\n');
     }
-    for n in &diff.notes {
-        let _ = writeln!(out, "Note: {n}");
-    }
-    if !diff.notes.is_empty() {
-        out.push('\n');
-    }
-    let migrations = diff
-        .keys
-        .iter()
-        .filter(|k| k.action == KeyAction::Migrate)
-        .count();
-    let _ = writeln!(
-        out,
-        "Plan: {} to add, {} to remove, {} keys to rotate{}.",
-        diff.adds(),
-        diff.removes(),
-        diff.rotations(),
-        if migrations > 0 {
-            format!(", {migrations} to move to another KMS")
-        } else {
-            String::new()
-        }
-    );
-    out
 }
 
 /// The plan as a JSON document (`format_version` "1.0"; readers must tolerate unknown fields

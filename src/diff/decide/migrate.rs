@@ -70,6 +70,26 @@ impl Planner<'_> {
             retire: Vec::new(),
             from_kms: Some(o.kms.clone()),
         });
+        let dest = (to_kms.clone(), to_name);
+        self.migration_steps(key, o, (from, copy, to), &dest, &holders);
+        if opts.rotate.iter().any(|k| k == key) {
+            self.notes.push(format!(
+                "{key} is rotated right after its migration: `keyplan apply` plans again once the key is in KMS {to_kms}"
+            ));
+        }
+    }
+
+    /// The steps of a migration from origin `o` to `(to_kms, to_name)`: when `copy`, copy
+    /// version `from` and destroy it in the origin; then, per holder, verify the keyslot with
+    /// the version now in the destination (the copy, or `from`) and re-record it as `to`.
+    fn migration_steps(
+        &mut self,
+        key: &str,
+        o: &Origin,
+        (from, copy, to): (u64, bool, u64),
+        (to_kms, to_name): &(String, String),
+        holders: &[(String, u32, u64)],
+    ) {
         let version = if copy {
             self.g.add(Step::MigrateCopy {
                 key: key.to_string(),
@@ -91,7 +111,7 @@ impl Planner<'_> {
         } else {
             VersionRef::Version(from)
         };
-        for (device, slot, _) in &holders {
+        for (device, slot, _) in holders {
             self.verify_step(device, key, version, *slot);
             self.g.add(Step::Rerecord {
                 device: device.clone(),
@@ -112,11 +132,6 @@ impl Planner<'_> {
                     format!("record: {key} now lives in KMS {to_kms}"),
                 ),
             );
-        }
-        if opts.rotate.iter().any(|k| k == key) {
-            self.notes.push(format!(
-                "{key} is rotated right after its migration: `keyplan apply` plans again once the key is in KMS {to_kms}"
-            ));
         }
     }
 

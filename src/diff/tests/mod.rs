@@ -2,8 +2,8 @@
 //! text), the changes and the step graph as snapshots (`src/diff/tests/snapshots/`).
 //!
 //! `scenario` builds plans and observed states; `snapshots` holds the scenario tests;
-//! `differential` compares the planner with the one it replaced on random states.
+//! `properties` checks the safety properties of plans of random states.
 
-mod differential;
+mod properties;
 pub(crate) mod scenario;
 mod snapshots;
