@@ -49,9 +49,9 @@ use vaultrs::client::{VaultClient, VaultClientSettingsBuilder};
 use vaultrs::error::ClientError;
 use zeroize::Zeroizing;
 
+use super::book::{Commit, Destroy, VersionBook};
 use super::{
-    block_on, with_retries, KeyState, Kms, KmsError, VersionInfo, VersionState,
-    REQUEST_TIMEOUT,
+    block_on, with_retries, KeyState, Kms, KmsError, VersionInfo, VersionState, REQUEST_TIMEOUT,
 };
 use crate::secret::Passphrase;
 use crate::spec::KmsConfig;
@@ -600,22 +600,6 @@ impl VaultKms {
         }
     }
 
-    fn corrupt(&self, name: &str, detail: String) -> KmsError {
-        KmsError::Corrupt {
-            kms: self.describe(),
-            key: name.to_string(),
-            detail,
-        }
-    }
-
-    fn conflict(&self, name: &str, detail: String) -> KmsError {
-        KmsError::Conflict {
-            kms: self.describe(),
-            key: name.to_string(),
-            detail,
-        }
-    }
-
     /// Refuses key names that are not usable KV paths or would collide with keyplan's own
     /// pending paths and fields.
     fn check_name(&self, name: &str) -> Result<(), KmsError> {
@@ -653,7 +637,8 @@ impl VaultKms {
         let resp = match self.read_secret(name, None)? {
             Read::Absent => return Ok(None),
             Read::Deleted(v) => {
-                return Err(self.corrupt(
+                return Err(KmsError::corrupt(
+                    self,
                     name,
                     format!(
                         "the latest KV version ({v}) of {} is deleted or destroyed, so keyplan cannot tell which passphrase opens the devices; nothing was changed. If it was deleted by mistake, restore it with `bao kv undelete -mount={} -versions={v} {name}` (vault kv undelete works the same); if it was destroyed, write the passphrase that opens the devices back as a new version",
@@ -668,7 +653,8 @@ impl VaultKms {
         let mut data = match resp.data {
             Value::Object(m) => m,
             _ => {
-                return Err(self.corrupt(
+                return Err(KmsError::corrupt(
+                    self,
                     name,
                     format!(
                         "KV version {kv_version} of {} has no data",
@@ -687,7 +673,8 @@ impl VaultKms {
         }
         let field = basename(name);
         let Some(passphrase) = take_string(&mut data, field) else {
-            return Err(self.corrupt(
+            return Err(KmsError::corrupt(
+                self,
                 name,
                 format!(
                     "KV version {kv_version} of {} has no string field {field:?}; keyplan (like Rook) keeps the passphrase in the field named after the key's last path component. Nothing was changed; restore the secret (`bao kv rollback`) or fix the key's `name`",
@@ -696,7 +683,8 @@ impl VaultKms {
             ));
         };
         let bad = |detail: String| {
-            self.corrupt(
+            KmsError::corrupt(
+                self,
                 name,
                 format!(
                     "KV version {kv_version} of {}: {detail}; nothing was changed. Restore a good version with `bao kv rollback` (see docs/kms/vault.md)",
@@ -797,9 +785,9 @@ impl VaultKms {
             f.kv_version
         );
         if conflict {
-            self.conflict(name, detail)
+            KmsError::conflict(self, name, detail)
         } else {
-            self.corrupt(name, format!("{detail}; nothing was changed"))
+            KmsError::corrupt(self, name, format!("{detail}; nothing was changed"))
         }
     }
 
@@ -845,9 +833,9 @@ impl VaultKms {
                     self.mount
                 ));
                 return Err(if conflict {
-                    self.conflict(name, detail)
+                    KmsError::conflict(self, name, detail)
                 } else {
-                    self.corrupt(name, format!("{detail}; nothing was changed"))
+                    KmsError::corrupt(self, name, format!("{detail}; nothing was changed"))
                 });
             }
         }
@@ -864,7 +852,8 @@ impl VaultKms {
         };
         let kv_version = resp.metadata.version;
         let bad = |detail: &str| {
-            self.corrupt(
+            KmsError::corrupt(
+                self,
                 name,
                 format!(
                     "KV version {kv_version} of {} {detail}; keyplan wrote nothing. Delete it with `bao kv metadata delete -mount={} {path}` if no rotation is under way (the devices do not depend on an uncommitted version)",
@@ -990,7 +979,8 @@ impl VaultKms {
         };
         let recorded = number(&data, FIELD_VERSION).ok().flatten();
         if recorded.is_some_and(|v| v != h.version) {
-            return Err(self.corrupt(
+            return Err(KmsError::corrupt(
+                self,
                 name,
                 format!(
                     "{FIELD_HISTORY} maps version {} to KV version {}, but that KV version holds keyplan version {}; nothing was changed",
@@ -1003,7 +993,8 @@ impl VaultKms {
         let field = basename(name);
         match take_string(&mut data, field) {
             Some(p) => Ok(into_passphrase(&p)),
-            None => Err(self.corrupt(
+            None => Err(KmsError::corrupt(
+                self,
                 name,
                 format!(
                     "KV version {} of {} has no string field {field:?}",
@@ -1190,32 +1181,15 @@ impl Kms for VaultKms {
             });
         };
         let (main, pending) = self.read_both(name)?;
-        let live = main.as_ref().and_then(|m| m.live.as_ref());
-        let current = live.map(|l| l.version);
         let pending_name = pending_path(name);
-        let mut highest = current.unwrap_or(0);
-        if let Some(l) = live {
-            highest = l.history.iter().map(|h| h.version).fold(highest, u64::max);
+        let version = book_of(main.as_ref(), &pending)
+            .stage(at_least)
+            .map_err(|r| r.conflict_at(self, name, &self.data_path(&pending_name)))?;
+        if !matches!(pending, PendingRead::Absent) {
+            // A leftover of a commit whose clean-up was cut short (the book counted its
+            // version): in the way of the create-only write below.
+            self.delete_metadata(&pending_name)?;
         }
-        match &pending {
-            PendingRead::Found(p) if p.version > current.unwrap_or(0) => {
-                return Err(self.conflict(
-                    name,
-                    format!(
-                    "version {} is already pending at {}; it must be committed or discarded first",
-                    p.version,
-                    self.data_path(&pending_name)
-                ),
-                ))
-            }
-            PendingRead::Found(p) => {
-                highest = highest.max(p.version);
-                self.delete_metadata(&pending_name)?;
-            }
-            PendingRead::Leftover => self.delete_metadata(&pending_name)?,
-            PendingRead::Absent => {}
-        }
-        let version = (highest + 1).max(at_least);
         let version_text = version.to_string();
         let created_text = crate::clock::now_unix().to_string();
         let base_text = main.as_ref().map_or(0, |m| m.kv_version).to_string();
@@ -1227,7 +1201,8 @@ impl Kms for VaultKms {
         ]);
         match self.write(&pending_name, &data, 0)? {
             Some(_) => Ok(version),
-            None => Err(self.conflict(
+            None => Err(KmsError::conflict(
+                self,
                 name,
                 format!(
                     "another writer created {} at the same moment (check-and-set 0 failed)",
@@ -1248,10 +1223,9 @@ impl Kms for VaultKms {
     ) -> Result<(), KmsError> {
         self.check_name(name)?;
         let (main, staged) = self.read_both(name)?;
-        let live = main.as_ref().and_then(|m| m.live.as_ref());
-        let current = live.map(|l| l.version);
         let pending_name = pending_path(name);
-        if current == Some(pending) {
+        let decision = book_of(main.as_ref(), &staged).commit(expected_current, pending);
+        if decision.map_err(|r| r.conflict(self, name))? == Commit::AlreadyCurrent {
             // Committed before (the reply was lost): only the cleanup may be missing.
             let stale = match &staged {
                 PendingRead::Found(p) => p.version <= pending,
@@ -1263,35 +1237,19 @@ impl Kms for VaultKms {
             }
             return Ok(());
         }
-        let p = match live_pending(live, &staged) {
-            Some(p) if p.version == pending => p,
-            other => {
-                return Err(self.conflict(
-                    name,
-                    format!(
-                        "expected v{pending} to be pending, found {} pending and current {}",
-                        other.map_or_else(
-                            || "no version".to_string(),
-                            |p| format!("v{}", p.version)
-                        ),
-                        show(current)
-                    ),
-                ))
-            }
-        };
-        if current != expected_current {
-            return Err(self.conflict(
+        let live = main.as_ref().and_then(|m| m.live.as_ref());
+        let Some(p) = live_pending(live, &staged).filter(|p| p.version == pending) else {
+            // The book found `pending` pending, so this is not reached.
+            return Err(KmsError::conflict(
+                self,
                 name,
-                format!(
-                    "expected current {}, found current {}",
-                    show(expected_current),
-                    show(current)
-                ),
+                format!("v{pending} is no longer pending"),
             ));
-        }
+        };
         let cas = main.as_ref().map_or(0, |m| m.kv_version);
         if let Some(base) = p.base.filter(|b| *b != cas) {
-            return Err(self.conflict(
+            return Err(KmsError::conflict(
+                self,
                 name,
                 format!(
                     "v{pending} was staged on KV version {base} of {}, which is now at KV version {cas}: another writer changed it meanwhile; v{pending} stays pending",
@@ -1299,50 +1257,7 @@ impl Kms for VaultKms {
                 ),
             ));
         }
-        let mut history: Vec<Hist> = live.map(|l| l.history.clone()).unwrap_or_default();
-        if let (Some(m), Some(l)) = (&main, live) {
-            history.push(Hist {
-                version: l.version,
-                kv_version: m.kv_version,
-                created_at: l.created_at,
-            });
-        }
-        let history_text = history_json(&history);
-        let version_text = p.version.to_string();
-        let created_text = p.created_at.to_string();
-        let data = BTreeMap::from([
-            (basename(name), p.passphrase.as_str()),
-            (FIELD_VERSION, version_text.as_str()),
-            (FIELD_CREATED_AT, created_text.as_str()),
-            (FIELD_HISTORY, history_text.as_str()),
-        ]);
-        let Some(written) = self.write(name, &data, cas)? else {
-            return Err(self.conflict(
-                name,
-                format!(
-                    "{} changed after keyplan read it at KV version {cas} (check-and-set failed): another writer was first; v{pending} stays pending",
-                    self.data_path(name)
-                ),
-            ));
-        };
-        // Read back and compare.
-        let back = self.read_main(name)?;
-        let ok = back.as_ref().is_some_and(|b| {
-            b.kv_version == written
-                && b.live.as_ref().is_some_and(|l| {
-                    l.version == pending && l.passphrase.as_bytes() == p.passphrase.as_bytes()
-                })
-        });
-        if !ok {
-            return Err(self.conflict(
-                name,
-                format!(
-                    "keyplan wrote v{pending} as KV version {written} of {}, but reading it back shows KV version {} (another writer changed it right after)",
-                    self.data_path(name),
-                    back.as_ref().map_or_else(|| "none".to_string(), |b| b.kv_version.to_string())
-                ),
-            ));
-        }
+        self.write_committed(name, main.as_ref(), p)?;
         self.delete_pending_quietly(&pending_name);
         Ok(())
     }
@@ -1354,28 +1269,18 @@ impl Kms for VaultKms {
         self.check_name(name)?;
         with_retries(&format!("retire vault key {name} v{version}"), || {
             let (main, pending) = self.read_state(name, true)?;
+            book_of(main.as_ref(), &pending)
+                .retire(version)
+                .map_err(|r| r.conflict(self, name))?;
             let Some((m, live)) = main.as_ref().and_then(|m| Some((m, m.live.as_ref()?))) else {
                 return Ok(());
             };
-            if live.version == version {
-                return Err(self.conflict(
-                    name,
-                    format!("version {version} is current and cannot be retired"),
-                ));
-            }
-            if let Some(p) = live_pending(Some(live), &pending) {
-                if p.version == version {
-                    return Err(self.conflict(
-                        name,
-                        format!("version {version} is pending and cannot be retired"),
-                    ));
-                }
-            }
             let Some(h) = live.history.iter().find(|h| h.version == version) else {
                 return Ok(());
             };
             if h.kv_version >= m.kv_version {
-                return Err(self.corrupt(
+                return Err(KmsError::corrupt(
+                    self,
                     name,
                     format!(
                         "{FIELD_HISTORY} maps v{version} to KV version {}, which is not older than the current KV version {}; nothing was destroyed",
@@ -1402,17 +1307,8 @@ impl Kms for VaultKms {
         let pending_name = pending_path(name);
         with_retries(&format!("destroy vault key {name}"), || {
             let (main, pending) = self.read_state(name, true)?;
-            let live = main.as_ref().and_then(|m| m.live.as_ref());
-            let staged = live_pending(live, &pending).map(|p| p.version);
-            let Some((m, l)) = main.as_ref().and_then(|m| Some((m, m.live.as_ref()?))) else {
-                if let Some(p) = staged {
-                    return Err(self.conflict(
-                        name,
-                        format!(
-                            "expected current v{expected_current} and no pending version, found no current version and v{p} pending"
-                        ),
-                    ));
-                }
+            let decision = book_of(main.as_ref(), &pending).destroy(expected_current);
+            if decision.map_err(|r| r.conflict(self, name))? == Destroy::NothingLeft {
                 // Absent, or a tombstone left by an interrupted destroy: finish it.
                 if main.is_some() {
                     self.delete_metadata(name)?;
@@ -1421,26 +1317,17 @@ impl Kms for VaultKms {
                     self.delete_metadata(&pending_name)?;
                 }
                 return Ok(());
-            };
-            if l.version != expected_current || staged.is_some() {
-                return Err(self.conflict(
-                    name,
-                    format!(
-                        "expected current v{expected_current} and no pending version, found current v{} and pending {}",
-                        l.version,
-                        show(staged)
-                    ),
-                ));
             }
+            let kv_version = main.as_ref().map_or(0, |m| m.kv_version);
             let at = crate::clock::now_unix().to_string();
             let tombstone = BTreeMap::from([(FIELD_DESTROYED_AT, at.as_str())]);
-            if self.write(name, &tombstone, m.kv_version)?.is_none() {
-                return Err(self.conflict(
+            if self.write(name, &tombstone, kv_version)?.is_none() {
+                return Err(KmsError::conflict(
+                    self,
                     name,
                     format!(
-                        "{} changed after keyplan read it at KV version {} (check-and-set failed); nothing was deleted",
+                        "{} changed after keyplan read it at KV version {kv_version} (check-and-set failed); nothing was deleted",
                         self.data_path(name),
-                        m.kv_version
                     ),
                 ));
             }
@@ -1451,6 +1338,70 @@ impl Kms for VaultKms {
 }
 
 impl VaultKms {
+    /// The write of a commit: the pending version `p` becomes a new KV version of the main path
+    /// (check-and-set on `main`'s KV version, the current version moving into the history),
+    /// then is read back and compared.
+    ///
+    /// Errors: [`KmsError::Conflict`] when the check-and-set fails or the read-back shows
+    /// another writer's version; the errors of the requests.
+    fn write_committed(
+        &self,
+        name: &str,
+        main: Option<&Main>,
+        p: &Pending,
+    ) -> Result<(), KmsError> {
+        let cas = main.map_or(0, |m| m.kv_version);
+        let live = main.and_then(|m| m.live.as_ref());
+        let mut history: Vec<Hist> = live.map(|l| l.history.clone()).unwrap_or_default();
+        if let (Some(m), Some(l)) = (main, live) {
+            history.push(Hist {
+                version: l.version,
+                kv_version: m.kv_version,
+                created_at: l.created_at,
+            });
+        }
+        let history_text = history_json(&history);
+        let version_text = p.version.to_string();
+        let created_text = p.created_at.to_string();
+        let data = BTreeMap::from([
+            (basename(name), p.passphrase.as_str()),
+            (FIELD_VERSION, version_text.as_str()),
+            (FIELD_CREATED_AT, created_text.as_str()),
+            (FIELD_HISTORY, history_text.as_str()),
+        ]);
+        let pending = p.version;
+        let Some(written) = self.write(name, &data, cas)? else {
+            return Err(KmsError::conflict(
+                self,
+                name,
+                format!(
+                    "{} changed after keyplan read it at KV version {cas} (check-and-set failed): another writer was first; v{pending} stays pending",
+                    self.data_path(name)
+                ),
+            ));
+        };
+        // Read back and compare.
+        let back = self.read_main(name)?;
+        let ok = back.as_ref().is_some_and(|b| {
+            b.kv_version == written
+                && b.live.as_ref().is_some_and(|l| {
+                    l.version == pending && l.passphrase.as_bytes() == p.passphrase.as_bytes()
+                })
+        });
+        if !ok {
+            return Err(KmsError::conflict(
+                self,
+                name,
+                format!(
+                    "keyplan wrote v{pending} as KV version {written} of {}, but reading it back shows KV version {} (another writer changed it right after)",
+                    self.data_path(name),
+                    back.as_ref().map_or_else(|| "none".to_string(), |b| b.kv_version.to_string())
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn delete_pending_quietly(&self, pending_name: &str) {
         if let Err(e) = self.delete_metadata(pending_name) {
             tracing::warn!(
@@ -1469,6 +1420,25 @@ fn live_pending<'a>(live: Option<&Live>, pending: &'a PendingRead) -> Option<&'a
         PendingRead::Found(p) if p.version > live.map_or(0, |l| l.version) => Some(p),
         _ => None,
     }
+}
+
+/// The version rules' view of what [`VaultKms::read_state`] returned: the current version,
+/// the pending version that counts ([`live_pending`]), and every other version number known
+/// (the history, and a pending leftover, whose number is not to be reused either).
+fn book_of(main: Option<&Main>, pending: &PendingRead) -> VersionBook {
+    let live = main.and_then(|m| m.live.as_ref());
+    let history = live
+        .into_iter()
+        .flat_map(|l| l.history.iter().map(|h| h.version));
+    let leftover = match pending {
+        PendingRead::Found(p) => Some(p.version),
+        PendingRead::Absent | PendingRead::Leftover => None,
+    };
+    VersionBook::new(
+        live.map(|l| l.version),
+        live_pending(live, pending).map(|p| p.version),
+        history.chain(leftover),
+    )
 }
 
 /// Does KV version `kv` still hold material (not destroyed, not soft-deleted, not pruned)?
@@ -1557,10 +1527,6 @@ fn parse_time(t: &str) -> Option<u64> {
 
 fn into_passphrase(p: &Zeroizing<String>) -> Passphrase {
     Passphrase::new(p.as_bytes().to_vec())
-}
-
-fn show(v: Option<u64>) -> String {
-    v.map_or_else(|| "none".to_string(), |v| format!("v{v}"))
 }
 
 /// One line from Vault's multi-line error texts ("1 error occurred:\n\t* permission denied").
