@@ -13,6 +13,9 @@
 //! only with the `failpoints` cargo feature); `fuzzing` (hidden) holds the fuzz harnesses.
 
 pub mod apply;
+/// Child processes (cryptsetup, `exec` KMS helpers): own process group, death with keyplan,
+/// minimal environment.
+pub mod child;
 pub mod cli;
 pub mod clock;
 pub mod diff;

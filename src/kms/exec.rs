@@ -186,7 +186,7 @@ impl ExecKms {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        crate::luks::run::shield(&mut cmd).map_err(|e| ctx.unavailable(e.to_string()))?;
+        crate::child::shield(&mut cmd).map_err(|e| ctx.unavailable(e.to_string()))?;
         let mut child = cmd.spawn().map_err(|e| ctx.spawn_error(&e))?;
         let pid = child.id();
         let deadline = Instant::now() + self.timeout;
