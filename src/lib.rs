@@ -14,7 +14,7 @@
 
 pub mod apply;
 /// Child processes (cryptsetup, `exec` KMS helpers): own process group, death with keyplan,
-/// minimal environment.
+/// minimal environment, a retried start while the program file is busy.
 pub mod child;
 pub mod cli;
 pub mod clock;

@@ -21,8 +21,10 @@
 //! The helper runs in a process group of its own and dies with keyplan, as cryptsetup
 //! children do ([`crate::child`]); duct starts it and waits for it with the deadline, while
 //! keyplan's own threads feed its standard input and read its output into zeroizing buffers.
-//! A helper that cannot be started (missing, not executable) is a [`KmsError::Config`]; one
-//! that cannot be started for another reason (no processes left, say), exits non-zero, is killed
+//! A start refused with `ETXTBSY` (the program file is being written, or was just written and
+//! another thread forked meanwhile) is retried briefly. A helper that cannot be started
+//! (missing, not executable) is a [`KmsError::Config`]; one that cannot be started for another
+//! reason (no processes left, the file still busy after the retries), exits non-zero, is killed
 //! by a signal, prints nothing, invalid JSON or a response that does not follow the protocol,
 //! or takes longer than the timeout ([`crate::kms::REQUEST_TIMEOUT`], or [`TIMEOUT_ENV`]
 //! seconds), is [`KmsError::Unavailable`] naming the command; on a timeout its whole process
@@ -209,8 +211,8 @@ impl ExecKms {
     }
 
     /// Creates the helper's three pipes, starts it on them through duct (in its own process
-    /// group, dying with keyplan: [`crate::child::shield`]), and starts the threads serving
-    /// the pipes.
+    /// group, dying with keyplan: [`crate::child::shield`]; a start refused with `ETXTBSY` is
+    /// retried: [`crate::child::retry_text_busy`]), and starts the threads serving the pipes.
     /// The helper inherits keyplan's environment (its KMS credentials are its business).
     ///
     /// Errors: [`Ctx::spawn_error`] when the pipes cannot be created or the helper cannot be
@@ -230,7 +232,7 @@ impl ExecKms {
             .stderr_file(stderr_w)
             .unchecked()
             .before_spawn(crate::child::shield);
-        let started = expr.start();
+        let started = crate::child::retry_text_busy(&self.command[0], || expr.start());
         // The expression holds the parent's copies of the helper's ends of the pipes: closing
         // them lets the readers see end-of-file once the helper (and all it started) let go.
         drop(expr);
