@@ -121,6 +121,85 @@ pub fn open(name: &str, config: &KmsConfig) -> Result<Box<dyn Kms>, KmsError> {
     Ok(Box::new(VaultKms::new(name, config, &token, &var)?))
 }
 
+/// The plan's `address` as a URL: `http(s)://` with a host. Errors: what is wrong and how to
+/// write it.
+fn parse_address(address: &str) -> Result<url::Url, String> {
+    let url = url::Url::parse(address.trim()).map_err(|e| {
+        format!(
+            "`address` {address:?} is not a URL ({e}); write it like `https://vault.example.com:8200`"
+        )
+    })?;
+    if url.scheme() != "http" && url.scheme() != "https" {
+        return Err(format!(
+            "`address` {address:?} must start with https:// (or http:// for a local test server)"
+        ));
+    }
+    if url.cannot_be_a_base() || url.host_str().is_none() {
+        return Err(format!(
+            "`address` {address:?} names no host; write it like `https://vault.example.com:8200`"
+        ));
+    }
+    Ok(url)
+}
+
+/// The plan's `mount` (default [`DEFAULT_MOUNT`]) without surrounding `/`. Errors: an empty
+/// mount, an empty, `.` or `..` component, control characters.
+fn parse_mount(mount: Option<&str>) -> Result<String, String> {
+    let mount = mount.unwrap_or(DEFAULT_MOUNT).trim_matches('/').to_string();
+    if mount.is_empty()
+        || mount
+            .split('/')
+            .any(|s| s.is_empty() || s == "." || s == "..")
+        || mount.chars().any(char::is_control)
+    {
+        return Err(format!(
+            "`mount` {mount:?} is not a KV mount path; write the mount's path, e.g. `secret`"
+        ));
+    }
+    Ok(mount)
+}
+
+/// The vaultrs client for `url` (already validated) with `token`, [`REQUEST_TIMEOUT`], TLS
+/// always verified (trusting `ca_cert`, a PEM file, when given) and `namespace` unless blank.
+/// Its construction logs nothing. Errors: the settings or the HTTP client cannot be built (an
+/// unreadable CA file, say).
+fn build_client(
+    url: &url::Url,
+    token: &str,
+    namespace: Option<&str>,
+    ca_cert: Option<&str>,
+) -> Result<VaultClient, String> {
+    let mut builder = VaultClientSettingsBuilder::default();
+    builder
+        // Already parsed, so vaultrs's own parse (which panics on failure) succeeds.
+        .address(url.as_str())
+        .token(token)
+        .timeout(Some(REQUEST_TIMEOUT))
+        .ca_certs(ca_cert.iter().map(|c| c.to_string()).collect())
+        .identity(None)
+        .verify(true)
+        .namespace(
+            namespace
+                .filter(|n| !n.trim().is_empty())
+                .map(str::to_string),
+        );
+    let settings = builder
+        .build()
+        .map_err(|e| format!("cannot configure the Vault client: {e}"))?;
+    tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
+        VaultClient::new(settings)
+    })
+    .map_err(|e| {
+        format!(
+            "cannot set up the HTTP client: {}{}",
+            error_chain(&e),
+            ca_cert
+                .map(|c| format!(" (ca_cert {c}: it must be a readable PEM file)"))
+                .unwrap_or_default()
+        )
+    })
+}
+
 /// `vault KMS "<instance>" (<address>, mount <mount>)` for a configuration not yet validated.
 fn describe_config(name: &str, config: &KmsConfig) -> String {
     match config {
@@ -313,69 +392,16 @@ impl VaultKms {
                 config.provider()
             )));
         };
-        let url = url::Url::parse(address.trim()).map_err(|e| {
-            config_err(format!(
-                "`address` {address:?} is not a URL ({e}); write it like `https://vault.example.com:8200`"
-            ))
-        })?;
-        if url.scheme() != "http" && url.scheme() != "https" {
-            return Err(config_err(format!(
-                "`address` {address:?} must start with https:// (or http:// for a local test server)"
-            )));
-        }
-        if url.cannot_be_a_base() || url.host_str().is_none() {
-            return Err(config_err(format!(
-                "`address` {address:?} names no host; write it like `https://vault.example.com:8200`"
-            )));
-        }
-        let mount = mount
-            .as_deref()
-            .unwrap_or(DEFAULT_MOUNT)
-            .trim_matches('/')
-            .to_string();
-        if mount.is_empty()
-            || mount
-                .split('/')
-                .any(|s| s.is_empty() || s == "." || s == "..")
-            || mount.chars().any(char::is_control)
-        {
-            return Err(config_err(format!(
-                "`mount` {mount:?} is not a KV mount path; write the mount's path, e.g. `secret`"
-            )));
-        }
+        let url = parse_address(address).map_err(&config_err)?;
+        let mount = parse_mount(mount.as_deref()).map_err(&config_err)?;
         if ca_cert.is_some() && url.scheme() == "http" {
             tracing::warn!(
                 kms = %desc,
                 "`ca_cert` is set but `address` uses plain http://, so the certificate is not used"
             );
         }
-        let mut builder = VaultClientSettingsBuilder::default();
-        builder
-            // Already parsed above, so vaultrs's own parse (which panics on failure) succeeds.
-            .address(url.as_str())
-            .token(token)
-            .timeout(Some(REQUEST_TIMEOUT))
-            .ca_certs(ca_cert.iter().cloned().collect())
-            .identity(None)
-            .verify(true)
-            .namespace(namespace.clone().filter(|n| !n.trim().is_empty()));
-        let settings = builder
-            .build()
-            .map_err(|e| config_err(format!("cannot configure the Vault client: {e}")))?;
-        let client =
-            tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
-                VaultClient::new(settings)
-            })
-            .map_err(|e| {
-                config_err(format!(
-                    "cannot set up the HTTP client: {}{}",
-                    error_chain(&e),
-                    ca_cert
-                        .as_ref()
-                        .map(|c| format!(" (ca_cert {c}: it must be a readable PEM file)"))
-                        .unwrap_or_default()
-                ))
-            })?;
+        let client = build_client(&url, token, namespace.as_deref(), ca_cert.as_deref())
+            .map_err(&config_err)?;
         Ok(VaultKms {
             instance: instance.to_string(),
             address: address.trim().to_string(),
@@ -415,34 +441,45 @@ impl VaultKms {
         }
     }
 
+    /// The error for HTTP status `code` (with the server's message `msg`, possibly empty) of
+    /// request `what`: 401/403 [`KmsError::Denied`], 412/429/5xx [`KmsError::Unavailable`],
+    /// anything else [`KmsError::Config`].
+    fn http_error(&self, what: &str, code: u16, msg: &str) -> KmsError {
+        let kms = self.describe();
+        let shown = if msg.is_empty() {
+            String::new()
+        } else {
+            format!(": {msg}")
+        };
+        match code {
+            401 | 403 => KmsError::Denied {
+                kms,
+                detail: format!(
+                    "{what}: HTTP {code}{shown} (the token from ${} is invalid or expired, or its policies do not allow this; see docs/kms/vault.md for the policy keyplan needs)",
+                    self.token_env
+                ),
+            },
+            412 | 429 | 500..=599 => KmsError::Unavailable {
+                kms,
+                detail: format!("{what}: HTTP {code}{shown}"),
+            },
+            _ => KmsError::Config {
+                kms,
+                detail: format!(
+                    "{what}: HTTP {code}{shown}; check that `mount` {:?} is a KV version 2 secrets engine and `address` is the server's root URL. Nothing was changed",
+                    self.mount
+                ),
+            },
+        }
+    }
+
+    /// Sorts a failed request (`what`: the operation, for messages): not found and
+    /// check-and-set mismatches are [`Answer`]s, the rest [`KmsError`]s ([`VaultKms::http_error`]
+    /// for HTTP status codes; transport failures are [`KmsError::Unavailable`]).
     fn classify<T>(&self, what: &str, e: &ClientError) -> Result<Answer<T>, KmsError> {
         let kms = self.describe();
         let http = |code: u16, msg: &str| -> Result<Answer<T>, KmsError> {
-            let shown = if msg.is_empty() {
-                String::new()
-            } else {
-                format!(": {msg}")
-            };
-            match code {
-                401 | 403 => Err(KmsError::Denied {
-                    kms: kms.clone(),
-                    detail: format!(
-                        "{what}: HTTP {code}{shown} (the token from ${} is invalid or expired, or its policies do not allow this; see docs/kms/vault.md for the policy keyplan needs)",
-                        self.token_env
-                    ),
-                }),
-                412 | 429 | 500..=599 => Err(KmsError::Unavailable {
-                    kms: kms.clone(),
-                    detail: format!("{what}: HTTP {code}{shown}"),
-                }),
-                _ => Err(KmsError::Config {
-                    kms: kms.clone(),
-                    detail: format!(
-                        "{what}: HTTP {code}{shown}; check that `mount` {:?} is a KV version 2 secrets engine and `address` is the server's root URL. Nothing was changed",
-                        self.mount
-                    ),
-                }),
-            }
+            Err(self.http_error(what, code, msg))
         };
         match e {
             ClientError::APIError { code, errors } => {
@@ -650,18 +687,15 @@ impl VaultKms {
             Read::Found(r) => r,
         };
         let kv_version = resp.metadata.version;
-        let mut data = match resp.data {
-            Value::Object(m) => m,
-            _ => {
-                return Err(KmsError::corrupt(
-                    self,
-                    name,
-                    format!(
-                        "KV version {kv_version} of {} has no data",
-                        self.data_path(name)
-                    ),
-                ))
-            }
+        let Value::Object(data) = resp.data else {
+            return Err(KmsError::corrupt(
+                self,
+                name,
+                format!(
+                    "KV version {kv_version} of {} has no data",
+                    self.data_path(name)
+                ),
+            ));
         };
         if data.contains_key(FIELD_DESTROYED_AT) {
             return Ok(Some(Main {
@@ -671,6 +705,31 @@ impl VaultKms {
                 foreign: None,
             }));
         }
+        let adopted = !data.contains_key(FIELD_VERSION);
+        let live = self.parse_live(name, kv_version, &resp.metadata.created_time, data)?;
+        let foreign = if !adopted || kv_version <= 1 {
+            None
+        } else {
+            self.keyplan_version_below(name, kv_version)?
+        };
+        Ok(Some(Main {
+            kv_version,
+            live: Some(live),
+            adopted,
+            foreign,
+        }))
+    }
+
+    /// The current version held by `data`, the data of KV version `kv_version` of the main path
+    /// (created at `created_time`, RFC 3339): the passphrase field, keyplan's fields, or, for a
+    /// secret without them, the KV version and its creation time.
+    fn parse_live(
+        &self,
+        name: &str,
+        kv_version: u64,
+        created_time: &str,
+        mut data: serde_json::Map<String, Value>,
+    ) -> Result<Live, KmsError> {
         let field = basename(name);
         let Some(passphrase) = take_string(&mut data, field) else {
             return Err(KmsError::corrupt(
@@ -700,10 +759,9 @@ impl VaultKms {
         }
         let created_at = match number(&data, FIELD_CREATED_AT).map_err(&bad)? {
             Some(t) => t,
-            None => parse_time(&resp.metadata.created_time).ok_or_else(|| {
+            None => parse_time(created_time).ok_or_else(|| {
                 bad(format!(
-                    "its created_time {:?} is not an RFC 3339 time",
-                    resp.metadata.created_time
+                    "its created_time {created_time:?} is not an RFC 3339 time"
                 ))
             })?,
         };
@@ -711,23 +769,12 @@ impl VaultKms {
             None | Some(Value::Null) => Vec::new(),
             Some(v) => parse_history(v).map_err(|e| bad(format!("{FIELD_HISTORY}: {e}")))?,
         };
-        let adopted = !data.contains_key(FIELD_VERSION);
-        let foreign = if !adopted || kv_version <= 1 {
-            None
-        } else {
-            self.keyplan_version_below(name, kv_version)?
-        };
-        Ok(Some(Main {
-            kv_version,
-            live: Some(Live {
-                version,
-                created_at,
-                history,
-                passphrase,
-            }),
-            adopted,
-            foreign,
-        }))
+        Ok(Live {
+            version,
+            created_at,
+            history,
+            passphrase,
+        })
     }
 
     /// The newest KV version of `name` older than `kv_version` that keyplan wrote (it has a
@@ -1005,15 +1052,36 @@ impl VaultKms {
         }
     }
 
+    /// One attempt of [`Kms::check`]: token, mount, capabilities, key settings.
     fn check_once(&self, names: &[String]) -> Result<(), KmsError> {
-        // 1. Reachability and a valid token.
-        // <https://developer.hashicorp.com/vault/api-docs/auth/token#lookup-a-token-self>
+        self.check_token()?;
+        self.check_mount()?;
+        let mut wanted: Vec<(String, &'static [&'static str])> = Vec::new();
+        for name in names {
+            self.check_name(name)?;
+            wanted.extend(self.required_capabilities(name));
+        }
+        if !wanted.is_empty() {
+            self.check_capabilities(&wanted)?;
+        }
+        for name in names {
+            self.check_delete_after(name)?;
+        }
+        Ok(())
+    }
+
+    /// Reachability and a valid token.
+    /// <https://developer.hashicorp.com/vault/api-docs/auth/token#lookup-a-token-self>
+    fn check_token(&self) -> Result<(), KmsError> {
         let what = "looking up the token (GET auth/token/lookup-self)";
         match self.request(what, vaultrs::token::lookup_self(&self.client))? {
-            Answer::Ok(_) => {}
-            _ => return Err(self.unexpected(what)),
+            Answer::Ok(_) => Ok(()),
+            _ => Err(self.unexpected(what)),
         }
-        // 2. The mount is a KV version 2 engine.
+    }
+
+    /// The mount is a KV version 2 engine.
+    fn check_mount(&self) -> Result<(), KmsError> {
         let what = format!(
             "reading the engine of mount {:?} (GET sys/internal/ui/mounts/{})",
             self.mount, self.mount
@@ -1038,95 +1106,95 @@ impl VaultKms {
                 },
                 other => other,
             })?;
-        match answer {
-            Answer::Ok(m) => {
-                let version = m
-                    .options
-                    .as_ref()
-                    .and_then(|o| o.get("version"))
-                    .map(String::as_str)
-                    .unwrap_or("1");
-                if !(m.kind == "kv" && version == "2") {
-                    return Err(KmsError::Config {
-                        kms: self.describe(),
-                        detail: format!(
-                            "mount {:?} is a {:?} engine (version {version}), not KV version 2; enable one with `bao secrets enable -path={} kv-v2` or set `mount` to a KV v2 mount. Nothing was changed",
-                            self.mount, m.kind, self.mount
-                        ),
-                    });
-                }
-            }
-            _ => {
-                return Err(KmsError::Config {
-                    kms: self.describe(),
-                    detail: format!(
-                        "{what}: no such mount; set `mount` to a KV version 2 mount. Nothing was changed"
-                    ),
-                })
-            }
+        let Answer::Ok(m) = answer else {
+            return Err(KmsError::Config {
+                kms: self.describe(),
+                detail: format!(
+                    "{what}: no such mount; set `mount` to a KV version 2 mount. Nothing was changed"
+                ),
+            });
+        };
+        let version = m
+            .options
+            .as_ref()
+            .and_then(|o| o.get("version"))
+            .map(String::as_str)
+            .unwrap_or("1");
+        if m.kind == "kv" && version == "2" {
+            return Ok(());
         }
-        // 3. The capabilities every operation needs, on every path it touches.
-        let mut wanted: Vec<(String, &'static [&'static str])> = Vec::new();
-        for name in names {
-            self.check_name(name)?;
-            wanted.extend(self.required_capabilities(name));
-        }
-        if !wanted.is_empty() {
-            let what = "checking the token's capabilities (POST sys/capabilities-self)";
-            let endpoint = CapabilitiesSelf {
-                paths: wanted.iter().map(|(p, _)| p.clone()).collect(),
+        Err(KmsError::Config {
+            kms: self.describe(),
+            detail: format!(
+                "mount {:?} is a {:?} engine (version {version}), not KV version 2; enable one with `bao secrets enable -path={} kv-v2` or set `mount` to a KV v2 mount. Nothing was changed",
+                self.mount, m.kind, self.mount
+            ),
+        })
+    }
+
+    /// The capabilities every operation needs, on every path it touches (`wanted`: path and
+    /// capabilities), per `sys/capabilities-self`.
+    fn check_capabilities(
+        &self,
+        wanted: &[(String, &'static [&'static str])],
+    ) -> Result<(), KmsError> {
+        let what = "checking the token's capabilities (POST sys/capabilities-self)";
+        let endpoint = CapabilitiesSelf {
+            paths: wanted.iter().map(|(p, _)| p.clone()).collect(),
+        };
+        let caps =
+            match self.request(what, vaultrs::api::exec_with_result(&self.client, endpoint))? {
+                Answer::Ok(c) => c,
+                _ => return Err(self.unexpected(what)),
             };
-            let caps =
-                match self.request(what, vaultrs::api::exec_with_result(&self.client, endpoint))? {
-                    Answer::Ok(c) => c,
-                    _ => return Err(self.unexpected(what)),
-                };
-            let mut missing = Vec::new();
-            for (path, need) in &wanted {
-                let have: Vec<&str> = caps
-                    .get(path)
-                    .and_then(Value::as_array)
-                    .map(|a| a.iter().filter_map(Value::as_str).collect())
-                    .unwrap_or_default();
-                if have.contains(&"root") {
-                    continue;
-                }
-                let lacking: Vec<String> = need
-                    .iter()
-                    .filter(|c| !have.contains(*c) || have.contains(&"deny"))
-                    .map(|c| format!("{c:?}"))
-                    .collect();
-                if !lacking.is_empty() {
-                    missing.push(format!("{} on {path}", lacking.join(", ")));
-                }
+        let mut missing = Vec::new();
+        for (path, need) in wanted {
+            let have: Vec<&str> = caps
+                .get(path)
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            if have.contains(&"root") {
+                continue;
             }
-            if !missing.is_empty() {
-                return Err(KmsError::Denied {
-                    kms: self.describe(),
-                    detail: format!(
-                        "the token from ${} lacks capabilities keyplan needs (per sys/capabilities-self): {}; see docs/kms/vault.md for the policy",
-                        self.token_env,
-                        missing.join("; ")
-                    ),
-                });
+            let lacking: Vec<String> = need
+                .iter()
+                .filter(|c| !have.contains(*c) || have.contains(&"deny"))
+                .map(|c| format!("{c:?}"))
+                .collect();
+            if !lacking.is_empty() {
+                missing.push(format!("{} on {path}", lacking.join(", ")));
             }
         }
-        // 4. Key settings that would delete the current passphrase behind keyplan's back.
-        for name in names {
-            if let Some(meta) = self.read_metadata(name)? {
-                let after = meta.delete_version_after.trim();
-                if !after.is_empty() && after != "0s" && after != "0" {
-                    return Err(KmsError::Config {
-                        kms: self.describe(),
-                        detail: format!(
-                            "{}/metadata/{name} has delete_version_after={after}, which would soft-delete the current passphrase; set it to 0s (`bao kv metadata put -mount={} -delete-version-after=0s {name}`). Nothing was changed",
-                            self.mount, self.mount
-                        ),
-                    });
-                }
-            }
+        if missing.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        Err(KmsError::Denied {
+            kms: self.describe(),
+            detail: format!(
+                "the token from ${} lacks capabilities keyplan needs (per sys/capabilities-self): {}; see docs/kms/vault.md for the policy",
+                self.token_env,
+                missing.join("; ")
+            ),
+        })
+    }
+
+    /// Key settings that would delete the current passphrase behind keyplan's back.
+    fn check_delete_after(&self, name: &str) -> Result<(), KmsError> {
+        let Some(meta) = self.read_metadata(name)? else {
+            return Ok(());
+        };
+        let after = meta.delete_version_after.trim();
+        if after.is_empty() || after == "0s" || after == "0" {
+            return Ok(());
+        }
+        Err(KmsError::Config {
+            kms: self.describe(),
+            detail: format!(
+                "{}/metadata/{name} has delete_version_after={after}, which would soft-delete the current passphrase; set it to 0s (`bao kv metadata put -mount={} -delete-version-after=0s {name}`). Nothing was changed",
+                self.mount, self.mount
+            ),
+        })
     }
 
     /// The capabilities keyplan's operations need on each path of key `name` (the minimal
