@@ -154,82 +154,14 @@ impl KmipKms {
                 "endpoint {endpoint:?} is not host:port (e.g. kmip.example.net:5696, 10.0.0.5:5696 or [fd00::5]:5696)"
             ))
         })?;
-        let read = |what: &str, path: &Path| -> Result<Zeroizing<Vec<u8>>, KmsError> {
-            std::fs::read(path).map(Zeroizing::new).map_err(|e| {
-                config(format!(
-                    "cannot read {what} {}: {e}; fix the path in the plan file",
-                    path.display()
-                ))
-            })
-        };
-        let ca_pem = read("ca_cert", ca_cert)?;
-        let cert_pem = read("client_cert", client_cert)?;
-        let key_pem = read("client_key", client_key)?;
-        let certs = |what: &str, path: &Path, pem: &[u8]| -> Result<Vec<X509>, KmsError> {
-            match X509::stack_from_pem(pem) {
-                Ok(v) if !v.is_empty() => Ok(v),
-                Ok(_) => Err(config(format!(
-                    "{what} {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
-                    path.display()
-                ))),
-                Err(e) => Err(config(format!(
-                    "{what} {} is not a PEM certificate file: {e}",
-                    path.display()
-                ))),
-            }
-        };
-        let cas = certs("ca_cert", ca_cert, &ca_pem)?;
-        let chain = certs("client_cert", client_cert, &cert_pem)?;
-        let key = openssl::pkey::PKey::private_key_from_pem(&key_pem).map_err(|_| {
-            config(format!(
-                "client_key {} is not an unencrypted PEM private key",
-                client_key.display()
-            ))
-        })?;
-        drop(key_pem);
-        let tls = |e: openssl::error::ErrorStack| config(format!("cannot set up TLS: {e}"));
-        let mut builder = SslConnector::builder(SslMethod::tls_client()).map_err(tls)?;
-        builder
-            .set_min_proto_version(Some(SslVersion::TLS1_2))
-            .map_err(tls)?;
-        let mut store = X509StoreBuilder::new().map_err(tls)?;
-        for ca in cas {
-            store.add_cert(ca).map_err(|e| {
-                config(format!(
-                    "ca_cert {}: cannot use a certificate: {e}",
-                    ca_cert.display()
-                ))
-            })?;
-        }
-        builder.set_cert_store(store.build());
-        let mut chain = chain.into_iter();
-        if let Some(leaf) = chain.next() {
-            builder.set_certificate(&leaf).map_err(|e| {
-                config(format!(
-                    "client_cert {}: cannot use the certificate: {e}",
-                    client_cert.display()
-                ))
-            })?;
-        }
-        for extra in chain {
-            builder.add_extra_chain_cert(extra).map_err(tls)?;
-        }
-        let mismatch = |_| {
-            config(format!(
-                "client_key {} is not the private key of client_cert {}",
-                client_key.display(),
-                client_cert.display()
-            ))
-        };
-        builder.set_private_key(&key).map_err(mismatch)?;
-        builder.check_private_key().map_err(mismatch)?;
+        let connector = tls_connector(ca_cert, client_cert, client_key).map_err(config)?;
         Ok(KmipKms {
             name: name.to_string(),
             endpoint: endpoint.to_string(),
             host,
             port,
             client_cert: client_cert.to_path_buf(),
-            connector: builder.build(),
+            connector,
         })
     }
 
@@ -761,6 +693,91 @@ impl Kms for KmipKms {
             }
             Ok(())
         })
+    }
+}
+
+/// The TLS client configuration: TLS 1.2 or later, trusting only the CA certificate(s) in
+/// `ca_cert`, presenting `client_cert` (leaf first, then intermediates) with `client_key`.
+/// Errors: what is wrong with which file (unreadable, not PEM, a key that does not match the
+/// certificate), or why TLS cannot be set up.
+fn tls_connector(
+    ca_cert: &Path,
+    client_cert: &Path,
+    client_key: &Path,
+) -> Result<SslConnector, String> {
+    let ca_pem = read_pem("ca_cert", ca_cert)?;
+    let cert_pem = read_pem("client_cert", client_cert)?;
+    let key_pem = read_pem("client_key", client_key)?;
+    let cas = parse_certs("ca_cert", ca_cert, &ca_pem)?;
+    let chain = parse_certs("client_cert", client_cert, &cert_pem)?;
+    let key = openssl::pkey::PKey::private_key_from_pem(&key_pem).map_err(|_| {
+        format!(
+            "client_key {} is not an unencrypted PEM private key",
+            client_key.display()
+        )
+    })?;
+    drop(key_pem);
+    let tls = |e: openssl::error::ErrorStack| format!("cannot set up TLS: {e}");
+    let mut builder = SslConnector::builder(SslMethod::tls_client()).map_err(tls)?;
+    builder
+        .set_min_proto_version(Some(SslVersion::TLS1_2))
+        .map_err(tls)?;
+    let mut store = X509StoreBuilder::new().map_err(tls)?;
+    for ca in cas {
+        store.add_cert(ca).map_err(|e| {
+            format!(
+                "ca_cert {}: cannot use a certificate: {e}",
+                ca_cert.display()
+            )
+        })?;
+    }
+    builder.set_cert_store(store.build());
+    let mut chain = chain.into_iter();
+    if let Some(leaf) = chain.next() {
+        builder.set_certificate(&leaf).map_err(|e| {
+            format!(
+                "client_cert {}: cannot use the certificate: {e}",
+                client_cert.display()
+            )
+        })?;
+    }
+    for extra in chain {
+        builder.add_extra_chain_cert(extra).map_err(tls)?;
+    }
+    let mismatch = |_| {
+        format!(
+            "client_key {} is not the private key of client_cert {}",
+            client_key.display(),
+            client_cert.display()
+        )
+    };
+    builder.set_private_key(&key).map_err(mismatch)?;
+    builder.check_private_key().map_err(mismatch)?;
+    Ok(builder.build())
+}
+
+/// The bytes of the PEM file `path` (the plan's setting `what`), in a zeroizing buffer.
+fn read_pem(what: &str, path: &Path) -> Result<Zeroizing<Vec<u8>>, String> {
+    std::fs::read(path).map(Zeroizing::new).map_err(|e| {
+        format!(
+            "cannot read {what} {}: {e}; fix the path in the plan file",
+            path.display()
+        )
+    })
+}
+
+/// The certificates in `pem`, read from `path` (the plan's setting `what`); at least one.
+fn parse_certs(what: &str, path: &Path, pem: &[u8]) -> Result<Vec<X509>, String> {
+    match X509::stack_from_pem(pem) {
+        Ok(v) if !v.is_empty() => Ok(v),
+        Ok(_) => Err(format!(
+            "{what} {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+            path.display()
+        )),
+        Err(e) => Err(format!(
+            "{what} {} is not a PEM certificate file: {e}",
+            path.display()
+        )),
     }
 }
 
