@@ -181,56 +181,11 @@ impl KubernetesKms {
                 "data_key {data_key:?} cannot be used: a Secret data key is made of letters, digits, '-', '_' and '.' (at most 253 characters), and keys starting with {VERSION_DATA_PREFIX:?} are keyplan's own; fix `data_key` in the plan"
             )));
         }
-        let what = match (kubeconfig, context) {
-            (Some(p), Some(c)) => format!("context {c:?} of kubeconfig {}", p.display()),
-            (Some(p), None) => format!("kubeconfig {}", p.display()),
-            (None, Some(c)) => {
-                format!("context {c:?} of the kubeconfig (KUBECONFIG or ~/.kube/config)")
-            }
-            (None, None) => {
-                "the kubeconfig (KUBECONFIG or ~/.kube/config) or in-cluster service account"
-                    .to_string()
-            }
-        };
+        let what = config_source(kubeconfig, context);
         // rustls is built with two crypto providers here (kube's ring, vaultrs' aws-lc-rs), so
         // it cannot pick one by itself: name kube's. A provider installed earlier stays.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let options = KubeConfigOptions {
-            context: context.map(str::to_string),
-            ..KubeConfigOptions::default()
-        };
-        let loaded = block_on(&pre, async {
-            let config = match kubeconfig {
-                Some(path) => match Kubeconfig::read_from(path) {
-                    Ok(kc) => kube::Config::from_custom_kubeconfig(kc, &options)
-                        .await
-                        .map_err(|e| kubeconfig_error(&e)),
-                    Err(e) => Err(kubeconfig_error(&e)),
-                },
-                None if context.is_some() => kube::Config::from_kubeconfig(&options)
-                    .await
-                    .map_err(|e| kubeconfig_error(&e)),
-                None => kube::Config::infer().await.map_err(|e| {
-                    format!(
-                        "{}; no in-cluster service account either",
-                        std::error::Error::source(&e)
-                            .and_then(|s| s.downcast_ref::<KubeconfigError>())
-                            .map(kubeconfig_error)
-                            .unwrap_or_else(|| e.to_string())
-                    )
-                }),
-            };
-            let mut config = config?;
-            config.default_retry = false;
-            config.connect_timeout = Some(REQUEST_TIMEOUT);
-            config.read_timeout = Some(REQUEST_TIMEOUT);
-            config.write_timeout = Some(REQUEST_TIMEOUT);
-            config.reset_reader_on_write = true;
-            let url = config.cluster_url.to_string();
-            let client = kube::Client::try_from(config)
-                .map_err(|e| format!("cannot build a client: {}", chain(&e)))?;
-            Ok::<_, String>((url, client))
-        })?;
+        let loaded = block_on(&pre, load_client(kubeconfig, context))?;
         let (url, client) = loaded.map_err(|e| config_err(format!("cannot use {what}: {e}")))?;
         Ok(KubernetesKms {
             name: name.to_string(),
@@ -1165,6 +1120,65 @@ impl Kms for KubernetesKms {
             self.destroy_now(name, expected_current)
         })
     }
+}
+
+/// Where the connection settings come from, for messages.
+fn config_source(kubeconfig: Option<&Path>, context: Option<&str>) -> String {
+    match (kubeconfig, context) {
+        (Some(p), Some(c)) => format!("context {c:?} of kubeconfig {}", p.display()),
+        (Some(p), None) => format!("kubeconfig {}", p.display()),
+        (None, Some(c)) => {
+            format!("context {c:?} of the kubeconfig (KUBECONFIG or ~/.kube/config)")
+        }
+        (None, None) => {
+            "the kubeconfig (KUBECONFIG or ~/.kube/config) or in-cluster service account"
+                .to_string()
+        }
+    }
+}
+
+/// Loads the connection settings (see [`KubernetesKms::new`]) and builds a client with
+/// client-side retries off and [`REQUEST_TIMEOUT`] for connecting, reading and writing.
+/// Returns the cluster URL and the client. Errors: why the kubeconfig or the in-cluster
+/// configuration cannot be used (never its content).
+async fn load_client(
+    kubeconfig: Option<&Path>,
+    context: Option<&str>,
+) -> Result<(String, kube::Client), String> {
+    let options = KubeConfigOptions {
+        context: context.map(str::to_string),
+        ..KubeConfigOptions::default()
+    };
+    let config = match kubeconfig {
+        Some(path) => match Kubeconfig::read_from(path) {
+            Ok(kc) => kube::Config::from_custom_kubeconfig(kc, &options)
+                .await
+                .map_err(|e| kubeconfig_error(&e)),
+            Err(e) => Err(kubeconfig_error(&e)),
+        },
+        None if context.is_some() => kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(|e| kubeconfig_error(&e)),
+        None => kube::Config::infer().await.map_err(|e| {
+            format!(
+                "{}; no in-cluster service account either",
+                std::error::Error::source(&e)
+                    .and_then(|s| s.downcast_ref::<KubeconfigError>())
+                    .map(kubeconfig_error)
+                    .unwrap_or_else(|| e.to_string())
+            )
+        }),
+    };
+    let mut config = config?;
+    config.default_retry = false;
+    config.connect_timeout = Some(REQUEST_TIMEOUT);
+    config.read_timeout = Some(REQUEST_TIMEOUT);
+    config.write_timeout = Some(REQUEST_TIMEOUT);
+    config.reset_reader_on_write = true;
+    let url = config.cluster_url.to_string();
+    let client = kube::Client::try_from(config)
+        .map_err(|e| format!("cannot build a client: {}", chain(&e)))?;
+    Ok((url, client))
 }
 
 /// Why a call got no usable answer.
