@@ -77,13 +77,7 @@ const KILL_GRACE: Duration = Duration::from_secs(1);
 /// an invalid [`TIMEOUT_ENV`] value.
 pub fn open(name: &str, config: &KmsConfig) -> Result<Box<dyn Kms>, KmsError> {
     let KmsConfig::Exec { command } = config else {
-        return Err(KmsError::Config {
-            kms: format!("KMS {name:?}"),
-            detail: format!(
-                "internal error: provider {:?} handed to the exec provider",
-                config.provider()
-            ),
-        });
+        return Err(KmsError::misrouted(name, config, "exec"));
     };
     let timeout = timeout_from_env(name)?;
     Ok(Box::new(ExecKms::new(name, command.clone(), timeout)?))

@@ -101,13 +101,7 @@ pub fn open(name: &str, config: &KmsConfig) -> Result<Box<dyn Kms>, KmsError> {
             Path::new(client_cert),
             Path::new(client_key),
         )?)),
-        other => Err(KmsError::Config {
-            kms: format!("KMS {name:?}"),
-            detail: format!(
-                "provider {:?} was handed to the kmip provider",
-                other.provider()
-            ),
-        }),
+        other => Err(KmsError::misrouted(name, other, "kmip")),
     }
 }
 

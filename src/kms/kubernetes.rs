@@ -113,13 +113,7 @@ pub fn open(name: &str, config: &KmsConfig) -> Result<Box<dyn Kms>, KmsError> {
             None,
             context.as_deref(),
         )?)),
-        other => Err(KmsError::Config {
-            kms: format!("KMS {name:?}"),
-            detail: format!(
-                "provider {:?} handed to the kubernetes provider",
-                other.provider()
-            ),
-        }),
+        other => Err(KmsError::misrouted(name, other, "kubernetes")),
     }
 }
 

@@ -169,6 +169,18 @@ impl KmsError {
         }
     }
 
+    /// The [`KmsError::Config`] for a configuration of another provider handed to
+    /// `provider`'s `open` (a keyplan bug: [`open`] dispatches on the configuration).
+    pub fn misrouted(name: &str, config: &KmsConfig, provider: &str) -> KmsError {
+        KmsError::Config {
+            kms: format!("KMS {name:?}"),
+            detail: format!(
+                "internal error: provider {:?} was handed to the {provider} provider (keyplan bug)",
+                config.provider()
+            ),
+        }
+    }
+
     /// A [`KmsError::Corrupt`] for key `key` of `kms`; `detail` says what is wrong and where
     /// (never material).
     pub fn corrupt(kms: &dyn Kms, key: &str, detail: String) -> KmsError {

@@ -89,15 +89,7 @@ pub fn open(name: &str, config: &KmsConfig) -> Result<Box<dyn Kms>, KmsError> {
         KmsConfig::Vault { token_env, .. } => token_env
             .clone()
             .unwrap_or_else(|| DEFAULT_TOKEN_ENV.to_string()),
-        other => {
-            return Err(KmsError::Config {
-                kms: format!("KMS {name:?}"),
-                detail: format!(
-                    "provider {:?} was handed to the vault provider (keyplan bug)",
-                    other.provider()
-                ),
-            })
-        }
+        other => return Err(KmsError::misrouted(name, other, "vault")),
     };
     let token = match std::env::var(&var) {
         Ok(t) if !t.trim().is_empty() => Zeroizing::new(t),
@@ -387,10 +379,7 @@ impl VaultKms {
             ..
         } = config
         else {
-            return Err(config_err(format!(
-                "provider {:?} was handed to the vault provider (keyplan bug)",
-                config.provider()
-            )));
+            return Err(KmsError::misrouted(instance, config, "vault"));
         };
         let url = parse_address(address).map_err(&config_err)?;
         let mount = parse_mount(mount.as_deref()).map_err(&config_err)?;
