@@ -3,14 +3,14 @@
 //! One home for the rules every child follows, whoever starts it (`luks::run` for
 //! cryptsetup, `kms::exec` for `exec` KMS helpers):
 //!
-//! - [`shield`]: the child gets a process group of its own (a Ctrl-C at the terminal reaches
+//! - `shield`: the child gets a process group of its own (a Ctrl-C at the terminal reaches
 //!   keyplan, not the child in the middle of writing a header) and dies with keyplan
 //!   (`PR_SET_PDEATHSIG` = `SIGKILL`), as in a power cut (docs/architecture.md, "cryptsetup
 //!   children: own process group, die with keyplan").
-//! - [`child_env`]: the minimal environment of a cryptsetup child (`PATH`, `TMPDIR`, C locale),
+//! - `child_env`: the minimal environment of a cryptsetup child (`PATH`, `TMPDIR`, C locale),
 //!   so KMS credentials in keyplan's environment never reach it. (`exec` helpers inherit
 //!   keyplan's environment instead: talking to their KMS is their job.)
-//! - [`retry_text_busy`]: a start that fails with `ETXTBSY` is tried again, briefly.
+//! - `retry_text_busy`: a start that fails with `ETXTBSY` is tried again, briefly.
 
 use std::ffi::OsString;
 use std::io;
