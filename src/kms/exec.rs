@@ -302,18 +302,18 @@ struct Served {
 }
 
 impl Served {
-    /// Waits until both output pipes reached their end or `until` passes; true when nothing
-    /// more is to come (both ended, or a reader thread is gone).
+    /// Waits until both output pipes reached their end or `until` passes (what has arrived
+    /// by then is taken even when `until` has passed already); true when nothing more is to
+    /// come (both ended, or a reader thread is gone).
     fn collect(&mut self, until: Instant) -> bool {
         while self.stdout.is_none() || self.stderr.is_none() {
-            let now = Instant::now();
-            if now >= until {
-                return false;
-            }
-            match self.rx.recv_timeout(until - now) {
+            match self
+                .rx
+                .recv_timeout(until.saturating_duration_since(Instant::now()))
+            {
                 Ok(Event::Stdout(o)) => self.stdout = Some(o),
                 Ok(Event::Stderr(t)) => self.stderr = Some(t),
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Timeout) => return false,
                 Err(mpsc::RecvTimeoutError::Disconnected) => return true,
             }
         }
