@@ -9,7 +9,7 @@
 //! `fail` crate's documentation for the syntax). A point that fires with `return` or
 //! `return(crash)` kills keyplan with `SIGKILL` (no unwinding, no destructors, no journal
 //! record: what a power cut or the OOM killer does; cryptsetup children die with it, see
-//! `luks::run`). A point that fires with `return(error)` makes the operation fail with an
+//! `child`). A point that fires with `return(error)` makes the operation fail with an
 //! injected error instead, for the error paths (an unreachable KMS, say).
 //!
 //! Without the feature every point compiles to nothing and [`check`] always returns `Ok`.

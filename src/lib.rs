@@ -30,7 +30,9 @@
 //! feature); `fuzzing` (hidden) holds the fuzz harnesses.
 
 pub mod apply;
-
+/// Child processes (cryptsetup, `exec` KMS helpers): own process group, death with keyplan,
+/// minimal environment, a retried start while the program file is busy.
+pub mod child;
 pub mod cli;
 pub mod clock;
 pub mod diff;

@@ -70,9 +70,40 @@ fn example_kms(dir: &Path) -> ExecKms {
     .expect("exec kms")
 }
 
+/// Writes `body` as the executable file `<dir>/<name>` (replacing it), and closes it before
+/// returning: written, synced and dropped, so no descriptor of ours is open for writing when
+/// the script is run.
+///
+/// That matters because execve(2) refuses, with `ETXTBSY` ("Text file busy"), a file any
+/// process holds open for writing. Closing our descriptor is necessary but not enough in a
+/// test binary whose tests run on several threads: while it is open, another test's thread may
+/// fork (to start a helper or cryptsetup), and the forked child holds a copy of it until its
+/// `exec` a moment later (`O_CLOEXEC` closes it only then). keyplan therefore retries a start
+/// refused with `ETXTBSY` for a short while (`keyplan::child`), as it must anyway for a helper
+/// being replaced in place; this was the cause of a flaky "cannot start the helper: Text file
+/// busy (os error 26)" in `broken_helpers_are_unavailable_naming_the_command`.
+fn write_script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    use std::io::Write as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let p = dir.join(name);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o755)
+        .open(&p)
+        .expect("create script");
+    file.write_all(body.as_bytes()).expect("write script");
+    file.set_permissions(std::fs::Permissions::from_mode(0o755))
+        .expect("chmod script");
+    file.sync_all().expect("sync script");
+    drop(file);
+    p
+}
+
 /// An exec KMS running the shell script `body` (written as `<dir>/<name>`), 5 s time limit.
 fn scripted(dir: &Path, name: &str, body: &str) -> ExecKms {
-    let p = script(dir, name, &format!("#!/bin/sh\n{body}\n"));
+    let p = write_script(dir, name, &format!("#!/bin/sh\n{body}\n"));
     ExecKms::new(
         "custom",
         vec![p.display().to_string()],
@@ -416,6 +447,50 @@ fn broken_helpers_are_unavailable_naming_the_command() {
     ));
 }
 
+/// A helper script written while other threads fork starts anyway: a forked child may hold
+/// a copy of the script's write descriptor for a moment, which makes execve(2) fail with
+/// `ETXTBSY`, and keyplan retries such a start briefly (see [`write_script`]). The forking
+/// thread here keeps each child for 2 ms before its `exec`, so that the race, rare between
+/// ordinary tests, happens within a few dozen scripts.
+#[test]
+fn scripts_written_while_other_threads_fork_can_be_started() {
+    use std::os::unix::process::CommandExt as _;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let stop = Arc::new(AtomicBool::new(false));
+    let forker = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let mut cmd = Command::new("true");
+                // SAFETY: nanosleep(2) is async-signal-safe; the closure allocates nothing.
+                unsafe {
+                    cmd.pre_exec(|| {
+                        let pause = libc::timespec {
+                            tv_sec: 0,
+                            tv_nsec: 2_000_000,
+                        };
+                        libc::nanosleep(&pause, std::ptr::null_mut());
+                        Ok(())
+                    });
+                }
+                let _ = cmd.status();
+            }
+        })
+    };
+    let ok = r#"{"protocol_version":1,"ok":true,"result":{}}"#;
+    let outcome = (0..150).try_for_each(|i| {
+        answering(d, &format!("h{i}"), ok)
+            .commit("k", None, 1)
+            .map_err(|e| format!("helper {i}: {e}"))
+    });
+    stop.store(true, Ordering::Relaxed);
+    forker.join().unwrap();
+    outcome.unwrap();
+}
+
 /// Is process `pid` gone (or a zombie waiting to be reaped)?
 fn dead(pid: &str) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -434,7 +509,7 @@ fn hung_helpers_are_killed_with_their_process_group() {
     let pidfile = d.join("grandchild.pid");
     let kms = ExecKms::new(
         "custom",
-        vec![script(
+        vec![write_script(
             d,
             "hang",
             &format!(
@@ -469,7 +544,7 @@ fn hung_helpers_are_killed_with_their_process_group() {
     // A helper that answers but leaves a process holding its standard output open.
     let kms = ExecKms::new(
         "custom",
-        vec![script(
+        vec![write_script(
             d,
             "linger",
             "#!/bin/sh\ncat >/dev/null\necho '{\"protocol_version\":1,\"ok\":true,\"result\":{}}'\nsleep 60 &\nexit 0\n",
@@ -569,7 +644,7 @@ fn state_of(meta: &serde_json::Value, version: u64) -> String {
 /// A script that logs its argv and environment to `log`, then runs its arguments (the real
 /// helper), passing the request through.
 fn spy(dir: &Path, log: &Path) -> PathBuf {
-    script(
+    write_script(
         dir,
         "spy",
         &format!(
@@ -707,7 +782,7 @@ fn enrolled(helper_script: Option<&str>) -> (Scratch, Vec<PathBuf>) {
         || format!("#!/bin/sh\nexec {helper}\n"),
         |b| b.replace("HELPER", &helper),
     );
-    script(s.dir.path(), "helper", &body);
+    write_script(s.dir.path(), "helper", &body);
     s.plan(
         "keyplan.yaml",
         &exec_plan(
@@ -759,7 +834,7 @@ fn cli_unreachable_or_denied_kms_changes_nothing() {
     let snap = Snapshot::take(&watch);
 
     // The KMS behind the helper is down: the helper says so on stderr and exits 1.
-    script(
+    write_script(
         s.dir.path(),
         "helper",
         "#!/bin/sh\ncat >/dev/null\necho 'dial tcp 10.0.0.7:443: connect: connection refused' >&2\nexit 1\n",
@@ -777,7 +852,7 @@ fn cli_unreachable_or_denied_kms_changes_nothing() {
     snap.assert_unchanged("apply with an unavailable helper");
 
     // The helper answers `denied`.
-    script(
+    write_script(
         s.dir.path(),
         "helper",
         "#!/bin/sh\ncat >/dev/null\necho '{\"protocol_version\":1,\"ok\":false,\"error\":{\"kind\":\"denied\",\"message\":\"role keyplan may not read k\"}}'\n",

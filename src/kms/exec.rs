@@ -18,17 +18,22 @@
 //! is diagnostic: its last lines (at most [`STDERR_SHOWN_CHARS`] characters, with any known
 //! material redacted) are quoted in errors.
 //!
-//! The helper runs in a process group of its own and dies with keyplan (as cryptsetup
-//! children do). A helper that cannot be started is a [`KmsError::Config`]; one that exits
-//! non-zero, is killed by a signal, prints nothing, invalid JSON or a response that does not
-//! follow the protocol, or takes longer than the timeout ([`crate::kms::REQUEST_TIMEOUT`], or
-//! [`TIMEOUT_ENV`] seconds), is [`KmsError::Unavailable`] naming the command; on a timeout its
-//! whole process group is killed. `read`, `get`, `retire`, `destroy_key` and `check` are
+//! The helper runs in a process group of its own and dies with keyplan, as cryptsetup
+//! children do ([`crate::child`]); duct starts it and waits for it with the deadline, while
+//! keyplan's own threads feed its standard input and read its output into zeroizing buffers.
+//! A start refused with `ETXTBSY` (the program file is being written, or was just written and
+//! another thread forked meanwhile) is retried briefly. A helper that cannot be started
+//! (missing, not executable) is a [`KmsError::Config`]; one that cannot be started for another
+//! reason (no processes left, the file still busy after the retries), exits non-zero, is killed
+//! by a signal, prints nothing, invalid JSON or a response that does not follow the protocol,
+//! or takes longer than the timeout ([`crate::kms::REQUEST_TIMEOUT`], or [`TIMEOUT_ENV`]
+//! seconds), is [`KmsError::Unavailable`] naming the command; on a timeout its whole process
+//! group is killed. `read`, `get`, `retire`, `destroy_key` and `check` are
 //! retried through [`crate::kms::with_retries`]; `stage` and `commit` never are.
 
-use std::io::Write as _;
+use std::io::{pipe, PipeReader, PipeWriter, Write as _};
 use std::path::Path;
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -72,13 +77,7 @@ const KILL_GRACE: Duration = Duration::from_secs(1);
 /// an invalid [`TIMEOUT_ENV`] value.
 pub fn open(name: &str, config: &KmsConfig) -> Result<Box<dyn Kms>, KmsError> {
     let KmsConfig::Exec { command } = config else {
-        return Err(KmsError::Config {
-            kms: format!("KMS {name:?}"),
-            detail: format!(
-                "internal error: provider {:?} handed to the exec provider",
-                config.provider()
-            ),
-        });
+        return Err(KmsError::misrouted(name, config, "exec"));
     };
     let timeout = timeout_from_env(name)?;
     Ok(Box::new(ExecKms::new(name, command.clone(), timeout)?))
@@ -179,115 +178,101 @@ impl ExecKms {
     }
 
     /// Starts the helper, feeds it `request`, and collects its exit status and output within
-    /// the time limit (killing its process group when the limit passes).
+    /// the time limit (killing its process group when the limit passes). duct starts the
+    /// helper and waits for it with the deadline; the pipes are keyplan's own, served by
+    /// threads ([`Served`]), so that key material only ever sits in zeroizing buffers.
     fn run(&self, ctx: &Ctx<'_>, request: Zeroizing<Vec<u8>>) -> Result<Finished, KmsError> {
-        let mut cmd = Command::new(&self.command[0]);
-        cmd.args(&self.command[1..])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        crate::luks::run::shield(&mut cmd).map_err(|e| ctx.unavailable(e.to_string()))?;
-        let mut child = cmd.spawn().map_err(|e| ctx.spawn_error(&e))?;
-        let pid = child.id();
+        let (handle, mut served) = self.start(ctx, request)?;
         let deadline = Instant::now() + self.timeout;
-
-        // Each pipe is served by a thread of its own, so neither side can block the other
-        // (a helper writing much to stderr before reading stdin, say); the waiter reports the
-        // exit. Threads are detached: one that a stray process keeps blocked cannot hold keyplan.
-        let (tx, rx) = mpsc::channel::<Event>();
-        let (stdin, stdout, stderr) =
-            (child.stdin.take(), child.stdout.take(), child.stderr.take());
-        let spawned = (|| -> std::io::Result<()> {
-            if let Some(mut pipe) = stdin {
-                spawn_thread("keyplan-exec-stdin", move || {
-                    // EPIPE (the helper exited without reading) shows in its exit status.
-                    let _ = pipe.write_all(&request);
-                    drop(pipe);
-                    drop(request);
-                })?;
+        let status = match handle.wait_deadline(deadline) {
+            Ok(Some(output)) => output.status,
+            Ok(None) => return Err(self.timed_out(ctx, &handle, &mut served, false)),
+            Err(e) => {
+                kill_group(&handle);
+                return Err(ctx.unavailable(format!("cannot wait for the helper: {e}")));
             }
-            if let Some(pipe) = stdout {
-                let tx = tx.clone();
-                spawn_thread("keyplan-exec-stdout", move || {
-                    let _ = tx.send(Event::Stdout(read_response(pipe)));
-                })?;
-            }
-            if let Some(pipe) = stderr {
-                let tx = tx.clone();
-                spawn_thread("keyplan-exec-stderr", move || {
-                    let _ = tx.send(Event::Stderr(read_tail(pipe)));
-                })?;
-            }
-            let tx = tx.clone();
-            spawn_thread("keyplan-exec-wait", move || {
-                let _ = tx.send(Event::Exit(child.wait()));
-            })
-        })();
-        drop(tx);
-        if let Err(e) = spawned {
-            kill_group(pid);
-            return Err(
-                ctx.unavailable(format!("cannot start the threads serving the helper: {e}"))
-            );
-        }
-
-        let mut status = None;
-        let mut out = None;
-        let mut err_tail = None;
-        let mut timed_out = false;
-        let mut lingering = false;
-        let mut grace_end = None;
-        while status.is_none() || out.is_none() || err_tail.is_none() {
-            let now = Instant::now();
-            let until = grace_end.unwrap_or(deadline);
-            if now >= until {
-                if grace_end.is_some() {
-                    break; // killed, yet a pipe is still held open: stop waiting for it
-                }
-                timed_out = true;
-                lingering = status.is_some();
-                kill_group(pid);
-                grace_end = Some(now + KILL_GRACE);
-                continue;
-            }
-            match rx.recv_timeout(until - now) {
-                Ok(Event::Exit(s)) => status = Some(s),
-                Ok(Event::Stdout(o)) => out = Some(o),
-                Ok(Event::Stderr(t)) => err_tail = Some(t),
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            }
-        }
-        let stderr_tail = err_tail.unwrap_or_default();
-        if timed_out {
-            let lingering = if lingering {
-                " (it had exited, but a process it started still held its output open)"
-            } else {
-                ""
-            };
-            return Err(ctx.unavailable(format!(
-                "no answer within {} s{lingering}; the helper and its process group were killed (raise {TIMEOUT_ENV} if the KMS is slow){}",
-                self.timeout.as_secs(),
-                ctx.stderr_note(&stderr_tail)
-            )));
-        }
-        let status = match status {
-            Some(Ok(s)) => s,
-            Some(Err(e)) => return Err(ctx.unavailable(format!("cannot wait for the helper: {e}"))),
-            None => return Err(ctx.unavailable("the helper's waiter thread vanished".into())),
         };
-        let stdout = out.unwrap_or(Ok(Response::default()));
+        // The helper exited; its answer is complete once both output pipes reached their end,
+        // which a process it started and left running can prevent.
+        if !served.collect(deadline) {
+            return Err(self.timed_out(ctx, &handle, &mut served, true));
+        }
         Ok(Finished {
             status,
-            stdout,
-            stderr_tail,
+            stdout: served.stdout.take().unwrap_or(Ok(Response::default())),
+            stderr_tail: served.stderr.take().unwrap_or_default(),
         })
+    }
+
+    /// Creates the helper's three pipes, starts it on them through duct (in its own process
+    /// group, dying with keyplan: [`crate::child::shield`]; a start refused with `ETXTBSY` is
+    /// retried: [`crate::child::retry_text_busy`]), and starts the threads serving the pipes.
+    /// The helper inherits keyplan's environment (its KMS credentials are its business).
+    ///
+    /// Errors: [`Ctx::spawn_error`] when the pipes cannot be created or the helper cannot be
+    /// started; [`KmsError::Unavailable`] when a serving thread cannot be started (the helper's
+    /// process group is killed then).
+    fn start(
+        &self,
+        ctx: &Ctx<'_>,
+        request: Zeroizing<Vec<u8>>,
+    ) -> Result<(duct::Handle, Served), KmsError> {
+        let pipes = (|| Ok::<_, std::io::Error>((pipe()?, pipe()?, pipe()?)))();
+        let ((stdin_r, stdin_w), (stdout_r, stdout_w), (stderr_r, stderr_w)) =
+            pipes.map_err(|e| ctx.spawn_error(&e))?;
+        let expr = duct::cmd(&self.command[0], &self.command[1..])
+            .stdin_file(stdin_r)
+            .stdout_file(stdout_w)
+            .stderr_file(stderr_w)
+            .unchecked()
+            .before_spawn(crate::child::shield);
+        let started = crate::child::retry_text_busy(&self.command[0], || expr.start());
+        // The expression holds the parent's copies of the helper's ends of the pipes: closing
+        // them lets the readers see end-of-file once the helper (and all it started) let go.
+        drop(expr);
+        let handle = started.map_err(|e| ctx.spawn_error(&e))?;
+        match serve(stdin_w, stdout_r, stderr_r, request) {
+            Ok(served) => Ok((handle, served)),
+            Err(e) => {
+                kill_group(&handle);
+                Err(ctx.unavailable(format!("cannot start the threads serving the helper: {e}")))
+            }
+        }
+    }
+
+    /// The time limit passed (`lingering`: after the helper had exited, while a process it
+    /// started still held its output open). Kills the helper's process group, gives it
+    /// [`KILL_GRACE`] to exit and release the pipes (keeping what its standard error said
+    /// meanwhile), and returns the error.
+    fn timed_out(
+        &self,
+        ctx: &Ctx<'_>,
+        handle: &duct::Handle,
+        served: &mut Served,
+        lingering: bool,
+    ) -> KmsError {
+        kill_group(handle);
+        let grace_end = Instant::now() + KILL_GRACE;
+        // Reaps the killed helper. Failing to, or a pipe still held open after the grace
+        // period (a process that left the group), changes nothing: the answer is a timeout
+        // either way, duct reaps the helper later, and the detached threads end with the pipes.
+        let _ = handle.wait_deadline(grace_end);
+        served.collect(grace_end);
+        let lingering = if lingering {
+            " (it had exited, but a process it started still held its output open)"
+        } else {
+            ""
+        };
+        ctx.unavailable(format!(
+            "no answer within {} s{lingering}; the helper and its process group were killed (raise {TIMEOUT_ENV} if the KMS is slow){}",
+            self.timeout.as_secs(),
+            ctx.stderr_note(served.stderr.as_deref().map_or(&[], |t| &t[..]))
+        ))
     }
 }
 
 /// One message from a thread serving the helper.
 enum Event {
-    Exit(std::io::Result<ExitStatus>),
     Stdout(std::io::Result<Response>),
     Stderr(Zeroizing<Vec<u8>>),
 }
@@ -304,6 +289,67 @@ struct Finished {
     status: ExitStatus,
     stdout: std::io::Result<Response>,
     stderr_tail: Zeroizing<Vec<u8>>,
+}
+
+/// The threads serving a running helper's pipes, and what the readers reported so far. Each
+/// pipe has a thread of its own, so neither side can block the other (a helper writing much
+/// to standard error before reading its standard input, say). The threads are detached: one
+/// that a stray process keeps blocked cannot hold keyplan.
+struct Served {
+    rx: mpsc::Receiver<Event>,
+    stdout: Option<std::io::Result<Response>>,
+    stderr: Option<Zeroizing<Vec<u8>>>,
+}
+
+impl Served {
+    /// Waits until both output pipes reached their end or `until` passes (what has arrived
+    /// by then is taken even when `until` has passed already); true when nothing more is to
+    /// come (both ended, or a reader thread is gone).
+    fn collect(&mut self, until: Instant) -> bool {
+        while self.stdout.is_none() || self.stderr.is_none() {
+            match self
+                .rx
+                .recv_timeout(until.saturating_duration_since(Instant::now()))
+            {
+                Ok(Event::Stdout(o)) => self.stdout = Some(o),
+                Ok(Event::Stderr(t)) => self.stderr = Some(t),
+                Err(mpsc::RecvTimeoutError::Timeout) => return false,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return true,
+            }
+        }
+        true
+    }
+}
+
+/// Starts the threads serving a started helper's pipes: one writes `request` into its
+/// standard input and closes it, two read its standard output ([`read_response`]) and
+/// standard error ([`read_tail`]).
+fn serve(
+    stdin: PipeWriter,
+    stdout: PipeReader,
+    stderr: PipeReader,
+    request: Zeroizing<Vec<u8>>,
+) -> std::io::Result<Served> {
+    let (tx, rx) = mpsc::channel::<Event>();
+    spawn_thread("keyplan-exec-stdin", move || {
+        let mut pipe = stdin;
+        // EPIPE (the helper exited without reading) shows in its exit status.
+        let _ = pipe.write_all(&request);
+        drop(pipe);
+        drop(request);
+    })?;
+    let out = tx.clone();
+    spawn_thread("keyplan-exec-stdout", move || {
+        let _ = out.send(Event::Stdout(read_response(stdout)));
+    })?;
+    spawn_thread("keyplan-exec-stderr", move || {
+        let _ = tx.send(Event::Stderr(read_tail(stderr)));
+    })?;
+    Ok(Served {
+        rx,
+        stdout: None,
+        stderr: None,
+    })
 }
 
 fn spawn_thread(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
@@ -365,13 +411,16 @@ fn read_tail(mut pipe: impl std::io::Read) -> Zeroizing<Vec<u8>> {
 }
 
 /// Sends `SIGKILL` to the helper's process group (its id is the helper's pid: the helper was
-/// started with `process_group(0)`), so that programs it started die with it.
-fn kill_group(pid: u32) {
-    if let Ok(pgid) = libc::pid_t::try_from(pid) {
-        // SAFETY: killpg(2) is a plain system call on an integer process group id; a group
-        // that is already gone gives ESRCH, which is ignored.
-        unsafe {
-            libc::killpg(pgid, libc::SIGKILL);
+/// started with `process_group(0)`), so that programs it started die with it. duct's own
+/// `Handle::kill` would kill the helper only.
+fn kill_group(handle: &duct::Handle) {
+    for pid in handle.pids() {
+        if let Ok(pgid) = libc::pid_t::try_from(pid) {
+            // SAFETY: killpg(2) is a plain system call on an integer process group id; a group
+            // that is already gone gives ESRCH, which is ignored.
+            unsafe {
+                libc::killpg(pgid, libc::SIGKILL);
+            }
         }
     }
 }

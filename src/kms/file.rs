@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::book::{self, Commit, Destroy, VersionBook};
 use super::{KeyState, Kms, KmsError, VersionInfo, VersionState};
 use crate::fsutil;
 use crate::secret::Passphrase;
@@ -115,19 +116,12 @@ impl FileKms {
         drop(lock);
         out
     }
-
-    fn conflict(&self, key: &str, detail: String) -> KmsError {
-        KmsError::Conflict {
-            kms: self.describe(),
-            key: key.to_string(),
-            detail,
-        }
-    }
 }
 
-fn set_state(meta: &mut Meta, version: u64, state: VersionState) {
-    if let Some(v) = meta.versions.iter_mut().find(|v| v.version == version) {
-        v.state = state;
+impl Meta {
+    /// The version rules' view of this metadata.
+    fn book(&self) -> VersionBook {
+        VersionBook::of_entries(self.current, self.pending, &self.versions)
     }
 }
 
@@ -179,16 +173,10 @@ impl Kms for FileKms {
     fn stage(&self, name: &str, material: &Passphrase, at_least: u64) -> Result<u64, KmsError> {
         self.locked(name, |dir| {
             let mut meta = self.read_meta(name)?;
-            if let Some(p) = meta.pending {
-                return Err(self.conflict(
-                    name,
-                    format!(
-                        "version {p} is already pending; it must be committed or discarded first"
-                    ),
-                ));
-            }
-            let version =
-                (meta.versions.iter().map(|v| v.version).max().unwrap_or(0) + 1).max(at_least);
+            let version = meta
+                .book()
+                .stage(at_least)
+                .map_err(|r| r.conflict(self, name))?;
             let key_path = dir.join(format!("v{version}.key"));
             fsutil::write_atomic(&key_path, material.expose(), 0o600)
                 .map_err(|e| self.io(format!("writing {}", key_path.display()), e))?;
@@ -214,26 +202,12 @@ impl Kms for FileKms {
     ) -> Result<(), KmsError> {
         self.locked(name, |_| {
             let mut meta = self.read_meta(name)?;
-            if meta.current == Some(pending) && meta.pending.is_none() {
+            let decision = meta.book().commit(expected_current, pending);
+            let Commit::Go { previous } = decision.map_err(|r| r.conflict(self, name))? else {
                 return Ok(());
-            }
-            if meta.current != expected_current || meta.pending != Some(pending) {
-                return Err(self.conflict(
-                    name,
-                    format!(
-                        "expected current {} and pending {pending}, found current {} and pending {}",
-                        show(expected_current),
-                        show(meta.current),
-                        show(meta.pending)
-                    ),
-                ));
-            }
-            if let Some(old) = meta.current {
-                set_state(&mut meta, old, VersionState::Previous);
-            }
-            set_state(&mut meta, pending, VersionState::Current);
-            meta.current = Some(pending);
-            meta.pending = None;
+            };
+            (meta.current, meta.pending) =
+                book::commit_states(&mut meta.versions, previous, pending);
             self.write_meta(name, &meta)
         })
     }
@@ -241,13 +215,10 @@ impl Kms for FileKms {
     fn retire(&self, name: &str, version: u64) -> Result<(), KmsError> {
         self.locked(name, |dir| {
             let mut meta = self.read_meta(name)?;
-            if meta.current == Some(version) || meta.pending == Some(version) {
-                return Err(self.conflict(
-                    name,
-                    format!("version {version} is current or pending and cannot be retired"),
-                ));
-            }
-            set_state(&mut meta, version, VersionState::Retired);
+            meta.book()
+                .retire(version)
+                .map_err(|r| r.conflict(self, name))?;
+            book::retire_state(&mut meta.versions, version);
             self.write_meta(name, &meta)?;
             crate::failpoint::check("kms.file.retire.after_meta")
                 .map_err(|e| self.io("retiring".into(), io::Error::other(e)))?;
@@ -264,23 +235,11 @@ impl Kms for FileKms {
     fn destroy_key(&self, name: &str, expected_current: u64) -> Result<(), KmsError> {
         self.locked(name, |dir| {
             let mut meta = self.read_meta(name)?;
-            if meta.current.is_none() && meta.pending.is_none() {
+            let decision = meta.book().destroy(expected_current);
+            if decision.map_err(|r| r.conflict(self, name))? == Destroy::NothingLeft {
                 return Ok(());
             }
-            if meta.current != Some(expected_current) || meta.pending.is_some() {
-                return Err(self.conflict(
-                    name,
-                    format!(
-                        "expected current v{expected_current} and no pending version, found current {} and pending {}",
-                        show(meta.current),
-                        show(meta.pending)
-                    ),
-                ));
-            }
-            for v in &mut meta.versions {
-                v.state = VersionState::Retired;
-            }
-            meta.current = None;
+            (meta.current, meta.pending) = book::destroy_states(&mut meta.versions);
             self.write_meta(name, &meta)?;
             for v in &meta.versions {
                 let key_path = dir.join(format!("v{}.key", v.version));
@@ -293,8 +252,4 @@ impl Kms for FileKms {
             fsutil::sync_dir(dir).map_err(|e| self.io(format!("syncing {}", dir.display()), e))
         })
     }
-}
-
-fn show(v: Option<u64>) -> String {
-    v.map_or_else(|| "none".to_string(), |v| format!("v{v}"))
 }

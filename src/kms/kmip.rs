@@ -54,6 +54,7 @@ use openssl::x509::store::X509StoreBuilder;
 use openssl::x509::{X509VerifyResult, X509};
 use zeroize::{Zeroize, Zeroizing};
 
+use super::book::{show, Commit, Destroy, VersionBook};
 use super::{KeyState, Kms, KmsError, VersionInfo, VersionState, REQUEST_TIMEOUT};
 use crate::secret::Passphrase;
 use crate::spec::KmsConfig;
@@ -100,13 +101,7 @@ pub fn open(name: &str, config: &KmsConfig) -> Result<Box<dyn Kms>, KmsError> {
             Path::new(client_cert),
             Path::new(client_key),
         )?)),
-        other => Err(KmsError::Config {
-            kms: format!("KMS {name:?}"),
-            detail: format!(
-                "provider {:?} was handed to the kmip provider",
-                other.provider()
-            ),
-        }),
+        other => Err(KmsError::misrouted(name, other, "kmip")),
     }
 }
 
@@ -153,104 +148,20 @@ impl KmipKms {
                 "endpoint {endpoint:?} is not host:port (e.g. kmip.example.net:5696, 10.0.0.5:5696 or [fd00::5]:5696)"
             ))
         })?;
-        let read = |what: &str, path: &Path| -> Result<Zeroizing<Vec<u8>>, KmsError> {
-            std::fs::read(path).map(Zeroizing::new).map_err(|e| {
-                config(format!(
-                    "cannot read {what} {}: {e}; fix the path in the plan file",
-                    path.display()
-                ))
-            })
-        };
-        let ca_pem = read("ca_cert", ca_cert)?;
-        let cert_pem = read("client_cert", client_cert)?;
-        let key_pem = read("client_key", client_key)?;
-        let certs = |what: &str, path: &Path, pem: &[u8]| -> Result<Vec<X509>, KmsError> {
-            match X509::stack_from_pem(pem) {
-                Ok(v) if !v.is_empty() => Ok(v),
-                Ok(_) => Err(config(format!(
-                    "{what} {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
-                    path.display()
-                ))),
-                Err(e) => Err(config(format!(
-                    "{what} {} is not a PEM certificate file: {e}",
-                    path.display()
-                ))),
-            }
-        };
-        let cas = certs("ca_cert", ca_cert, &ca_pem)?;
-        let chain = certs("client_cert", client_cert, &cert_pem)?;
-        let key = openssl::pkey::PKey::private_key_from_pem(&key_pem).map_err(|_| {
-            config(format!(
-                "client_key {} is not an unencrypted PEM private key",
-                client_key.display()
-            ))
-        })?;
-        drop(key_pem);
-        let tls = |e: openssl::error::ErrorStack| config(format!("cannot set up TLS: {e}"));
-        let mut builder = SslConnector::builder(SslMethod::tls_client()).map_err(tls)?;
-        builder
-            .set_min_proto_version(Some(SslVersion::TLS1_2))
-            .map_err(tls)?;
-        let mut store = X509StoreBuilder::new().map_err(tls)?;
-        for ca in cas {
-            store.add_cert(ca).map_err(|e| {
-                config(format!(
-                    "ca_cert {}: cannot use a certificate: {e}",
-                    ca_cert.display()
-                ))
-            })?;
-        }
-        builder.set_cert_store(store.build());
-        let mut chain = chain.into_iter();
-        if let Some(leaf) = chain.next() {
-            builder.set_certificate(&leaf).map_err(|e| {
-                config(format!(
-                    "client_cert {}: cannot use the certificate: {e}",
-                    client_cert.display()
-                ))
-            })?;
-        }
-        for extra in chain {
-            builder.add_extra_chain_cert(extra).map_err(tls)?;
-        }
-        let mismatch = |_| {
-            config(format!(
-                "client_key {} is not the private key of client_cert {}",
-                client_key.display(),
-                client_cert.display()
-            ))
-        };
-        builder.set_private_key(&key).map_err(mismatch)?;
-        builder.check_private_key().map_err(mismatch)?;
+        let connector = tls_connector(ca_cert, client_cert, client_key).map_err(config)?;
         Ok(KmipKms {
             name: name.to_string(),
             endpoint: endpoint.to_string(),
             host,
             port,
             client_cert: client_cert.to_path_buf(),
-            connector: builder.build(),
+            connector,
         })
     }
 
     fn unavailable(&self, detail: String) -> KmsError {
         KmsError::Unavailable {
             kms: self.describe(),
-            detail,
-        }
-    }
-
-    fn conflict(&self, key: &str, detail: String) -> KmsError {
-        KmsError::Conflict {
-            kms: self.describe(),
-            key: key.to_string(),
-            detail,
-        }
-    }
-
-    fn corrupt(&self, key: &str, detail: String) -> KmsError {
-        KmsError::Corrupt {
-            kms: self.describe(),
-            key: key.to_string(),
             detail,
         }
     }
@@ -442,7 +353,8 @@ impl KmipKms {
                 continue;
             };
             if let Some(twin) = out.iter().find(|o| o.version == version) {
-                return Err(self.corrupt(
+                return Err(KmsError::corrupt(
+                    self,
                     key,
                     format!(
                         "objects {} and {uid} both hold version {version} (name \"{key}/v{version}\"); nothing was changed. Destroy the one no device was enrolled with, using the KMIP server's own tools",
@@ -548,7 +460,8 @@ impl Kms for KmipKms {
             }
             match s.get(&obj.uid) {
                 Ok(Some(p)) if !p.is_empty() => Ok(p),
-                Ok(_) => Err(self.corrupt(
+                Ok(_) => Err(KmsError::corrupt(
+                    self,
                     name,
                     format!(
                         "object {} (v{version}) holds no raw key material; it was not written by keyplan",
@@ -567,15 +480,12 @@ impl Kms for KmipKms {
     fn stage(&self, name: &str, material: &Passphrase, at_least: u64) -> Result<u64, KmsError> {
         let mut s = self.connect()?;
         let (objs, st) = self.read_on(&mut s, name)?;
-        if let Some(p) = objs.iter().find(|o| o.state == State::PreActive) {
-            return Err(self.conflict(
-                name,
-                format!(
-                    "version {} is already pending (object {}, Pre-Active); it must be committed or discarded first",
-                    p.version, p.uid
-                ),
-            ));
-        }
+        let version = VersionBook::of(&st).stage(at_least).map_err(|r| {
+            match objs.iter().find(|o| Some(o.version) == st.pending) {
+                Some(p) => r.conflict_at(self, name, &format!("object {}, Pre-Active", p.uid)),
+                None => r.conflict(self, name),
+            }
+        })?;
         let bits = i32::try_from(material.len())
             .ok()
             .and_then(|n| n.checked_mul(8))
@@ -587,8 +497,6 @@ impl Kms for KmipKms {
                     material.len()
                 ),
             })?;
-        let max_known = st.versions.keys().copied().max().unwrap_or(0);
-        let version = (max_known + 1).max(at_least);
         let history: Vec<String> = st
             .versions
             .values()
@@ -626,14 +534,15 @@ impl Kms for KmipKms {
             );
             if let Err(f) = s.destroy(&uid) {
                 let e = self.fail(&format!("withdrawing {name} v{version}"), f);
-                return Err(self.conflict(
+                return Err(KmsError::conflict(
+                    self,
                     name,
                     format!(
                         "{detail}, but destroying it failed: {e}; destroy object {uid} by hand"
                     ),
                 ));
             }
-            return Err(self.conflict(name, detail));
+            return Err(KmsError::conflict(self, name, detail));
         }
         Ok(version)
     }
@@ -646,7 +555,8 @@ impl Kms for KmipKms {
     ) -> Result<(), KmsError> {
         let mut s = self.connect()?;
         let (objs, st) = self.read_on(&mut s, name)?;
-        if st.current == Some(pending) {
+        let decision = VersionBook::of(&st).commit(expected_current, pending);
+        if decision == Ok(Commit::AlreadyCurrent) {
             // Already committed (a lost reply): only the clean-up may be missing.
             self.supersede(&mut s, name, objs.iter().filter(|o| o.version < pending));
             return Ok(());
@@ -660,19 +570,13 @@ impl Kms for KmipKms {
                 return Ok(());
             }
         }
-        if st.current != expected_current || st.pending != Some(pending) {
-            return Err(self.conflict(
-                name,
-                format!(
-                    "expected current {} and pending v{pending}, found current {} and pending {}",
-                    show(expected_current),
-                    show(st.current),
-                    show(st.pending)
-                ),
-            ));
-        }
+        decision.map_err(|r| r.conflict(self, name))?;
         let Some(obj) = target else {
-            return Err(self.conflict(name, format!("v{pending} vanished")));
+            return Err(KmsError::conflict(
+                self,
+                name,
+                format!("v{pending} vanished"),
+            ));
         };
         // The compare-and-swap above and this Activate are two requests: a writer acting in
         // between is caught by the read-back below (KMIP 1.x has no conditional Activate).
@@ -689,7 +593,8 @@ impl Kms for KmipKms {
             let now = self.objects(&mut s, name)?;
             return match now.iter().find(|o| o.uid == obj.uid) {
                 Some(o) if o.state == State::PreActive => Err(e),
-                _ => Err(self.conflict(
+                _ => Err(KmsError::conflict(
+                    self,
                     name,
                     format!(
                         "v{pending} (object {}) was changed by another writer while keyplan committed it",
@@ -703,7 +608,8 @@ impl Kms for KmipKms {
         // writer activated since then is not touched.
         self.supersede(&mut s, name, objs.iter().filter(|o| o.uid != obj.uid));
         match self.read_on(&mut s, name) {
-            Ok((_, after)) if after.current != Some(pending) => Err(self.conflict(
+            Ok((_, after)) if after.current != Some(pending) => Err(KmsError::conflict(
+                self,
                 name,
                 format!(
                     "v{pending} was activated, but another writer made {} current meanwhile",
@@ -722,12 +628,9 @@ impl Kms for KmipKms {
         super::with_retries(&format!("retire {name} v{version}"), || {
             let mut s = self.connect()?;
             let (objs, st) = self.read_on(&mut s, name)?;
-            if st.current == Some(version) || st.pending == Some(version) {
-                return Err(self.conflict(
-                    name,
-                    format!("version {version} is current or pending and cannot be retired"),
-                ));
-            }
+            VersionBook::of(&st)
+                .retire(version)
+                .map_err(|r| r.conflict(self, name))?;
             match objs.iter().find(|o| o.version == version) {
                 Some(o) => self.destroy(&mut s, name, o, RevocationReasonCode::Superseded),
                 None => Ok(()),
@@ -766,7 +669,8 @@ impl Kms for KmipKms {
         super::with_retries(&format!("destroy_key {name}"), || {
             let mut s = self.connect()?;
             let (objs, st) = self.read_on(&mut s, name)?;
-            if st.current.is_none() && st.pending.is_none() {
+            let decision = VersionBook::of(&st).destroy(expected_current);
+            if decision.map_err(|r| r.conflict(self, name))? == Destroy::NothingLeft {
                 // Finish an interrupted destroy_key: its last version was revoked, not destroyed.
                 if let Some(o) = objs.iter().find(|o| {
                     o.version == expected_current && state_of(o.state) != VersionState::Retired
@@ -774,16 +678,6 @@ impl Kms for KmipKms {
                     self.destroy(&mut s, name, o, RevocationReasonCode::CessationOfOperation)?;
                 }
                 return Ok(());
-            }
-            if st.current != Some(expected_current) || st.pending.is_some() {
-                return Err(self.conflict(
-                    name,
-                    format!(
-                        "expected current v{expected_current} and no pending version, found current {} and pending {}",
-                        show(st.current),
-                        show(st.pending)
-                    ),
-                ));
             }
             // Older versions first, the current last: an interruption leaves the key current.
             let mut order: Vec<&Obj> = objs.iter().collect();
@@ -793,6 +687,91 @@ impl Kms for KmipKms {
             }
             Ok(())
         })
+    }
+}
+
+/// The TLS client configuration: TLS 1.2 or later, trusting only the CA certificate(s) in
+/// `ca_cert`, presenting `client_cert` (leaf first, then intermediates) with `client_key`.
+/// Errors: what is wrong with which file (unreadable, not PEM, a key that does not match the
+/// certificate), or why TLS cannot be set up.
+fn tls_connector(
+    ca_cert: &Path,
+    client_cert: &Path,
+    client_key: &Path,
+) -> Result<SslConnector, String> {
+    let ca_pem = read_pem("ca_cert", ca_cert)?;
+    let cert_pem = read_pem("client_cert", client_cert)?;
+    let key_pem = read_pem("client_key", client_key)?;
+    let cas = parse_certs("ca_cert", ca_cert, &ca_pem)?;
+    let chain = parse_certs("client_cert", client_cert, &cert_pem)?;
+    let key = openssl::pkey::PKey::private_key_from_pem(&key_pem).map_err(|_| {
+        format!(
+            "client_key {} is not an unencrypted PEM private key",
+            client_key.display()
+        )
+    })?;
+    drop(key_pem);
+    let tls = |e: openssl::error::ErrorStack| format!("cannot set up TLS: {e}");
+    let mut builder = SslConnector::builder(SslMethod::tls_client()).map_err(tls)?;
+    builder
+        .set_min_proto_version(Some(SslVersion::TLS1_2))
+        .map_err(tls)?;
+    let mut store = X509StoreBuilder::new().map_err(tls)?;
+    for ca in cas {
+        store.add_cert(ca).map_err(|e| {
+            format!(
+                "ca_cert {}: cannot use a certificate: {e}",
+                ca_cert.display()
+            )
+        })?;
+    }
+    builder.set_cert_store(store.build());
+    let mut chain = chain.into_iter();
+    if let Some(leaf) = chain.next() {
+        builder.set_certificate(&leaf).map_err(|e| {
+            format!(
+                "client_cert {}: cannot use the certificate: {e}",
+                client_cert.display()
+            )
+        })?;
+    }
+    for extra in chain {
+        builder.add_extra_chain_cert(extra).map_err(tls)?;
+    }
+    let mismatch = |_| {
+        format!(
+            "client_key {} is not the private key of client_cert {}",
+            client_key.display(),
+            client_cert.display()
+        )
+    };
+    builder.set_private_key(&key).map_err(mismatch)?;
+    builder.check_private_key().map_err(mismatch)?;
+    Ok(builder.build())
+}
+
+/// The bytes of the PEM file `path` (the plan's setting `what`), in a zeroizing buffer.
+fn read_pem(what: &str, path: &Path) -> Result<Zeroizing<Vec<u8>>, String> {
+    std::fs::read(path).map(Zeroizing::new).map_err(|e| {
+        format!(
+            "cannot read {what} {}: {e}; fix the path in the plan file",
+            path.display()
+        )
+    })
+}
+
+/// The certificates in `pem`, read from `path` (the plan's setting `what`); at least one.
+fn parse_certs(what: &str, path: &Path, pem: &[u8]) -> Result<Vec<X509>, String> {
+    match X509::stack_from_pem(pem) {
+        Ok(v) if !v.is_empty() => Ok(v),
+        Ok(_) => Err(format!(
+            "{what} {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+            path.display()
+        )),
+        Err(e) => Err(format!(
+            "{what} {} is not a PEM certificate file: {e}",
+            path.display()
+        )),
     }
 }
 
@@ -904,10 +883,6 @@ fn split_endpoint(endpoint: &str) -> Option<(String, u16)> {
         return None;
     }
     Some((host.to_string(), port))
-}
-
-fn show(v: Option<u64>) -> String {
-    v.map_or_else(|| "none".to_string(), |v| format!("v{v}"))
 }
 
 fn is_timeout(e: &std::io::Error) -> bool {

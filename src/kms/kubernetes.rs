@@ -62,6 +62,7 @@ use kube::core::Status;
 use serde::{Deserialize, Serialize};
 use zeroize::{Zeroize, Zeroizing};
 
+use super::book::{self, show, Commit, Destroy, VersionBook};
 use super::{
     block_on, with_retries, KeyState, Kms, KmsError, VersionInfo, VersionState, REQUEST_TIMEOUT,
 };
@@ -112,13 +113,7 @@ pub fn open(name: &str, config: &KmsConfig) -> Result<Box<dyn Kms>, KmsError> {
             None,
             context.as_deref(),
         )?)),
-        other => Err(KmsError::Config {
-            kms: format!("KMS {name:?}"),
-            detail: format!(
-                "provider {:?} handed to the kubernetes provider",
-                other.provider()
-            ),
-        }),
+        other => Err(KmsError::misrouted(name, other, "kubernetes")),
     }
 }
 
@@ -180,56 +175,11 @@ impl KubernetesKms {
                 "data_key {data_key:?} cannot be used: a Secret data key is made of letters, digits, '-', '_' and '.' (at most 253 characters), and keys starting with {VERSION_DATA_PREFIX:?} are keyplan's own; fix `data_key` in the plan"
             )));
         }
-        let what = match (kubeconfig, context) {
-            (Some(p), Some(c)) => format!("context {c:?} of kubeconfig {}", p.display()),
-            (Some(p), None) => format!("kubeconfig {}", p.display()),
-            (None, Some(c)) => {
-                format!("context {c:?} of the kubeconfig (KUBECONFIG or ~/.kube/config)")
-            }
-            (None, None) => {
-                "the kubeconfig (KUBECONFIG or ~/.kube/config) or in-cluster service account"
-                    .to_string()
-            }
-        };
+        let what = config_source(kubeconfig, context);
         // rustls is built with two crypto providers here (kube's ring, vaultrs' aws-lc-rs), so
         // it cannot pick one by itself: name kube's. A provider installed earlier stays.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let options = KubeConfigOptions {
-            context: context.map(str::to_string),
-            ..KubeConfigOptions::default()
-        };
-        let loaded = block_on(&pre, async {
-            let config = match kubeconfig {
-                Some(path) => match Kubeconfig::read_from(path) {
-                    Ok(kc) => kube::Config::from_custom_kubeconfig(kc, &options)
-                        .await
-                        .map_err(|e| kubeconfig_error(&e)),
-                    Err(e) => Err(kubeconfig_error(&e)),
-                },
-                None if context.is_some() => kube::Config::from_kubeconfig(&options)
-                    .await
-                    .map_err(|e| kubeconfig_error(&e)),
-                None => kube::Config::infer().await.map_err(|e| {
-                    format!(
-                        "{}; no in-cluster service account either",
-                        std::error::Error::source(&e)
-                            .and_then(|s| s.downcast_ref::<KubeconfigError>())
-                            .map(kubeconfig_error)
-                            .unwrap_or_else(|| e.to_string())
-                    )
-                }),
-            };
-            let mut config = config?;
-            config.default_retry = false;
-            config.connect_timeout = Some(REQUEST_TIMEOUT);
-            config.read_timeout = Some(REQUEST_TIMEOUT);
-            config.write_timeout = Some(REQUEST_TIMEOUT);
-            config.reset_reader_on_write = true;
-            let url = config.cluster_url.to_string();
-            let client = kube::Client::try_from(config)
-                .map_err(|e| format!("cannot build a client: {}", chain(&e)))?;
-            Ok::<_, String>((url, client))
-        })?;
+        let loaded = block_on(&pre, load_client(kubeconfig, context))?;
         let (url, client) = loaded.map_err(|e| config_err(format!("cannot use {what}: {e}")))?;
         Ok(KubernetesKms {
             name: name.to_string(),
@@ -472,22 +422,6 @@ impl KubernetesKms {
         }
     }
 
-    fn conflict(&self, key: &str, detail: String) -> KmsError {
-        KmsError::Conflict {
-            kms: self.describe(),
-            key: key.to_string(),
-            detail,
-        }
-    }
-
-    fn corrupt(&self, key: &str, detail: String) -> KmsError {
-        KmsError::Corrupt {
-            kms: self.describe(),
-            key: key.to_string(),
-            detail,
-        }
-    }
-
     fn check_name(&self, key: &str) -> Result<(), KmsError> {
         if is_dns1123_subdomain(key) {
             Ok(())
@@ -534,7 +468,8 @@ impl KubernetesKms {
         match (index, original) {
             (Some(ix), _) => {
                 if ix.annotation(LAYOUT_ANNOTATION) != Some(LAYOUT_SECRET_PER_VERSION) {
-                    return Err(self.corrupt(
+                    return Err(KmsError::corrupt(
+                        self,
                         key,
                         format!(
                             "{} exists but is not a keyplan index (annotation {LAYOUT_ANNOTATION}: {LAYOUT_SECRET_PER_VERSION} missing); nothing was changed. Rename or delete that Secret, or give the key another `name:`",
@@ -548,7 +483,8 @@ impl KubernetesKms {
                 };
                 for v in &meta.versions {
                     if v.secret.is_none() {
-                        return Err(self.corrupt(
+                        return Err(KmsError::corrupt(
+                            self,
                             key,
                             format!(
                                 "{}: annotation {VERSIONS_ANNOTATION} names no Secret for v{}; nothing was changed. Fix the annotation by hand (docs/kms/kubernetes.md)",
@@ -586,7 +522,8 @@ impl KubernetesKms {
 
     fn parse_meta(&self, key: &str, secret: &str, text: &str) -> Result<Meta, KmsError> {
         let meta: Meta = serde_json::from_str(text).map_err(|e| {
-            self.corrupt(
+            KmsError::corrupt(
+                self,
                 key,
                 format!(
                     "{}: annotation {VERSIONS_ANNOTATION} is not valid: {e}; nothing was changed. Restore the annotation from a backup or fix it by hand (docs/kms/kubernetes.md)",
@@ -595,7 +532,8 @@ impl KubernetesKms {
             )
         })?;
         if meta.format != 1 {
-            return Err(self.corrupt(
+            return Err(KmsError::corrupt(
+                self,
                 key,
                 format!(
                     "{}: annotation {VERSIONS_ANNOTATION} has format {}, this keyplan reads format 1; nothing was changed. Use a keyplan release that knows it",
@@ -614,7 +552,8 @@ impl KubernetesKms {
         if !consistent(meta.current, VersionState::Current)
             || !consistent(meta.pending, VersionState::Pending)
         {
-            return Err(self.corrupt(
+            return Err(KmsError::corrupt(
+                self,
                 key,
                 format!(
                     "{}: annotation {VERSIONS_ANNOTATION} names current {} and pending {} but its version list disagrees; nothing was changed. Fix the annotation by hand (docs/kms/kubernetes.md)",
@@ -646,7 +585,8 @@ impl KubernetesKms {
                             .and_then(|p| missing(format!("{VERSION_DATA_PREFIX}{p}")))
                     });
                 if let Some(data_key) = gone {
-                    return Err(self.corrupt(
+                    return Err(KmsError::corrupt(
+                        self,
                         key,
                         format!(
                             "{} names current {} and pending {}, but data[{data_key}] is missing or empty; nothing was changed. Restore it from a backup",
@@ -725,7 +665,8 @@ impl KubernetesKms {
                     let m = self.fetch_indexed(key, meta, *v).await?;
                     if m.is_none() {
                         let loc = meta.find(*v).and_then(|x| x.secret.clone()).unwrap_or_default();
-                        return Err(self.corrupt(
+                        return Err(KmsError::corrupt(
+                            self,
                             key,
                             format!(
                                 "the index names {} as the Secret of v{v} (current or pending), but it is missing or has no data[{}]; nothing was changed. Restore it from a backup",
@@ -794,7 +735,8 @@ impl KubernetesKms {
             }
         })?;
         match p {
-            Some(p) if p.is_empty() => Err(self.corrupt(
+            Some(p) if p.is_empty() => Err(KmsError::corrupt(
+                self,
                 key,
                 format!("v{version} is stored empty in namespace {}", self.namespace),
             )),
@@ -805,12 +747,14 @@ impl KubernetesKms {
 
     fn stage_now(&self, key: &str, material: &Passphrase, at_least: u64) -> Result<u64, KmsError> {
         self.run(async {
-            match self.load(key).await? {
+            let view = self.load(key).await?;
+            let v = view
+                .meta()
+                .book()
+                .stage(at_least)
+                .map_err(|r| r.conflict(self, key))?;
+            match view {
                 View::Single { obj, mut meta } => {
-                    if let Some(p) = meta.pending {
-                        return Err(self.pending_exists(key, p));
-                    }
-                    let v = meta.next_version(at_least);
                     meta.pending = Some(v);
                     meta.versions
                         .push(VersionMeta::new(v, VersionState::Pending));
@@ -832,36 +776,25 @@ impl KubernetesKms {
                     Ok(v)
                 }
                 View::Index { index, mut meta } => {
-                    if let Some(p) = meta.pending {
-                        return Err(self.pending_exists(key, p));
-                    }
-                    self.stage_indexed(key, material, at_least, index, &mut meta)
-                        .await
+                    self.stage_indexed(key, material, v, index, &mut meta).await
                 }
             }
         })
     }
 
-    fn pending_exists(&self, key: &str, p: u64) -> KmsError {
-        self.conflict(
-            key,
-            format!("version {p} is already pending; it must be committed or discarded first"),
-        )
-    }
-
-    /// Stage in the secret-per-version layout: a new immutable Secret `<key>-v<N>`, then the
-    /// index. A `<key>-v<N>` the index does not name (left by an interrupted stage) is skipped
+    /// Stage in the secret-per-version layout: a new immutable Secret `<key>-v<N>` (`N` from
+    /// `first` up), then the index. A `<key>-v<N>` the index does not name (left by an interrupted stage) is skipped
     /// and deleted once the index names the new version (any other writer that made it then
     /// fails its own conditional index write).
     async fn stage_indexed(
         &self,
         key: &str,
         material: &Passphrase,
-        at_least: u64,
+        first: u64,
         index: Option<SecretObj>,
         meta: &mut Meta,
     ) -> Result<u64, KmsError> {
-        let mut v = meta.next_version(at_least);
+        let mut v = first;
         let mut orphans = Vec::new();
         let version_secret = loop {
             let secret_name = format!("{key}-v{v}");
@@ -921,42 +854,29 @@ impl KubernetesKms {
     fn commit_now(&self, key: &str, expected: Option<u64>, pending: u64) -> Result<(), KmsError> {
         self.run(async {
             let view = self.load(key).await?;
-            let meta = view.meta();
-            if meta.current == Some(pending) && meta.pending.is_none() {
+            let decision = view.meta().book().commit(expected, pending);
+            let Commit::Go { previous } = decision.map_err(|r| r.conflict(self, key))? else {
                 return Ok(());
-            }
-            if meta.current != expected || meta.pending != Some(pending) {
-                return Err(self.conflict(
-                    key,
-                    format!(
-                        "expected current {} and pending v{pending}, found current {} and pending {}",
-                        show(expected),
-                        show(meta.current),
-                        show(meta.pending)
-                    ),
-                ));
-            }
+            };
             let what = format!("committing v{pending} of key {key:?}");
             match view {
                 View::Single { obj, mut meta } => {
                     let Some(mut obj) = obj else {
-                        return Err(self.conflict(key, format!("{} disappeared", self.label(key))));
+                        return Err(KmsError::conflict(self, key, format!("{} disappeared", self.label(key))));
                     };
                     let Some(new) = obj.data.remove(&format!("{VERSION_DATA_PREFIX}{pending}")) else {
-                        return Err(self.corrupt(key, format!("{}: data[{VERSION_DATA_PREFIX}{pending}] is missing; nothing was changed", self.label(key))));
+                        return Err(KmsError::corrupt(self, key, format!("{}: data[{VERSION_DATA_PREFIX}{pending}] is missing; nothing was changed", self.label(key))));
                     };
-                    if let Some(old) = meta.current {
+                    if let Some(old) = previous {
                         let Some(old_material) = obj.data.remove(&self.data_key) else {
-                            return Err(self.corrupt(key, format!("{}: data[{}] is missing; nothing was changed", self.label(key), self.data_key)));
+                            return Err(KmsError::corrupt(self, key, format!("{}: data[{}] is missing; nothing was changed", self.label(key), self.data_key)));
                         };
                         obj.data
                             .insert(format!("{VERSION_DATA_PREFIX}{old}"), old_material);
-                        meta.set_state(old, VersionState::Previous);
                     }
                     obj.data.insert(self.data_key.clone(), new);
-                    meta.set_state(pending, VersionState::Current);
-                    meta.current = Some(pending);
-                    meta.pending = None;
+                    (meta.current, meta.pending) =
+                        book::commit_states(&mut meta.versions, previous, pending);
                     obj.set_label(MANAGED_BY_LABEL, "keyplan");
                     obj.set_annotation(VERSIONS_ANNOTATION, Some(meta.to_json()));
                     self.replace_secret(&obj)
@@ -965,12 +885,8 @@ impl KubernetesKms {
                     Ok(())
                 }
                 View::Index { index, mut meta } => {
-                    if let Some(old) = meta.current {
-                        meta.set_state(old, VersionState::Previous);
-                    }
-                    meta.set_state(pending, VersionState::Current);
-                    meta.current = Some(pending);
-                    meta.pending = None;
+                    (meta.current, meta.pending) =
+                        book::commit_states(&mut meta.versions, previous, pending);
                     self.write_index(key, index, &meta, &what).await
                 }
             }
@@ -980,13 +896,10 @@ impl KubernetesKms {
     fn retire_now(&self, key: &str, version: u64) -> Result<(), KmsError> {
         self.run(async {
             let view = self.load(key).await?;
-            let meta = view.meta();
-            if meta.current == Some(version) || meta.pending == Some(version) {
-                return Err(self.conflict(
-                    key,
-                    format!("version {version} is current or pending and cannot be retired"),
-                ));
-            }
+            view.meta()
+                .book()
+                .retire(version)
+                .map_err(|r| r.conflict(self, key))?;
             let what = format!("retiring v{version} of key {key:?}");
             match view {
                 View::Single { obj, mut meta } => {
@@ -1003,7 +916,7 @@ impl KubernetesKms {
                     if !had && marked {
                         return Ok(());
                     }
-                    meta.set_state(version, VersionState::Retired);
+                    book::retire_state(&mut meta.versions, version);
                     obj.set_annotation(VERSIONS_ANNOTATION, Some(meta.to_json()));
                     self.replace_secret(&obj).await.map_err(|e| {
                         self.fail(key, &format!("{what} in {}", self.label(key)), e)
@@ -1015,7 +928,7 @@ impl KubernetesKms {
                         return Ok(());
                     };
                     if entry.state != VersionState::Retired {
-                        meta.set_state(version, VersionState::Retired);
+                        book::retire_state(&mut meta.versions, version);
                         self.write_index(key, index, &meta, &what).await?;
                     }
                     self.delete_unused(key, &meta, entry.secret.as_deref(), &what)
@@ -1052,57 +965,46 @@ impl KubernetesKms {
     fn destroy_now(&self, key: &str, expected: u64) -> Result<(), KmsError> {
         self.run(async {
             let view = self.load(key).await?;
-            let meta = view.meta().clone();
+            let decision = view.meta().book().destroy(expected);
+            let decision = decision.map_err(|r| r.conflict(self, key))?;
             let what = format!("destroying key {key:?}");
-            if meta.current.is_some() || meta.pending.is_some() {
-                if meta.current != Some(expected) || meta.pending.is_some() {
-                    return Err(self.conflict(
-                        key,
-                        format!(
-                            "expected current v{expected} and no pending version, found current {} and pending {}",
-                            show(meta.current),
-                            show(meta.pending)
-                        ),
-                    ));
-                }
-            } else if let View::Single { .. } = view {
-                return Ok(());
-            }
             match view {
+                View::Single { .. } if decision == Destroy::NothingLeft => Ok(()),
                 View::Single { obj, .. } => {
                     let Some(mut obj) = obj else {
                         return Ok(());
                     };
-                    let ours = |k: &String| k == &self.data_key || k.starts_with(VERSION_DATA_PREFIX);
+                    let ours =
+                        |k: &String| k == &self.data_key || k.starts_with(VERSION_DATA_PREFIX);
                     if obj.data.keys().all(ours) {
                         let pre = Preconditions {
                             resource_version: obj.metadata.resource_version.clone(),
                             uid: obj.metadata.uid.clone(),
                         };
-                        self.delete_secret(key, Some(pre))
-                            .await
-                            .map_err(|e| self.fail(key, &format!("{what}: deleting {}", self.label(key)), e))?;
+                        self.delete_secret(key, Some(pre)).await.map_err(|e| {
+                            self.fail(key, &format!("{what}: deleting {}", self.label(key)), e)
+                        })?;
                     } else {
                         // Other data lives in this Secret: remove only keyplan's part.
                         obj.data.retain(|k, _| !ours(k));
                         obj.set_annotation(VERSIONS_ANNOTATION, None);
-                        self.replace_secret(&obj)
-                            .await
-                            .map_err(|e| self.fail(key, &format!("{what} in {}", self.label(key)), e))?;
+                        self.replace_secret(&obj).await.map_err(|e| {
+                            self.fail(key, &format!("{what} in {}", self.label(key)), e)
+                        })?;
                     }
                     Ok(())
                 }
                 View::Index { index, mut meta } => {
-                    if meta.current.is_some() {
-                        for v in &mut meta.versions {
-                            v.state = VersionState::Retired;
-                        }
-                        meta.current = None;
+                    if decision == Destroy::Go {
+                        (meta.current, meta.pending) = book::destroy_states(&mut meta.versions);
                         self.write_index(key, index, &meta, &what).await?;
                     }
                     // Also finishes an interrupted destroy: no version is left in use.
-                    let mut secrets: Vec<&str> =
-                        meta.versions.iter().filter_map(|v| v.secret.as_deref()).collect();
+                    let mut secrets: Vec<&str> = meta
+                        .versions
+                        .iter()
+                        .filter_map(|v| v.secret.as_deref())
+                        .collect();
                     secrets.sort_unstable();
                     secrets.dedup();
                     for s in secrets {
@@ -1214,6 +1116,65 @@ impl Kms for KubernetesKms {
     }
 }
 
+/// Where the connection settings come from, for messages.
+fn config_source(kubeconfig: Option<&Path>, context: Option<&str>) -> String {
+    match (kubeconfig, context) {
+        (Some(p), Some(c)) => format!("context {c:?} of kubeconfig {}", p.display()),
+        (Some(p), None) => format!("kubeconfig {}", p.display()),
+        (None, Some(c)) => {
+            format!("context {c:?} of the kubeconfig (KUBECONFIG or ~/.kube/config)")
+        }
+        (None, None) => {
+            "the kubeconfig (KUBECONFIG or ~/.kube/config) or in-cluster service account"
+                .to_string()
+        }
+    }
+}
+
+/// Loads the connection settings (see [`KubernetesKms::new`]) and builds a client with
+/// client-side retries off and [`REQUEST_TIMEOUT`] for connecting, reading and writing.
+/// Returns the cluster URL and the client. Errors: why the kubeconfig or the in-cluster
+/// configuration cannot be used (never its content).
+async fn load_client(
+    kubeconfig: Option<&Path>,
+    context: Option<&str>,
+) -> Result<(String, kube::Client), String> {
+    let options = KubeConfigOptions {
+        context: context.map(str::to_string),
+        ..KubeConfigOptions::default()
+    };
+    let config = match kubeconfig {
+        Some(path) => match Kubeconfig::read_from(path) {
+            Ok(kc) => kube::Config::from_custom_kubeconfig(kc, &options)
+                .await
+                .map_err(|e| kubeconfig_error(&e)),
+            Err(e) => Err(kubeconfig_error(&e)),
+        },
+        None if context.is_some() => kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(|e| kubeconfig_error(&e)),
+        None => kube::Config::infer().await.map_err(|e| {
+            format!(
+                "{}; no in-cluster service account either",
+                std::error::Error::source(&e)
+                    .and_then(|s| s.downcast_ref::<KubeconfigError>())
+                    .map(kubeconfig_error)
+                    .unwrap_or_else(|| e.to_string())
+            )
+        }),
+    };
+    let mut config = config?;
+    config.default_retry = false;
+    config.connect_timeout = Some(REQUEST_TIMEOUT);
+    config.read_timeout = Some(REQUEST_TIMEOUT);
+    config.write_timeout = Some(REQUEST_TIMEOUT);
+    config.reset_reader_on_write = true;
+    let url = config.cluster_url.to_string();
+    let client = kube::Client::try_from(config)
+        .map_err(|e| format!("cannot build a client: {}", chain(&e)))?;
+    Ok((url, client))
+}
+
 /// Why a call got no usable answer.
 enum CallError {
     /// The API server answered with an error `Status`.
@@ -1276,6 +1237,15 @@ struct VersionMeta {
     data_key: Option<String>,
 }
 
+impl book::Entry for VersionMeta {
+    fn number(&self) -> u64 {
+        self.version
+    }
+    fn state_mut(&mut self) -> &mut VersionState {
+        &mut self.state
+    }
+}
+
 impl VersionMeta {
     fn new(version: u64, state: VersionState) -> VersionMeta {
         VersionMeta {
@@ -1302,14 +1272,9 @@ impl Meta {
         self.versions.iter().find(|v| v.version == version)
     }
 
-    fn set_state(&mut self, version: u64, state: VersionState) {
-        if let Some(v) = self.versions.iter_mut().find(|v| v.version == version) {
-            v.state = state;
-        }
-    }
-
-    fn next_version(&self, at_least: u64) -> u64 {
-        (self.versions.iter().map(|v| v.version).max().unwrap_or(0) + 1).max(at_least)
+    /// The version rules' view of this record.
+    fn book(&self) -> VersionBook {
+        VersionBook::of_entries(self.current, self.pending, &self.versions)
     }
 
     fn to_json(&self) -> String {
@@ -1551,10 +1516,6 @@ fn kubeconfig_error(e: &KubeconfigError) -> String {
         }
         other => chain(other),
     }
-}
-
-fn show(v: Option<u64>) -> String {
-    v.map_or_else(|| "none".to_string(), |v| format!("v{v}"))
 }
 
 /// RFC 1123 label: namespace names (lowercase alphanumerics and '-', 1-63 characters,

@@ -6,11 +6,15 @@
 //! (HashiCorp Vault / OpenBao KV v2), `kubernetes` (core/v1 Secrets), `kmip` (KMIP 1.x over
 //! mutual TLS) and `exec` (an external program speaking a JSON protocol).
 //!
+//! The version rules every provider applies (next version number, the preconditions of stage,
+//! commit, retire and destroy, the conflict messages) live in [`book`].
+//!
 //! Network providers share [`block_on`] (one small tokio runtime for the async client crates),
 //! [`REQUEST_TIMEOUT`] and [`with_retries`], which retries only idempotent operations (reads,
 //! gets, retires) with bounded exponential backoff; `stage` and `commit` are never retried
 //! blindly: after a failed write keyplan re-reads the key before acting again.
 
+pub mod book;
 pub mod exec;
 pub mod file;
 pub mod kmip;
@@ -152,6 +156,40 @@ pub enum KmsError {
         /// Provider name.
         provider: String,
     },
+}
+
+impl KmsError {
+    /// A [`KmsError::Conflict`] on key `key` of `kms`; `detail` says what differed (versions,
+    /// paths or object ids only, never material).
+    pub fn conflict(kms: &dyn Kms, key: &str, detail: String) -> KmsError {
+        KmsError::Conflict {
+            kms: kms.describe(),
+            key: key.to_string(),
+            detail,
+        }
+    }
+
+    /// The [`KmsError::Config`] for a configuration of another provider handed to
+    /// `provider`'s `open` (a keyplan bug: [`open`] dispatches on the configuration).
+    pub fn misrouted(name: &str, config: &KmsConfig, provider: &str) -> KmsError {
+        KmsError::Config {
+            kms: format!("KMS {name:?}"),
+            detail: format!(
+                "internal error: provider {:?} was handed to the {provider} provider (keyplan bug)",
+                config.provider()
+            ),
+        }
+    }
+
+    /// A [`KmsError::Corrupt`] for key `key` of `kms`; `detail` says what is wrong and where
+    /// (never material).
+    pub fn corrupt(kms: &dyn Kms, key: &str, detail: String) -> KmsError {
+        KmsError::Corrupt {
+            kms: kms.describe(),
+            key: key.to_string(),
+            detail,
+        }
+    }
 }
 
 /// A key store holding passphrase versions (DESIGN.md §5 steps stage, commit, retire).

@@ -49,6 +49,7 @@ use vaultrs::client::{VaultClient, VaultClientSettingsBuilder};
 use vaultrs::error::ClientError;
 use zeroize::Zeroizing;
 
+use super::book::{Commit, Destroy, VersionBook};
 use super::{
     block_on, with_retries, KeyState, Kms, KmsError, VersionInfo, VersionState, REQUEST_TIMEOUT,
 };
@@ -88,15 +89,7 @@ pub fn open(name: &str, config: &KmsConfig) -> Result<Box<dyn Kms>, KmsError> {
         KmsConfig::Vault { token_env, .. } => token_env
             .clone()
             .unwrap_or_else(|| DEFAULT_TOKEN_ENV.to_string()),
-        other => {
-            return Err(KmsError::Config {
-                kms: format!("KMS {name:?}"),
-                detail: format!(
-                    "provider {:?} was handed to the vault provider (keyplan bug)",
-                    other.provider()
-                ),
-            })
-        }
+        other => return Err(KmsError::misrouted(name, other, "vault")),
     };
     let token = match std::env::var(&var) {
         Ok(t) if !t.trim().is_empty() => Zeroizing::new(t),
@@ -118,6 +111,85 @@ pub fn open(name: &str, config: &KmsConfig) -> Result<Box<dyn Kms>, KmsError> {
         }
     };
     Ok(Box::new(VaultKms::new(name, config, &token, &var)?))
+}
+
+/// The plan's `address` as a URL: `http(s)://` with a host. Errors: what is wrong and how to
+/// write it.
+fn parse_address(address: &str) -> Result<url::Url, String> {
+    let url = url::Url::parse(address.trim()).map_err(|e| {
+        format!(
+            "`address` {address:?} is not a URL ({e}); write it like `https://vault.example.com:8200`"
+        )
+    })?;
+    if url.scheme() != "http" && url.scheme() != "https" {
+        return Err(format!(
+            "`address` {address:?} must start with https:// (or http:// for a local test server)"
+        ));
+    }
+    if url.cannot_be_a_base() || url.host_str().is_none() {
+        return Err(format!(
+            "`address` {address:?} names no host; write it like `https://vault.example.com:8200`"
+        ));
+    }
+    Ok(url)
+}
+
+/// The plan's `mount` (default [`DEFAULT_MOUNT`]) without surrounding `/`. Errors: an empty
+/// mount, an empty, `.` or `..` component, control characters.
+fn parse_mount(mount: Option<&str>) -> Result<String, String> {
+    let mount = mount.unwrap_or(DEFAULT_MOUNT).trim_matches('/').to_string();
+    if mount.is_empty()
+        || mount
+            .split('/')
+            .any(|s| s.is_empty() || s == "." || s == "..")
+        || mount.chars().any(char::is_control)
+    {
+        return Err(format!(
+            "`mount` {mount:?} is not a KV mount path; write the mount's path, e.g. `secret`"
+        ));
+    }
+    Ok(mount)
+}
+
+/// The vaultrs client for `url` (already validated) with `token`, [`REQUEST_TIMEOUT`], TLS
+/// always verified (trusting `ca_cert`, a PEM file, when given) and `namespace` unless blank.
+/// Its construction logs nothing. Errors: the settings or the HTTP client cannot be built (an
+/// unreadable CA file, say).
+fn build_client(
+    url: &url::Url,
+    token: &str,
+    namespace: Option<&str>,
+    ca_cert: Option<&str>,
+) -> Result<VaultClient, String> {
+    let mut builder = VaultClientSettingsBuilder::default();
+    builder
+        // Already parsed, so vaultrs's own parse (which panics on failure) succeeds.
+        .address(url.as_str())
+        .token(token)
+        .timeout(Some(REQUEST_TIMEOUT))
+        .ca_certs(ca_cert.iter().map(|c| c.to_string()).collect())
+        .identity(None)
+        .verify(true)
+        .namespace(
+            namespace
+                .filter(|n| !n.trim().is_empty())
+                .map(str::to_string),
+        );
+    let settings = builder
+        .build()
+        .map_err(|e| format!("cannot configure the Vault client: {e}"))?;
+    tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
+        VaultClient::new(settings)
+    })
+    .map_err(|e| {
+        format!(
+            "cannot set up the HTTP client: {}{}",
+            error_chain(&e),
+            ca_cert
+                .map(|c| format!(" (ca_cert {c}: it must be a readable PEM file)"))
+                .unwrap_or_default()
+        )
+    })
 }
 
 /// `vault KMS "<instance>" (<address>, mount <mount>)` for a configuration not yet validated.
@@ -307,74 +379,18 @@ impl VaultKms {
             ..
         } = config
         else {
-            return Err(config_err(format!(
-                "provider {:?} was handed to the vault provider (keyplan bug)",
-                config.provider()
-            )));
+            return Err(KmsError::misrouted(instance, config, "vault"));
         };
-        let url = url::Url::parse(address.trim()).map_err(|e| {
-            config_err(format!(
-                "`address` {address:?} is not a URL ({e}); write it like `https://vault.example.com:8200`"
-            ))
-        })?;
-        if url.scheme() != "http" && url.scheme() != "https" {
-            return Err(config_err(format!(
-                "`address` {address:?} must start with https:// (or http:// for a local test server)"
-            )));
-        }
-        if url.cannot_be_a_base() || url.host_str().is_none() {
-            return Err(config_err(format!(
-                "`address` {address:?} names no host; write it like `https://vault.example.com:8200`"
-            )));
-        }
-        let mount = mount
-            .as_deref()
-            .unwrap_or(DEFAULT_MOUNT)
-            .trim_matches('/')
-            .to_string();
-        if mount.is_empty()
-            || mount
-                .split('/')
-                .any(|s| s.is_empty() || s == "." || s == "..")
-            || mount.chars().any(char::is_control)
-        {
-            return Err(config_err(format!(
-                "`mount` {mount:?} is not a KV mount path; write the mount's path, e.g. `secret`"
-            )));
-        }
+        let url = parse_address(address).map_err(&config_err)?;
+        let mount = parse_mount(mount.as_deref()).map_err(&config_err)?;
         if ca_cert.is_some() && url.scheme() == "http" {
             tracing::warn!(
                 kms = %desc,
                 "`ca_cert` is set but `address` uses plain http://, so the certificate is not used"
             );
         }
-        let mut builder = VaultClientSettingsBuilder::default();
-        builder
-            // Already parsed above, so vaultrs's own parse (which panics on failure) succeeds.
-            .address(url.as_str())
-            .token(token)
-            .timeout(Some(REQUEST_TIMEOUT))
-            .ca_certs(ca_cert.iter().cloned().collect())
-            .identity(None)
-            .verify(true)
-            .namespace(namespace.clone().filter(|n| !n.trim().is_empty()));
-        let settings = builder
-            .build()
-            .map_err(|e| config_err(format!("cannot configure the Vault client: {e}")))?;
-        let client =
-            tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
-                VaultClient::new(settings)
-            })
-            .map_err(|e| {
-                config_err(format!(
-                    "cannot set up the HTTP client: {}{}",
-                    error_chain(&e),
-                    ca_cert
-                        .as_ref()
-                        .map(|c| format!(" (ca_cert {c}: it must be a readable PEM file)"))
-                        .unwrap_or_default()
-                ))
-            })?;
+        let client = build_client(&url, token, namespace.as_deref(), ca_cert.as_deref())
+            .map_err(&config_err)?;
         Ok(VaultKms {
             instance: instance.to_string(),
             address: address.trim().to_string(),
@@ -414,34 +430,45 @@ impl VaultKms {
         }
     }
 
+    /// The error for HTTP status `code` (with the server's message `msg`, possibly empty) of
+    /// request `what`: 401/403 [`KmsError::Denied`], 412/429/5xx [`KmsError::Unavailable`],
+    /// anything else [`KmsError::Config`].
+    fn http_error(&self, what: &str, code: u16, msg: &str) -> KmsError {
+        let kms = self.describe();
+        let shown = if msg.is_empty() {
+            String::new()
+        } else {
+            format!(": {msg}")
+        };
+        match code {
+            401 | 403 => KmsError::Denied {
+                kms,
+                detail: format!(
+                    "{what}: HTTP {code}{shown} (the token from ${} is invalid or expired, or its policies do not allow this; see docs/kms/vault.md for the policy keyplan needs)",
+                    self.token_env
+                ),
+            },
+            412 | 429 | 500..=599 => KmsError::Unavailable {
+                kms,
+                detail: format!("{what}: HTTP {code}{shown}"),
+            },
+            _ => KmsError::Config {
+                kms,
+                detail: format!(
+                    "{what}: HTTP {code}{shown}; check that `mount` {:?} is a KV version 2 secrets engine and `address` is the server's root URL. Nothing was changed",
+                    self.mount
+                ),
+            },
+        }
+    }
+
+    /// Sorts a failed request (`what`: the operation, for messages): not found and
+    /// check-and-set mismatches are [`Answer`]s, the rest [`KmsError`]s ([`VaultKms::http_error`]
+    /// for HTTP status codes; transport failures are [`KmsError::Unavailable`]).
     fn classify<T>(&self, what: &str, e: &ClientError) -> Result<Answer<T>, KmsError> {
         let kms = self.describe();
         let http = |code: u16, msg: &str| -> Result<Answer<T>, KmsError> {
-            let shown = if msg.is_empty() {
-                String::new()
-            } else {
-                format!(": {msg}")
-            };
-            match code {
-                401 | 403 => Err(KmsError::Denied {
-                    kms: kms.clone(),
-                    detail: format!(
-                        "{what}: HTTP {code}{shown} (the token from ${} is invalid or expired, or its policies do not allow this; see docs/kms/vault.md for the policy keyplan needs)",
-                        self.token_env
-                    ),
-                }),
-                412 | 429 | 500..=599 => Err(KmsError::Unavailable {
-                    kms: kms.clone(),
-                    detail: format!("{what}: HTTP {code}{shown}"),
-                }),
-                _ => Err(KmsError::Config {
-                    kms: kms.clone(),
-                    detail: format!(
-                        "{what}: HTTP {code}{shown}; check that `mount` {:?} is a KV version 2 secrets engine and `address` is the server's root URL. Nothing was changed",
-                        self.mount
-                    ),
-                }),
-            }
+            Err(self.http_error(what, code, msg))
         };
         match e {
             ClientError::APIError { code, errors } => {
@@ -599,22 +626,6 @@ impl VaultKms {
         }
     }
 
-    fn corrupt(&self, name: &str, detail: String) -> KmsError {
-        KmsError::Corrupt {
-            kms: self.describe(),
-            key: name.to_string(),
-            detail,
-        }
-    }
-
-    fn conflict(&self, name: &str, detail: String) -> KmsError {
-        KmsError::Conflict {
-            kms: self.describe(),
-            key: name.to_string(),
-            detail,
-        }
-    }
-
     /// Refuses key names that are not usable KV paths or would collide with keyplan's own
     /// pending paths and fields.
     fn check_name(&self, name: &str) -> Result<(), KmsError> {
@@ -652,7 +663,8 @@ impl VaultKms {
         let resp = match self.read_secret(name, None)? {
             Read::Absent => return Ok(None),
             Read::Deleted(v) => {
-                return Err(self.corrupt(
+                return Err(KmsError::corrupt(
+                    self,
                     name,
                     format!(
                         "the latest KV version ({v}) of {} is deleted or destroyed, so keyplan cannot tell which passphrase opens the devices; nothing was changed. If it was deleted by mistake, restore it with `bao kv undelete -mount={} -versions={v} {name}` (vault kv undelete works the same); if it was destroyed, write the passphrase that opens the devices back as a new version",
@@ -664,17 +676,15 @@ impl VaultKms {
             Read::Found(r) => r,
         };
         let kv_version = resp.metadata.version;
-        let mut data = match resp.data {
-            Value::Object(m) => m,
-            _ => {
-                return Err(self.corrupt(
-                    name,
-                    format!(
-                        "KV version {kv_version} of {} has no data",
-                        self.data_path(name)
-                    ),
-                ))
-            }
+        let Value::Object(data) = resp.data else {
+            return Err(KmsError::corrupt(
+                self,
+                name,
+                format!(
+                    "KV version {kv_version} of {} has no data",
+                    self.data_path(name)
+                ),
+            ));
         };
         if data.contains_key(FIELD_DESTROYED_AT) {
             return Ok(Some(Main {
@@ -684,9 +694,35 @@ impl VaultKms {
                 foreign: None,
             }));
         }
+        let adopted = !data.contains_key(FIELD_VERSION);
+        let live = self.parse_live(name, kv_version, &resp.metadata.created_time, data)?;
+        let foreign = if !adopted || kv_version <= 1 {
+            None
+        } else {
+            self.keyplan_version_below(name, kv_version)?
+        };
+        Ok(Some(Main {
+            kv_version,
+            live: Some(live),
+            adopted,
+            foreign,
+        }))
+    }
+
+    /// The current version held by `data`, the data of KV version `kv_version` of the main path
+    /// (created at `created_time`, RFC 3339): the passphrase field, keyplan's fields, or, for a
+    /// secret without them, the KV version and its creation time.
+    fn parse_live(
+        &self,
+        name: &str,
+        kv_version: u64,
+        created_time: &str,
+        mut data: serde_json::Map<String, Value>,
+    ) -> Result<Live, KmsError> {
         let field = basename(name);
         let Some(passphrase) = take_string(&mut data, field) else {
-            return Err(self.corrupt(
+            return Err(KmsError::corrupt(
+                self,
                 name,
                 format!(
                     "KV version {kv_version} of {} has no string field {field:?}; keyplan (like Rook) keeps the passphrase in the field named after the key's last path component. Nothing was changed; restore the secret (`bao kv rollback`) or fix the key's `name`",
@@ -695,7 +731,8 @@ impl VaultKms {
             ));
         };
         let bad = |detail: String| {
-            self.corrupt(
+            KmsError::corrupt(
+                self,
                 name,
                 format!(
                     "KV version {kv_version} of {}: {detail}; nothing was changed. Restore a good version with `bao kv rollback` (see docs/kms/vault.md)",
@@ -711,10 +748,9 @@ impl VaultKms {
         }
         let created_at = match number(&data, FIELD_CREATED_AT).map_err(&bad)? {
             Some(t) => t,
-            None => parse_time(&resp.metadata.created_time).ok_or_else(|| {
+            None => parse_time(created_time).ok_or_else(|| {
                 bad(format!(
-                    "its created_time {:?} is not an RFC 3339 time",
-                    resp.metadata.created_time
+                    "its created_time {created_time:?} is not an RFC 3339 time"
                 ))
             })?,
         };
@@ -722,23 +758,12 @@ impl VaultKms {
             None | Some(Value::Null) => Vec::new(),
             Some(v) => parse_history(v).map_err(|e| bad(format!("{FIELD_HISTORY}: {e}")))?,
         };
-        let adopted = !data.contains_key(FIELD_VERSION);
-        let foreign = if !adopted || kv_version <= 1 {
-            None
-        } else {
-            self.keyplan_version_below(name, kv_version)?
-        };
-        Ok(Some(Main {
-            kv_version,
-            live: Some(Live {
-                version,
-                created_at,
-                history,
-                passphrase,
-            }),
-            adopted,
-            foreign,
-        }))
+        Ok(Live {
+            version,
+            created_at,
+            history,
+            passphrase,
+        })
     }
 
     /// The newest KV version of `name` older than `kv_version` that keyplan wrote (it has a
@@ -796,9 +821,9 @@ impl VaultKms {
             f.kv_version
         );
         if conflict {
-            self.conflict(name, detail)
+            KmsError::conflict(self, name, detail)
         } else {
-            self.corrupt(name, format!("{detail}; nothing was changed"))
+            KmsError::corrupt(self, name, format!("{detail}; nothing was changed"))
         }
     }
 
@@ -844,9 +869,9 @@ impl VaultKms {
                     self.mount
                 ));
                 return Err(if conflict {
-                    self.conflict(name, detail)
+                    KmsError::conflict(self, name, detail)
                 } else {
-                    self.corrupt(name, format!("{detail}; nothing was changed"))
+                    KmsError::corrupt(self, name, format!("{detail}; nothing was changed"))
                 });
             }
         }
@@ -863,7 +888,8 @@ impl VaultKms {
         };
         let kv_version = resp.metadata.version;
         let bad = |detail: &str| {
-            self.corrupt(
+            KmsError::corrupt(
+                self,
                 name,
                 format!(
                     "KV version {kv_version} of {} {detail}; keyplan wrote nothing. Delete it with `bao kv metadata delete -mount={} {path}` if no rotation is under way (the devices do not depend on an uncommitted version)",
@@ -989,7 +1015,8 @@ impl VaultKms {
         };
         let recorded = number(&data, FIELD_VERSION).ok().flatten();
         if recorded.is_some_and(|v| v != h.version) {
-            return Err(self.corrupt(
+            return Err(KmsError::corrupt(
+                self,
                 name,
                 format!(
                     "{FIELD_HISTORY} maps version {} to KV version {}, but that KV version holds keyplan version {}; nothing was changed",
@@ -1002,7 +1029,8 @@ impl VaultKms {
         let field = basename(name);
         match take_string(&mut data, field) {
             Some(p) => Ok(into_passphrase(&p)),
-            None => Err(self.corrupt(
+            None => Err(KmsError::corrupt(
+                self,
                 name,
                 format!(
                     "KV version {} of {} has no string field {field:?}",
@@ -1013,15 +1041,36 @@ impl VaultKms {
         }
     }
 
+    /// One attempt of [`Kms::check`]: token, mount, capabilities, key settings.
     fn check_once(&self, names: &[String]) -> Result<(), KmsError> {
-        // 1. Reachability and a valid token.
-        // <https://developer.hashicorp.com/vault/api-docs/auth/token#lookup-a-token-self>
+        self.check_token()?;
+        self.check_mount()?;
+        let mut wanted: Vec<(String, &'static [&'static str])> = Vec::new();
+        for name in names {
+            self.check_name(name)?;
+            wanted.extend(self.required_capabilities(name));
+        }
+        if !wanted.is_empty() {
+            self.check_capabilities(&wanted)?;
+        }
+        for name in names {
+            self.check_delete_after(name)?;
+        }
+        Ok(())
+    }
+
+    /// Reachability and a valid token.
+    /// <https://developer.hashicorp.com/vault/api-docs/auth/token#lookup-a-token-self>
+    fn check_token(&self) -> Result<(), KmsError> {
         let what = "looking up the token (GET auth/token/lookup-self)";
         match self.request(what, vaultrs::token::lookup_self(&self.client))? {
-            Answer::Ok(_) => {}
-            _ => return Err(self.unexpected(what)),
+            Answer::Ok(_) => Ok(()),
+            _ => Err(self.unexpected(what)),
         }
-        // 2. The mount is a KV version 2 engine.
+    }
+
+    /// The mount is a KV version 2 engine.
+    fn check_mount(&self) -> Result<(), KmsError> {
         let what = format!(
             "reading the engine of mount {:?} (GET sys/internal/ui/mounts/{})",
             self.mount, self.mount
@@ -1046,95 +1095,95 @@ impl VaultKms {
                 },
                 other => other,
             })?;
-        match answer {
-            Answer::Ok(m) => {
-                let version = m
-                    .options
-                    .as_ref()
-                    .and_then(|o| o.get("version"))
-                    .map(String::as_str)
-                    .unwrap_or("1");
-                if !(m.kind == "kv" && version == "2") {
-                    return Err(KmsError::Config {
-                        kms: self.describe(),
-                        detail: format!(
-                            "mount {:?} is a {:?} engine (version {version}), not KV version 2; enable one with `bao secrets enable -path={} kv-v2` or set `mount` to a KV v2 mount. Nothing was changed",
-                            self.mount, m.kind, self.mount
-                        ),
-                    });
-                }
-            }
-            _ => {
-                return Err(KmsError::Config {
-                    kms: self.describe(),
-                    detail: format!(
-                        "{what}: no such mount; set `mount` to a KV version 2 mount. Nothing was changed"
-                    ),
-                })
-            }
+        let Answer::Ok(m) = answer else {
+            return Err(KmsError::Config {
+                kms: self.describe(),
+                detail: format!(
+                    "{what}: no such mount; set `mount` to a KV version 2 mount. Nothing was changed"
+                ),
+            });
+        };
+        let version = m
+            .options
+            .as_ref()
+            .and_then(|o| o.get("version"))
+            .map(String::as_str)
+            .unwrap_or("1");
+        if m.kind == "kv" && version == "2" {
+            return Ok(());
         }
-        // 3. The capabilities every operation needs, on every path it touches.
-        let mut wanted: Vec<(String, &'static [&'static str])> = Vec::new();
-        for name in names {
-            self.check_name(name)?;
-            wanted.extend(self.required_capabilities(name));
-        }
-        if !wanted.is_empty() {
-            let what = "checking the token's capabilities (POST sys/capabilities-self)";
-            let endpoint = CapabilitiesSelf {
-                paths: wanted.iter().map(|(p, _)| p.clone()).collect(),
+        Err(KmsError::Config {
+            kms: self.describe(),
+            detail: format!(
+                "mount {:?} is a {:?} engine (version {version}), not KV version 2; enable one with `bao secrets enable -path={} kv-v2` or set `mount` to a KV v2 mount. Nothing was changed",
+                self.mount, m.kind, self.mount
+            ),
+        })
+    }
+
+    /// The capabilities every operation needs, on every path it touches (`wanted`: path and
+    /// capabilities), per `sys/capabilities-self`.
+    fn check_capabilities(
+        &self,
+        wanted: &[(String, &'static [&'static str])],
+    ) -> Result<(), KmsError> {
+        let what = "checking the token's capabilities (POST sys/capabilities-self)";
+        let endpoint = CapabilitiesSelf {
+            paths: wanted.iter().map(|(p, _)| p.clone()).collect(),
+        };
+        let caps =
+            match self.request(what, vaultrs::api::exec_with_result(&self.client, endpoint))? {
+                Answer::Ok(c) => c,
+                _ => return Err(self.unexpected(what)),
             };
-            let caps =
-                match self.request(what, vaultrs::api::exec_with_result(&self.client, endpoint))? {
-                    Answer::Ok(c) => c,
-                    _ => return Err(self.unexpected(what)),
-                };
-            let mut missing = Vec::new();
-            for (path, need) in &wanted {
-                let have: Vec<&str> = caps
-                    .get(path)
-                    .and_then(Value::as_array)
-                    .map(|a| a.iter().filter_map(Value::as_str).collect())
-                    .unwrap_or_default();
-                if have.contains(&"root") {
-                    continue;
-                }
-                let lacking: Vec<String> = need
-                    .iter()
-                    .filter(|c| !have.contains(*c) || have.contains(&"deny"))
-                    .map(|c| format!("{c:?}"))
-                    .collect();
-                if !lacking.is_empty() {
-                    missing.push(format!("{} on {path}", lacking.join(", ")));
-                }
+        let mut missing = Vec::new();
+        for (path, need) in wanted {
+            let have: Vec<&str> = caps
+                .get(path)
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            if have.contains(&"root") {
+                continue;
             }
-            if !missing.is_empty() {
-                return Err(KmsError::Denied {
-                    kms: self.describe(),
-                    detail: format!(
-                        "the token from ${} lacks capabilities keyplan needs (per sys/capabilities-self): {}; see docs/kms/vault.md for the policy",
-                        self.token_env,
-                        missing.join("; ")
-                    ),
-                });
+            let lacking: Vec<String> = need
+                .iter()
+                .filter(|c| !have.contains(*c) || have.contains(&"deny"))
+                .map(|c| format!("{c:?}"))
+                .collect();
+            if !lacking.is_empty() {
+                missing.push(format!("{} on {path}", lacking.join(", ")));
             }
         }
-        // 4. Key settings that would delete the current passphrase behind keyplan's back.
-        for name in names {
-            if let Some(meta) = self.read_metadata(name)? {
-                let after = meta.delete_version_after.trim();
-                if !after.is_empty() && after != "0s" && after != "0" {
-                    return Err(KmsError::Config {
-                        kms: self.describe(),
-                        detail: format!(
-                            "{}/metadata/{name} has delete_version_after={after}, which would soft-delete the current passphrase; set it to 0s (`bao kv metadata put -mount={} -delete-version-after=0s {name}`). Nothing was changed",
-                            self.mount, self.mount
-                        ),
-                    });
-                }
-            }
+        if missing.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        Err(KmsError::Denied {
+            kms: self.describe(),
+            detail: format!(
+                "the token from ${} lacks capabilities keyplan needs (per sys/capabilities-self): {}; see docs/kms/vault.md for the policy",
+                self.token_env,
+                missing.join("; ")
+            ),
+        })
+    }
+
+    /// Key settings that would delete the current passphrase behind keyplan's back.
+    fn check_delete_after(&self, name: &str) -> Result<(), KmsError> {
+        let Some(meta) = self.read_metadata(name)? else {
+            return Ok(());
+        };
+        let after = meta.delete_version_after.trim();
+        if after.is_empty() || after == "0s" || after == "0" {
+            return Ok(());
+        }
+        Err(KmsError::Config {
+            kms: self.describe(),
+            detail: format!(
+                "{}/metadata/{name} has delete_version_after={after}, which would soft-delete the current passphrase; set it to 0s (`bao kv metadata put -mount={} -delete-version-after=0s {name}`). Nothing was changed",
+                self.mount, self.mount
+            ),
+        })
     }
 
     /// The capabilities keyplan's operations need on each path of key `name` (the minimal
@@ -1189,32 +1238,15 @@ impl Kms for VaultKms {
             });
         };
         let (main, pending) = self.read_both(name)?;
-        let live = main.as_ref().and_then(|m| m.live.as_ref());
-        let current = live.map(|l| l.version);
         let pending_name = pending_path(name);
-        let mut highest = current.unwrap_or(0);
-        if let Some(l) = live {
-            highest = l.history.iter().map(|h| h.version).fold(highest, u64::max);
+        let version = book_of(main.as_ref(), &pending)
+            .stage(at_least)
+            .map_err(|r| r.conflict_at(self, name, &self.data_path(&pending_name)))?;
+        if !matches!(pending, PendingRead::Absent) {
+            // A leftover of a commit whose clean-up was cut short (the book counted its
+            // version): in the way of the create-only write below.
+            self.delete_metadata(&pending_name)?;
         }
-        match &pending {
-            PendingRead::Found(p) if p.version > current.unwrap_or(0) => {
-                return Err(self.conflict(
-                    name,
-                    format!(
-                    "version {} is already pending at {}; it must be committed or discarded first",
-                    p.version,
-                    self.data_path(&pending_name)
-                ),
-                ))
-            }
-            PendingRead::Found(p) => {
-                highest = highest.max(p.version);
-                self.delete_metadata(&pending_name)?;
-            }
-            PendingRead::Leftover => self.delete_metadata(&pending_name)?,
-            PendingRead::Absent => {}
-        }
-        let version = (highest + 1).max(at_least);
         let version_text = version.to_string();
         let created_text = crate::clock::now_unix().to_string();
         let base_text = main.as_ref().map_or(0, |m| m.kv_version).to_string();
@@ -1226,7 +1258,8 @@ impl Kms for VaultKms {
         ]);
         match self.write(&pending_name, &data, 0)? {
             Some(_) => Ok(version),
-            None => Err(self.conflict(
+            None => Err(KmsError::conflict(
+                self,
                 name,
                 format!(
                     "another writer created {} at the same moment (check-and-set 0 failed)",
@@ -1247,10 +1280,9 @@ impl Kms for VaultKms {
     ) -> Result<(), KmsError> {
         self.check_name(name)?;
         let (main, staged) = self.read_both(name)?;
-        let live = main.as_ref().and_then(|m| m.live.as_ref());
-        let current = live.map(|l| l.version);
         let pending_name = pending_path(name);
-        if current == Some(pending) {
+        let decision = book_of(main.as_ref(), &staged).commit(expected_current, pending);
+        if decision.map_err(|r| r.conflict(self, name))? == Commit::AlreadyCurrent {
             // Committed before (the reply was lost): only the cleanup may be missing.
             let stale = match &staged {
                 PendingRead::Found(p) => p.version <= pending,
@@ -1262,35 +1294,19 @@ impl Kms for VaultKms {
             }
             return Ok(());
         }
-        let p = match live_pending(live, &staged) {
-            Some(p) if p.version == pending => p,
-            other => {
-                return Err(self.conflict(
-                    name,
-                    format!(
-                        "expected v{pending} to be pending, found {} pending and current {}",
-                        other.map_or_else(
-                            || "no version".to_string(),
-                            |p| format!("v{}", p.version)
-                        ),
-                        show(current)
-                    ),
-                ))
-            }
-        };
-        if current != expected_current {
-            return Err(self.conflict(
+        let live = main.as_ref().and_then(|m| m.live.as_ref());
+        let Some(p) = live_pending(live, &staged).filter(|p| p.version == pending) else {
+            // The book found `pending` pending, so this is not reached.
+            return Err(KmsError::conflict(
+                self,
                 name,
-                format!(
-                    "expected current {}, found current {}",
-                    show(expected_current),
-                    show(current)
-                ),
+                format!("v{pending} is no longer pending"),
             ));
-        }
+        };
         let cas = main.as_ref().map_or(0, |m| m.kv_version);
         if let Some(base) = p.base.filter(|b| *b != cas) {
-            return Err(self.conflict(
+            return Err(KmsError::conflict(
+                self,
                 name,
                 format!(
                     "v{pending} was staged on KV version {base} of {}, which is now at KV version {cas}: another writer changed it meanwhile; v{pending} stays pending",
@@ -1298,50 +1314,7 @@ impl Kms for VaultKms {
                 ),
             ));
         }
-        let mut history: Vec<Hist> = live.map(|l| l.history.clone()).unwrap_or_default();
-        if let (Some(m), Some(l)) = (&main, live) {
-            history.push(Hist {
-                version: l.version,
-                kv_version: m.kv_version,
-                created_at: l.created_at,
-            });
-        }
-        let history_text = history_json(&history);
-        let version_text = p.version.to_string();
-        let created_text = p.created_at.to_string();
-        let data = BTreeMap::from([
-            (basename(name), p.passphrase.as_str()),
-            (FIELD_VERSION, version_text.as_str()),
-            (FIELD_CREATED_AT, created_text.as_str()),
-            (FIELD_HISTORY, history_text.as_str()),
-        ]);
-        let Some(written) = self.write(name, &data, cas)? else {
-            return Err(self.conflict(
-                name,
-                format!(
-                    "{} changed after keyplan read it at KV version {cas} (check-and-set failed): another writer was first; v{pending} stays pending",
-                    self.data_path(name)
-                ),
-            ));
-        };
-        // Read back and compare.
-        let back = self.read_main(name)?;
-        let ok = back.as_ref().is_some_and(|b| {
-            b.kv_version == written
-                && b.live.as_ref().is_some_and(|l| {
-                    l.version == pending && l.passphrase.as_bytes() == p.passphrase.as_bytes()
-                })
-        });
-        if !ok {
-            return Err(self.conflict(
-                name,
-                format!(
-                    "keyplan wrote v{pending} as KV version {written} of {}, but reading it back shows KV version {} (another writer changed it right after)",
-                    self.data_path(name),
-                    back.as_ref().map_or_else(|| "none".to_string(), |b| b.kv_version.to_string())
-                ),
-            ));
-        }
+        self.write_committed(name, main.as_ref(), p)?;
         self.delete_pending_quietly(&pending_name);
         Ok(())
     }
@@ -1353,28 +1326,18 @@ impl Kms for VaultKms {
         self.check_name(name)?;
         with_retries(&format!("retire vault key {name} v{version}"), || {
             let (main, pending) = self.read_state(name, true)?;
+            book_of(main.as_ref(), &pending)
+                .retire(version)
+                .map_err(|r| r.conflict(self, name))?;
             let Some((m, live)) = main.as_ref().and_then(|m| Some((m, m.live.as_ref()?))) else {
                 return Ok(());
             };
-            if live.version == version {
-                return Err(self.conflict(
-                    name,
-                    format!("version {version} is current and cannot be retired"),
-                ));
-            }
-            if let Some(p) = live_pending(Some(live), &pending) {
-                if p.version == version {
-                    return Err(self.conflict(
-                        name,
-                        format!("version {version} is pending and cannot be retired"),
-                    ));
-                }
-            }
             let Some(h) = live.history.iter().find(|h| h.version == version) else {
                 return Ok(());
             };
             if h.kv_version >= m.kv_version {
-                return Err(self.corrupt(
+                return Err(KmsError::corrupt(
+                    self,
                     name,
                     format!(
                         "{FIELD_HISTORY} maps v{version} to KV version {}, which is not older than the current KV version {}; nothing was destroyed",
@@ -1401,17 +1364,8 @@ impl Kms for VaultKms {
         let pending_name = pending_path(name);
         with_retries(&format!("destroy vault key {name}"), || {
             let (main, pending) = self.read_state(name, true)?;
-            let live = main.as_ref().and_then(|m| m.live.as_ref());
-            let staged = live_pending(live, &pending).map(|p| p.version);
-            let Some((m, l)) = main.as_ref().and_then(|m| Some((m, m.live.as_ref()?))) else {
-                if let Some(p) = staged {
-                    return Err(self.conflict(
-                        name,
-                        format!(
-                            "expected current v{expected_current} and no pending version, found no current version and v{p} pending"
-                        ),
-                    ));
-                }
+            let decision = book_of(main.as_ref(), &pending).destroy(expected_current);
+            if decision.map_err(|r| r.conflict(self, name))? == Destroy::NothingLeft {
                 // Absent, or a tombstone left by an interrupted destroy: finish it.
                 if main.is_some() {
                     self.delete_metadata(name)?;
@@ -1420,26 +1374,17 @@ impl Kms for VaultKms {
                     self.delete_metadata(&pending_name)?;
                 }
                 return Ok(());
-            };
-            if l.version != expected_current || staged.is_some() {
-                return Err(self.conflict(
-                    name,
-                    format!(
-                        "expected current v{expected_current} and no pending version, found current v{} and pending {}",
-                        l.version,
-                        show(staged)
-                    ),
-                ));
             }
+            let kv_version = main.as_ref().map_or(0, |m| m.kv_version);
             let at = crate::clock::now_unix().to_string();
             let tombstone = BTreeMap::from([(FIELD_DESTROYED_AT, at.as_str())]);
-            if self.write(name, &tombstone, m.kv_version)?.is_none() {
-                return Err(self.conflict(
+            if self.write(name, &tombstone, kv_version)?.is_none() {
+                return Err(KmsError::conflict(
+                    self,
                     name,
                     format!(
-                        "{} changed after keyplan read it at KV version {} (check-and-set failed); nothing was deleted",
+                        "{} changed after keyplan read it at KV version {kv_version} (check-and-set failed); nothing was deleted",
                         self.data_path(name),
-                        m.kv_version
                     ),
                 ));
             }
@@ -1450,6 +1395,70 @@ impl Kms for VaultKms {
 }
 
 impl VaultKms {
+    /// The write of a commit: the pending version `p` becomes a new KV version of the main path
+    /// (check-and-set on `main`'s KV version, the current version moving into the history),
+    /// then is read back and compared.
+    ///
+    /// Errors: [`KmsError::Conflict`] when the check-and-set fails or the read-back shows
+    /// another writer's version; the errors of the requests.
+    fn write_committed(
+        &self,
+        name: &str,
+        main: Option<&Main>,
+        p: &Pending,
+    ) -> Result<(), KmsError> {
+        let cas = main.map_or(0, |m| m.kv_version);
+        let live = main.and_then(|m| m.live.as_ref());
+        let mut history: Vec<Hist> = live.map(|l| l.history.clone()).unwrap_or_default();
+        if let (Some(m), Some(l)) = (main, live) {
+            history.push(Hist {
+                version: l.version,
+                kv_version: m.kv_version,
+                created_at: l.created_at,
+            });
+        }
+        let history_text = history_json(&history);
+        let version_text = p.version.to_string();
+        let created_text = p.created_at.to_string();
+        let data = BTreeMap::from([
+            (basename(name), p.passphrase.as_str()),
+            (FIELD_VERSION, version_text.as_str()),
+            (FIELD_CREATED_AT, created_text.as_str()),
+            (FIELD_HISTORY, history_text.as_str()),
+        ]);
+        let pending = p.version;
+        let Some(written) = self.write(name, &data, cas)? else {
+            return Err(KmsError::conflict(
+                self,
+                name,
+                format!(
+                    "{} changed after keyplan read it at KV version {cas} (check-and-set failed): another writer was first; v{pending} stays pending",
+                    self.data_path(name)
+                ),
+            ));
+        };
+        // Read back and compare.
+        let back = self.read_main(name)?;
+        let ok = back.as_ref().is_some_and(|b| {
+            b.kv_version == written
+                && b.live.as_ref().is_some_and(|l| {
+                    l.version == pending && l.passphrase.as_bytes() == p.passphrase.as_bytes()
+                })
+        });
+        if !ok {
+            return Err(KmsError::conflict(
+                self,
+                name,
+                format!(
+                    "keyplan wrote v{pending} as KV version {written} of {}, but reading it back shows KV version {} (another writer changed it right after)",
+                    self.data_path(name),
+                    back.as_ref().map_or_else(|| "none".to_string(), |b| b.kv_version.to_string())
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn delete_pending_quietly(&self, pending_name: &str) {
         if let Err(e) = self.delete_metadata(pending_name) {
             tracing::warn!(
@@ -1468,6 +1477,25 @@ fn live_pending<'a>(live: Option<&Live>, pending: &'a PendingRead) -> Option<&'a
         PendingRead::Found(p) if p.version > live.map_or(0, |l| l.version) => Some(p),
         _ => None,
     }
+}
+
+/// The version rules' view of what [`VaultKms::read_state`] returned: the current version,
+/// the pending version that counts ([`live_pending`]), and every other version number known
+/// (the history, and a pending leftover, whose number is not to be reused either).
+fn book_of(main: Option<&Main>, pending: &PendingRead) -> VersionBook {
+    let live = main.and_then(|m| m.live.as_ref());
+    let history = live
+        .into_iter()
+        .flat_map(|l| l.history.iter().map(|h| h.version));
+    let leftover = match pending {
+        PendingRead::Found(p) => Some(p.version),
+        PendingRead::Absent | PendingRead::Leftover => None,
+    };
+    VersionBook::new(
+        live.map(|l| l.version),
+        live_pending(live, pending).map(|p| p.version),
+        history.chain(leftover),
+    )
 }
 
 /// Does KV version `kv` still hold material (not destroyed, not soft-deleted, not pruned)?
@@ -1556,10 +1584,6 @@ fn parse_time(t: &str) -> Option<u64> {
 
 fn into_passphrase(p: &Zeroizing<String>) -> Passphrase {
     Passphrase::new(p.as_bytes().to_vec())
-}
-
-fn show(v: Option<u64>) -> String {
-    v.map_or_else(|| "none".to_string(), |v| format!("v{v}"))
 }
 
 /// One line from Vault's multi-line error texts ("1 error occurred:\n\t* permission denied").

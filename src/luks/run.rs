@@ -17,7 +17,8 @@
 //! duct expression is dropped and the thread's write fails with `EPIPE` (ignored: the exit code
 //! reports the failure). The secret bytes are never copied: the threads borrow them.
 //!
-//! Each child runs in a process group of its own and dies with keyplan (see [`shield`]).
+//! Each child runs in a process group of its own and dies with keyplan, and gets a minimal
+//! environment ([`crate::child::shield`], [`crate::child::child_env`]).
 
 use std::ffi::OsString;
 use std::io::{self, Write as _};
@@ -26,6 +27,8 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use command_fds::{CommandFdExt as _, FdMapping};
+
+use crate::child;
 
 /// The child file descriptor the second secret is mapped to (`--new-keyfile=/dev/fd/3`).
 pub(crate) const SECRET_FD: i32 = 3;
@@ -75,12 +78,12 @@ pub(crate) fn run(
     );
     let output = std::thread::scope(|scope| -> io::Result<std::process::Output> {
         let mut expr = duct::cmd(program.as_os_str(), args)
-            .full_env(child_env())
+            .full_env(child::child_env())
             .stdout_capture()
             .stderr_capture()
             .unchecked();
 
-        expr = expr.before_spawn(shield);
+        expr = expr.before_spawn(child::shield);
 
         match stdin {
             None => expr = expr.stdin_null(),
@@ -126,47 +129,6 @@ pub(crate) fn run(
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
         stderr: tidy_stderr(&String::from_utf8_lossy(&output.stderr)),
     })
-}
-
-/// Puts the child into a process group of its own, so a Ctrl-C at the terminal (delivered to
-/// the foreground process group) reaches keyplan, which lets the running step finish, and not
-/// the cryptsetup child in the middle of writing a header. In return the child gets
-/// The whole environment of a cryptsetup child: `PATH` and `TMPDIR` from keyplan's own
-/// environment (when set) and `LC_ALL=C`, `LANG=C` (messages in English; keyplan judges by exit
-/// codes anyway). Nothing else is passed on, so KMS credentials in keyplan's environment
-/// (`VAULT_TOKEN`, a kubeconfig token variable, ...) never reach cryptsetup.
-fn child_env() -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
-    let mut env: Vec<(std::ffi::OsString, std::ffi::OsString)> = ["PATH", "TMPDIR"]
-        .iter()
-        .filter_map(|k| std::env::var_os(k).map(|v| ((*k).into(), v)))
-        .collect();
-    env.push(("LC_ALL".into(), "C".into()));
-    env.push(("LANG".into(), "C".into()));
-    env
-}
-
-/// `PR_SET_PDEATHSIG` = `SIGKILL` (prctl(2)): if keyplan dies (a second signal, `kill -9`, the
-/// OOM killer) its cryptsetup children die with it, as in a power cut, instead of writing on
-/// while a new run starts. A child whose parent is already gone refuses to start (`ESRCH`).
-/// The `exec` KMS provider starts its helper programs the same way (`kms::exec`).
-pub(crate) fn shield(command: &mut std::process::Command) -> io::Result<()> {
-    use std::os::unix::process::CommandExt as _;
-    command.process_group(0);
-    let parent = std::process::id();
-    // SAFETY: the closure runs between fork and exec and calls only the async-signal-safe
-    // system calls prctl(2) and getppid(2); it allocates nothing.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if u32::try_from(libc::getppid()).ok() != Some(parent) {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
-        });
-    }
-    Ok(())
 }
 
 /// Starts a scoped thread that writes `bytes` into `writer` and then closes it.
