@@ -13,7 +13,8 @@ pub enum Exit {
     /// 2: `plan --detailed-exitcode` found changes (or an interrupted run to finish).
     Changes,
     /// 3: `status` could not check everything (a KMS, the journal or the devices could not be
-    /// read, or the plan could not be loaded) and found no problem in what it could check.
+    /// read, or nothing at all: the plan could not be loaded) and found no problem in what it
+    /// could check.
     Unknown,
 }
 

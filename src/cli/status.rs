@@ -1,7 +1,8 @@
 //! `keyplan status`: [`crate::ops::status::status`] rendered as text, JSON or Prometheus
 //! metrics ([`crate::render::status`]), to stdout or atomically to `-o FILE`; the verdict is the
-//! exit status (docs/monitoring.md): 0 healthy, 1 a problem found, 3 something could not be
-//! checked (or the report could not be made or written) and no problem found.
+//! exit status (docs/monitoring.md): 0 healthy, 1 a problem found (or the report could not be
+//! written), 3 something could not be checked (or nothing could: the plan does not load) and no
+//! problem found.
 
 use super::*;
 use crate::ops::status::Verdict;
@@ -9,8 +10,8 @@ use crate::ops::status::Verdict;
 /// `keyplan status`. Reads the KMSs, the journal and the LUKS headers; writes nothing but
 /// `output`; costs no PBKDF run.
 ///
-/// Errors: none of its own: a plan that cannot be loaded, a KMS client that cannot be built,
-/// or `output` that cannot be written are printed on stderr and give exit 3.
+/// Errors: `output` cannot be written (exit 1). A plan that cannot be loaded or a KMS client
+/// that cannot be built are printed on stderr and give exit 3: nothing could be checked.
 pub(super) fn cmd_status(
     cli: &Cli,
     arg: &PlanArg,
@@ -40,7 +41,7 @@ pub(super) fn cmd_status(
         None => out!("{text}"),
         Some(path) => {
             if let Err(e) = crate::fsutil::write_atomic(path, text.as_bytes(), 0o644) {
-                return unknown(miette!(
+                return Err(miette!(
                     help = "check that the directory exists and is writable; the previous file (if any) was left as it was",
                     "cannot write the status to {}: {e}",
                     path.display()

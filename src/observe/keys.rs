@@ -36,6 +36,24 @@ pub(super) fn read(
     keys
 }
 
+/// The `(KMS instance, name)` pairs other than `key`'s own that valid records of `key` on
+/// `devices` name (where the key lived before the plan moved it), sorted, each once.
+pub(crate) fn moved_from(
+    key: &crate::spec::Key,
+    devices: &BTreeMap<String, DeviceState>,
+) -> Vec<(String, String)> {
+    let mut seen: Vec<(String, String)> = devices
+        .values()
+        .flat_map(|d| d.records.iter())
+        .filter(|r| r.status == RecordStatus::Valid && r.record.key == key.id)
+        .filter_map(|r| r.record.entry.clone())
+        .filter(|(k, n)| *k != key.kms || *n != key.name)
+        .collect();
+    seen.sort();
+    seen.dedup();
+    seen
+}
+
 /// Finds, for every key of `plan`, the other `(KMS instance, name)` pairs its valid records
 /// on plan devices name, and reads the key there (one KMS read each).
 ///
@@ -48,16 +66,7 @@ pub(super) fn origins(
     let mut out: BTreeMap<String, Vec<Origin>> = BTreeMap::new();
     let mut errors = Vec::new();
     for (id, key) in &plan.keys {
-        let mut seen: Vec<(String, String)> = devices
-            .values()
-            .flat_map(|d| d.records.iter())
-            .filter(|r| r.status == RecordStatus::Valid && r.record.key == *id)
-            .filter_map(|r| r.record.entry.clone())
-            .filter(|(k, n)| *k != key.kms || *n != key.name)
-            .collect();
-        seen.sort();
-        seen.dedup();
-        for (kms_name, name) in seen {
+        for (kms_name, name) in moved_from(key, devices) {
             let state = match world.kms.get(&kms_name) {
                 None => None,
                 Some(k) => match k.read(&name) {

@@ -27,6 +27,8 @@ use crate::world::{RecordObs, RecordStatus, SlotRecord, World};
 #[cfg(test)]
 pub(crate) use enroll::examine as examine_enroll_file;
 pub use enroll::EnrollFile;
+#[cfg(test)]
+pub(crate) use keys::moved_from;
 
 /// One device as observed.
 #[derive(Debug, Clone, PartialEq)]

@@ -261,14 +261,7 @@ impl RecordStore {
         match header.version {
             LuksVersion::Luks2 => {
                 let new_id = self.import(dev, slot, record)?;
-                for r in self.read(header)? {
-                    if r.slot == slot {
-                        if let Some(id) = r.token_id.filter(|id| *id != new_id) {
-                            self.cs.token_remove(dev, id)?;
-                        }
-                    }
-                }
-                Ok(())
+                self.remove_tokens(dev, header, slot, Some(new_id))
             }
             LuksVersion::Luks1 => self.write_luks1_record(dev, header, slot, record),
         }
@@ -304,16 +297,7 @@ impl RecordStore {
     /// Errors: cryptsetup token remove failed, or the record file could not be written.
     pub fn remove(&self, dev: &Path, header: &Header, slot: u32) -> Result<(), RecordError> {
         match header.version {
-            LuksVersion::Luks2 => {
-                for r in self.read(header)? {
-                    if r.slot == slot {
-                        if let Some(id) = r.token_id {
-                            self.cs.token_remove(dev, id)?;
-                        }
-                    }
-                }
-                Ok(())
-            }
+            LuksVersion::Luks2 => self.remove_tokens(dev, header, slot, None),
             LuksVersion::Luks1 => {
                 let mut recs = self.read_luks1(&header.uuid)?;
                 if recs.slots.remove(&slot).is_some() {
@@ -322,6 +306,24 @@ impl RecordStore {
                 Ok(())
             }
         }
+    }
+
+    /// Removes the `keyplan` tokens of `header` that name `slot`, except token `keep`.
+    ///
+    /// Errors: cryptsetup token remove failed.
+    fn remove_tokens(
+        &self,
+        dev: &Path,
+        header: &Header,
+        slot: u32,
+        keep: Option<u32>,
+    ) -> Result<(), RecordError> {
+        for r in self.read(header)?.iter().filter(|r| r.slot == slot) {
+            if let Some(id) = r.token_id.filter(|id| Some(*id) != keep) {
+                self.cs.token_remove(dev, id)?;
+            }
+        }
+        Ok(())
     }
 }
 

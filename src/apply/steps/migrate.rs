@@ -39,57 +39,39 @@ impl<'a> Exec<'a> {
             .ok_or_else(|| StepError::Plan(format!("KMS {from_kms:?}, which key {key} moves from, is no longer in the plan; restore its definition to finish the migration")))
     }
 
+    /// The two KMSs a `copy` or `destroy origin` step works on: the destination (which must
+    /// still be where the plan puts the key, and must not be the origin) and the origin.
+    fn endpoints(&self, m: &Move<'_>) -> Result<((&'a dyn Kms, String), &'a dyn Kms), StepError> {
+        let dest = self.destination(m.key, (m.to_kms, m.to_name))?;
+        if (m.to_kms, m.to_name) == (m.from_kms, m.from_name) {
+            return Err(StepError::Refused(format!(
+                "refusing to {} {} in KMS {} ({}): it is the KMS the key moves to",
+                m.op, m.key, m.from_kms, m.from_name
+            )));
+        }
+        Ok((dest, self.origin(m.key, m.from_kms)?))
+    }
+
     /// `copy`: `version` of the key from the KMS it moves from becomes its current version in
     /// the new KMS (a copy an earlier run made is reused); the number it got there is this run's
     /// staged version of the key.
     pub(super) fn migrate_copy(&self, step: &Step) -> Result<StepOutcome, StepError> {
-        let Step::MigrateCopy {
-            key,
-            from_kms,
-            from_name,
-            version,
-            to_kms,
-            to_name,
-        } = step
-        else {
-            return Err(StepError::Internal(format!("not a copy step: {step}")));
-        };
-        let (kms, name) = self.destination(key, (to_kms, to_name))?;
-        if (to_kms, to_name) == (from_kms, from_name) {
-            return Err(StepError::Refused(format!(
-                "refusing to move {key} from KMS {from_kms} ({from_name}) onto itself"
-            )));
-        }
-        let old = self.origin(key, from_kms)?;
-        let (v, what) = copy(kms, &name, old, (key, from_kms, from_name, *version))?;
-        self.staged_outcome(key, v, what)
+        let m = Move::of(step)?;
+        let ((kms, name), old) = self.endpoints(&m)?;
+        let (v, what) = copy(kms, &name, old, (m.key, m.from_kms, m.from_name, m.version))?;
+        self.staged_outcome(m.key, v, what)
     }
 
     /// `destroy origin`: destroys the key in the KMS it moved from (compare-and-swap on
     /// `version` being current there), but only when the destination demonstrably holds it as
     /// its current version.
     pub(super) fn destroy_origin(&self, step: &Step) -> Result<StepOutcome, StepError> {
-        let Step::DestroyOrigin {
-            key,
-            from_kms,
-            from_name,
-            version,
-            to_kms,
-            to_name,
-        } = step
-        else {
-            return Err(StepError::Internal(format!("not a destroy step: {step}")));
-        };
-        let (kms, name) = self.destination(key, (to_kms, to_name))?;
-        if (to_kms, to_name) == (from_kms, from_name) {
-            return Err(StepError::Refused(format!(
-                "refusing to destroy {key} in KMS {from_kms}: it is the KMS the key moves to"
-            )));
-        }
-        let old = self.origin(key, from_kms)?;
+        let m = Move::of(step)?;
+        let ((kms, name), old) = self.endpoints(&m)?;
+        let (key, from_kms, from_name, version) = (m.key, m.from_kms, m.from_name, m.version);
         let old_st = old.read(from_name)?;
-        if old_st.current == Some(*version) {
-            let src = old.get(from_name, *version)?;
+        if old_st.current == Some(version) {
+            let src = old.get(from_name, version)?;
             let st = kms.read(&name)?;
             let held = match st.current {
                 Some(c) => kms.get(&name, c)?.expose() == src.expose(),
@@ -102,7 +84,7 @@ impl<'a> Exec<'a> {
                 )));
             }
         }
-        old.destroy_key(from_name, *version)?;
+        old.destroy_key(from_name, version)?;
         StepOutcome::done(format!("destroyed {key} in KMS {from_kms}"))
     }
 
@@ -133,6 +115,53 @@ impl<'a> Exec<'a> {
         };
         self.world.records.replace(&path, &header, slot, &record)?;
         StepOutcome::done(format!("recorded keyslot {slot} as {key} v{v}"))
+    }
+}
+
+/// The fields of a `copy` or `destroy origin` step.
+struct Move<'s> {
+    /// `move` or `destroy`, for the refusal of a move onto itself.
+    op: &'static str,
+    key: &'s str,
+    from_kms: &'s str,
+    from_name: &'s str,
+    version: u64,
+    to_kms: &'s str,
+    to_name: &'s str,
+}
+
+impl<'s> Move<'s> {
+    fn of(step: &'s Step) -> Result<Move<'s>, StepError> {
+        let (op, key, from_kms, from_name, version, to_kms, to_name) = match step {
+            Step::MigrateCopy {
+                key,
+                from_kms,
+                from_name,
+                version,
+                to_kms,
+                to_name,
+            } => ("move", key, from_kms, from_name, version, to_kms, to_name),
+            Step::DestroyOrigin {
+                key,
+                from_kms,
+                from_name,
+                version,
+                to_kms,
+                to_name,
+            } => (
+                "destroy", key, from_kms, from_name, version, to_kms, to_name,
+            ),
+            _ => return Err(StepError::Internal(format!("not a migration step: {step}"))),
+        };
+        Ok(Move {
+            op,
+            key,
+            from_kms,
+            from_name,
+            version: *version,
+            to_kms,
+            to_name,
+        })
     }
 }
 

@@ -213,17 +213,7 @@ pub fn with_origins(
     states: &BTreeMap<(String, String), KeyState>,
 ) -> Observed {
     for (id, key) in &plan.keys {
-        let mut seen: Vec<(String, String)> = obs
-            .devices
-            .values()
-            .flat_map(|d| d.records.iter())
-            .filter(|r| r.status == RecordStatus::Valid && r.record.key == *id)
-            .filter_map(|r| r.record.entry.clone())
-            .filter(|(k, n)| *k != key.kms || *n != key.name)
-            .collect();
-        seen.sort();
-        seen.dedup();
-        for (kms, name) in seen {
+        for (kms, name) in crate::observe::moved_from(key, &obs.devices) {
             let state = if plan.kms.contains_key(&kms) {
                 Some(
                     states
