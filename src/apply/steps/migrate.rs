@@ -41,7 +41,7 @@ impl<'a> Exec<'a> {
 
     /// The two KMSs a `copy` or `destroy origin` step works on: the destination (which must
     /// still be where the plan puts the key, and must not be the origin) and the origin.
-    fn endpoints(&self, m: &Move<'_>) -> Result<((&'a dyn Kms, String), &'a dyn Kms), StepError> {
+    fn endpoints(&self, m: &Move<'_>) -> Result<Endpoints<'a>, StepError> {
         let dest = self.destination(m.key, (m.to_kms, m.to_name))?;
         if (m.to_kms, m.to_name) == (m.from_kms, m.from_name) {
             return Err(StepError::Refused(format!(
@@ -117,6 +117,9 @@ impl<'a> Exec<'a> {
         StepOutcome::done(format!("recorded keyslot {slot} as {key} v{v}"))
     }
 }
+
+/// The destination KMS with the key's name there, and the origin KMS, of a migration step.
+type Endpoints<'a> = ((&'a dyn Kms, String), &'a dyn Kms);
 
 /// The fields of a `copy` or `destroy origin` step.
 struct Move<'s> {
