@@ -318,3 +318,238 @@ pub fn migration_order(g: &mut StepGraph, _: &Intents) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Each pass on a small graph: the edges it adds, and none it must not add.
+
+    use super::*;
+
+    const D: &str = "dev";
+
+    fn add(slot: u32, version: VersionRef, unlock_slot: Option<u32>) -> Step {
+        Step::AddKeyslot {
+            device: D.into(),
+            key: "k".into(),
+            version,
+            slot,
+            unlock: match unlock_slot {
+                Some(s) => Unlock::Key {
+                    key: "k".into(),
+                    version: VersionRef::Version(1),
+                    slot: s,
+                },
+                None => Unlock::EnrollWith,
+            },
+        }
+    }
+
+    fn verify(slot: u32, version: VersionRef) -> Step {
+        Step::Verify {
+            device: D.into(),
+            key: "k".into(),
+            version,
+            slot,
+        }
+    }
+
+    fn kill(slot: u32, version: VersionRef, anchor: usize) -> Step {
+        Step::KillKeyslot {
+            device: D.into(),
+            slot,
+            holder: SlotHolder::Record {
+                key: "k".into(),
+                version,
+            },
+            anchor,
+        }
+    }
+
+    fn graph(steps: Vec<Step>) -> StepGraph {
+        StepGraph::from_parts(steps, &[])
+    }
+
+    /// `pass` on `steps` with `intents` adds exactly the edges `want`.
+    fn adds(pass: Pass, steps: Vec<Step>, intents: &Intents, want: &[(usize, usize)]) {
+        let mut g = graph(steps);
+        pass(&mut g, intents);
+        let mut got = g.deps();
+        got.sort_unstable();
+        let mut want = want.to_vec();
+        want.sort_unstable();
+        assert_eq!(got, want);
+        let again = g.deps().len();
+        pass(&mut g, intents);
+        assert_eq!(g.deps().len(), again, "running a pass twice adds nothing");
+    }
+
+    const V1: VersionRef = VersionRef::Version(1);
+    const NEW: VersionRef = VersionRef::Staged;
+
+    #[test]
+    fn stale_records_are_forgotten_first() {
+        let forget = |slot, failed_verify| Step::ForgetRecord {
+            device: D.into(),
+            slot,
+            failed_verify,
+        };
+        let steps = vec![
+            forget(1, false),
+            verify(0, V1),
+            forget(2, true),
+            forget(3, false),
+            Step::Stage {
+                key: "k".into(),
+                at_least: 1,
+            },
+        ];
+        // Both stale forgets precede the verify and the failed-verify forget, not each other
+        // and not the key-level stage.
+        adds(
+            forgets_first,
+            steps,
+            &Intents::default(),
+            &[(0, 1), (0, 2), (3, 1), (3, 2)],
+        );
+    }
+
+    #[test]
+    fn an_add_precedes_the_verify_of_the_same_keyslot_and_version() {
+        let steps = vec![
+            add(2, NEW, Some(0)),
+            verify(2, NEW),
+            verify(2, V1),
+            verify(0, NEW),
+        ];
+        adds(add_before_verify, steps, &Intents::default(), &[(0, 1)]);
+    }
+
+    #[test]
+    fn the_stage_precedes_every_user_of_the_staged_version() {
+        let steps = vec![
+            Step::Stage {
+                key: "k".into(),
+                at_least: 2,
+            },
+            add(2, NEW, Some(0)),
+            verify(2, NEW),
+            Step::Commit {
+                key: "k".into(),
+                expected_current: Some(1),
+            },
+            kill(2, NEW, 2),
+            verify(0, V1),
+            Step::Stage {
+                key: "other".into(),
+                at_least: 1,
+            },
+        ];
+        adds(
+            staged_version_first,
+            steps,
+            &Intents::default(),
+            &[(0, 1), (0, 2), (0, 3), (0, 4)],
+        );
+    }
+
+    #[test]
+    fn intents_become_their_edges() {
+        let steps = vec![
+            verify(1, NEW),
+            verify(0, V1),
+            add(0, NEW, Some(1)),
+            kill(0, V1, 0),
+        ];
+        let i = Intents {
+            gates: vec![(0, 1)],
+            after_commit: vec![(3, 1)],
+            frees: vec![(3, 2)],
+            after_verify: vec![(2, 0)],
+        };
+        adds(commit_gates, steps.clone(), &i, &[(0, 1)]);
+        adds(after_commit, steps.clone(), &i, &[(1, 3)]);
+        adds(slot_freed_before_add, steps.clone(), &i, &[(3, 2)]);
+        adds(repair_after_anchor, steps, &i, &[(0, 2)]);
+    }
+
+    #[test]
+    fn a_kill_waits_for_its_anchor() {
+        let steps = vec![verify(1, NEW), kill(0, V1, 0)];
+        adds(anchor_before_kill, steps, &Intents::default(), &[(0, 1)]);
+    }
+
+    #[test]
+    fn readers_of_a_keyslot_precede_its_kill_but_not_the_verify_of_a_re_add() {
+        let steps = vec![
+            add(1, NEW, Some(0)), // reads keyslot 0 (unlock)
+            verify(0, V1),        // reads keyslot 0 as it is now
+            kill(0, V1, 3),       // the kill of keyslot 0
+            verify(1, NEW),       // the kill's anchor, another keyslot
+            add(0, NEW, Some(1)), // re-adds keyslot 0 ...
+            verify(0, NEW),       // ... and its verify reads the new keyslot 0
+        ];
+        adds(
+            readers_before_kill,
+            steps,
+            &Intents::default(),
+            &[(0, 2), (1, 2)],
+        );
+    }
+
+    #[test]
+    fn a_version_is_retired_after_the_commit_and_the_kills_of_its_keyslots() {
+        let steps = vec![
+            Step::Commit {
+                key: "k".into(),
+                expected_current: Some(2),
+            },
+            kill(0, V1, 2),
+            verify(1, NEW),
+            kill(3, VersionRef::Version(2), 2),
+            Step::Retire {
+                key: "k".into(),
+                version: 1,
+            },
+        ];
+        adds(retire_last, steps, &Intents::default(), &[(0, 4), (1, 4)]);
+    }
+
+    #[test]
+    fn a_migration_destroys_after_the_verifies_and_re_records_last() {
+        let moved = |s: &str| (s.to_string(), "k".to_string());
+        let (to_kms, to_name) = moved("new");
+        let steps = vec![
+            Step::DestroyOrigin {
+                key: "k".into(),
+                from_kms: "old".into(),
+                from_name: "k".into(),
+                version: 1,
+                to_kms: to_kms.clone(),
+                to_name: to_name.clone(),
+            },
+            verify(0, NEW),
+            Step::Rerecord {
+                device: D.into(),
+                key: "k".into(),
+                slot: 0,
+                version: NEW,
+                to_kms,
+                to_name,
+            },
+            verify(1, V1),
+        ];
+        adds(
+            migration_order,
+            steps,
+            &Intents::default(),
+            &[(1, 0), (0, 2), (1, 2)],
+        );
+    }
+
+    #[test]
+    fn every_pass_is_in_the_list_once() {
+        let names: std::collections::BTreeSet<&str> = PASSES.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names.len(), PASSES.len());
+        assert_eq!(PASSES.len(), 11);
+    }
+}

@@ -15,7 +15,7 @@ use rand::{Rng, SeedableRng};
 
 use super::scenario::{self, Disk};
 use crate::diff::{Diff, DiffOptions};
-use crate::graph::StepGraph;
+use crate::graph::{SlotHolder, Step, StepGraph, VersionRef};
 use crate::kms::KeyState;
 use crate::luks::Priority;
 use crate::observe::Observed;
@@ -275,132 +275,365 @@ fn before(reach: &[BTreeSet<usize>], a: usize, b: usize) -> bool {
 /// - every commit runs after every observed device that lists the key verified the staged
 ///   version (I1), and every retire after its key's commit;
 /// - every step using a key's staged version runs after the step that fixes it;
-/// - two adds into the same keyslot of a device have a kill of that keyslot between them;
+/// - two adds into the same keyslot of a device have a kill of that keyslot between them, and
+///   an add into a keyslot occupied now waits for the kill of that keyslot;
+/// - every step that reads a keyslot as it is now (an unlock through it, a verify of it that is
+///   not the verify of an add into it) runs before the kill of that keyslot;
+/// - a stale record (drift) is dropped before every other step on its device; a record
+///   `--verify` failed is dropped only after a verify on that device when a key is enrolled there
+///   again;
+/// - the verify of an added keyslot runs after the add;
+/// - a migration destroys the origin after every verify of the copy, and re-records a keyslot
+///   after its verify and after the destroy;
 /// - every change's device is a device of the plan.
 fn check_plan(plan: &Plan, obs: &Observed, d: &Diff, context: &dyn Fn() -> String) {
-    use crate::graph::{SlotHolder, Step, VersionRef};
     let g = &d.graph;
     assert!(g.is_acyclic(), "cycle, {}", context());
-    let steps = g.steps();
-    let reach = reachability(g);
-    let commit_of = |key: &str| {
-        steps
-            .iter()
-            .position(|s| matches!(s, Step::Commit { key: k, .. } if k == key))
+    let c = Checked {
+        plan,
+        obs,
+        steps: g.steps(),
+        reach: reachability(g),
+        context,
     };
-    let fixer_of = |key: &str| {
-        steps.iter().position(|s| {
-            matches!(s, Step::Stage { key: k, .. } | Step::MigrateCopy { key: k, .. } if k == key)
-        })
-    };
-    for (i, s) in steps.iter().enumerate() {
+    for (i, s) in c.steps.iter().enumerate() {
         match s {
-            Step::KillKeyslot {
-                device,
-                slot,
-                holder,
-                anchor,
-            } => {
-                let ok = matches!(&steps[*anchor], Step::Verify { device: v, slot: a, .. } if v == device && a != slot);
-                assert!(ok, "kill [{i}] has a bad anchor, {}", context());
-                assert!(
-                    before(&reach, *anchor, i),
-                    "anchor after kill [{i}], {}",
-                    context()
-                );
-                if let SlotHolder::Record {
-                    key,
-                    version: VersionRef::Version(v),
-                } = holder
-                {
-                    let current = obs.keys.get(key).and_then(|k| k.current);
-                    let listed = plan
-                        .devices
-                        .get(device)
-                        .is_some_and(|dev| dev.keys.iter().any(|k| k.key == *key));
-                    if let (Some(c), Some(commit), true) = (current, commit_of(key), listed) {
-                        if c == *v {
-                            assert!(
-                                before(&reach, commit, i),
-                                "kill [{i}] of the current version before the commit, {}",
-                                context()
-                            );
-                        }
-                    }
-                }
-            }
-            Step::Commit { key, .. } => {
-                let holders = plan
-                    .devices
-                    .values()
-                    .filter(|dev| dev.keys.iter().any(|k| k.key == *key))
-                    .filter(|dev| obs.devices.contains_key(&dev.id));
-                for dev in holders {
-                    let verified = steps.iter().enumerate().any(|(v, x)| {
-                        matches!(x, Step::Verify { device, key: k, version: VersionRef::Staged, .. } if k == key && *device == dev.id)
-                            && before(&reach, v, i)
-                    });
-                    assert!(
-                        verified,
-                        "commit [{i}] before {} verified the new version, {}",
-                        dev.id,
-                        context()
-                    );
-                }
-            }
+            Step::KillKeyslot { .. } => c.kill(i, s),
+            Step::Commit { key, .. } => c.commit(i, key),
             Step::Retire { key, .. } => {
-                let commit = commit_of(key).expect("a retire comes with a commit");
-                assert!(
-                    before(&reach, commit, i),
-                    "retire [{i}] before commit, {}",
-                    context()
-                );
+                let commit = c.commit_of(key).expect("a retire comes with a commit");
+                c.require(c.before(commit, i), &format!("retire [{i}] before commit"));
             }
             _ => {}
         }
         if let Some(key) = staged_key(s) {
-            let fixer = fixer_of(key).expect("a staged version has a stage or copy step");
-            assert!(
-                before(&reach, fixer, i),
-                "[{i}] uses the staged version first, {}",
-                context()
+            let fixer = c
+                .fixer_of(key)
+                .expect("a staged version has a stage or copy step");
+            c.require(
+                c.before(fixer, i),
+                &format!("[{i}] uses the staged version first"),
             );
         }
     }
-    for (a, x) in steps.iter().enumerate() {
-        for (b, y) in steps.iter().enumerate().filter(|(b, _)| *b > a) {
-            if let (
+    c.adds_into_one_keyslot();
+    c.adds_into_occupied_keyslots();
+    c.readers_before_kills();
+    c.stale_records_first();
+    c.verifies_after_adds();
+    c.repairs_after_a_verify();
+    c.migration_order();
+    for ch in &d.slots {
+        c.require(
+            plan.devices.contains_key(&ch.device),
+            "a change of a device not in the plan",
+        );
+    }
+}
+
+/// One plan under [`check_plan`]: its steps and which step reaches which.
+struct Checked<'a> {
+    plan: &'a Plan,
+    obs: &'a Observed,
+    steps: Vec<Step>,
+    reach: Vec<BTreeSet<usize>>,
+    context: &'a dyn Fn() -> String,
+}
+
+impl Checked<'_> {
+    fn require(&self, ok: bool, what: &str) {
+        assert!(ok, "{what}, {}", (self.context)());
+    }
+
+    fn before(&self, a: usize, b: usize) -> bool {
+        before(&self.reach, a, b)
+    }
+
+    fn commit_of(&self, key: &str) -> Option<usize> {
+        self.steps
+            .iter()
+            .position(|s| matches!(s, Step::Commit { key: k, .. } if k == key))
+    }
+
+    fn fixer_of(&self, key: &str) -> Option<usize> {
+        self.steps.iter().position(|s| {
+            matches!(s, Step::Stage { key: k, .. } | Step::MigrateCopy { key: k, .. } if k == key)
+        })
+    }
+
+    /// Kill `i`: its anchor is a verify of another keyslot of its device and runs first; a
+    /// kill of the current version of a key the device lists waits for that key's commit.
+    fn kill(&self, i: usize, s: &Step) {
+        let Step::KillKeyslot {
+            device,
+            slot,
+            holder,
+            anchor,
+        } = s
+        else {
+            return;
+        };
+        let ok = matches!(&self.steps[*anchor], Step::Verify { device: v, slot: a, .. } if v == device && a != slot);
+        self.require(ok, &format!("kill [{i}] has a bad anchor"));
+        self.require(self.before(*anchor, i), &format!("anchor after kill [{i}]"));
+        let SlotHolder::Record {
+            key,
+            version: VersionRef::Version(v),
+        } = holder
+        else {
+            return;
+        };
+        let current = self.obs.keys.get(key).and_then(|k| k.current);
+        let listed = self
+            .plan
+            .devices
+            .get(device)
+            .is_some_and(|dev| dev.keys.iter().any(|k| k.key == *key));
+        if let (Some(c), Some(commit), true) = (current, self.commit_of(key), listed) {
+            if c == *v {
+                self.require(
+                    self.before(commit, i),
+                    &format!("kill [{i}] of the current version before the commit"),
+                );
+            }
+        }
+    }
+
+    /// Commit `i` of `key`: every observed device that lists the key verified the staged
+    /// version before it.
+    fn commit(&self, i: usize, key: &str) {
+        let holders = self
+            .plan
+            .devices
+            .values()
+            .filter(|dev| dev.keys.iter().any(|k| k.key == key))
+            .filter(|dev| self.obs.devices.contains_key(&dev.id));
+        for dev in holders {
+            let verified = self.steps.iter().enumerate().any(|(v, x)| {
+                matches!(x, Step::Verify { device, key: k, version: VersionRef::Staged, .. } if k == key && *device == dev.id)
+                    && self.before(v, i)
+            });
+            self.require(
+                verified,
+                &format!("commit [{i}] before {} verified the new version", dev.id),
+            );
+        }
+    }
+
+    /// The kill of keyslot `slot` of `device`, if the graph has one.
+    fn kill_of(&self, device: &str, slot: u32) -> Option<usize> {
+        self.steps.iter().position(
+            |z| matches!(z, Step::KillKeyslot { device: d, slot: s, .. } if d == device && *s == slot),
+        )
+    }
+
+    /// An add into a keyslot that is occupied now runs after the kill of that keyslot.
+    fn adds_into_occupied_keyslots(&self) {
+        for (a, s) in self.steps.iter().enumerate() {
+            let Step::AddKeyslot { device, slot, .. } = s else {
+                continue;
+            };
+            let occupied = self
+                .obs
+                .devices
+                .get(device)
+                .is_some_and(|d| d.header.keyslots.contains_key(slot));
+            if occupied {
+                let freed = self
+                    .kill_of(device, *slot)
+                    .is_some_and(|k| self.before(k, a));
+                self.require(freed, &format!("add [{a}] into occupied keyslot {slot}"));
+            }
+        }
+    }
+
+    /// Steps reading a keyslot as it is now run before its kill.
+    fn readers_before_kills(&self) {
+        let added = |d: &str, k: &str, v: &VersionRef, n: u32| {
+            self.steps.iter().any(|x| {
+                matches!(x, Step::AddKeyslot { device, key, version, slot, .. }
+                    if device == d && key == k && version == v && *slot == n)
+            })
+        };
+        for (r, s) in self.steps.iter().enumerate() {
+            let read = match s {
                 Step::AddKeyslot {
-                    device: d1,
-                    slot: s1,
+                    device,
+                    unlock: crate::graph::Unlock::Key { slot, .. },
                     ..
-                },
-                Step::AddKeyslot {
-                    device: d2,
-                    slot: s2,
-                    ..
-                },
-            ) = (x, y)
-            {
-                if d1 == d2 && s1 == s2 {
-                    let freed = steps.iter().enumerate().any(|(k, z)| {
-                        matches!(z, Step::KillKeyslot { device, slot, .. } if device == d1 && slot == s1)
-                            && (before(&reach, a, k) && before(&reach, k, b)
-                                || before(&reach, b, k) && before(&reach, k, a))
-                    });
-                    assert!(freed, "two adds into {d1} keyslot {s1}, {}", context());
+                } => Some((device, *slot)),
+                Step::Verify {
+                    device,
+                    key,
+                    version,
+                    slot,
+                } if !added(device, key, version, *slot) => Some((device, *slot)),
+                _ => None,
+            };
+            let Some((device, slot)) = read else { continue };
+            if let Some(k) = self.kill_of(device, slot) {
+                self.require(
+                    self.before(r, k),
+                    &format!("[{r}] reads keyslot {slot} after its kill [{k}]"),
+                );
+            }
+        }
+    }
+
+    /// Stale records (drift) are dropped before every other step of their device.
+    fn stale_records_first(&self) {
+        for (f, s) in self.steps.iter().enumerate() {
+            let Step::ForgetRecord {
+                device,
+                failed_verify: false,
+                ..
+            } = s
+            else {
+                continue;
+            };
+            for (o, other) in self.steps.iter().enumerate() {
+                let stale = matches!(
+                    other,
+                    Step::ForgetRecord {
+                        failed_verify: false,
+                        ..
+                    }
+                );
+                if other.device() == Some(device) && !stale {
+                    self.require(
+                        self.before(f, o),
+                        &format!("[{o}] before the stale record [{f}] was dropped"),
+                    );
                 }
             }
         }
     }
-    for c in &d.slots {
-        assert!(plan.devices.contains_key(&c.device), "{}", context());
+
+    /// The verify of a keyslot this graph adds runs after the add.
+    fn verifies_after_adds(&self) {
+        for (a, s) in self.steps.iter().enumerate() {
+            let Step::AddKeyslot {
+                device,
+                key,
+                version,
+                slot,
+                ..
+            } = s
+            else {
+                continue;
+            };
+            for (v, x) in self.steps.iter().enumerate() {
+                let same = matches!(x, Step::Verify { device: d, key: k, version: w, slot: n }
+                    if d == device && k == key && w == version && n == slot);
+                if same {
+                    self.require(
+                        self.before(a, v),
+                        &format!("verify [{v}] before its add [{a}]"),
+                    );
+                }
+            }
+        }
+    }
+
+    /// A record `--verify` failed is dropped after a verify on its device when the graph enrolls
+    /// a key there again (so a failed enrollment loses no record).
+    fn repairs_after_a_verify(&self) {
+        for (f, s) in self.steps.iter().enumerate() {
+            let Step::ForgetRecord {
+                device,
+                failed_verify: true,
+                ..
+            } = s
+            else {
+                continue;
+            };
+            let verifies: Vec<usize> = self
+                .steps
+                .iter()
+                .enumerate()
+                .filter(|(_, x)| matches!(x, Step::Verify { device: d, .. } if d == device))
+                .map(|(v, _)| v)
+                .collect();
+            let enrolls = self
+                .steps
+                .iter()
+                .any(|x| matches!(x, Step::AddKeyslot { device: d, .. } if d == device));
+            if enrolls {
+                let after = verifies.iter().any(|v| self.before(*v, f));
+                self.require(after, &format!("repair [{f}] before any verify"));
+            }
+        }
+    }
+
+    /// Destroy after every verify of the copy; re-record after its verify and the destroy.
+    fn migration_order(&self) {
+        for (i, s) in self.steps.iter().enumerate() {
+            match s {
+                Step::DestroyOrigin { key, .. } => {
+                    for (v, x) in self.steps.iter().enumerate() {
+                        if matches!(x, Step::Verify { key: k, version: VersionRef::Staged, .. } if k == key)
+                        {
+                            self.require(
+                                self.before(v, i),
+                                &format!("destroy [{i}] before verify [{v}]"),
+                            );
+                        }
+                    }
+                }
+                Step::Rerecord {
+                    device,
+                    key,
+                    slot,
+                    version,
+                    ..
+                } => {
+                    for (v, x) in self.steps.iter().enumerate() {
+                        let first = matches!(x, Step::Verify { device: d, key: k, version: w, slot: n }
+                            if d == device && k == key && w == version && n == slot)
+                            || matches!(x, Step::DestroyOrigin { key: k, .. } if k == key);
+                        if first {
+                            self.require(
+                                self.before(v, i),
+                                &format!("re-record [{i}] before [{v}]"),
+                            );
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Two adds into the same keyslot of a device have a kill of that keyslot between them.
+    fn adds_into_one_keyslot(&self) {
+        let adds: Vec<(usize, &str, u32)> = self
+            .steps
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| match s {
+                Step::AddKeyslot { device, slot, .. } => Some((i, device.as_str(), *slot)),
+                _ => None,
+            })
+            .collect();
+        for (n, &(a, d1, s1)) in adds.iter().enumerate() {
+            for &(b, _, _) in adds[n + 1..]
+                .iter()
+                .filter(|(_, d2, s2)| *d2 == d1 && *s2 == s1)
+            {
+                let freed = self.steps.iter().enumerate().any(|(k, z)| {
+                    matches!(z, Step::KillKeyslot { device, slot, .. } if device == d1 && *slot == s1)
+                        && (self.before(a, k) && self.before(k, b)
+                            || self.before(b, k) && self.before(k, a))
+                });
+                self.require(freed, &format!("two adds into {d1} keyslot {s1}"));
+            }
+        }
     }
 }
 
 /// The key whose staged version `s` uses, if any.
-fn staged_key(s: &crate::graph::Step) -> Option<&str> {
-    use crate::graph::{SlotHolder, Step, Unlock, VersionRef::Staged};
+fn staged_key(s: &Step) -> Option<&str> {
+    use crate::graph::{Unlock, VersionRef::Staged};
     match s {
         Step::AddKeyslot {
             key,
