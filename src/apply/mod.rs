@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 
 use crate::graph::StepGraph;
-use crate::journal::{Event, Journal, RunSummary};
+use crate::journal::{Event, Journal, JournalError, RunSummary};
 use crate::spec::Plan;
 use crate::world::World;
 
@@ -147,6 +147,17 @@ pub struct RunInput<'a> {
     pub enroll_with_keyslots: &'a BTreeMap<String, u32>,
 }
 
+/// Why [`drive`] stopped early.
+#[derive(Debug, thiserror::Error)]
+enum DriveError {
+    /// A journal record could not be written.
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    /// A worker thread ended without reporting its step (it panicked).
+    #[error("a worker thread vanished")]
+    WorkerVanished,
+}
+
 /// What the worker threads and the journal produced while a run went.
 struct Progressed {
     steps_run: usize,
@@ -181,7 +192,7 @@ pub fn run_graph(
         input.memory_budget_kib,
         input.enroll_with_keyslots,
     );
-    begin(&input, journal).map_err(|e| fail(e, Vec::new()))?;
+    begin(&input, journal).map_err(|e| fail(e.to_string(), Vec::new()))?;
     let pbkdf_before = input.world.cs.pbkdf_runs();
     let done = input.resume.map(|s| s.done.clone()).unwrap_or_default();
     let mut sched = schedule::Scheduler::new(input.graph, done, input.parallelism);
@@ -205,7 +216,7 @@ pub fn run_graph(
             interrupted: true,
         });
     }
-    let error = match (outcome, went.failure) {
+    let error = match (outcome.map_err(|e| e.to_string()), went.failure) {
         (Err(e), _) => Some(e),
         (Ok(()), Some(f)) => Some(f),
         (Ok(()), None) if sched.remaining() > 0 => {
@@ -243,7 +254,7 @@ pub fn run_graph(
 
 /// Journals the start of the run: `run_start` with the whole graph (and the plan's devices),
 /// or `run_resumed` when finishing an interrupted run.
-fn begin(input: &RunInput<'_>, journal: &mut Journal) -> Result<(), String> {
+fn begin(input: &RunInput<'_>, journal: &mut Journal) -> Result<(), JournalError> {
     let event = match input.resume {
         Some(_) => Event::RunResumed {
             pid: std::process::id(),
@@ -262,16 +273,15 @@ fn begin(input: &RunInput<'_>, journal: &mut Journal) -> Result<(), String> {
             host: gethostname::gethostname().to_string_lossy().into_owned(),
         },
     };
-    journal
-        .append(input.run_id, event)
-        .map_err(|e| e.to_string())
+    journal.append(input.run_id, event)
 }
 
 /// Starts ready steps on scoped worker threads and journals their ends, until nothing runs and
 /// nothing more may start (all done, a failure, or a stop). Only this thread writes the
 /// journal, so records are totally ordered.
 ///
-/// Errors: a journal write failed (the run stops before the next effect).
+/// Errors: a journal write failed (the run stops before the next effect), or a worker thread
+/// vanished.
 fn drive(
     input: &RunInput<'_>,
     exec: &steps::Exec<'_>,
@@ -279,7 +289,7 @@ fn drive(
     journal: &mut Journal,
     progress: Progress<'_>,
     went: &mut Progressed,
-) -> Result<(), String> {
+) -> Result<(), DriveError> {
     let graph = input.graph;
     let n = graph.len();
     let stopping = || input.stop.is_some_and(|s| s.load(Ordering::SeqCst));
@@ -289,9 +299,7 @@ fn drive(
             while went.failure.is_none() && !stopping() {
                 let Some(i) = sched.start_next() else { break };
                 let step = graph.step(i);
-                journal
-                    .append(input.run_id, Event::StepStart { step: i })
-                    .map_err(|e| e.to_string())?;
+                journal.append(input.run_id, Event::StepStart { step: i })?;
                 tracing::info!(run = input.run_id, step = i, "start: {}", step);
                 let desc = step.to_string();
                 progress(StepEvent::Started {
@@ -313,7 +321,7 @@ fn drive(
                 return Ok(());
             }
             let Ok((i, result)) = rx.recv() else {
-                return Err("a worker thread vanished".to_string());
+                return Err(DriveError::WorkerVanished);
             };
             sched.finished(i, result.is_ok());
             went.steps_run += 1;
@@ -334,7 +342,7 @@ fn finish_step(
     went: &mut Progressed,
     i: usize,
     result: Result<StepOutcome, StepError>,
-) -> Result<(), String> {
+) -> Result<(), JournalError> {
     let step = input.graph.step(i);
     let desc = step.to_string();
     let error = result.as_ref().err().map(|e| e.to_string());
@@ -358,17 +366,15 @@ fn finish_step(
     match result {
         Ok(o) => {
             went.log.push((desc, o.outcome.clone()));
-            journal
-                .append(
-                    input.run_id,
-                    Event::StepDone {
-                        step: i,
-                        outcome: o.outcome,
-                        staged_version: o.staged_version,
-                        verified_salt: o.verified_salt,
-                    },
-                )
-                .map_err(|e| e.to_string())
+            journal.append(
+                input.run_id,
+                Event::StepDone {
+                    step: i,
+                    outcome: o.outcome,
+                    staged_version: o.staged_version,
+                    verified_salt: o.verified_salt,
+                },
+            )
         }
         Err(_) => {
             let e = error.unwrap_or_default();
