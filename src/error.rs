@@ -29,24 +29,47 @@ pub struct Finding {
     pub message: String,
     /// What to do about it.
     pub help: Option<String>,
+    /// Whether something is wrong, or could not be looked at.
+    pub kind: FindingKind,
+}
+
+/// What a [`Finding`] says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FindingKind {
+    /// Something is not as the plan needs it (a device missing or with another LUKS UUID, two
+    /// devices that are one, a pinned keyslot out of range, corrupt records or registry, ...).
+    Wrong,
+    /// Something could not be looked at (a KMS that cannot be read, a file that cannot be
+    /// opened): what it holds is unknown, which may be fine.
+    Unreachable,
 }
 
 impl Finding {
-    /// A finding at `at` in the plan document.
+    /// A finding at `at` in the plan document that something is wrong.
     pub fn at(at: Vec<PathSeg>, message: impl Into<String>, help: Option<String>) -> Finding {
         Finding {
             at: Some(at),
             message: message.into(),
             help,
+            kind: FindingKind::Wrong,
         }
     }
 
-    /// A finding with no place in the plan document.
+    /// A finding with no place in the plan document that something is wrong.
     pub fn bare(message: impl Into<String>, help: Option<String>) -> Finding {
         Finding {
             at: None,
             message: message.into(),
             help,
+            kind: FindingKind::Wrong,
+        }
+    }
+
+    /// The same finding, saying something could not be looked at.
+    pub fn unreachable(self) -> Finding {
+        Finding {
+            kind: FindingKind::Unreachable,
+            ..self
         }
     }
 }

@@ -848,3 +848,28 @@ fn exit_status_tells_a_problem_from_what_could_not_be_checked() {
     assert!(out.stdout.is_empty());
     assert!(String::from_utf8_lossy(&out.stderr).contains("nowhere"));
 }
+
+/// What stops the observation is a problem when something is wrong (a keyslot pinned beyond a
+/// LUKS1 device's eight, two plan devices that are one LUKS device): exit 1, not 3.
+#[test]
+fn an_observation_stopped_by_a_wrong_plan_is_a_problem() {
+    let s = Scratch::new();
+    s.initial_pass();
+    s.small_image("a.img", "luks1");
+    s.plan(
+        "keyplan.yaml",
+        &format!(
+            "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  k: {{ kms: local }}\ndevices:\n  a: {{ path: a.img, keys: [{{ key: k, keyslot: 9 }}], enroll_with: initial.pass }}\n{FAST_PBKDF}"
+        ),
+    );
+    let j = status_json(&s, 1);
+    assert_eq!(j["verdict"], "problem");
+    assert!(
+        j["problems"][0]
+            .as_str()
+            .unwrap()
+            .contains("keyslot 9 is out of range"),
+        "{j}"
+    );
+    assert_eq!(j["devices"][0]["checked"], false);
+}

@@ -30,10 +30,11 @@ pub(super) fn read(
     let reg = match registry::read(&plan.state_dir) {
         Ok(reg) => reg,
         Err(e) => {
-            findings.push(Finding::bare(
-                e.to_string(),
-                Some("keyplan changed nothing".into()),
-            ));
+            let f = Finding::bare(e.to_string(), Some("keyplan changed nothing".into()));
+            findings.push(match e {
+                registry::RegistryError::Io { .. } => f.unreachable(),
+                registry::RegistryError::Corrupt { .. } => f,
+            });
             return (former, unreadable);
         }
     };

@@ -30,7 +30,8 @@ pub(super) fn read(
             Ok(st) => {
                 keys.insert(id.clone(), st);
             }
-            Err(e) => findings.push(Finding::at(key_path(id), format!("key {id}: {e}"), None)),
+            Err(e) => findings
+                .push(Finding::at(key_path(id), format!("key {id}: {e}"), None).unreachable()),
         }
     }
     keys
@@ -76,7 +77,7 @@ pub(super) fn origins(
                             key_path(id),
                             format!("key {id}: its devices record it in KMS {kms_name:?} (as {name:?}), which the plan moved it from: {e}"),
                             None,
-                        ));
+                        ).unreachable());
                         continue;
                     }
                 },

@@ -440,10 +440,7 @@ fn observe_devices(engine: &Engine, f: &mut Findings) -> (Option<Observed>, Vec<
             match observe::observe(&diff_plan, world, EnrollCheck::Skip) {
                 Ok(o) => Some(o),
                 Err(e) => {
-                    f.unchecked.push(format!(
-                        "devices could not be checked for drift: {}",
-                        first_line(&e.to_string())
-                    ));
+                    observation_failed(e, f);
                     None
                 }
             }
@@ -463,6 +460,25 @@ fn observe_devices(engine: &Engine, f: &mut Findings) -> (Option<Observed>, Vec<
         Ok(d) => planned_drift(plan, &obs, &d, &mut devices),
     }
     (Some(obs), devices)
+}
+
+/// Files what stopped the observation of the devices: what is wrong (a device listed twice, a
+/// pinned keyslot out of range, corrupt records) as problems, what could not be looked at (a
+/// KMS that cannot be read) as unchecked.
+fn observation_failed(e: crate::error::Error, f: &mut Findings) {
+    use crate::error::{Error, FindingKind};
+    let line = |m: &str| format!("devices could not be checked for drift: {}", first_line(m));
+    match e {
+        Error::Findings(findings) => {
+            for x in findings {
+                match x.kind {
+                    FindingKind::Wrong => f.problems.push(line(&x.message)),
+                    FindingKind::Unreachable => f.unchecked.push(line(&x.message)),
+                }
+            }
+        }
+        other => f.unchecked.push(line(&other.to_string())),
+    }
 }
 
 /// The plan's devices whose header cannot be read (one luksDump each, no PBKDF), or whose LUKS
