@@ -35,6 +35,8 @@ pub struct Totals {
     pub removed: usize,
     /// Keys rotated.
     pub rotated: usize,
+    /// Keyslots adopted (recorded without a new keyslot).
+    pub adopted: usize,
     /// Steps run by this process.
     pub steps: usize,
 }
@@ -224,6 +226,7 @@ impl<'e> ApplySession<'e> {
         self.totals.added += d.adds();
         self.totals.removed += d.removes();
         self.totals.rotated += d.rotations();
+        self.totals.adopted += d.adoptions();
         self.totals.steps += report.steps_run;
         self.last_migrated = d.migrates();
         Ok(report)

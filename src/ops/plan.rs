@@ -8,7 +8,7 @@ use crate::diff::{self, Diff, DiffOptions};
 use crate::error::Error;
 use crate::graph::Step;
 use crate::journal::RunSummary;
-use crate::observe::{self, EnrollCheck, Observed};
+use crate::observe::{self, Observed, Testing};
 use crate::spec::Plan;
 use crate::world::RecordStatus;
 
@@ -77,7 +77,7 @@ pub fn interrupted_run(plan: &Plan) -> Result<Option<RunSummary>, Error> {
 /// KMS or cryptsetup failures of `--verify`.
 pub fn make(engine: &Engine, req: &PlanRequest) -> Result<Planned, Error> {
     let (plan, world) = (engine.plan(), engine.world());
-    let observed = observe::observe(plan, world, EnrollCheck::Test)?;
+    let observed = observe::observe(plan, world, Testing::Passphrases)?;
     let mut checked = observed.clone();
     if req.verify {
         verify_records(engine, &mut checked)?;

@@ -15,7 +15,7 @@ use crate::diff::{self, DiffOptions, SlotAction};
 use crate::graph::Step;
 use crate::journal::{Event, Record};
 use crate::kms::KeyState;
-use crate::observe::{self, EnrollCheck, Observed};
+use crate::observe::{self, Observed, Testing};
 use crate::spec::Plan;
 use crate::world::RecordStatus;
 
@@ -422,7 +422,7 @@ fn observe_devices(engine: &Engine, f: &mut Findings) -> (Option<Observed>, Vec<
         .collect();
     let mut diff_plan = no_rotation_due(plan);
     let world = engine.world();
-    let observed = match observe::observe(&diff_plan, world, EnrollCheck::Skip) {
+    let observed = match observe::observe(&diff_plan, world, Testing::HeadersOnly) {
         Ok(o) => Some(o),
         Err(_) => {
             // Find the devices that cannot be read, report them, and observe the rest.
@@ -437,7 +437,7 @@ fn observe_devices(engine: &Engine, f: &mut Findings) -> (Option<Observed>, Vec<
                     });
                 }
             }
-            match observe::observe(&diff_plan, world, EnrollCheck::Skip) {
+            match observe::observe(&diff_plan, world, Testing::HeadersOnly) {
                 Ok(o) => Some(o),
                 Err(e) => {
                     observation_failed(e, f);
