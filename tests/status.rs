@@ -873,3 +873,26 @@ fn an_observation_stopped_by_a_wrong_plan_is_a_problem() {
     );
     assert_eq!(j["devices"][0]["checked"], false);
 }
+
+/// A KMS that answers with damaged data (a corrupt `meta.json`) lost the key: a problem (1),
+/// not something that could not be checked.
+#[test]
+fn a_kms_with_damaged_data_is_a_problem() {
+    let s = Scratch::new();
+    s.initial_pass();
+    s.small_image("a.img", "luks2");
+    s.plan("keyplan.yaml", &plan_text("30d", ""));
+    s.ok(&["apply", "--auto-approve"], 0);
+    std::fs::write(s.path("keys/k/meta.json"), b"{ not json").unwrap();
+    let j = status_json(&s, 1);
+    assert_eq!(j["verdict"], "problem");
+    assert_eq!(j["keys"][0]["readable"], false);
+    assert!(
+        j["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p.as_str().unwrap().contains("meta.json is not valid")),
+        "{j}"
+    );
+}

@@ -24,14 +24,13 @@ pub(super) fn read(
     for (id, key) in &plan.keys {
         let res = world
             .kms_for(plan, id)
-            .map_err(|e| e.to_string())
-            .and_then(|k| k.read(&key.name).map_err(|e| e.to_string()));
+            .map_err(|e| Finding::at(key_path(id), format!("key {id}: {e}"), None))
+            .and_then(|k| k.read(&key.name).map_err(|e| kms_finding(id, &e)));
         match res {
             Ok(st) => {
                 keys.insert(id.clone(), st);
             }
-            Err(e) => findings
-                .push(Finding::at(key_path(id), format!("key {id}: {e}"), None).unreachable()),
+            Err(f) => findings.push(f),
         }
     }
     keys
@@ -53,6 +52,18 @@ pub(crate) fn moved_from(
     seen.sort();
     seen.dedup();
     seen
+}
+
+/// The finding for KMS error `e` reading key `id`: the KMS could not be reached or would not
+/// answer (unreachable: what it holds is unknown), or it answered with something wrong (its
+/// data is corrupt, a version it names is missing: the key is lost or damaged).
+fn kms_finding(id: &str, e: &crate::kms::KmsError) -> Finding {
+    use crate::kms::KmsError;
+    let f = Finding::at(key_path(id), format!("key {id}: {e}"), None);
+    match e {
+        KmsError::Corrupt { .. } | KmsError::NoSuchVersion { .. } => f,
+        _ => f.unreachable(),
+    }
 }
 
 /// Finds, for every key of `plan`, the other `(KMS instance, name)` pairs its valid records

@@ -137,7 +137,7 @@ impl<'e> ApplySession<'e> {
                 resumed: true,
             })?;
         self.interrupted = None;
-        self.totals.steps += report.steps_run;
+        // Not in the totals: "Apply complete!" counts the steps of this command's own plans.
         Ok(report)
     }
 

@@ -285,13 +285,24 @@ fn key_report(
         .get(&key.kms)
         .map_or("unknown", |k| k.provider())
         .to_string();
-    let state: Result<KeyState, String> = match observed.and_then(|o| o.keys.get(id)) {
+    // Err((what, damaged)): damaged when the KMS answered with something wrong (corrupt
+    // data, a missing version): a problem; otherwise it could not be asked.
+    let state: Result<KeyState, (String, bool)> = match observed.and_then(|o| o.keys.get(id)) {
         Some(st) => Ok(st.clone()),
         None => engine
             .world()
             .kms_for(plan, id)
-            .map_err(|e| e.to_string())
-            .and_then(|k| k.read(&key.name).map_err(|e| e.to_string())),
+            .map_err(|e| (e.to_string(), false))
+            .and_then(|k| {
+                k.read(&key.name).map_err(|e| {
+                    let damaged = matches!(
+                        e,
+                        crate::kms::KmsError::Corrupt { .. }
+                            | crate::kms::KmsError::NoSuchVersion { .. }
+                    );
+                    (e.to_string(), damaged)
+                })
+            }),
     };
     let mut kr = KeyReport {
         id: id.to_string(),
@@ -310,9 +321,13 @@ fn key_report(
     };
     let st = match state {
         Ok(st) => st,
-        Err(e) => {
-            f.unchecked
-                .push(format!("key {id}: KMS {} unreadable: {e}", key.kms));
+        Err((e, damaged)) => {
+            let line = format!("key {id}: KMS {} unreadable: {e}", key.kms);
+            if damaged {
+                f.problems.push(line);
+            } else {
+                f.unchecked.push(line);
+            }
             kr.readable = false;
             kr.error = Some(e);
             return kr;
