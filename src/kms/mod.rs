@@ -284,6 +284,16 @@ pub trait Kms: Send + Sync {
     fn credentials(&self) -> Result<Vec<Credential>, KmsError> {
         Ok(Vec::new())
     }
+    /// Renews keyplan's credential where the store allows it and it is due (a renewable Vault
+    /// token with less than half of its TTL left). `apply` calls it once per run, whatever the
+    /// run does, so a timer that runs `apply` keeps the credential alive; `plan` and `status`
+    /// never do (they write nothing). The default: nothing to renew.
+    ///
+    /// Errors: as [`Kms::credentials`]; `apply` logs a failure as a warning and goes on (the
+    /// credential may still be valid).
+    fn renew_credentials(&self) -> Result<(), KmsError> {
+        Ok(())
+    }
 }
 
 /// Opens the KMS instance `name` configured as `config` (paths already absolute).
@@ -424,5 +434,9 @@ impl Kms for Injected {
     fn credentials(&self) -> Result<Vec<Credential>, KmsError> {
         self.point("kms.credentials")?;
         self.0.credentials()
+    }
+    fn renew_credentials(&self) -> Result<(), KmsError> {
+        self.point("kms.renew_credentials")?;
+        self.0.renew_credentials()
     }
 }
