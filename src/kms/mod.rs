@@ -16,6 +16,7 @@
 
 pub mod book;
 pub mod exec;
+pub mod expiry;
 pub mod file;
 pub mod kmip;
 pub mod kubernetes;

@@ -33,7 +33,7 @@ pub struct KmsCredentials {
     pub provider: String,
     /// What the provider reports (empty for providers without expiring credentials: `file`,
     /// `exec`).
-    pub credentials: Vec<Credential>,
+    pub credentials: Vec<CredentialReport>,
     /// Why the credentials could not be looked at (never a secret).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -44,30 +44,43 @@ pub struct KmsCredentials {
     /// The earliest `rotation_due_at` of the keys in this KMS, Unix seconds; `None` when no
     /// key has a `rotate_after` (or none has a current version yet).
     pub next_rotation_due_at: Option<u64>,
-    /// One line per credential that ends too early (see the module documentation).
-    pub warnings: Vec<String>,
 }
 
 impl KmsCredentials {
-    /// True when at least one credential ends too early.
-    pub fn expiring(&self) -> bool {
-        !self.warnings.is_empty()
+    /// The warning lines, one per credential that ends too early.
+    pub fn warnings(&self) -> impl Iterator<Item = &str> {
+        self.credentials.iter().filter_map(|c| c.warning.as_deref())
     }
 }
 
+/// One credential and the verdict of the warning rule.
+#[derive(Debug, Clone, Serialize)]
+pub struct CredentialReport {
+    /// What the provider reported.
+    #[serde(flatten)]
+    pub credential: Credential,
+    /// [`Credential::deadline`], Unix seconds.
+    pub deadline: Option<u64>,
+    /// True when it ends too early (see the module documentation).
+    pub expiring: bool,
+    /// Why, when `expiring`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+}
+
 /// Looks at the credentials of every KMS instance of the engine's plan, in plan order, and
-/// applies the warning rule with `keys` (key id → state, what the caller read from the KMSs;
-/// keys missing from it count as not due) at `now` (Unix seconds). Writes nothing; may contact
-/// the KMSs (Vault's `auth/token/lookup-self`). Never fails: an error is kept in
-/// [`KmsCredentials::error`].
-pub fn review(engine: &Engine, keys: &BTreeMap<String, KeyState>, now: u64) -> Vec<KmsCredentials> {
+/// applies the warning rule with `due` (key id → when its rotation is due, Unix seconds, as
+/// [`rotation_due`] computes it; keys missing from it count as not due) at `now` (Unix
+/// seconds). Writes nothing; may contact the KMSs (Vault's `auth/token/lookup-self`). Never
+/// fails: an error is kept in [`KmsCredentials::error`].
+pub fn review(engine: &Engine, due: &BTreeMap<String, u64>, now: u64) -> Vec<KmsCredentials> {
     let plan = engine.plan();
     let mut out = Vec::new();
     for (instance, config) in &plan.kms {
         let Some(kms) = engine.world().kms.get(instance) else {
             continue;
         };
-        let due = next_rotation_due(engine, instance, keys);
+        let due = next_rotation_due(engine, instance, due);
         let mut report = KmsCredentials {
             kms: instance.clone(),
             provider: config.provider().to_string(),
@@ -75,15 +88,21 @@ pub fn review(engine: &Engine, keys: &BTreeMap<String, KeyState>, now: u64) -> V
             error: None,
             refused: false,
             next_rotation_due_at: due.as_ref().map(|(_, t)| *t),
-            warnings: Vec::new(),
         };
         match kms.credentials() {
             Ok(list) => {
-                report.warnings = list
-                    .iter()
-                    .filter_map(|c| warning(instance, &report.provider, c, due.as_ref(), now))
+                report.credentials = list
+                    .into_iter()
+                    .map(|c| {
+                        let warning = warning(instance, &report.provider, &c, due.as_ref(), now);
+                        CredentialReport {
+                            deadline: c.deadline(),
+                            expiring: warning.is_some(),
+                            warning,
+                            credential: c,
+                        }
+                    })
                     .collect();
-                report.credentials = list;
             }
             Err(e) => {
                 report.refused = matches!(e, KmsError::Denied { .. });
@@ -98,8 +117,9 @@ pub fn review(engine: &Engine, keys: &BTreeMap<String, KeyState>, now: u64) -> V
 /// Logs every warning of [`review`] at `warn` (what `plan` and `apply` do; `status` reports
 /// them instead), and a failed look at `debug` (the KMS's own calls report it).
 pub fn log_warnings(engine: &Engine, keys: &BTreeMap<String, KeyState>) {
-    for k in review(engine, keys, crate::clock::now_unix()) {
-        for w in &k.warnings {
+    let due = rotation_due(engine, keys);
+    for k in review(engine, &due, crate::clock::now_unix()) {
+        for w in k.warnings() {
             tracing::warn!(kms = %k.kms, "{w}");
         }
         if let Some(e) = &k.error {
@@ -112,23 +132,34 @@ pub fn log_warnings(engine: &Engine, keys: &BTreeMap<String, KeyState>) {
     }
 }
 
+/// When the rotation of each key of the engine's plan with a `rotate_after` and a current
+/// version in `keys` (key id → state read from its KMS) is due: key id → Unix seconds.
+pub fn rotation_due(engine: &Engine, keys: &BTreeMap<String, KeyState>) -> BTreeMap<String, u64> {
+    engine
+        .plan()
+        .keys
+        .values()
+        .filter_map(|k| {
+            let created = keys.get(&k.id)?.current_info()?.created_at;
+            let due = created.saturating_add(k.rotate_after?.as_secs());
+            Some((k.id.clone(), due))
+        })
+        .collect()
+}
+
 /// The key of `instance` whose rotation is due first, and when (Unix seconds).
 fn next_rotation_due(
     engine: &Engine,
     instance: &str,
-    keys: &BTreeMap<String, KeyState>,
+    due: &BTreeMap<String, u64>,
 ) -> Option<(String, u64)> {
     engine
         .plan()
         .keys
         .values()
         .filter(|k| k.kms == instance)
-        .filter_map(|k| {
-            let created = keys.get(&k.id)?.current_info()?.created_at;
-            let due = created.saturating_add(k.rotate_after?.as_secs());
-            Some((k.id.clone(), due))
-        })
-        .min_by_key(|(_, due)| *due)
+        .filter_map(|k| Some((k.id.clone(), *due.get(&k.id)?)))
+        .min_by_key(|(_, t)| *t)
 }
 
 /// The warning for credential `c` of KMS `instance` (provider `provider`) at `now` when it
@@ -162,15 +193,18 @@ fn warning(
     };
     let before = match due {
         Some((key, t)) if *t > now => format!(
-            "less than {} before the next rotation (key {key}, due {})",
-            crate::diff::short_duration(MARGIN),
-            timestamp(*t)
+            "before the next rotation (key {key}, due {}) plus a {} margin",
+            timestamp(*t),
+            crate::diff::short_duration(MARGIN)
         ),
         Some((key, _)) => format!(
             "within {} while the rotation of key {key} is already due",
             crate::diff::short_duration(MARGIN)
         ),
-        None => format!("within {}", crate::diff::short_duration(MARGIN)),
+        None => format!(
+            "within {} (no rotation is scheduled)",
+            crate::diff::short_duration(MARGIN)
+        ),
     };
     Some(format!(
         "KMS {instance}: {} {ends} {} (in {}), {before}; renew or replace it before then ({doc})",

@@ -71,7 +71,8 @@ pub fn interrupted_run(plan: &Plan) -> Result<Option<RunSummary>, Error> {
 }
 
 /// Observes (testing `enroll_with` passphrases enrolling needs), with `req.verify` tests every
-/// valid record, diffs, and checks every KMS the steps would write to.
+/// valid record, diffs, checks every KMS the steps would write to, and logs a warning for each
+/// KMS credential that ends too early ([`super::credentials`]).
 ///
 /// Errors: [`Error::Findings`] (observation), [`Error::NoSafePlan`], [`Error::KmsCheck`], and
 /// KMS or cryptsetup failures of `--verify`.
@@ -87,6 +88,7 @@ pub fn make(engine: &Engine, req: &PlanRequest) -> Result<Planned, Error> {
     };
     let d = diff::diff(plan, &checked, &opts).map_err(Error::NoSafePlan)?;
     check_kms(engine, &d)?;
+    super::credentials::log_warnings(engine, &observed.keys);
     Ok(Planned { observed, diff: d })
 }
 

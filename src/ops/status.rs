@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
+use super::credentials::KmsCredentials;
 use super::Engine;
 use crate::diff::{self, DiffOptions, SlotAction};
 use crate::graph::Step;
@@ -20,7 +21,7 @@ use crate::spec::Plan;
 use crate::world::RecordStatus;
 
 /// Version of the JSON document `status --format json` writes (minor versions only add fields).
-pub const FORMAT_VERSION: &str = "1.0";
+pub const FORMAT_VERSION: &str = "1.1";
 
 /// What `status` concludes (its exit status: docs/monitoring.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -53,6 +54,8 @@ pub struct StatusReport {
     pub keys: Vec<KeyReport>,
     /// Devices in plan order.
     pub devices: Vec<DeviceReport>,
+    /// keyplan's own credentials per KMS instance, in plan order (since format 1.1).
+    pub kms: Vec<KmsCredentials>,
     /// The last run in the journal, if any.
     pub last_run: Option<RunReport>,
     /// When the last run that ended with `success` ended, Unix seconds.
@@ -217,11 +220,12 @@ pub fn status(engine: &Engine) -> StatusReport {
     };
     let (observed, mut devices) = observe_devices(engine, &mut f);
     let committed = committed_keys(&records);
-    let keys = plan
+    let keys: Vec<KeyReport> = plan
         .keys
         .keys()
         .map(|id| key_report(engine, observed.as_ref(), id, &committed, now, &mut f))
         .collect();
+    let kms = credentials(engine, &keys, now, &mut f);
     let last_run = last_run(plan, &records);
     let last_over_success = last_over_success(&records, last_run.as_ref());
     if let Some(r) = &last_run {
@@ -263,10 +267,40 @@ pub fn status(engine: &Engine) -> StatusReport {
         unchecked: f.unchecked,
         keys,
         devices,
+        kms,
         last_run,
         last_success_at,
         last_over_success,
     }
+}
+
+/// keyplan's credentials per KMS ([`super::credentials::review`]): a credential ending too
+/// early, or refused by its KMS, is a problem; one that could not be looked at is unchecked,
+/// unless the KMS's keys already could not be read (that line says it).
+fn credentials(
+    engine: &Engine,
+    keys: &[KeyReport],
+    now: u64,
+    f: &mut Findings,
+) -> Vec<KmsCredentials> {
+    let due: BTreeMap<String, u64> = keys
+        .iter()
+        .filter_map(|k| Some((k.id.clone(), k.rotation_due_at?)))
+        .collect();
+    let report = super::credentials::review(engine, &due, now);
+    for k in &report {
+        f.problems.extend(k.warnings().map(str::to_string));
+        match &k.error {
+            Some(e) if k.refused => f
+                .problems
+                .push(format!("KMS {}: keyplan's credentials refused: {e}", k.kms)),
+            Some(e) if !keys.iter().any(|x| x.kms == k.kms && !x.readable) => f
+                .unchecked
+                .push(format!("KMS {}: credentials not checked: {e}", k.kms)),
+            _ => {}
+        }
+    }
+    report
 }
 
 /// One key's report: from the observation when there is one, else read from its KMS now.

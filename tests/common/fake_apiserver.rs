@@ -290,6 +290,34 @@ impl FakeApiserver {
         path
     }
 
+    /// Accepts `token` from now on as user `user` with `access`.
+    pub fn add_token(&self, token: &str, user: &str, access: Access) {
+        self.lock()
+            .tokens
+            .insert(token.to_string(), (user.to_string(), access));
+    }
+
+    /// Writes a kubeconfig for this server whose one user authenticates with the token in
+    /// the file `token_file` (`tokenFile`, as a kubeconfig for a service account does), and
+    /// returns its path.
+    pub fn kubeconfig_with_token_file(
+        &self,
+        namespace: &str,
+        token_file: &std::path::Path,
+    ) -> PathBuf {
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\ncontexts:\n- name: sa\n  context:\n    cluster: fake\n    user: sa\n    namespace: {namespace}\nusers:\n- name: sa\n  user:\n    tokenFile: {}\ncurrent-context: sa\n",
+            self.url(),
+            token_file.display()
+        );
+        let path = self
+            .dir
+            .path()
+            .join(format!("kubeconfig-{namespace}-token-file"));
+        std::fs::write(&path, text).expect("write kubeconfig");
+        path
+    }
+
     /// Runs `f` on the store (direct access, bypassing authentication).
     pub fn with_store<T>(&self, f: impl FnOnce(&mut Store) -> T) -> T {
         f(&mut self.lock().store)
