@@ -10,6 +10,11 @@ use std::path::Path;
 
 use base64::Engine as _;
 
+/// The projected service-account token of a pod, which the kubelet refreshes before it
+/// expires (<https://kubernetes.io/docs/concepts/security/service-accounts/#assign-to-pod>):
+/// a credential at this path is renewed by the kubelet, one elsewhere by nobody known.
+pub const PROJECTED_TOKEN_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+
 /// The notAfter of the first certificate in the PEM file at `path`, in Unix seconds (UTC; 0
 /// for a date before 1970). Further certificates in the file (a chain) are ignored: the first
 /// one is the leaf a TLS client presents.

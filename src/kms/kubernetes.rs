@@ -198,7 +198,7 @@ impl AuthSource {
                     std::fs::read_to_string(p)
                         .map_err(|e| format!("cannot read token file {}: {e}", p.display()))?,
                 );
-                let projected = p == Path::new(IN_CLUSTER_TOKEN_FILE);
+                let projected = p == Path::new(super::expiry::PROJECTED_TOKEN_FILE);
                 Credential {
                     kind: "service_account_token",
                     what: format!("service-account token {}", p.display()),
@@ -220,10 +220,6 @@ impl AuthSource {
         }))
     }
 }
-
-/// The projected service-account token of a pod, which the kubelet refreshes before it
-/// expires (<https://kubernetes.io/docs/concepts/security/service-accounts/#assign-to-pod>).
-const IN_CLUSTER_TOKEN_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
 
 impl fmt::Debug for KubernetesKms {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
