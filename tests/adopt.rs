@@ -67,6 +67,18 @@ fn a_key_the_kms_already_holds_is_adopted_then_replaced_by_the_next_rotation() {
         assert_eq!(c["reason_code"], "adopt", "{c}");
     }
     assert!(!token_for(&a, 0), "plan wrote nothing");
+    // status runs no PBKDF: it says the devices wait for `plan` to test and adopt them (not
+    // that apply could not proceed), and counts them as drifted.
+    let out = s.ok(&["status"], 1);
+    assert!(!out.contains("could not proceed"), "{out}");
+    assert_eq!(
+        out.matches(
+            "k v1 is recorded in no keyslot, and keyslot 0 (not made by keyplan) may hold it"
+        )
+        .count(),
+        3,
+        "{out}"
+    );
 
     let out = s.ok(&["apply", "--auto-approve"], 0);
     assert!(out.contains("3 adopted. (3 steps, 3 PBKDF runs)"), "{out}");

@@ -149,7 +149,19 @@ fn approle_login_with_the_secret_id_from_a_file_or_a_variable() {
     );
     enroll_and_check(&s, &bao, &a, &[]);
 
+    let live_tokens = || {
+        let out = bao_text(&bao, &["list", "-format=json", "auth/token/accessors"]);
+        serde_json::from_str::<Vec<String>>(&out)
+            .expect("accessor list")
+            .len()
+    };
+    let tokens_before = live_tokens();
     let j = status_json(&s, &[], 0);
+    assert_eq!(
+        live_tokens(),
+        tokens_before,
+        "the login token of the status run was revoked at its end"
+    );
     let token = &j["kms"][0]["credentials"][0];
     assert_eq!(token["kind"], "vault_token", "{j:#}");
     assert!(
@@ -246,6 +258,14 @@ fn approle_bad_input_names_the_kms_and_changes_nothing() {
             &bao.addr,
             "    auth: { method: approle, role_id_file: role-id, secret_id_file: secret-id }\n",
         ),
+    );
+    // One refused login per run, whatever the run asks (servers lock a role out after a few).
+    let (_, _, err) = run(&s, &["status"], &[("KEYPLAN_LOG", "debug")]);
+    assert_eq!(
+        err.matches("vault request: logging in with AppRole")
+            .count(),
+        1,
+        "{err}"
     );
     let (code, out, err) = run(&s, &["apply", "--auto-approve"], &[]);
     assert_ne!(code, Some(0), "{out}{err}");
@@ -533,6 +553,25 @@ fn certificate_login_over_tls() {
     assert_eq!(
         creds[1]["expiring"], true,
         "20 days < 90 days + margin: {j:#}"
+    );
+
+    // A certificate role that does not exist: the server refuses the login (the role is sent
+    // as `name`, so it restricts the login).
+    s.plan(
+        "keyplan.yaml",
+        &plan(
+            &bao.addr,
+            &format!(
+                "    ca_cert: {}\n    auth: {{ method: cert, name: nosuch, client_cert: client.pem, client_key: client.key }}\n",
+                server_ca.display()
+            ),
+        ),
+    );
+    let (code, out, err) = run(&s, &["plan"], &[]);
+    assert_ne!(code, Some(0), "{out}{err}");
+    assert!(
+        err.contains("refused the login") && err.contains("certificate role nosuch"),
+        "{err}"
     );
 
     // Certificate login over plain http is refused by validation.

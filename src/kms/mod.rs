@@ -170,7 +170,7 @@ pub enum KmsError {
         detail: String,
     },
     /// The store answered but refused the operation (authentication or authorization).
-    #[error("{kms} refused: {detail}. Grant keyplan's credentials the permission named above, then run keyplan again (what this command changed before the refusal, if anything, is listed above)")]
+    #[error("{kms} refused: {detail}. Fix keyplan's credentials or their permissions as said above, then run keyplan again (what this command changed before the refusal, if anything, is listed above)")]
     Denied {
         /// KMS description.
         kms: String,
@@ -196,6 +196,26 @@ pub enum KmsError {
 }
 
 impl KmsError {
+    /// A copy of a [`KmsError::Denied`] or [`KmsError::Config`] (to give the same answer again
+    /// without asking the store again); other kinds are copied as [`KmsError::Config`] with
+    /// their text.
+    pub fn same(&self) -> KmsError {
+        match self {
+            KmsError::Denied { kms, detail } => KmsError::Denied {
+                kms: kms.clone(),
+                detail: detail.clone(),
+            },
+            KmsError::Config { kms, detail } => KmsError::Config {
+                kms: kms.clone(),
+                detail: detail.clone(),
+            },
+            other => KmsError::Config {
+                kms: String::new(),
+                detail: other.to_string(),
+            },
+        }
+    }
+
     /// A [`KmsError::Conflict`] on key `key` of `kms`; `detail` says what differed (versions,
     /// paths or object ids only, never material).
     pub fn conflict(kms: &dyn Kms, key: &str, detail: String) -> KmsError {

@@ -203,9 +203,14 @@ fn build_client(ep: &Endpoint, token: &str) -> Result<VaultClient, String> {
         format!(
             "cannot set up the HTTP client: {}{}",
             error_chain(&e),
-            ca_cert
-                .map(|c| format!(" (ca_cert {c}: it must be a readable PEM file)"))
-                .unwrap_or_default()
+            match (ca_cert, ep.identity.is_some()) {
+                (Some(c), false) => format!(" (ca_cert {c}: it must be a readable PEM file)"),
+                (Some(c), true) => format!(
+                    " (check ca_cert {c}, a readable PEM file, and that client_cert and client_key are an X.509 v3 certificate and its own private key)"
+                ),
+                (None, true) => " (check that client_cert and client_key are an X.509 v3 certificate and its own private key)".to_string(),
+                (None, false) => String::new(),
+            }
         )
     })
 }
@@ -236,13 +241,54 @@ pub struct VaultKms {
     /// The client with its token: set at construction for a static token, after the login
     /// (on the first request) otherwise.
     client: OnceLock<VaultClient>,
-    /// Held during a login, so concurrent first requests log in once.
-    login_lock: Mutex<()>,
+    /// Held during a login, so concurrent first requests log in once. Holds the error of a
+    /// login that was refused (or could not read its files): the rest of the run gets the same
+    /// error without asking again, as servers lock a role out after a few failed logins
+    /// (OpenBao's user lockout: 5 by default).
+    login_lock: Mutex<Option<KmsError>>,
 }
 
 impl fmt::Debug for VaultKms {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "VaultKms({})", self.describe())
+    }
+}
+
+/// How long revoking a login token at the end may take before keyplan gives up (it then
+/// expires by its TTL).
+const REVOKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Drop for VaultKms {
+    /// Revokes the token a login got (`auth/token/revoke-self`), so runs every minute (a
+    /// `status` scrape) do not pile up live tokens until their TTL ends. Best effort, at most
+    /// [`REVOKE_TIMEOUT`]; a failure is logged at `debug`. A static token is never revoked.
+    fn drop(&mut self) {
+        if !self.auth.is_login() {
+            return;
+        }
+        let Some(client) = self.client.get() else {
+            return;
+        };
+        // The timer is made inside the runtime (it needs its reactor).
+        let revoke = async {
+            tokio::time::timeout(REVOKE_TIMEOUT, vaultrs::token::revoke_self(client)).await
+        }
+        .with_subscriber(tracing::subscriber::NoSubscriber::default());
+        match block_on(&self.describe(), revoke) {
+            Ok(Ok(Ok(()))) => {
+                tracing::debug!(kms = %self.instance, "revoked the login token")
+            }
+            other => tracing::debug!(
+                kms = %self.instance,
+                "could not revoke the login token (it expires by its TTL): {}",
+                match other {
+                    Ok(Ok(Err(e))) => error_chain(&e),
+                    Ok(Err(_)) => "timed out".to_string(),
+                    Err(e) => e.to_string(),
+                    Ok(Ok(Ok(()))) => String::new(),
+                }
+            ),
+        }
     }
 }
 
@@ -477,7 +523,7 @@ impl VaultKms {
             auth,
             endpoint,
             client: OnceLock::new(),
-            login_lock: Mutex::new(()),
+            login_lock: Mutex::new(None),
         })
     }
 
@@ -491,14 +537,25 @@ impl VaultKms {
         if let Some(c) = self.client.get() {
             return Ok(c);
         }
-        let _login = self
+        let mut refused = self
             .login_lock
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         if let Some(c) = self.client.get() {
             return Ok(c);
         }
-        let token = self.login()?;
+        if let Some(e) = refused.as_ref() {
+            return Err(e.same());
+        }
+        let token = match self.login() {
+            Ok(t) => t,
+            Err(e) => {
+                if matches!(e, KmsError::Denied { .. } | KmsError::Config { .. }) {
+                    *refused = Some(e.same());
+                }
+                return Err(e);
+            }
+        };
         let client = build_client(&self.endpoint, &token).map_err(|detail| KmsError::Config {
             kms: self.describe(),
             detail,
@@ -566,7 +623,7 @@ impl VaultKms {
             return KmsError::Denied {
                 kms: self.describe(),
                 detail: format!(
-                    "{what}: the server refused the login (HTTP {code}{shown}); {}. Nothing was changed",
+                    "{what}: the server refused the login (HTTP {code}{shown}); {}",
                     self.auth.refused_hint()
                 ),
             };

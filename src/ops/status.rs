@@ -502,8 +502,21 @@ fn observe_devices(engine: &Engine, f: &mut Findings) -> (Option<Observed>, Vec<
     match diff::diff(&diff_plan, &obs, &DiffOptions::default()) {
         Err(refusals) => {
             for r in refusals {
-                f.problems
-                    .push(format!("`keyplan apply` could not proceed: {r}"));
+                let dev = r.device.as_deref().and_then(|id| {
+                    let why = untested_adoption(plan, &obs, id)?;
+                    Some((devices.iter_mut().find(|d| d.id == id)?, why))
+                });
+                match dev {
+                    // Status runs no PBKDF, so it cannot tell an adoption from a refusal.
+                    Some((dev, why)) => dev.drift.push(DriftReport {
+                        keyslot: None,
+                        kind: DriftKind::KeyMissing,
+                        detail: why,
+                    }),
+                    None => f
+                        .problems
+                        .push(format!("`keyplan apply` could not proceed: {r}")),
+                }
             }
         }
         Ok(d) => planned_drift(plan, &obs, &d, &mut devices),
@@ -632,6 +645,37 @@ fn planned_drift(plan: &Plan, obs: &Observed, d: &diff::Diff, devices: &mut [Dev
             detail: format!("`keyplan apply` {what}: {}", c.reason),
         });
     }
+}
+
+/// Why device `id` may be waiting to be adopted: a key it lists has a KMS current version no
+/// record on it holds, and keyslots no record names may hold that version (what `plan` tests
+/// with one PBKDF run per keyslot, and `status` does not). `None` when no keyslot could be
+/// adopted (then the planner's refusal stands).
+fn untested_adoption(plan: &Plan, obs: &Observed, id: &str) -> Option<String> {
+    let st = obs.devices.get(id)?;
+    let slots: Vec<String> = st
+        .header
+        .keyslots
+        .iter()
+        .filter(|(n, k)| {
+            k.bound
+                && k.priority != crate::luks::Priority::Ignore
+                && !st.records.iter().any(|r| r.slot == **n)
+        })
+        .map(|(n, _)| n.to_string())
+        .collect();
+    if slots.is_empty() {
+        return None;
+    }
+    let key = plan.devices.get(id)?.keys.iter().find_map(|dk| {
+        let c = obs.keys.get(&dk.key)?.current?;
+        let recorded = st.slots_of(&dk.key).iter().any(|(_, v)| *v == c);
+        (!recorded).then(|| format!("{} v{c}", dk.key))
+    })?;
+    Some(format!(
+        "{key} is recorded in no keyslot, and keyslot {} (not made by keyplan) may hold it: `keyplan plan` tests that (status runs no PBKDF) and plans the adoption, or says why not",
+        slots.join(", ")
+    ))
 }
 
 /// The first line of a (possibly multi-line) message.

@@ -287,7 +287,11 @@ impl Auth {
                 vaultrs::auth::kubernetes::login(client, mount, role, &jwt).await
             }
             Auth::Cert { mount, name, .. } => {
-                vaultrs::auth::cert::login(client, mount, name.as_deref().unwrap_or("")).await
+                let endpoint = CertLogin {
+                    mount: mount.clone(),
+                    name: name.clone(),
+                };
+                vaultrs::api::auth(client, endpoint).await
             }
         })
     }
@@ -316,8 +320,9 @@ impl Auth {
             Auth::Token { .. } | Auth::AppRole { .. } => Vec::new(),
             Auth::Kubernetes { jwt_file, .. } => {
                 let jwt = Origin::File(jwt_file.clone()).read("service account token")?;
-                let exp = expiry::jwt_expiry(&jwt)
-                    .map_err(|e| format!("service account token {}: {e}", jwt_file.display()))?;
+                // As for the kubernetes provider: a token that is not a JWT has no known expiry
+                // (the login then fails and says so).
+                let exp = expiry::jwt_expiry(&jwt).ok().flatten();
                 let projected = jwt_file == Path::new(DEFAULT_JWT_FILE);
                 vec![Credential {
                     kind: "service_account_token",
@@ -368,4 +373,34 @@ pub(super) fn identity(auth: Option<&VaultAuth>) -> Result<Option<reqwest::Ident
             "client_cert {client_cert} and client_key {client_key} are not a PEM certificate and an unencrypted PEM private key"
         )
     })
+}
+
+/// `POST auth/<mount>/login` of the TLS certificate method, with the certificate role as
+/// `name` (<https://openbao.org/api-docs/auth/cert/#login-with-tls-certificate-method>).
+/// vaultrs's own request sends the role as `cert_name`, which the server ignores, so a login
+/// would match any role.
+struct CertLogin {
+    mount: String,
+    name: Option<String>,
+}
+
+impl rustify::endpoint::Endpoint for CertLogin {
+    type Response = ();
+    const REQUEST_BODY_TYPE: rustify::enums::RequestType = rustify::enums::RequestType::JSON;
+    const RESPONSE_BODY_TYPE: rustify::enums::ResponseType = rustify::enums::ResponseType::JSON;
+    fn path(&self) -> String {
+        format!("auth/{}/login", self.mount)
+    }
+    fn method(&self) -> rustify::enums::RequestMethod {
+        rustify::enums::RequestMethod::POST
+    }
+    fn body(&self) -> Result<Option<Vec<u8>>, rustify::errors::ClientError> {
+        let body = match &self.name {
+            Some(n) => serde_json::json!({ "name": n }),
+            None => serde_json::json!({}),
+        };
+        serde_json::to_vec(&body)
+            .map(Some)
+            .map_err(|e| rustify::errors::ClientError::DataParseError { source: e.into() })
+    }
 }

@@ -66,6 +66,13 @@ fn resolve_kms(name: &str, cfg: &KmsConfig, cx: &mut Ctx) -> KmsConfig {
             if let Some(c) = ca_cert {
                 *c = cx.resolve_string(c, at("ca_cert"));
             }
+            if token_env.as_deref().is_some_and(|t| t.trim().is_empty()) {
+                cx.push(empty_issue(
+                    at("token_env"),
+                    "token_env",
+                    "name the environment variable that holds the token, e.g. `VAULT_TOKEN`",
+                ));
+            }
             if let Some(a) = auth {
                 if token_env.is_some() {
                     cx.push(auth_issue(
@@ -149,6 +156,53 @@ fn resolve_vault_auth(
             ));
         }
     };
+    let blank = |v: &Option<String>| v.as_deref().is_some_and(|t| t.trim().is_empty());
+    let mut blanks: Vec<(&str, &str)> = Vec::new();
+    match &*auth {
+        VaultAuth::Token { token_env } => {
+            if blank(token_env) {
+                blanks.push(("token_env", "name the variable that holds the token"));
+            }
+        }
+        VaultAuth::Approle {
+            mount,
+            role_id,
+            role_id_file,
+            secret_id_file,
+            secret_id_env,
+        } => {
+            for (f, v) in [
+                ("mount", mount),
+                ("role_id", role_id),
+                ("role_id_file", role_id_file),
+                ("secret_id_file", secret_id_file),
+                ("secret_id_env", secret_id_env),
+            ] {
+                if blank(v) {
+                    blanks.push((f, "give a value, or leave the field out"));
+                }
+            }
+        }
+        VaultAuth::Kubernetes {
+            mount, jwt_file, ..
+        } => {
+            for (f, v) in [("mount", mount), ("jwt_file", jwt_file)] {
+                if blank(v) {
+                    blanks.push((f, "give a value, or leave the field out for the default"));
+                }
+            }
+        }
+        VaultAuth::Cert { mount, name, .. } => {
+            for (f, v) in [("mount", mount), ("name", name)] {
+                if blank(v) {
+                    blanks.push((f, "give a value, or leave the field out"));
+                }
+            }
+        }
+    }
+    for (field, help) in blanks {
+        cx.push(empty_issue(at(field), field, help));
+    }
     match auth {
         VaultAuth::Token { .. } => {}
         VaultAuth::Approle {
