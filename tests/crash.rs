@@ -65,6 +65,10 @@ mod matrix {
         pub args: &'static [&'static str],
         /// Does the final plan say `unmanaged_keyslots: remove`?
         pub remove: bool,
+        /// Keys written into the file KMS before anything runs, as another tool would have
+        /// (version 1 = the initial passphrase, which opens keyslot 0 of every device): the
+        /// crashed run adopts them.
+        pub kms_keys: &'static [&'static str],
     }
 
     /// Counts of what a matrix run did.
@@ -112,6 +116,7 @@ mod matrix {
             plan: String::new(),
             args: &[],
             remove,
+            kms_keys: &[],
         };
         plan_text(&dummy, devices, &keys, remove)
     }
@@ -253,6 +258,9 @@ mod matrix {
         for d in sc.devices {
             w.s.small_image(d.file, d.luks);
         }
+        for k in sc.kms_keys {
+            file_kms_put(&root, k, INITIAL);
+        }
         if let Some(p) = &sc.setup_plan {
             w.s.plan("keyplan.yaml", p);
             w.ok(&["apply", "--auto-approve"], 0);
@@ -363,6 +371,26 @@ fn crash_matrix_enroll_three_devices() {
         plan: plan_of(&three(&["k"]), false),
         args: &[],
         remove: false,
+        kms_keys: &[],
+    });
+    assert!(c.crashes >= 40, "{c:?}");
+}
+
+/// Adoption and rotation in one run: the KMS already holds k (Rook's layout: the initial
+/// passphrase, in keyslot 0 of every device, no keyplan record); the run adopts keyslot 0 of
+/// each device, stages, adds and verifies v2, commits, and kills the adopted keyslots.
+#[cfg(feature = "failpoints")]
+#[test]
+fn crash_matrix_adopt_and_rotate() {
+    let c = run(&Scenario {
+        name: "adopt+rotate",
+        devices: THREE,
+        setup_plan: None,
+        setup_runs: &[],
+        plan: plan_of(&three(&["k"]), true),
+        args: &["--rotate", "k"],
+        remove: true,
+        kms_keys: &["k"],
     });
     assert!(c.crashes >= 40, "{c:?}");
 }
@@ -380,6 +408,7 @@ fn crash_matrix_rotate_shared_key() {
         plan,
         args: &["--rotate", "k"],
         remove: false,
+        kms_keys: &[],
     });
     assert!(c.crashes >= 40, "{c:?}");
 }
@@ -397,6 +426,7 @@ fn crash_matrix_rotate_with_unmanaged_remove() {
         plan: plan_of(&three(&["k"]), true),
         args: &["--rotate", "k"],
         remove: true,
+        kms_keys: &[],
     });
     assert!(c.crashes >= 40, "{c:?}");
 }
@@ -437,6 +467,7 @@ fn crash_matrix_two_keys() {
         ),
         args: &["--rotate", "k1"],
         remove: false,
+        kms_keys: &[],
     });
     assert!(c.crashes >= 40, "{c:?}");
 }

@@ -617,3 +617,93 @@ fn e2e_concurrent_writer_between_stage_and_commit_is_a_conflict() {
     }
     w.assert_no_leaks();
 }
+
+/// keyplan's own access to the KMIP server is its client certificate: `status` reports its
+/// notAfter, and one that ends before the next rotation is due plus 14 days is a problem (exit
+/// 1, `keyplan_kms_credential_expiring` 1) that `plan` warns about too; a certificate valid
+/// long enough is not. The fixture's client certificate is valid for 2 days.
+#[test]
+fn status_warns_about_a_client_certificate_expiring_before_the_next_rotation() {
+    let Some(server) = PyKmip::start() else {
+        return;
+    };
+    let w = Watched::new();
+    let _devs = e2e_devices(&w.s);
+    let plan = |kms_yaml: &str| {
+        e2e_plan(kms_yaml).replace(
+            "  osd-kek:\n    kms: hsm\n",
+            "  osd-kek:\n    kms: hsm\n    rotate_after: 30d\n",
+        )
+    };
+    w.s.plan("keyplan.yaml", &plan(&server.kms_yaml("hsm")));
+    let out = w.ok(&["apply", "--auto-approve"], 0);
+    assert!(
+        out.contains("client certificate") && out.contains("expires at"),
+        "apply warns about the certificate:\n{out}"
+    );
+    let (_, v1) = Seen::now(&server).version(1).expect("v1");
+    w.add_secret(&v1);
+
+    let out = w.run(&["status", "--format", "json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let cert = &j["kms"][0]["credentials"][0];
+    assert_eq!(j["kms"][0]["kms"], "hsm");
+    assert_eq!(cert["kind"], "client_certificate");
+    assert_eq!(cert["expiring"], true, "{j:#}");
+    let expires = cert["expires_at"].as_u64().expect("expires_at");
+    let now = j["generated_at"].as_u64().expect("generated_at");
+    assert!(
+        expires > now + 86_400 && expires <= now + 2 * 86_400 + 60,
+        "notAfter about 2 days ahead: {expires} vs {now}"
+    );
+    let problems = j["problems"].to_string();
+    assert!(
+        problems.contains("KMS hsm: client certificate") && problems.contains("key osd-kek"),
+        "{problems}"
+    );
+    let prom = w.ok(&["status", "--format", "prometheus"], 1);
+    assert!(
+        prom.contains(
+            r#"keyplan_kms_credential_expiring{kms="hsm",credential="client_certificate"} 1"#
+        ),
+        "{prom}"
+    );
+    assert!(prom.contains(&format!(
+        r#"keyplan_kms_credential_expiry_timestamp_seconds{{kms="hsm",credential="client_certificate"}} {expires}"#
+    )));
+    let out = w.ok(&["plan"], 0);
+    assert!(
+        out.contains("WARN") && out.contains("client certificate"),
+        "{out}"
+    );
+
+    // A certificate from the same CA valid for 400 days: nothing to warn about.
+    pykmip::make_cert_days(
+        &server.file(""),
+        "long",
+        "keyplan",
+        Some("ca"),
+        &["extendedKeyUsage=clientAuth", "basicConstraints=CA:FALSE"],
+        400,
+    );
+    w.s.plan(
+        "keyplan.yaml",
+        &plan(&server.kms_yaml_with(
+            "hsm",
+            &server.file("ca.crt"),
+            &server.file("long.crt"),
+            &server.file("long.key"),
+        )),
+    );
+    let out = w.run(&["status", "--format", "json"]);
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(out.status.code(), Some(0), "{j:#}");
+    assert_eq!(j["kms"][0]["credentials"][0]["expiring"], false);
+    w.assert_no_leaks();
+}

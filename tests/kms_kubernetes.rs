@@ -784,3 +784,97 @@ fn destroy_key_is_compare_and_swap_and_spares_foreign_data() {
     let st = k.read("shared").unwrap();
     assert_eq!((st.current, st.pending), (None, None));
 }
+
+/// A service-account token (a JWT) that expires before the next rotation is due plus 14 days:
+/// `status` reports its `exp` as the credential's expiry, calls it a problem (exit 1) and
+/// exports it; `plan` warns. A token file outside the pod's projected path is nobody's to
+/// refresh, so its `exp` is the deadline.
+#[test]
+fn status_warns_about_a_service_account_token_that_expires_before_the_next_rotation() {
+    use base64::Engine as _;
+    let fake = FakeApiserver::start();
+    let w = Watched::new();
+    let _devs = setup_devices(&w.s);
+    w.s.plan(
+        "keyplan.yaml",
+        &std::fs::read_to_string(w.s.path("keyplan.yaml"))
+            .unwrap()
+            .replace("    kms: k8s\n", "    kms: k8s\n    rotate_after: 30d\n"),
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let exp = now + 3 * 86_400;
+    let b64 = &base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let jwt = format!(
+        "{}.{}.c2lnbmF0dXJl",
+        b64.encode(r#"{"alg":"RS256","kid":"k"}"#),
+        b64.encode(format!(
+            r#"{{"iss":"https://kubernetes.default.svc","sub":"system:serviceaccount:{NS}:keyplan","exp":{exp}}}"#
+        ))
+    );
+    fake.add_token(
+        &jwt,
+        &format!("system:serviceaccount:{NS}:keyplan"),
+        fake_apiserver::Access::Full,
+    );
+    // Outside the scratch directory, whose files the leak check scans for the token.
+    let token_dir = tempfile::tempdir().unwrap();
+    let token_file = token_dir.path().join("sa-token");
+    std::fs::write(&token_file, &jwt).unwrap();
+    let kc = fake.kubeconfig_with_token_file(NS, &token_file);
+    w.add_secret(jwt.as_bytes());
+    let run = |args: &[&str], code: i32| {
+        let out = w
+            .command(args)
+            .env("KUBECONFIG", &kc)
+            .output()
+            .expect("run keyplan");
+        w.record(&out);
+        for d in fake.all_data() {
+            w.add_secret(&d);
+        }
+        expect(&out, code, args)
+    };
+
+    let out = run(&["apply", "--auto-approve"], 0);
+    assert!(
+        out.contains("service-account token") && out.contains("expires at"),
+        "{out}"
+    );
+    assert!(
+        fake.data(NS, KEY_SECRET, "dmcrypt-key").is_some(),
+        "the token works"
+    );
+    let out = w
+        .command(&["status", "--format", "json"])
+        .env("KUBECONFIG", &kc)
+        .output()
+        .unwrap();
+    w.record(&out);
+    assert_eq!(out.status.code(), Some(1));
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let c = &j["kms"][0]["credentials"][0];
+    assert_eq!(c["kind"], "service_account_token", "{j:#}");
+    assert_eq!(c["expires_at"], exp);
+    assert_eq!(c["deadline"], exp);
+    assert_eq!(c["renewed_by"], serde_json::Value::Null);
+    assert_eq!(c["expiring"], true);
+    assert!(
+        j["problems"]
+            .to_string()
+            .contains("KMS k8s: service-account token"),
+        "{j:#}"
+    );
+    let prom = run(&["status", "--format", "prometheus"], 1);
+    assert!(prom.contains(&format!(
+        r#"keyplan_kms_credential_deadline_timestamp_seconds{{kms="k8s",credential="service_account_token"}} {exp}"#
+    )));
+    let out = run(&["plan"], 0);
+    assert!(
+        out.contains("WARN") && out.contains("service-account token"),
+        "{out}"
+    );
+    w.assert_no_leaks();
+}

@@ -42,6 +42,7 @@ fn config(addr: &str, mount: &str) -> KmsConfig {
         address: addr.to_string(),
         mount: Some(mount.to_string()),
         token_env: Some(TOKEN_VAR.to_string()),
+        auth: None,
         namespace: None,
         ca_cert: None,
     }
@@ -502,6 +503,7 @@ fn tls_with_ca_cert_and_namespace() {
         address: bao.addr.clone(),
         mount: None,
         token_env: None,
+        auth: None,
         namespace: Some("team-a".to_string()),
         ca_cert: Some(ca.display().to_string()),
     };
@@ -519,6 +521,7 @@ fn tls_with_ca_cert_and_namespace() {
         address: bao.addr.clone(),
         mount: None,
         token_env: None,
+        auth: None,
         namespace: Some("team-a".to_string()),
         ca_cert: None,
     };
@@ -534,6 +537,7 @@ fn tls_with_ca_cert_and_namespace() {
         address: bao.addr.clone(),
         mount: None,
         token_env: None,
+        auth: None,
         namespace: None,
         ca_cert: Some("/nonexistent/ca.pem".to_string()),
     };

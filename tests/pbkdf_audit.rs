@@ -599,3 +599,60 @@ fn enroll_with_falls_back_when_the_named_keyslot_changed() {
     assert!(opens(&dev, &key, Some(2)));
     assert!(opens(&dev, INITIAL, Some(4)));
 }
+
+/// Adoption (issue 14): a key the KMS already holds, in keyslot 0 of three devices (2 LUKS2, 1
+/// LUKS1), costs one PBKDF run per device: `open --test-passphrase --key-slot 0` when planning,
+/// nothing when applying (the adopt step checks the keyslot's salt, not the passphrase), counted
+/// by cryptsetup itself (`--debug`). When the key is not in the suggested keyslot 0, each
+/// keyslot tried before the right one costs one more.
+#[test]
+fn adoption_costs_one_pbkdf_run_per_device() {
+    let a = Audit::new(true);
+    let devs: Vec<PathBuf> = [("block", "luks2"), ("db", "luks2"), ("wal", "luks1")]
+        .iter()
+        .map(|(n, luks)| a.s.image(&format!("{n}.img"), luks))
+        .collect();
+    file_kms_put(a.s.dir.path(), "osd-kek", INITIAL);
+    let mut text = plan_text(&NAMES, FAST_PBKDF);
+    text = text.replace("    enroll_with: initial.pass\n", "");
+    a.s.plan("keyplan.yaml", &text);
+    a.clear();
+    let out = a.run(&["apply", "--auto-approve"], 0);
+    assert!(out.contains("3 adopted. (3 steps, 3 PBKDF runs)"), "{out}");
+    let calls = a.calls();
+    let opens_ = action(&calls, "open");
+    assert_eq!(opens_.len(), 3, "{calls:#?}");
+    for c in &opens_ {
+        assert!(c.starts_with("open --test-passphrase --key-slot 0 "), "{c}");
+    }
+    assert!(action(&calls, "luksAddKey").is_empty(), "{calls:#?}");
+    // cryptsetup prints its derivation line for LUKS2 only; the LUKS1 device's one test is
+    // the third `open` above.
+    assert_eq!(
+        a.derivations(),
+        2,
+        "cryptsetup derived once per LUKS2 device"
+    );
+    a.clear();
+    a.run(&["plan", "--detailed-exitcode"], 0);
+    assert!(
+        action(&a.calls(), "open").is_empty(),
+        "adopted: no more tests"
+    );
+
+    // The key in keyslot 2, behind keyslot 0 (the initial passphrase) and keyslot 1 (another).
+    let b = Audit::new(true);
+    let dev = b.s.image("block.img", "luks2");
+    add_passphrase(&b, &dev, INITIAL, b"another passphrase");
+    add_passphrase(&b, &dev, INITIAL, b"the KEK Rook wrote");
+    file_kms_put(b.s.dir.path(), "osd-kek", b"the KEK Rook wrote");
+    b.s.plan(
+        "keyplan.yaml",
+        &plan_text(&["block"], FAST_PBKDF).replace("    enroll_with: initial.pass\n", ""),
+    );
+    b.clear();
+    let out = b.run(&["apply", "--auto-approve"], 0);
+    assert!(out.contains("= keyslot 2  osd-kek v1"), "{out}");
+    assert_eq!(b.derivations(), 3, "keyslots 0, 1 and 2 tried: {out}");
+    drop(devs);
+}

@@ -913,3 +913,89 @@ fn plan_debug_does_not_dump_the_text() {
     assert!(!dbg.contains("rotate_after: 90d"), "{dbg}");
     let _ = spec::model::PlanFile::clone; // the model stays public
 }
+
+/// A plan with one vault instance whose remaining lines are `rest` (indented by 4).
+fn vault_plan(address: &str, rest: &str) -> String {
+    format!("version: 1\nkms:\n  v:\n    provider: vault\n    address: {address}\n{rest}")
+}
+
+#[test]
+fn vault_auth_methods_resolve_their_files_against_the_plan() {
+    let plan = yaml(&vault_plan(
+        "https://vault:8200",
+        "    auth: { method: cert, client_cert: c.pem, client_key: /abs/c.key }\n",
+    ))
+    .expect("valid");
+    match &plan.kms["v"] {
+        KmsConfig::Vault {
+            auth:
+                Some(keyplan::spec::VaultAuth::Cert {
+                    client_cert,
+                    client_key,
+                    ..
+                }),
+            ..
+        } => {
+            assert_eq!(client_cert, "/plans/c.pem");
+            assert_eq!(client_key, "/abs/c.key");
+        }
+        other => panic!("{other:?}"),
+    }
+    let plan = yaml(&vault_plan(
+        "http://vault:8200",
+        "    auth:\n      method: approle\n      role_id: r\n      secret_id_file: secret/id\n",
+    ))
+    .expect("valid");
+    assert!(
+        matches!(&plan.kms["v"], KmsConfig::Vault { auth: Some(keyplan::spec::VaultAuth::Approle { secret_id_file: Some(f), .. }), .. } if f == "/plans/secret/id")
+    );
+    assert!(yaml(&vault_plan(
+        "http://vault:8200",
+        "    auth: { method: kubernetes, role: keyplan }\n"
+    ))
+    .is_ok());
+}
+
+#[test]
+fn vault_auth_mistakes_are_reported_where_they_are() {
+    let r = yaml_err(&vault_plan(
+        "http://vault:8200",
+        "    token_env: T\n    auth: { method: token }\n",
+    ));
+    assert_report(&r, "plan.yaml:6:16", "`token_env` and `auth` are both set");
+    let r = yaml_err(&vault_plan(
+        "http://vault:8200",
+        "    auth: { method: approle, secret_id_env: S }\n",
+    ));
+    assert_report(
+        &r,
+        "plan.yaml:6:21",
+        "AppRole login needs `role_id` or `role_id_file`",
+    );
+    let r = yaml_err(&vault_plan(
+        "http://vault:8200",
+        "    auth: { method: approle, role_id: r, secret_id_file: f, secret_id_env: S }\n",
+    ));
+    assert!(
+        r.contains("`secret_id_file` and `secret_id_env` are both set"),
+        "{r}"
+    );
+    let r = yaml_err(&vault_plan(
+        "http://vault:8200",
+        "    auth: { method: cert, client_cert: c.pem, client_key: c.key }\n",
+    ));
+    assert!(
+        r.contains("certificate login needs an `https://` address"),
+        "{r}"
+    );
+    let r = yaml_err(&vault_plan(
+        "http://vault:8200",
+        "    auth: { method: kubernetes, role: \" \" }\n",
+    ));
+    assert!(r.contains("`role` is empty"), "{r}");
+    let r = yaml_err(&vault_plan(
+        "http://vault:8200",
+        "    auth: { method: ldap }\n",
+    ));
+    assert!(r.contains("ldap"), "{r}");
+}

@@ -118,6 +118,9 @@ pub enum ReasonCode {
     DriftRewritten,
     /// Keyslot (drift): `--verify` found the recorded version does not open the keyslot.
     VerifyFailed,
+    /// Keyslot: not recorded, and the key's current KMS version opens it: recorded as holding
+    /// it (adoption), no new keyslot.
+    Adopt,
 }
 
 /// What happens to a keyslot.
@@ -130,6 +133,9 @@ pub enum SlotAction {
     Remove,
     /// keyplan's record is corrected (`~`): drift found.
     Drift,
+    /// A keyslot keyplan did not create is recorded as holding a key's current version (`=`):
+    /// that version opens it (adoption).
+    Adopt,
 }
 
 /// One keyslot-level change.
@@ -177,6 +183,10 @@ impl Diff {
     /// Keyslots to remove.
     pub fn removes(&self) -> usize {
         self.count(SlotAction::Remove)
+    }
+    /// Keyslots to adopt.
+    pub fn adoptions(&self) -> usize {
+        self.count(SlotAction::Adopt)
     }
     /// Keys to rotate (rotations and finished rotations of existing keys; creating a key,
     /// or finishing its creation, is not a rotation).
@@ -266,7 +276,10 @@ pub fn short_duration(d: Duration) -> String {
 /// a kill that would leave no verified keyslot, a device that cannot be written, a LUKS2 JSON
 /// area too full, ...).
 pub fn diff(plan: &Plan, observed: &Observed, opts: &DiffOptions) -> Result<Diff, Vec<Refusal>> {
-    let mut p = decide::Planner::new(plan, observed);
+    // Adopted keyslots count as recorded from the start: the rest plans as for a keyslot
+    // keyplan made (a rotation replaces it, a pin moves it), and the adopt steps come first.
+    let observed = decide::with_adopted_records(observed);
+    let mut p = decide::Planner::new(plan, &observed);
     p.decide(opts);
     preflight::check(&mut p);
     let decide::Planner {

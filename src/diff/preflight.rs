@@ -52,6 +52,7 @@ fn writable(p: &mut Planner<'_>) {
                     SlotAction::Add => "add",
                     SlotAction::Remove => "remove",
                     SlotAction::Drift => "update the record of",
+                    SlotAction::Adopt => "record",
                 };
                 format!("{sign} keyslot {}", c.slot)
             })
@@ -71,7 +72,12 @@ fn metadata_room(p: &mut Planner<'_>) {
     let ids: Vec<String> = p.devs.keys().cloned().collect();
     for device in ids {
         let adds = p.devs.get(&device).map_or(0, |d| d.added.len());
-        if adds == 0 {
+        let adopts = p
+            .slots
+            .iter()
+            .filter(|c| c.device == device && c.action == SlotAction::Adopt)
+            .count();
+        if adds + adopts == 0 {
             continue;
         }
         let Some((size, used)) = p.state(&device).and_then(|s| s.header.json_area) else {
@@ -94,7 +100,10 @@ fn metadata_room(p: &mut Planner<'_>) {
             .map(per_key)
             .max()
             .unwrap_or(per_key(""));
-        let need = longest.saturating_mul(adds as u64);
+        // An adoption adds a token and no keyslot.
+        let need = longest
+            .saturating_mul(adds as u64)
+            .saturating_add((TOKEN_JSON_BYTES + 2 * 64) * adopts as u64);
         let free = size.saturating_sub(used);
         if need > free {
             let plural = if adds == 1 { "" } else { "s" };

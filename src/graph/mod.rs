@@ -143,6 +143,21 @@ pub enum Step {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         failed_verify: bool,
     },
+    /// Record that `slot` of `device`, which no record names, holds `version` of `key`: when
+    /// planning, that version (the key's current one) opened it (adoption). The keyslot must
+    /// still be bound and have the KDF `salt` it had then; no PBKDF run.
+    AdoptKeyslot {
+        /// Device id.
+        device: String,
+        /// Keyslot.
+        slot: u32,
+        /// Key id.
+        key: String,
+        /// The version that opened it.
+        version: u64,
+        /// The keyslot's KDF salt when it was tested.
+        salt: String,
+    },
     /// Destroy a non-current version in the KMS.
     Retire {
         /// Key id.
@@ -244,6 +259,7 @@ impl Step {
             | Step::Verify { device, .. }
             | Step::KillKeyslot { device, .. }
             | Step::ForgetRecord { device, .. }
+            | Step::AdoptKeyslot { device, .. }
             | Step::Rerecord { device, .. } => Some(device),
             _ => None,
         }
@@ -299,6 +315,13 @@ impl fmt::Display for Step {
             Step::ForgetRecord { device, slot, .. } => {
                 write!(f, "{device}: forget the record of keyslot {slot}")
             }
+            Step::AdoptKeyslot {
+                device,
+                slot,
+                key,
+                version,
+                ..
+            } => write!(f, "{device}: adopt keyslot {slot} as {key} v{version}"),
             Step::Retire { key, version } => write!(f, "retire {key} v{version}"),
             Step::MigrateCopy {
                 key,

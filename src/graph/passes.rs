@@ -32,6 +32,7 @@ pub type Pass = fn(&mut StepGraph, &Intents);
 /// Every pass, in the order [`order`] runs them (the order does not change the result).
 pub const PASSES: &[(&str, Pass)] = &[
     ("forgets_first", forgets_first),
+    ("adoptions_next", adoptions_next),
     ("add_before_verify", add_before_verify),
     ("staged_version_first", staged_version_first),
     ("commit_gates", commit_gates),
@@ -88,6 +89,31 @@ pub fn forgets_first(g: &mut StepGraph, _: &Intents) {
             );
             if other.device() == Some(device) && !also_stale {
                 g.dep(*f, *s);
+            }
+        }
+    }
+}
+
+/// Recording an adopted keyslot comes before every other step on its device but the dropping
+/// of stale records: steps that kill, move or unlock through the keyslot find it recorded (a
+/// kill refuses a keyslot whose record does not name what it must hold).
+pub fn adoptions_next(g: &mut StepGraph, _: &Intents) {
+    let steps = indexed(g);
+    for (a, step) in &steps {
+        let Step::AdoptKeyslot { device, .. } = step else {
+            continue;
+        };
+        for (s, other) in &steps {
+            let first = matches!(
+                other,
+                Step::AdoptKeyslot { .. }
+                    | Step::ForgetRecord {
+                        failed_verify: false,
+                        ..
+                    }
+            );
+            if other.device() == Some(device) && !first {
+                g.dep(*a, *s);
             }
         }
     }
@@ -414,6 +440,38 @@ mod tests {
     }
 
     #[test]
+    fn adoptions_come_after_stale_records_and_before_the_rest() {
+        let steps = vec![
+            Step::ForgetRecord {
+                device: D.into(),
+                slot: 3,
+                failed_verify: false,
+            },
+            Step::AdoptKeyslot {
+                device: D.into(),
+                slot: 0,
+                key: "k".into(),
+                version: 1,
+                salt: "s".into(),
+            },
+            kill(0, V1, 3),
+            verify(1, NEW),
+            Step::Verify {
+                device: "other".into(),
+                key: "k".into(),
+                version: V1,
+                slot: 0,
+            },
+        ];
+        adds(
+            adoptions_next,
+            steps,
+            &Intents::default(),
+            &[(1, 2), (1, 3)],
+        );
+    }
+
+    #[test]
     fn an_add_precedes_the_verify_of_the_same_keyslot_and_version() {
         let steps = vec![
             add(2, NEW, Some(0)),
@@ -550,6 +608,6 @@ mod tests {
     fn every_pass_is_in_the_list_once() {
         let names: std::collections::BTreeSet<&str> = PASSES.iter().map(|(n, _)| *n).collect();
         assert_eq!(names.len(), PASSES.len());
-        assert_eq!(PASSES.len(), 11);
+        assert_eq!(PASSES.len(), 12);
     }
 }

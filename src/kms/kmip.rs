@@ -55,7 +55,7 @@ use openssl::x509::{X509VerifyResult, X509};
 use zeroize::{Zeroize, Zeroizing};
 
 use super::book::{show, Commit, Destroy, VersionBook};
-use super::{KeyState, Kms, KmsError, VersionInfo, VersionState, REQUEST_TIMEOUT};
+use super::{Credential, KeyState, Kms, KmsError, VersionInfo, VersionState, REQUEST_TIMEOUT};
 use crate::secret::Passphrase;
 use crate::spec::KmsConfig;
 
@@ -687,6 +687,24 @@ impl Kms for KmipKms {
             }
             Ok(())
         })
+    }
+
+    /// The client certificate's notAfter (read from `client_cert` again, so a certificate
+    /// replaced on disk since the plan was loaded is the one reported). Contacts nothing.
+    fn credentials(&self) -> Result<Vec<Credential>, KmsError> {
+        let expires = super::expiry::certificate_not_after(&self.client_cert).map_err(|e| {
+            KmsError::Config {
+                kms: self.describe(),
+                detail: format!("client_cert: {e}"),
+            }
+        })?;
+        Ok(vec![Credential {
+            kind: "client_certificate",
+            what: format!("client certificate {}", self.client_cert.display()),
+            expires_at: Some(expires),
+            renewed_by: None,
+            renewable_until: None,
+        }])
     }
 }
 

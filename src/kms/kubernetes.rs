@@ -64,7 +64,8 @@ use zeroize::{Zeroize, Zeroizing};
 
 use super::book::{self, show, Commit, Destroy, VersionBook};
 use super::{
-    block_on, with_retries, KeyState, Kms, KmsError, VersionInfo, VersionState, REQUEST_TIMEOUT,
+    block_on, with_retries, Credential, KeyState, Kms, KmsError, VersionInfo, VersionState,
+    REQUEST_TIMEOUT,
 };
 use crate::secret::Passphrase;
 use crate::spec::KmsConfig;
@@ -127,6 +128,97 @@ pub struct KubernetesKms {
     data_key: String,
     cluster_url: String,
     client: kube::Client,
+    auth: AuthSource,
+}
+
+/// Where the client's credential comes from, as far as its expiry can be known (never the
+/// credential itself).
+#[derive(Debug, Clone)]
+enum AuthSource {
+    /// A client certificate file (read again for each report).
+    CertFile(std::path::PathBuf),
+    /// A client certificate inline in the kubeconfig (`client-certificate-data`): its
+    /// notAfter, read when the kubeconfig was loaded.
+    CertData(Result<u64, String>),
+    /// A bearer token file (`tokenFile`, or the in-cluster projected service-account token),
+    /// read again for each report.
+    TokenFile(std::path::PathBuf),
+    /// A bearer token inline in the kubeconfig: its `exp` claim when it is a JWT.
+    Token(Option<u64>),
+    /// Something else (an exec plugin, basic auth, nothing): expiry unknown.
+    Other,
+}
+
+impl AuthSource {
+    /// Sorts the client's `auth` settings (certificate first, as kube presents it).
+    fn of(auth: &kube::config::AuthInfo) -> AuthSource {
+        use secrecy::ExposeSecret as _;
+        if let Some(data) = &auth.client_certificate_data {
+            let pem = base64::engine::general_purpose::STANDARD
+                .decode(data.trim())
+                .map_err(|_| "client-certificate-data is not base64".to_string());
+            return AuthSource::CertData(pem.and_then(|p| super::expiry::pem_not_after(&p)));
+        }
+        if let Some(path) = &auth.client_certificate {
+            return AuthSource::CertFile(path.into());
+        }
+        if let Some(path) = &auth.token_file {
+            return AuthSource::TokenFile(path.into());
+        }
+        match &auth.token {
+            Some(t) => {
+                AuthSource::Token(super::expiry::jwt_expiry(t.expose_secret()).ok().flatten())
+            }
+            None => AuthSource::Other,
+        }
+    }
+
+    /// The credential of [`Kms::credentials`]. Errors: a certificate or token file that
+    /// cannot be read or parsed (named, never quoted).
+    fn credential(&self) -> Result<Option<Credential>, String> {
+        let cert = |what: String, expires: u64| Credential {
+            kind: "client_certificate",
+            what,
+            expires_at: Some(expires),
+            renewed_by: None,
+            renewable_until: None,
+        };
+        Ok(Some(match self {
+            AuthSource::CertFile(p) => cert(
+                format!("client certificate {}", p.display()),
+                super::expiry::certificate_not_after(p)?,
+            ),
+            AuthSource::CertData(r) => cert(
+                "client certificate of the kubeconfig (client-certificate-data)".to_string(),
+                r.clone()
+                    .map_err(|e| format!("client-certificate-data: {e}"))?,
+            ),
+            AuthSource::TokenFile(p) => {
+                let token = Zeroizing::new(
+                    std::fs::read_to_string(p)
+                        .map_err(|e| format!("cannot read token file {}: {e}", p.display()))?,
+                );
+                let projected = p == Path::new(super::expiry::PROJECTED_TOKEN_FILE);
+                Credential {
+                    kind: "service_account_token",
+                    what: format!("service-account token {}", p.display()),
+                    // A token that is not a JWT (a legacy opaque token) has no known expiry.
+                    expires_at: super::expiry::jwt_expiry(&token).ok().flatten(),
+                    renewed_by: projected
+                        .then(|| "the kubelet refreshes the projected token".to_string()),
+                    renewable_until: None,
+                }
+            }
+            AuthSource::Token(exp) => Credential {
+                kind: "bearer_token",
+                what: "bearer token of the kubeconfig".to_string(),
+                expires_at: *exp,
+                renewed_by: None,
+                renewable_until: None,
+            },
+            AuthSource::Other => return Ok(None),
+        }))
+    }
 }
 
 impl fmt::Debug for KubernetesKms {
@@ -180,13 +272,15 @@ impl KubernetesKms {
         // it cannot pick one by itself: name kube's. A provider installed earlier stays.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let loaded = block_on(&pre, load_client(kubeconfig, context))?;
-        let (url, client) = loaded.map_err(|e| config_err(format!("cannot use {what}: {e}")))?;
+        let (url, client, auth) =
+            loaded.map_err(|e| config_err(format!("cannot use {what}: {e}")))?;
         Ok(KubernetesKms {
             name: name.to_string(),
             namespace: namespace.to_string(),
             data_key,
             cluster_url: url.trim_end_matches('/').to_string(),
             client,
+            auth,
         })
     }
 
@@ -1114,6 +1208,18 @@ impl Kms for KubernetesKms {
             self.destroy_now(name, expected_current)
         })
     }
+
+    /// The kubeconfig's client certificate (notAfter) or bearer token (`exp` when it is a
+    /// JWT; the in-cluster projected token is refreshed by the kubelet). Contacts nothing.
+    fn credentials(&self) -> Result<Vec<Credential>, KmsError> {
+        self.auth
+            .credential()
+            .map(|c| c.into_iter().collect())
+            .map_err(|detail| KmsError::Config {
+                kms: self.describe(),
+                detail,
+            })
+    }
 }
 
 /// Where the connection settings come from, for messages.
@@ -1133,12 +1239,12 @@ fn config_source(kubeconfig: Option<&Path>, context: Option<&str>) -> String {
 
 /// Loads the connection settings (see [`KubernetesKms::new`]) and builds a client with
 /// client-side retries off and [`REQUEST_TIMEOUT`] for connecting, reading and writing.
-/// Returns the cluster URL and the client. Errors: why the kubeconfig or the in-cluster
-/// configuration cannot be used (never its content).
+/// Returns the cluster URL, the client and where its credential comes from. Errors: why the
+/// kubeconfig or the in-cluster configuration cannot be used (never its content).
 async fn load_client(
     kubeconfig: Option<&Path>,
     context: Option<&str>,
-) -> Result<(String, kube::Client), String> {
+) -> Result<(String, kube::Client, AuthSource), String> {
     let options = KubeConfigOptions {
         context: context.map(str::to_string),
         ..KubeConfigOptions::default()
@@ -1170,9 +1276,10 @@ async fn load_client(
     config.write_timeout = Some(REQUEST_TIMEOUT);
     config.reset_reader_on_write = true;
     let url = config.cluster_url.to_string();
+    let auth = AuthSource::of(&config.auth_info);
     let client = kube::Client::try_from(config)
         .map_err(|e| format!("cannot build a client: {}", chain(&e)))?;
-    Ok((url, client))
+    Ok((url, client, auth))
 }
 
 /// Why a call got no usable answer.

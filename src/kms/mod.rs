@@ -16,6 +16,7 @@
 
 pub mod book;
 pub mod exec;
+pub mod expiry;
 pub mod file;
 pub mod kmip;
 pub mod kubernetes;
@@ -80,6 +81,42 @@ impl KeyState {
     }
 }
 
+/// What keyplan knows about one credential it uses to reach a KMS: a Vault token, a TLS
+/// client certificate, a service-account token. Never the credential itself.
+///
+/// Reported by [`Kms::credentials`]; `status` exports it and warns when its
+/// [`Credential::deadline`] comes before the next rotation is due plus a margin
+/// ([`crate::ops::credentials`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Credential {
+    /// Short stable kind, the `credential` label of the metrics: `vault_token`,
+    /// `client_certificate`, `service_account_token`, `bearer_token`.
+    pub kind: &'static str,
+    /// What it is and where it comes from, for people, e.g. `token from $VAULT_TOKEN` or
+    /// `client certificate /etc/keyplan/kmip.pem (CN=keyplan)`. No secret.
+    pub what: String,
+    /// When it stops working unless renewed, Unix seconds (UTC); `None`: it does not expire.
+    pub expires_at: Option<u64>,
+    /// Who renews it before `expires_at`, if anyone (e.g. `keyplan renews it at each apply`,
+    /// `the kubelet refreshes it`); `None`: nobody does, a person must replace it.
+    pub renewed_by: Option<String>,
+    /// For a renewed credential, the time after which it cannot be renewed any more (a Vault
+    /// token's explicit max TTL), Unix seconds; `None`: no such limit is known.
+    pub renewable_until: Option<u64>,
+}
+
+impl Credential {
+    /// The instant after which keyplan loses access unless a person acts, Unix seconds:
+    /// `renewable_until` for a renewed credential, `expires_at` otherwise; `None`: no known end.
+    pub fn deadline(&self) -> Option<u64> {
+        if self.renewed_by.is_some() {
+            self.renewable_until
+        } else {
+            self.expires_at
+        }
+    }
+}
+
 /// KMS errors. Messages name the KMS instance, the key and the version; never material.
 #[derive(Debug, thiserror::Error)]
 pub enum KmsError {
@@ -133,7 +170,7 @@ pub enum KmsError {
         detail: String,
     },
     /// The store answered but refused the operation (authentication or authorization).
-    #[error("{kms} refused: {detail}. Grant keyplan's credentials the permission named above, then run keyplan again (what this command changed before the refusal, if anything, is listed above)")]
+    #[error("{kms} refused: {detail}. Fix keyplan's credentials or their permissions as said above, then run keyplan again (what this command changed before the refusal, if anything, is listed above)")]
     Denied {
         /// KMS description.
         kms: String,
@@ -159,6 +196,26 @@ pub enum KmsError {
 }
 
 impl KmsError {
+    /// A copy of a [`KmsError::Denied`] or [`KmsError::Config`] (to give the same answer again
+    /// without asking the store again); other kinds are copied as [`KmsError::Config`] with
+    /// their text.
+    pub fn same(&self) -> KmsError {
+        match self {
+            KmsError::Denied { kms, detail } => KmsError::Denied {
+                kms: kms.clone(),
+                detail: detail.clone(),
+            },
+            KmsError::Config { kms, detail } => KmsError::Config {
+                kms: kms.clone(),
+                detail: detail.clone(),
+            },
+            other => KmsError::Config {
+                kms: String::new(),
+                detail: other.to_string(),
+            },
+        }
+    }
+
     /// A [`KmsError::Conflict`] on key `key` of `kms`; `detail` says what differed (versions,
     /// paths or object ids only, never material).
     pub fn conflict(kms: &dyn Kms, key: &str, detail: String) -> KmsError {
@@ -238,6 +295,26 @@ pub trait Kms: Send + Sync {
     /// no pending version; versions it still lists are `Retired`. Destroying a key that has no
     /// current version any more is a no-op (idempotent).
     fn destroy_key(&self, name: &str, expected_current: u64) -> Result<(), KmsError>;
+    /// The credentials keyplan uses to reach this store, with their expiry where it can be
+    /// known (a Vault token's TTL from `auth/token/lookup-self`, a client certificate's
+    /// notAfter, a service-account token's `exp` claim). Writes nothing; may contact the
+    /// store. The default: none known (the file KMS, `exec`).
+    ///
+    /// Errors: [`KmsError::Unavailable`], [`KmsError::Denied`] (the store refuses the
+    /// credential, e.g. an expired token), [`KmsError::Config`] (an unreadable certificate).
+    fn credentials(&self) -> Result<Vec<Credential>, KmsError> {
+        Ok(Vec::new())
+    }
+    /// Renews keyplan's credential where the store allows it and it is due (a renewable Vault
+    /// token with less than half of its TTL left). `apply` calls it once per run, whatever the
+    /// run does, so a timer that runs `apply` keeps the credential alive; `plan` and `status`
+    /// never do (they write nothing). The default: nothing to renew.
+    ///
+    /// Errors: as [`Kms::credentials`]; `apply` logs a failure as a warning and goes on (the
+    /// credential may still be valid).
+    fn renew_credentials(&self) -> Result<(), KmsError> {
+        Ok(())
+    }
 }
 
 /// Opens the KMS instance `name` configured as `config` (paths already absolute).
@@ -374,5 +451,13 @@ impl Kms for Injected {
     fn destroy_key(&self, name: &str, expected_current: u64) -> Result<(), KmsError> {
         self.point("kms.destroy_key")?;
         self.0.destroy_key(name, expected_current)
+    }
+    fn credentials(&self) -> Result<Vec<Credential>, KmsError> {
+        self.point("kms.credentials")?;
+        self.0.credentials()
+    }
+    fn renew_credentials(&self) -> Result<(), KmsError> {
+        self.point("kms.renew_credentials")?;
+        self.0.renew_credentials()
     }
 }

@@ -39,6 +39,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::Future;
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -51,15 +52,19 @@ use zeroize::Zeroizing;
 
 use super::book::{Commit, Destroy, VersionBook};
 use super::{
-    block_on, with_retries, KeyState, Kms, KmsError, VersionInfo, VersionState, REQUEST_TIMEOUT,
+    block_on, with_retries, Credential, KeyState, Kms, KmsError, VersionInfo, VersionState,
+    REQUEST_TIMEOUT,
 };
 use crate::secret::Passphrase;
 use crate::spec::KmsConfig;
 
+mod auth;
+
+use auth::Auth;
+pub use auth::{DEFAULT_JWT_FILE, DEFAULT_TOKEN_ENV};
+
 /// Mount used when the plan names none: `secret`, the KV v2 mount of a Vault/OpenBao dev server.
 pub const DEFAULT_MOUNT: &str = "secret";
-/// Environment variable holding the token when the plan's `token_env` is unset.
-pub const DEFAULT_TOKEN_ENV: &str = "VAULT_TOKEN";
 /// Suffix of the sibling path holding the pending version: `<name>.keyplan-pending`.
 pub const PENDING_SUFFIX: &str = ".keyplan-pending";
 /// Data field with keyplan's version number (decimal string).
@@ -79,16 +84,21 @@ pub const FIELD_BASE: &str = "keyplan_base_kv_version";
 /// version has no keyplan fields (a foreign write on a managed key, or a secret to adopt).
 const FOREIGN_SCAN: usize = 20;
 
-/// Opens the `vault` KMS instance `name` configured as `config`, reading the token from the
-/// environment variable named by `token_env` (default [`DEFAULT_TOKEN_ENV`]). Contacts nothing.
+/// Opens the `vault` KMS instance `name` configured as `config`. With a static token (no
+/// `auth`, or `method: token`) it reads the token from the environment variable named by
+/// `token_env` (default [`DEFAULT_TOKEN_ENV`]); a login method logs in on the first request
+/// ([`VaultKms::with_login`]). Contacts nothing.
 ///
-/// Errors: [`KmsError::Config`] when the variable is unset, empty or not UTF-8, or for the
-/// cases of [`VaultKms::new`].
+/// Errors: [`KmsError::Config`] when the token variable is unset, empty or not UTF-8, or for
+/// the cases of [`VaultKms::new`] and [`VaultKms::with_login`].
 pub fn open(name: &str, config: &KmsConfig) -> Result<Box<dyn Kms>, KmsError> {
     let var = match config {
-        KmsConfig::Vault { token_env, .. } => token_env
-            .clone()
-            .unwrap_or_else(|| DEFAULT_TOKEN_ENV.to_string()),
+        KmsConfig::Vault {
+            token_env, auth, ..
+        } => match Auth::from_config(auth.as_ref(), token_env.as_deref()) {
+            Auth::Token { env } => env,
+            _ => return Ok(Box::new(VaultKms::with_login(name, config)?)),
+        },
         other => return Err(KmsError::misrouted(name, other, "vault")),
     };
     let token = match std::env::var(&var) {
@@ -151,16 +161,24 @@ fn parse_mount(mount: Option<&str>) -> Result<String, String> {
     Ok(mount)
 }
 
-/// The vaultrs client for `url` (already validated) with `token`, [`REQUEST_TIMEOUT`], TLS
-/// always verified (trusting `ca_cert`, a PEM file, when given) and `namespace` unless blank.
-/// Its construction logs nothing. Errors: the settings or the HTTP client cannot be built (an
+/// How a client reaches the server: the validated address, TLS trust and identity, and the
+/// namespace; everything but the token.
+#[derive(Clone)]
+struct Endpoint {
+    url: url::Url,
+    namespace: Option<String>,
+    ca_cert: Option<String>,
+    /// The client certificate of certificate login.
+    identity: Option<reqwest::Identity>,
+}
+
+/// The vaultrs client for `ep` with `token` (empty: none, for a login request),
+/// [`REQUEST_TIMEOUT`], TLS always verified (trusting `ca_cert`, a PEM file, when given;
+/// presenting the client identity when there is one) and `namespace` unless blank. Its
+/// construction logs nothing. Errors: the settings or the HTTP client cannot be built (an
 /// unreadable CA file, say).
-fn build_client(
-    url: &url::Url,
-    token: &str,
-    namespace: Option<&str>,
-    ca_cert: Option<&str>,
-) -> Result<VaultClient, String> {
+fn build_client(ep: &Endpoint, token: &str) -> Result<VaultClient, String> {
+    let (url, namespace, ca_cert) = (&ep.url, ep.namespace.as_deref(), ep.ca_cert.as_deref());
     let mut builder = VaultClientSettingsBuilder::default();
     builder
         // Already parsed, so vaultrs's own parse (which panics on failure) succeeds.
@@ -168,7 +186,7 @@ fn build_client(
         .token(token)
         .timeout(Some(REQUEST_TIMEOUT))
         .ca_certs(ca_cert.iter().map(|c| c.to_string()).collect())
-        .identity(None)
+        .identity(ep.identity.clone())
         .verify(true)
         .namespace(
             namespace
@@ -185,9 +203,14 @@ fn build_client(
         format!(
             "cannot set up the HTTP client: {}{}",
             error_chain(&e),
-            ca_cert
-                .map(|c| format!(" (ca_cert {c}: it must be a readable PEM file)"))
-                .unwrap_or_default()
+            match (ca_cert, ep.identity.is_some()) {
+                (Some(c), false) => format!(" (ca_cert {c}: it must be a readable PEM file)"),
+                (Some(c), true) => format!(
+                    " (check ca_cert {c}, a readable PEM file, and that client_cert and client_key are an X.509 v3 certificate and its own private key)"
+                ),
+                (None, true) => " (check that client_cert and client_key are an X.509 v3 certificate and its own private key)".to_string(),
+                (None, false) => String::new(),
+            }
         )
     })
 }
@@ -211,13 +234,61 @@ pub struct VaultKms {
     instance: String,
     address: String,
     mount: String,
-    token_env: String,
-    client: VaultClient,
+    /// Where the token comes from.
+    auth: Auth,
+    /// Address, TLS and namespace, for the client made after a login.
+    endpoint: Endpoint,
+    /// The client with its token: set at construction for a static token, after the login
+    /// (on the first request) otherwise.
+    client: OnceLock<VaultClient>,
+    /// Held during a login, so concurrent first requests log in once. Holds the error of a
+    /// login that was refused (or could not read its files): the rest of the run gets the same
+    /// error without asking again, as servers lock a role out after a few failed logins
+    /// (OpenBao's user lockout: 5 by default).
+    login_lock: Mutex<Option<KmsError>>,
 }
 
 impl fmt::Debug for VaultKms {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "VaultKms({})", self.describe())
+    }
+}
+
+/// How long revoking a login token at the end may take before keyplan gives up (it then
+/// expires by its TTL).
+const REVOKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Drop for VaultKms {
+    /// Revokes the token a login got (`auth/token/revoke-self`), so runs every minute (a
+    /// `status` scrape) do not pile up live tokens until their TTL ends. Best effort, at most
+    /// [`REVOKE_TIMEOUT`]; a failure is logged at `debug`. A static token is never revoked.
+    fn drop(&mut self) {
+        if !self.auth.is_login() {
+            return;
+        }
+        let Some(client) = self.client.get() else {
+            return;
+        };
+        // The timer is made inside the runtime (it needs its reactor).
+        let revoke = async {
+            tokio::time::timeout(REVOKE_TIMEOUT, vaultrs::token::revoke_self(client)).await
+        }
+        .with_subscriber(tracing::subscriber::NoSubscriber::default());
+        match block_on(&self.describe(), revoke) {
+            Ok(Ok(Ok(()))) => {
+                tracing::debug!(kms = %self.instance, "revoked the login token")
+            }
+            other => tracing::debug!(
+                kms = %self.instance,
+                "could not revoke the login token (it expires by its TTL): {}",
+                match other {
+                    Ok(Ok(Err(e))) => error_chain(&e),
+                    Ok(Err(_)) => "timed out".to_string(),
+                    Err(e) => e.to_string(),
+                    Ok(Ok(Ok(()))) => String::new(),
+                }
+            ),
+        }
     }
 }
 
@@ -351,8 +422,9 @@ impl rustify::endpoint::Endpoint for CapabilitiesSelf {
 
 impl VaultKms {
     /// A client for the `vault` configuration `config` of instance `instance`, authenticating
-    /// with `token` (taken from the variable `token_env`, named in messages). Contacts nothing;
-    /// reads the `ca_cert` file (PEM) when the address is `https://`.
+    /// with `token` (taken from the variable `token_env`, named in messages; the plan's `auth`
+    /// is not used). Contacts nothing; reads the `ca_cert` file (PEM) when the address is
+    /// `https://`.
     ///
     /// The client ignores the ambient `VAULT_ADDR`, `VAULT_CACERT`, `VAULT_CAPATH`,
     /// `VAULT_CLIENT_CERT`/`KEY` and `VAULT_SKIP_VERIFY` variables: the plan is the whole
@@ -366,6 +438,43 @@ impl VaultKms {
         token: &str,
         token_env: &str,
     ) -> Result<VaultKms, KmsError> {
+        let auth = Auth::Token {
+            env: token_env.to_string(),
+        };
+        let kms = Self::build(instance, config, auth)?;
+        let client = build_client(&kms.endpoint, token).map_err(|detail| KmsError::Config {
+            kms: kms.describe(),
+            detail,
+        })?;
+        let _ = kms.client.set(client);
+        Ok(kms)
+    }
+
+    /// A client for the `vault` configuration `config` whose `auth` is a login method
+    /// (AppRole, Kubernetes, certificate): it logs in on the first request, once per process,
+    /// and uses the token it gets. Contacts nothing; reads the `ca_cert` file and, for
+    /// certificate login, `client_cert` and `client_key`. The secret ID and the service
+    /// account token are read at the login.
+    ///
+    /// Errors: as [`VaultKms::new`]; [`KmsError::Config`] naming the file when a certificate
+    /// or key cannot be read.
+    pub fn with_login(instance: &str, config: &KmsConfig) -> Result<VaultKms, KmsError> {
+        let KmsConfig::Vault {
+            token_env, auth, ..
+        } = config
+        else {
+            return Err(KmsError::misrouted(instance, config, "vault"));
+        };
+        Self::build(
+            instance,
+            config,
+            Auth::from_config(auth.as_ref(), token_env.as_deref()),
+        )
+    }
+
+    /// The parts of [`VaultKms::new`] and [`VaultKms::with_login`] common to both: settings
+    /// checked, no client with a token yet.
+    fn build(instance: &str, config: &KmsConfig, auth: Auth) -> Result<VaultKms, KmsError> {
         let desc = describe_config(instance, config);
         let config_err = |detail: String| KmsError::Config {
             kms: desc.clone(),
@@ -376,6 +485,7 @@ impl VaultKms {
             mount,
             namespace,
             ca_cert,
+            auth: auth_config,
             ..
         } = config
         else {
@@ -389,15 +499,139 @@ impl VaultKms {
                 "`ca_cert` is set but `address` uses plain http://, so the certificate is not used"
             );
         }
-        let client = build_client(&url, token, namespace.as_deref(), ca_cert.as_deref())
-            .map_err(&config_err)?;
+        if matches!(auth, Auth::Cert { .. }) && url.scheme() != "https" {
+            return Err(config_err(
+                "certificate login needs an https:// `address`".to_string(),
+            ));
+        }
+        let identity = match &auth {
+            Auth::Cert { .. } => auth::identity(auth_config.as_ref()).map_err(&config_err)?,
+            _ => None,
+        };
+        let endpoint = Endpoint {
+            url,
+            namespace: namespace.clone(),
+            ca_cert: ca_cert.clone(),
+            identity,
+        };
+        // Builds a client now so that a bad CA file is reported at open, not at the login.
+        build_client(&endpoint, "").map_err(&config_err)?;
         Ok(VaultKms {
             instance: instance.to_string(),
             address: address.trim().to_string(),
             mount,
-            token_env: token_env.to_string(),
-            client,
+            auth,
+            endpoint,
+            client: OnceLock::new(),
+            login_lock: Mutex::new(None),
         })
+    }
+
+    /// The client with its token, logging in first if this is the first request of a login
+    /// method (once per process: concurrent callers wait for the one login).
+    ///
+    /// Errors: [`KmsError::Config`] naming the file or variable when a login value cannot be
+    /// read; [`KmsError::Denied`] when the server refuses the login (what to check);
+    /// [`KmsError::Unavailable`] when it cannot be reached.
+    fn client(&self) -> Result<&VaultClient, KmsError> {
+        if let Some(c) = self.client.get() {
+            return Ok(c);
+        }
+        let mut refused = self
+            .login_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(c) = self.client.get() {
+            return Ok(c);
+        }
+        if let Some(e) = refused.as_ref() {
+            return Err(e.same());
+        }
+        let token = match self.login() {
+            Ok(t) => t,
+            Err(e) => {
+                if matches!(e, KmsError::Denied { .. } | KmsError::Config { .. }) {
+                    *refused = Some(e.same());
+                }
+                return Err(e);
+            }
+        };
+        let client = build_client(&self.endpoint, &token).map_err(|detail| KmsError::Config {
+            kms: self.describe(),
+            detail,
+        })?;
+        Ok(self.client.get_or_init(|| client))
+    }
+
+    /// One login with [`VaultKms::auth`]; the token it gets.
+    fn login(&self) -> Result<Zeroizing<String>, KmsError> {
+        let what = self.auth.login_what();
+        let bootstrap = build_client(&self.endpoint, "").map_err(|detail| KmsError::Config {
+            kms: self.describe(),
+            detail,
+        })?;
+        tracing::debug!(kms = %self.instance, "vault request: {what}");
+        let answer = block_on(
+            &self.describe(),
+            self.auth
+                .login(&bootstrap)
+                .with_subscriber(tracing::subscriber::NoSubscriber::default()),
+        )?
+        .map_err(|detail| KmsError::Config {
+            kms: self.describe(),
+            detail: format!("{what}: {detail}. Nothing was changed"),
+        })?;
+        match answer {
+            Ok(info) => {
+                let token = Zeroizing::new(info.client_token);
+                tracing::info!(
+                    kms = %self.instance,
+                    "logged in ({}): token valid for {} s{}",
+                    self.auth.login_what().trim_start_matches("logging in "),
+                    info.lease_duration,
+                    if info.renewable { ", renewable" } else { "" }
+                );
+                Ok(token)
+            }
+            Err(e) => Err(self.login_refused(&what, &e)),
+        }
+    }
+
+    /// The error for a failed login request `what`: 400/401/403 is [`KmsError::Denied`] with
+    /// what to check for the method; the rest as [`VaultKms::classify`].
+    fn login_refused(&self, what: &str, e: &ClientError) -> KmsError {
+        let (code, msg) = match e {
+            ClientError::APIError { code, errors } => (
+                *code,
+                errors
+                    .iter()
+                    .map(|m| squash(m))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            ),
+            ClientError::RestClientError {
+                source: rustify::errors::ClientError::ServerResponseError { code, .. },
+            } => (*code, String::new()),
+            _ => (0, String::new()),
+        };
+        if matches!(code, 400 | 401 | 403) {
+            let shown = if msg.is_empty() {
+                String::new()
+            } else {
+                format!(": {msg}")
+            };
+            return KmsError::Denied {
+                kms: self.describe(),
+                detail: format!(
+                    "{what}: the server refused the login (HTTP {code}{shown}); {}",
+                    self.auth.refused_hint()
+                ),
+            };
+        }
+        match self.classify::<()>(what, e) {
+            Err(err) => err,
+            Ok(_) => self.unexpected(what),
+        }
     }
 
     /// `<mount>/data/<path>`, for messages.
@@ -444,8 +678,8 @@ impl VaultKms {
             401 | 403 => KmsError::Denied {
                 kms,
                 detail: format!(
-                    "{what}: HTTP {code}{shown} (the token from ${} is invalid or expired, or its policies do not allow this; see docs/kms/vault.md for the policy keyplan needs)",
-                    self.token_env
+                    "{what}: HTTP {code}{shown} ({} is invalid or expired, or its policies do not allow this; see docs/kms/vault.md for the policy keyplan needs)",
+                    self.auth.token_origin()
                 ),
             },
             412 | 429 | 500..=599 => KmsError::Unavailable {
@@ -542,7 +776,7 @@ impl VaultKms {
             })?;
         match self.request(
             &what,
-            vaultrs::api::exec_with_result(&self.client, endpoint),
+            vaultrs::api::exec_with_result(self.client()?, endpoint),
         )? {
             Answer::Ok(r) => Ok(Read::Found(r)),
             Answer::NotFound { deleted: Some(v) } => Ok(Read::Deleted(v)),
@@ -556,7 +790,7 @@ impl VaultKms {
         let what = format!("reading {}/metadata/{path}", self.mount);
         match self.request(
             &what,
-            vaultrs::kv2::read_metadata(&self.client, &self.mount, path),
+            vaultrs::kv2::read_metadata(self.client()?, &self.mount, path),
         )? {
             Answer::Ok(m) => Ok(Some(m)),
             Answer::NotFound { .. } => Ok(None),
@@ -581,7 +815,7 @@ impl VaultKms {
         let opts = SetSecretRequestOptions { cas: cas32 };
         match self.request(
             &what,
-            vaultrs::kv2::set_with_options(&self.client, &self.mount, path, data, opts),
+            vaultrs::kv2::set_with_options(self.client()?, &self.mount, path, data, opts),
         )? {
             Answer::Ok(meta) => Ok(Some(meta.version)),
             Answer::CasMismatch => Ok(None),
@@ -594,7 +828,7 @@ impl VaultKms {
         let what = format!("deleting {}/metadata/{path}", self.mount);
         match self.request(
             &what,
-            vaultrs::kv2::delete_metadata(&self.client, &self.mount, path),
+            vaultrs::kv2::delete_metadata(self.client()?, &self.mount, path),
         )? {
             Answer::Ok(()) | Answer::NotFound { .. } => Ok(()),
             Answer::CasMismatch => Err(self.unexpected(&what)),
@@ -609,7 +843,7 @@ impl VaultKms {
         );
         match self.request(
             &what,
-            vaultrs::kv2::destroy_versions(&self.client, &self.mount, path, vec![kv_version]),
+            vaultrs::kv2::destroy_versions(self.client()?, &self.mount, path, vec![kv_version]),
         )? {
             Answer::Ok(()) | Answer::NotFound { .. } => Ok(()),
             Answer::CasMismatch => Err(self.unexpected(&what)),
@@ -1059,14 +1293,25 @@ impl VaultKms {
         Ok(())
     }
 
+    /// `auth/token/lookup-self` for the client's token, with the token itself (the `id`
+    /// field) wiped from the answer.
+    /// <https://developer.hashicorp.com/vault/api-docs/auth/token#lookup-a-token-self>
+    fn lookup_self(&self) -> Result<vaultrs::api::token::responses::LookupTokenResponse, KmsError> {
+        use zeroize::Zeroize as _;
+        let what = "looking up the token (GET auth/token/lookup-self)";
+        match self.request(what, vaultrs::token::lookup_self(self.client()?))? {
+            Answer::Ok(mut info) => {
+                info.id.zeroize();
+                Ok(info)
+            }
+            _ => Err(self.unexpected(what)),
+        }
+    }
+
     /// Reachability and a valid token.
     /// <https://developer.hashicorp.com/vault/api-docs/auth/token#lookup-a-token-self>
     fn check_token(&self) -> Result<(), KmsError> {
-        let what = "looking up the token (GET auth/token/lookup-self)";
-        match self.request(what, vaultrs::token::lookup_self(&self.client))? {
-            Answer::Ok(_) => Ok(()),
-            _ => Err(self.unexpected(what)),
-        }
+        self.lookup_self().map(drop)
     }
 
     /// The mount is a KV version 2 engine.
@@ -1081,7 +1326,7 @@ impl VaultKms {
         let answer = self
             .request(
                 &what,
-                vaultrs::api::exec_with_result(&self.client, endpoint),
+                vaultrs::api::exec_with_result(self.client()?, endpoint),
             )
             .map_err(|e| match e {
                 // Vault answers 403 ("preflight capability check") both for a mount that does
@@ -1089,8 +1334,8 @@ impl VaultKms {
                 KmsError::Denied { kms, .. } => KmsError::Denied {
                     kms,
                     detail: format!(
-                        "{what}: HTTP 403: mount {:?} does not exist, or the token from ${} may use nothing under it; set `mount` to a KV version 2 mount, or grant the policy in docs/kms/vault.md",
-                        self.mount, self.token_env
+                        "{what}: HTTP 403: mount {:?} does not exist, or {} may use nothing under it; set `mount` to a KV version 2 mount, or grant the policy in docs/kms/vault.md",
+                        self.mount, self.auth.token_origin()
                     ),
                 },
                 other => other,
@@ -1131,11 +1376,13 @@ impl VaultKms {
         let endpoint = CapabilitiesSelf {
             paths: wanted.iter().map(|(p, _)| p.clone()).collect(),
         };
-        let caps =
-            match self.request(what, vaultrs::api::exec_with_result(&self.client, endpoint))? {
-                Answer::Ok(c) => c,
-                _ => return Err(self.unexpected(what)),
-            };
+        let caps = match self.request(
+            what,
+            vaultrs::api::exec_with_result(self.client()?, endpoint),
+        )? {
+            Answer::Ok(c) => c,
+            _ => return Err(self.unexpected(what)),
+        };
         let mut missing = Vec::new();
         for (path, need) in wanted {
             let have: Vec<&str> = caps
@@ -1161,8 +1408,8 @@ impl VaultKms {
         Err(KmsError::Denied {
             kms: self.describe(),
             detail: format!(
-                "the token from ${} lacks capabilities keyplan needs (per sys/capabilities-self): {}; see docs/kms/vault.md for the policy",
-                self.token_env,
+                "{} lacks capabilities keyplan needs (per sys/capabilities-self): {}; see docs/kms/vault.md for the policy",
+                self.auth.token_origin(),
                 missing.join("; ")
             ),
         })
@@ -1391,6 +1638,90 @@ impl Kms for VaultKms {
             self.delete_metadata(name)?;
             self.delete_metadata(&pending_name)
         })
+    }
+
+    /// The token, from `auth/token/lookup-self`: its expiry (`expire_time`, or now + `ttl`;
+    /// none for a token without TTL, such as root), who renews it (keyplan at each apply for
+    /// a renewable static token, a fresh login at each run for the login methods) and, for a
+    /// static token, the end of renewals (`issue_time` + `explicit_max_ttl` when one is set).
+    /// Login methods add what the login rests on: the service account token's `exp`, the
+    /// client certificate's notAfter.
+    ///
+    /// Errors: those of the request ([`KmsError::Denied`] for an expired or revoked token),
+    /// of the login, [`KmsError::Config`] naming an unreadable token or certificate file.
+    fn credentials(&self) -> Result<Vec<Credential>, KmsError> {
+        let info = self.lookup_self()?;
+        let now = crate::clock::now_unix();
+        let expires_at = (info.ttl > 0).then(|| {
+            info.expire_time
+                .as_deref()
+                .and_then(parse_time)
+                .unwrap_or(now + info.ttl)
+        });
+        let renewable = info.renewable.unwrap_or(false);
+        let renewable_until = (renewable && info.explicit_max_ttl > 0)
+            .then(|| {
+                info.issue_time
+                    .as_deref()
+                    .and_then(parse_time)
+                    .unwrap_or(info.creation_time)
+                    + info.explicit_max_ttl
+            })
+            .filter(|_| !self.auth.is_login());
+        let mut out = vec![Credential {
+            kind: "vault_token",
+            what: self.auth.token_origin().replacen("the ", "", 1),
+            expires_at,
+            renewed_by: self.auth.renewed_by(renewable),
+            renewable_until,
+        }];
+        out.extend(
+            self.auth
+                .login_credentials()
+                .map_err(|detail| KmsError::Config {
+                    kms: self.describe(),
+                    detail,
+                })?,
+        );
+        Ok(out)
+    }
+
+    /// Renews a static token (`auth/token/renew-self`, by its creation TTL) when it is
+    /// renewable, has a TTL and less than half of its creation TTL is left. Login methods get
+    /// a fresh token at each run, so they renew nothing.
+    ///
+    /// Errors: those of the requests.
+    fn renew_credentials(&self) -> Result<(), KmsError> {
+        if self.auth.is_login() {
+            return Ok(());
+        }
+        let info = self.lookup_self()?;
+        let due = info.renewable.unwrap_or(false)
+            && info.ttl > 0
+            && info.creation_ttl > 0
+            && info.ttl < info.creation_ttl / 2;
+        if !due {
+            return Ok(());
+        }
+        let what = "renewing the token (POST auth/token/renew-self)";
+        let increment = format!("{}s", info.creation_ttl);
+        match self.request(
+            what,
+            vaultrs::token::renew_self(self.client()?, Some(&increment)),
+        )? {
+            Answer::Ok(renewed) => {
+                drop(Zeroizing::new(renewed.client_token));
+                tracing::info!(
+                    kms = %self.instance,
+                    "renewed {}: {} s were left, now {} s",
+                    self.auth.token_origin(),
+                    info.ttl,
+                    renewed.lease_duration
+                );
+                Ok(())
+            }
+            _ => Err(self.unexpected(what)),
+        }
     }
 }
 
@@ -1625,6 +1956,7 @@ mod tests {
             address: address.to_string(),
             mount: mount.map(str::to_string),
             token_env: None,
+            auth: None,
             namespace: None,
             ca_cert: None,
         }
@@ -1662,6 +1994,7 @@ mod tests {
             address: "http://127.0.0.1:8200".into(),
             mount: None,
             token_env: Some("KEYPLAN_UNIT_TEST_SURELY_UNSET_TOKEN".into()),
+            auth: None,
             namespace: None,
             ca_cert: None,
         };

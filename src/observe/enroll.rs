@@ -91,7 +91,7 @@ pub(super) fn check(
     here: &str,
 ) -> Option<String> {
     let file = dev.enroll_with.as_ref()?;
-    if dev.keys.is_empty() || has_way_in(dev, st, keys, origins) {
+    if dev.keys.is_empty() || !st.adoptable.is_empty() || has_way_in(dev, st, keys, origins) {
         return None;
     }
     let bytes = match std::fs::metadata(file) {

@@ -8,8 +8,10 @@
 //! other way ([`enroll`]).
 //!
 //! Layout: `devices` reads and judges the plan's devices, `keys` reads the KMSs and finds
-//! migration origins, `former` reads the registry's devices, `enroll` tests `enroll_with`.
+//! migration origins, `former` reads the registry's devices, `adopt` finds unrecorded keyslots
+//! a key's current version opens, `enroll` tests `enroll_with`.
 
+mod adopt;
 mod devices;
 mod enroll;
 mod former;
@@ -24,6 +26,7 @@ use crate::luks::Header;
 use crate::spec::{PathSeg, Plan};
 use crate::world::{RecordObs, RecordStatus, SlotRecord, World};
 
+pub use adopt::Adoption;
 #[cfg(test)]
 pub(crate) use enroll::examine as examine_enroll_file;
 pub use enroll::EnrollFile;
@@ -56,6 +59,10 @@ pub struct DeviceState {
     /// What the device's `enroll_with` file is, from its metadata (no read, no PBKDF); `None`
     /// when the plan names no `enroll_with` for the device.
     pub enroll_with_file: Option<EnrollFile>,
+    /// Unrecorded keyslots the current version of a listed key opens (tested: one PBKDF run
+    /// each try, see [`adopt`]), to be recorded rather than enrolled again. Empty when not
+    /// tested ([`Testing::HeadersOnly`]).
+    pub adoptable: Vec<Adoption>,
 }
 
 impl DeviceState {
@@ -70,6 +77,7 @@ impl DeviceState {
             enroll_with_problem: None,
             enroll_with_keyslot: None,
             enroll_with_file: None,
+            adoptable: Vec::new(),
         }
     }
 
@@ -137,25 +145,27 @@ pub struct Origin {
     pub state: Option<KeyState>,
 }
 
-/// How [`observe`] treats `enroll_with` passphrases.
+/// Whether [`observe`] may test passphrases (PBKDF runs) or only reads headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EnrollCheck {
-    /// Test a device's `enroll_with` passphrase when enrolling it needs it (PBKDF runs), so a
-    /// wrong one is refused before anything is staged (`plan`, `apply`).
-    Test,
-    /// Never test it (`status`: no PBKDF run).
-    Skip,
+pub enum Testing {
+    /// Test what planning needs (`plan`, `apply`, `verify`): a listed key's current version
+    /// against the unrecorded keyslots it may open ([`adopt`]), and a device's `enroll_with`
+    /// passphrase when enrolling needs it, so a wrong one is refused before anything is staged.
+    Passphrases,
+    /// Read headers, records and KMSs only (`status`: no PBKDF run).
+    HeadersOnly,
 }
 
 /// Reads every device header, keyplan's records and every key's KMS state, then the devices
-/// the registry remembers. Writes nothing. No PBKDF run, except with [`EnrollCheck::Test`] for
-/// an `enroll_with` passphrase that enrolling needs (see [`enroll`]).
+/// the registry remembers. Writes nothing. No PBKDF run, except with [`Testing::Passphrases`]
+/// for keyslots to adopt ([`adopt`]) and an `enroll_with` passphrase that enrolling needs
+/// ([`enroll`]).
 ///
 /// Errors: [`Error::Findings`], all collected, each pointing at the plan file where it can: a
 /// device missing, not LUKS, or with an unexpected UUID; two devices with the same LUKS UUID;
 /// a pinned keyslot out of range for the device's LUKS version; unreadable records; a KMS that
 /// cannot be read; a corrupt registry.
-pub fn observe(plan: &Plan, world: &World, enroll: EnrollCheck) -> Result<Observed, Error> {
+pub fn observe(plan: &Plan, world: &World, testing: Testing) -> Result<Observed, Error> {
     let mut findings: Vec<Finding> = Vec::new();
     let (mut devices, uuids) = devices::read(plan, world, &mut findings);
     let keys = keys::read(plan, world, &mut findings);
@@ -163,12 +173,20 @@ pub fn observe(plan: &Plan, world: &World, enroll: EnrollCheck) -> Result<Observ
         return Err(Error::Findings(findings));
     }
     let origins = keys::origins(plan, world, &devices).map_err(Error::Findings)?;
-    if enroll == EnrollCheck::Test {
+    if testing == Testing::Passphrases {
         for (id, st) in devices.iter_mut() {
-            if let Some(dev) = plan.devices.get(id) {
-                let here = enroll::device_here(plan, id, st);
-                st.enroll_with_problem = enroll::check(world, dev, st, &keys, &origins, &here);
+            let Some(dev) = plan.devices.get(id) else {
+                continue;
+            };
+            match adopt::probe(plan, world, dev, st, &keys, &origins) {
+                Ok(a) => st.adoptable = a,
+                Err(f) => findings.push(f),
             }
+            let here = enroll::device_here(plan, id, st);
+            st.enroll_with_problem = enroll::check(world, dev, st, &keys, &origins, &here);
+        }
+        if !findings.is_empty() {
+            return Err(Error::Findings(findings));
         }
     }
     let (former, former_unreadable) = former::read(plan, world, &uuids, &mut findings);

@@ -35,6 +35,8 @@ pub struct Totals {
     pub removed: usize,
     /// Keys rotated.
     pub rotated: usize,
+    /// Keyslots adopted (recorded without a new keyslot).
+    pub adopted: usize,
     /// Steps run by this process.
     pub steps: usize,
 }
@@ -53,8 +55,10 @@ pub struct ApplySession<'e> {
 }
 
 impl<'e> ApplySession<'e> {
-    /// Takes the state lock (never waiting), opens the journal (cutting a torn last record)
-    /// and reads the interrupted run, if any.
+    /// Takes the state lock (never waiting), opens the journal (cutting a torn last record),
+    /// reads the interrupted run, if any, and renews keyplan's KMS credentials where due
+    /// ([`crate::kms::Kms::renew_credentials`]; a failure is logged, not returned), so every
+    /// apply, even one with nothing to do, keeps a renewable credential alive.
     ///
     /// Errors: [`Error::Journal`]: another run holds the lock, or the journal cannot be opened
     /// or read.
@@ -64,6 +68,7 @@ impl<'e> ApplySession<'e> {
         let journal = Journal::open(state_dir)?;
         let records = crate::journal::read(state_dir)?;
         let interrupted = crate::journal::last_run(&records).filter(|s| s.ended.is_none());
+        renew_credentials(engine);
         Ok(ApplySession {
             engine,
             _lock: lock,
@@ -224,6 +229,7 @@ impl<'e> ApplySession<'e> {
         self.totals.added += d.adds();
         self.totals.removed += d.removes();
         self.totals.rotated += d.rotations();
+        self.totals.adopted += d.adoptions();
         self.totals.steps += report.steps_run;
         self.last_migrated = d.migrates();
         Ok(report)
@@ -243,6 +249,16 @@ impl<'e> ApplySession<'e> {
 }
 
 /// See [`ApplySession::check_resumable`].
+/// Renews the credentials of every KMS instance of the engine's plan where due; a failure is
+/// logged at `warn` (the credential may still be valid; the KMS's own calls report it if not).
+fn renew_credentials(engine: &Engine) {
+    for (instance, kms) in &engine.world().kms {
+        if let Err(e) = kms.renew_credentials() {
+            tracing::warn!(kms = %instance, "could not renew keyplan's credentials: {e}");
+        }
+    }
+}
+
 fn check_resumable(plan: &Plan, s: &RunSummary) -> Result<(), Error> {
     for (id, path) in &s.devices {
         if let Some(d) = plan.devices.get(id) {

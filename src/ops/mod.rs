@@ -10,6 +10,7 @@
 //! | apply a saved plan | [`apply::ApplySession::plan_saved`] then `run` | as apply |
 //! | save / show a saved plan | [`saved::save`], [`saved::freshness`] | the saved plan file |
 //! | status | [`status::status`] → [`status::StatusReport`] | nothing |
+//! | credentials of the KMS clients | [`credentials::review`] | nothing |
 //! | verify | [`verify::verify`] | nothing |
 //! | key get | [`key::resolve_version`], [`key::material`] | nothing |
 //! | journal | [`journal::read`] | nothing |
@@ -17,6 +18,7 @@
 //! Every operation starts from an [`Engine`]: a loaded plan with its doors opened.
 
 pub mod apply;
+pub mod credentials;
 pub mod journal;
 pub mod key;
 pub mod plan;

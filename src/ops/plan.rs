@@ -8,7 +8,7 @@ use crate::diff::{self, Diff, DiffOptions};
 use crate::error::Error;
 use crate::graph::Step;
 use crate::journal::RunSummary;
-use crate::observe::{self, EnrollCheck, Observed};
+use crate::observe::{self, Observed, Testing};
 use crate::spec::Plan;
 use crate::world::RecordStatus;
 
@@ -71,13 +71,14 @@ pub fn interrupted_run(plan: &Plan) -> Result<Option<RunSummary>, Error> {
 }
 
 /// Observes (testing `enroll_with` passphrases enrolling needs), with `req.verify` tests every
-/// valid record, diffs, and checks every KMS the steps would write to.
+/// valid record, diffs, checks every KMS the steps would write to, and logs a warning for each
+/// KMS credential that ends too early ([`super::credentials`]).
 ///
 /// Errors: [`Error::Findings`] (observation), [`Error::NoSafePlan`], [`Error::KmsCheck`], and
 /// KMS or cryptsetup failures of `--verify`.
 pub fn make(engine: &Engine, req: &PlanRequest) -> Result<Planned, Error> {
     let (plan, world) = (engine.plan(), engine.world());
-    let observed = observe::observe(plan, world, EnrollCheck::Test)?;
+    let observed = observe::observe(plan, world, Testing::Passphrases)?;
     let mut checked = observed.clone();
     if req.verify {
         verify_records(engine, &mut checked)?;
@@ -87,6 +88,7 @@ pub fn make(engine: &Engine, req: &PlanRequest) -> Result<Planned, Error> {
     };
     let d = diff::diff(plan, &checked, &opts).map_err(Error::NoSafePlan)?;
     check_kms(engine, &d)?;
+    super::credentials::log_warnings(engine, &observed.keys);
     Ok(Planned { observed, diff: d })
 }
 

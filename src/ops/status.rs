@@ -10,17 +10,18 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
+use super::credentials::KmsCredentials;
 use super::Engine;
 use crate::diff::{self, DiffOptions, SlotAction};
 use crate::graph::Step;
 use crate::journal::{Event, Record};
 use crate::kms::KeyState;
-use crate::observe::{self, EnrollCheck, Observed};
+use crate::observe::{self, Observed, Testing};
 use crate::spec::Plan;
 use crate::world::RecordStatus;
 
 /// Version of the JSON document `status --format json` writes (minor versions only add fields).
-pub const FORMAT_VERSION: &str = "1.0";
+pub const FORMAT_VERSION: &str = "1.1";
 
 /// What `status` concludes (its exit status: docs/monitoring.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -53,6 +54,8 @@ pub struct StatusReport {
     pub keys: Vec<KeyReport>,
     /// Devices in plan order.
     pub devices: Vec<DeviceReport>,
+    /// keyplan's own credentials per KMS instance, in plan order (since format 1.1).
+    pub kms: Vec<KmsCredentials>,
     /// The last run in the journal, if any.
     pub last_run: Option<RunReport>,
     /// When the last run that ended with `success` ended, Unix seconds.
@@ -217,11 +220,12 @@ pub fn status(engine: &Engine) -> StatusReport {
     };
     let (observed, mut devices) = observe_devices(engine, &mut f);
     let committed = committed_keys(&records);
-    let keys = plan
+    let keys: Vec<KeyReport> = plan
         .keys
         .keys()
         .map(|id| key_report(engine, observed.as_ref(), id, &committed, now, &mut f))
         .collect();
+    let kms = credentials(engine, &keys, now, &mut f);
     let last_run = last_run(plan, &records);
     let last_over_success = last_over_success(&records, last_run.as_ref());
     if let Some(r) = &last_run {
@@ -263,10 +267,40 @@ pub fn status(engine: &Engine) -> StatusReport {
         unchecked: f.unchecked,
         keys,
         devices,
+        kms,
         last_run,
         last_success_at,
         last_over_success,
     }
+}
+
+/// keyplan's credentials per KMS ([`super::credentials::review`]): a credential ending too
+/// early, or refused by its KMS, is a problem; one that could not be looked at is unchecked,
+/// unless the KMS's keys already could not be read (that line says it).
+fn credentials(
+    engine: &Engine,
+    keys: &[KeyReport],
+    now: u64,
+    f: &mut Findings,
+) -> Vec<KmsCredentials> {
+    let due: BTreeMap<String, u64> = keys
+        .iter()
+        .filter_map(|k| Some((k.id.clone(), k.rotation_due_at?)))
+        .collect();
+    let report = super::credentials::review(engine, &due, now);
+    for k in &report {
+        f.problems.extend(k.warnings().map(str::to_string));
+        match &k.error {
+            Some(e) if k.refused => f
+                .problems
+                .push(format!("KMS {}: keyplan's credentials refused: {e}", k.kms)),
+            Some(e) if !keys.iter().any(|x| x.kms == k.kms && !x.readable) => f
+                .unchecked
+                .push(format!("KMS {}: credentials not checked: {e}", k.kms)),
+            _ => {}
+        }
+    }
+    report
 }
 
 /// One key's report: from the observation when there is one, else read from its KMS now.
@@ -437,7 +471,7 @@ fn observe_devices(engine: &Engine, f: &mut Findings) -> (Option<Observed>, Vec<
         .collect();
     let mut diff_plan = no_rotation_due(plan);
     let world = engine.world();
-    let observed = match observe::observe(&diff_plan, world, EnrollCheck::Skip) {
+    let observed = match observe::observe(&diff_plan, world, Testing::HeadersOnly) {
         Ok(o) => Some(o),
         Err(_) => {
             // Find the devices that cannot be read, report them, and observe the rest.
@@ -452,7 +486,7 @@ fn observe_devices(engine: &Engine, f: &mut Findings) -> (Option<Observed>, Vec<
                     });
                 }
             }
-            match observe::observe(&diff_plan, world, EnrollCheck::Skip) {
+            match observe::observe(&diff_plan, world, Testing::HeadersOnly) {
                 Ok(o) => Some(o),
                 Err(e) => {
                     observation_failed(e, f);
@@ -468,8 +502,21 @@ fn observe_devices(engine: &Engine, f: &mut Findings) -> (Option<Observed>, Vec<
     match diff::diff(&diff_plan, &obs, &DiffOptions::default()) {
         Err(refusals) => {
             for r in refusals {
-                f.problems
-                    .push(format!("`keyplan apply` could not proceed: {r}"));
+                let dev = r.device.as_deref().and_then(|id| {
+                    let why = untested_adoption(plan, &obs, id)?;
+                    Some((devices.iter_mut().find(|d| d.id == id)?, why))
+                });
+                match dev {
+                    // Status runs no PBKDF, so it cannot tell an adoption from a refusal.
+                    Some((dev, why)) => dev.drift.push(DriftReport {
+                        keyslot: None,
+                        kind: DriftKind::KeyMissing,
+                        detail: why,
+                    }),
+                    None => f
+                        .problems
+                        .push(format!("`keyplan apply` could not proceed: {r}")),
+                }
             }
         }
         Ok(d) => planned_drift(plan, &obs, &d, &mut devices),
@@ -598,6 +645,37 @@ fn planned_drift(plan: &Plan, obs: &Observed, d: &diff::Diff, devices: &mut [Dev
             detail: format!("`keyplan apply` {what}: {}", c.reason),
         });
     }
+}
+
+/// Why device `id` may be waiting to be adopted: a key it lists has a KMS current version no
+/// record on it holds, and keyslots no record names may hold that version (what `plan` tests
+/// with one PBKDF run per keyslot, and `status` does not). `None` when no keyslot could be
+/// adopted (then the planner's refusal stands).
+fn untested_adoption(plan: &Plan, obs: &Observed, id: &str) -> Option<String> {
+    let st = obs.devices.get(id)?;
+    let slots: Vec<String> = st
+        .header
+        .keyslots
+        .iter()
+        .filter(|(n, k)| {
+            k.bound
+                && k.priority != crate::luks::Priority::Ignore
+                && !st.records.iter().any(|r| r.slot == **n)
+        })
+        .map(|(n, _)| n.to_string())
+        .collect();
+    if slots.is_empty() {
+        return None;
+    }
+    let key = plan.devices.get(id)?.keys.iter().find_map(|dk| {
+        let c = obs.keys.get(&dk.key)?.current?;
+        let recorded = st.slots_of(&dk.key).iter().any(|(_, v)| *v == c);
+        (!recorded).then(|| format!("{} v{c}", dk.key))
+    })?;
+    Some(format!(
+        "{key} is recorded in no keyslot, and keyslot {} (not made by keyplan) may hold it: `keyplan plan` tests that (status runs no PBKDF) and plans the adoption, or says why not",
+        slots.join(", ")
+    ))
 }
 
 /// The first line of a (possibly multi-line) message.

@@ -4,7 +4,7 @@
 
 use super::Engine;
 use crate::error::Error;
-use crate::observe::{self, EnrollCheck};
+use crate::observe::{self, Testing};
 
 /// What one key on one device showed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,7 +73,7 @@ pub struct Summary {
 /// checks made until then were reported).
 pub fn verify(engine: &Engine, each: &mut dyn FnMut(&Check)) -> Result<Summary, Error> {
     let (plan, world) = (engine.plan(), engine.world());
-    let observed = observe::observe(plan, world, EnrollCheck::Test)?;
+    let observed = observe::observe(plan, world, Testing::Passphrases)?;
     let mut failures = 0usize;
     for dev in plan.devices.values() {
         let Some(st) = observed.devices.get(&dev.id) else {

@@ -87,14 +87,20 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
         .iter()
         .filter(|k| k.action == KeyAction::Migrate)
         .count();
+    let adoptions = diff.adoptions();
     let _ = writeln!(
         out,
-        "Plan: {} to add, {} to remove, {} keys to rotate{}.",
+        "Plan: {} to add, {} to remove, {} keys to rotate{}{}.",
         diff.adds(),
         diff.removes(),
         diff.rotations(),
         if migrations > 0 {
             format!(", {migrations} to move to another KMS")
+        } else {
+            String::new()
+        },
+        if adoptions > 0 {
+            format!(", {adoptions} to adopt")
         } else {
             String::new()
         }
@@ -172,6 +178,7 @@ fn device_blocks(out: &mut String, plan: &Plan, slots: &[SlotChange]) {
             SlotAction::Add => '+',
             SlotAction::Remove => '-',
             SlotAction::Drift => '~',
+            SlotAction::Adopt => '=',
         };
         let what = match (&s.key, s.version) {
             (Some(k), Some(v)) => format!("{k} v{v}"),
@@ -224,7 +231,7 @@ pub fn plan_json(diff: &Diff) -> serde_json::Value {
             "version": c.version,
         }));
     }
-    serde_json::json!({
+    let mut doc = serde_json::json!({
         "format_version": "1.0",
         "changes_present": !diff.is_empty(),
         "summary": {
@@ -238,7 +245,13 @@ pub fn plan_json(diff: &Diff) -> serde_json::Value {
         "keyslots": slots,
         "notes": diff.notes,
         "steps": diff.graph.steps(),
-    })
+    });
+    // Only when there are some: a plan without adoptions reads as it always did (saved plans
+    // compare this document).
+    if diff.adoptions() > 0 {
+        doc["summary"]["adopt"] = diff.adoptions().into();
+    }
+    doc
 }
 
 /// `key.ID`: the address of a key change.

@@ -51,8 +51,13 @@ pub fn interrupted_json(s: &RunSummary) -> serde_json::Value {
 /// The closing line of an apply: what its runs did and every PBKDF run of the command
 /// (planning checks, a finished interrupted run, the runs).
 pub fn apply_complete(t: Totals, pbkdf_runs: u64) -> String {
+    let adopted = if t.adopted > 0 {
+        format!(", {} adopted", t.adopted)
+    } else {
+        String::new()
+    };
     format!(
-        "Apply complete! {} added, {} removed, {} keys rotated. ({} steps, {pbkdf_runs} PBKDF runs)",
+        "Apply complete! {} added, {} removed, {} keys rotated{adopted}. ({} steps, {pbkdf_runs} PBKDF runs)",
         t.added, t.removed, t.rotated, t.steps
     )
 }

@@ -32,6 +32,9 @@ pub fn text(r: &StatusReport) -> String {
     for k in &r.keys {
         key_text(&mut s, r, k);
     }
+    for k in &r.kms {
+        credentials_text(&mut s, r.generated_at, k);
+    }
     for d in &r.devices {
         if !d.checked {
             let _ = writeln!(s, "device {} ({}): not checked", d.id, d.path);
@@ -71,6 +74,36 @@ pub fn text(r: &StatusReport) -> String {
         let _ = writeln!(s, "NOT CHECKED: {}", r.unchecked.join("; "));
     }
     s
+}
+
+/// One KMS's credentials block of [`text`]; nothing for a KMS without credentials to report.
+fn credentials_text(s: &mut String, now: u64, k: &crate::ops::credentials::KmsCredentials) {
+    if k.credentials.is_empty() && k.error.is_none() {
+        return;
+    }
+    let _ = writeln!(s, "KMS {} ({}) credentials:", k.kms, k.provider);
+    if let Some(e) = &k.error {
+        let _ = writeln!(s, "  cannot look at them: {e}");
+    }
+    for c in &k.credentials {
+        let cred = &c.credential;
+        let expiry = match cred.expires_at {
+            None => "does not expire".to_string(),
+            Some(t) if t <= now => format!("EXPIRED {}", rfc3339(t)),
+            Some(t) => format!(
+                "expires in {} ({})",
+                short_duration(std::time::Duration::from_secs(t - now)),
+                rfc3339(t)
+            ),
+        };
+        let renewal = match (&cred.renewed_by, cred.renewable_until) {
+            (None, _) => String::new(),
+            (Some(by), None) => format!("; {by}"),
+            (Some(by), Some(t)) => format!("; {by}, until {}", rfc3339(t)),
+        };
+        let flag = if c.expiring { "  EXPIRING" } else { "" };
+        let _ = writeln!(s, "  {}: {expiry}{renewal}{flag}", cred.what);
+    }
 }
 
 /// One key's block of [`text`].
@@ -213,6 +246,7 @@ pub fn prometheus(r: &StatusReport) -> Result<String, std::fmt::Error> {
     families.extend(key_families(r));
     families.extend(device_families(r));
     families.extend(run_families(r));
+    families.extend(credential_families(r));
     let mut registry = Registry::default();
     registry.register_collector(Box::new(Gauges(families)));
     let mut s = String::new();
@@ -332,4 +366,33 @@ fn run_families(r: &StatusReport) -> Vec<GaugeFamily> {
             r.last_success_at,
         ),
     ]
+}
+
+/// The per-credential families (labels `kms`, `credential`: the credential's kind).
+fn credential_families(r: &StatusReport) -> Vec<GaugeFamily> {
+    let mut expiry = GaugeFamily::new(
+        "keyplan_kms_credential_expiry_timestamp_seconds",
+        "When keyplan's credential for the KMS expires unless renewed (Unix seconds); absent for credentials that do not expire.",
+    );
+    let mut deadline = GaugeFamily::new(
+        "keyplan_kms_credential_deadline_timestamp_seconds",
+        "When keyplan loses access to the KMS unless a person acts (Unix seconds): the expiry, or for a credential keyplan or the kubelet renews, the end of its renewals; absent when none is known.",
+    );
+    let mut expiring = GaugeFamily::new(
+        "keyplan_kms_credential_expiring",
+        "1 when keyplan's credential for the KMS ends less than 14 days after the next rotation of its keys is due (or after now), else 0.",
+    );
+    for k in &r.kms {
+        for c in &k.credentials {
+            let labels = [("kms", k.kms.as_str()), ("credential", c.credential.kind)];
+            if let Some(t) = c.credential.expires_at {
+                expiry.add(&labels, t);
+            }
+            if let Some(t) = c.deadline {
+                deadline.add(&labels, t);
+            }
+            expiring.add(&labels, u64::from(c.expiring));
+        }
+    }
+    vec![expiry, deadline, expiring]
 }

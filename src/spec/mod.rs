@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use diag::{json_diagnostics, JsonDiagnostic, Position, Range, Severity};
-pub use model::{KmsConfig, PbkdfSettings, PbkdfType, UnmanagedKeyslots};
+pub use model::{KmsConfig, PbkdfSettings, PbkdfType, UnmanagedKeyslots, VaultAuth};
 
 use diag::{Label, PlanError, SourceFile};
 use locate::Located;

@@ -54,9 +54,14 @@ pub enum KmsConfig {
         /// KV v2 mount; default `secret`.
         #[serde(default)]
         mount: Option<String>,
-        /// Name of the environment variable holding the token; default `VAULT_TOKEN`.
+        /// Name of the environment variable holding the token; default `VAULT_TOKEN`. The
+        /// short form of `auth: {method: token, token_env: ...}`; not together with `auth`.
         #[serde(default)]
         token_env: Option<String>,
+        /// How keyplan logs in (docs/kms/vault.md, "Authentication"); default: a token from
+        /// `token_env`.
+        #[serde(default)]
+        auth: Option<VaultAuth>,
         /// Vault Enterprise namespace.
         #[serde(default)]
         namespace: Option<String>,
@@ -95,6 +100,63 @@ pub enum KmsConfig {
         /// file; a bare name is looked up in `PATH`. Arguments are passed unchanged.
         #[schemars(length(min = 1))]
         command: Vec<String>,
+    },
+}
+
+/// How keyplan gets its Vault/OpenBao token, selected by `method`. Paths are relative to the
+/// plan file. Login methods log in once per process, on the first request.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, JsonSchema)]
+#[serde(tag = "method", rename_all = "lowercase", deny_unknown_fields)]
+pub enum VaultAuth {
+    /// A token from an environment variable (the default).
+    Token {
+        /// Name of the environment variable holding the token; default `VAULT_TOKEN`.
+        #[serde(default)]
+        token_env: Option<String>,
+    },
+    /// AppRole login (`POST auth/<mount>/login` with `role_id` and `secret_id`).
+    Approle {
+        /// Mount path of the AppRole auth method; default `approle`.
+        #[serde(default)]
+        mount: Option<String>,
+        /// The role ID itself (not a secret); or use `role_id_file`.
+        #[serde(default)]
+        role_id: Option<String>,
+        /// File holding the role ID; or use `role_id`.
+        #[serde(default)]
+        role_id_file: Option<String>,
+        /// File holding the secret ID (read at login, never logged); or use `secret_id_env`.
+        #[serde(default)]
+        secret_id_file: Option<String>,
+        /// Environment variable holding the secret ID; or use `secret_id_file`.
+        #[serde(default)]
+        secret_id_env: Option<String>,
+    },
+    /// Kubernetes login (`POST auth/<mount>/login` with the service account's JWT).
+    Kubernetes {
+        /// Mount path of the Kubernetes auth method; default `kubernetes`.
+        #[serde(default)]
+        mount: Option<String>,
+        /// The Vault role bound to the service account.
+        #[schemars(regex(pattern = NON_BLANK_PATTERN))]
+        role: String,
+        /// File holding the service account token (JWT), re-read at each login; default
+        /// `/var/run/secrets/kubernetes.io/serviceaccount/token` (the projected token).
+        #[serde(default)]
+        jwt_file: Option<String>,
+    },
+    /// TLS certificate login (`POST auth/<mount>/login` over mutual TLS); `https://` only.
+    Cert {
+        /// Mount path of the TLS certificate auth method; default `cert`.
+        #[serde(default)]
+        mount: Option<String>,
+        /// Certificate role to log in as; default: any role whose certificate matches.
+        #[serde(default)]
+        name: Option<String>,
+        /// Client certificate (PEM).
+        client_cert: String,
+        /// Client private key (PEM, unencrypted).
+        client_key: String,
     },
 }
 

@@ -18,6 +18,13 @@
 //!   `Forbidden` with the real server's message. `POST
 //!   /apis/authorization.k8s.io/v1/selfsubjectaccessreviews` answers per the same policy (any
 //!   authenticated user may ask).
+//! - TokenReview (<https://kubernetes.io/docs/reference/kubernetes-api/authentication-resources/token-review-v1/>):
+//!   `POST /apis/authentication.k8s.io/v1/tokenreviews` with `spec.token` answers 201 with
+//!   `status.authenticated` and, for a service account token registered with
+//!   [`FakeApiserver::add_service_account_token`], `status.user` (`username`
+//!   `system:serviceaccount:<ns>:<name>`, `uid`, `groups`) and `status.audiences`; an unknown
+//!   token is `authenticated: false` with `status.error`. The reviewer must be authorized to
+//!   create tokenreviews: only a token with [`Access::Full`] is (others get 403).
 //!
 //! Every error is a `kind: Status` object as the real server returns it. Plain HTTP on a free
 //! loopback port (the kube client accepts `http://` cluster URLs). Tests read and change the
@@ -156,9 +163,19 @@ impl Store {
     }
 }
 
+/// A service account a token belongs to, for TokenReview.
+#[derive(Debug, Clone)]
+struct ServiceAccount {
+    namespace: String,
+    name: String,
+    uid: String,
+    audiences: Vec<String>,
+}
+
 struct Shared {
     store: Store,
     tokens: BTreeMap<String, (String, Access)>,
+    service_accounts: BTreeMap<String, ServiceAccount>,
     log: Vec<Logged>,
     hooks: Vec<(Pred, Option<Action>)>,
 }
@@ -216,6 +233,7 @@ impl FakeApiserver {
                 secrets: BTreeMap::new(),
             },
             tokens,
+            service_accounts: BTreeMap::new(),
             log: Vec::new(),
             hooks: Vec::new(),
         }));
@@ -286,6 +304,55 @@ impl FakeApiserver {
             .dir
             .path()
             .join(format!("kubeconfig-{namespace}-{current}"));
+        std::fs::write(&path, text).expect("write kubeconfig");
+        path
+    }
+
+    /// Accepts `token` from now on as user `user` with `access`.
+    pub fn add_token(&self, token: &str, user: &str, access: Access) {
+        self.lock()
+            .tokens
+            .insert(token.to_string(), (user.to_string(), access));
+    }
+
+    /// Makes TokenReview say that `jwt` is a valid token of service account `name` (uid `uid`)
+    /// in `namespace`, for the audiences `audiences`.
+    pub fn add_service_account_token(
+        &self,
+        jwt: &str,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        audiences: &[&str],
+    ) {
+        self.lock().service_accounts.insert(
+            jwt.to_string(),
+            ServiceAccount {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                uid: uid.to_string(),
+                audiences: audiences.iter().map(|a| a.to_string()).collect(),
+            },
+        );
+    }
+
+    /// Writes a kubeconfig for this server whose one user authenticates with the token in
+    /// the file `token_file` (`tokenFile`, as a kubeconfig for a service account does), and
+    /// returns its path.
+    pub fn kubeconfig_with_token_file(
+        &self,
+        namespace: &str,
+        token_file: &std::path::Path,
+    ) -> PathBuf {
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\ncontexts:\n- name: sa\n  context:\n    cluster: fake\n    user: sa\n    namespace: {namespace}\nusers:\n- name: sa\n  user:\n    tokenFile: {}\ncurrent-context: sa\n",
+            self.url(),
+            token_file.display()
+        );
+        let path = self
+            .dir
+            .path()
+            .join(format!("kubeconfig-{namespace}-token-file"));
         std::fs::write(&path, text).expect("write kubeconfig");
         path
     }
@@ -649,6 +716,9 @@ fn route(
             }),
         );
     }
+    if path == "/apis/authentication.k8s.io/v1/tokenreviews" && method == "POST" {
+        return token_review(sh, &user, access, &body);
+    }
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (ns, name) = match parts.as_slice() {
         ["api", "v1", "namespaces", ns, "secrets"] => (ns.to_string(), None),
@@ -738,6 +808,71 @@ fn route(
             None,
         ),
     }
+}
+
+/// `POST /apis/authentication.k8s.io/v1/tokenreviews` by `user` (with `access`).
+fn token_review(sh: &Shared, user: &str, access: Access, body: &Value) -> (u16, Value) {
+    if access != Access::Full {
+        return status(
+            403,
+            "Forbidden",
+            &format!("tokenreviews.authentication.k8s.io is forbidden: User \"{user}\" cannot create resource \"tokenreviews\" in API group \"authentication.k8s.io\" at the cluster scope"),
+            Some(json!({"group": "authentication.k8s.io", "kind": "tokenreviews"})),
+        );
+    }
+    let Some(token) = body["spec"]["token"].as_str() else {
+        return status(400, "BadRequest", "spec.token: Required value", None);
+    };
+    let wanted: Vec<String> = body["spec"]["audiences"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let st = match sh.service_accounts.get(token) {
+        Some(sa) if wanted.is_empty() || wanted.iter().any(|a| sa.audiences.contains(a)) => {
+            let audiences = if wanted.is_empty() {
+                sa.audiences.clone()
+            } else {
+                wanted
+                    .iter()
+                    .filter(|a| sa.audiences.contains(a))
+                    .cloned()
+                    .collect()
+            };
+            json!({
+                "authenticated": true,
+                "user": {
+                    "username": format!("system:serviceaccount:{}:{}", sa.namespace, sa.name),
+                    "uid": sa.uid,
+                    "groups": [
+                        "system:serviceaccounts",
+                        format!("system:serviceaccounts:{}", sa.namespace),
+                        "system:authenticated",
+                    ],
+                },
+                "audiences": audiences,
+            })
+        }
+        Some(_) => {
+            json!({"user": {}, "error": "[invalid bearer token, token audiences ... is invalid for the target audiences]"})
+        }
+        None => {
+            json!({"user": {}, "error": "[invalid bearer token, square/go-jose: error in cryptographic primitive]"})
+        }
+    };
+    (
+        201,
+        json!({
+            "kind": "TokenReview",
+            "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {"creationTimestamp": null},
+            "spec": body["spec"].clone(),
+            "status": st,
+        }),
+    )
 }
 
 fn create(store: &mut Store, ns: &str, mut body: Value) -> (u16, Value) {

@@ -568,3 +568,21 @@ pub fn file_kms_state(root: &Path, key: &str) -> (Option<Vec<u8>>, bool) {
     });
     (current, !json["pending"].is_null())
 }
+
+/// Writes key `key` into the file KMS under `root/keys` as another tool would have (no
+/// keyplan run): one current version 1 holding `material`, created a day ago.
+pub fn file_kms_put(root: &Path, key: &str, material: &[u8]) {
+    let dir = root.join("keys").join(key);
+    std::fs::create_dir_all(&dir).expect("mkdir keys/<key>");
+    std::fs::write(dir.join("v1.key"), material).expect("write v1.key");
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+        - 86_400;
+    let meta = serde_json::json!({
+        "format": 1, "current": 1, "pending": null,
+        "versions": [{"version": 1, "created_at": created, "state": "current"}],
+    });
+    std::fs::write(dir.join("meta.json"), meta.to_string()).expect("write meta.json");
+}

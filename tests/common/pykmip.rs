@@ -144,6 +144,12 @@ fn openssl(dir: &Path, args: &[&str]) {
 /// self-signed when `ca` is `None`, with the extensions in `ext` (openssl `-addext` syntax,
 /// one per line).
 pub fn make_cert(dir: &Path, stem: &str, cn: &str, ca: Option<&str>, ext: &[&str]) {
+    make_cert_days(dir, stem, cn, ca, ext, 2)
+}
+
+/// Like [`make_cert`], valid for `days` days from now.
+pub fn make_cert_days(dir: &Path, stem: &str, cn: &str, ca: Option<&str>, ext: &[&str], days: u32) {
+    let days = days.to_string();
     let key = format!("{stem}.key");
     let crt = format!("{stem}.crt");
     let subj = format!("/CN={cn}");
@@ -162,7 +168,7 @@ pub fn make_cert(dir: &Path, stem: &str, cn: &str, ca: Option<&str>, ext: &[&str
                 "-out",
                 &crt,
                 "-days",
-                "2",
+                &days,
                 "-subj",
                 &subj,
             ];
@@ -210,7 +216,7 @@ pub fn make_cert(dir: &Path, stem: &str, cn: &str, ca: Option<&str>, ext: &[&str
                     "-out",
                     &crt,
                     "-days",
-                    "2",
+                    &days,
                     "-extfile",
                     &extfile,
                 ],

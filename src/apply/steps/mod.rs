@@ -8,9 +8,11 @@
 //! leaving the device as it was.
 //!
 //! Layout: `keys` stage/commit/retire (the KMS side of a rotation), `add` adds a keyslot,
-//! `verify`, `kill` kills a keyslot and drops records, `migrate` copies a key to another KMS.
+//! `adopt` records an unrecorded keyslot, `verify`, `kill` kills a keyslot and drops records,
+//! `migrate` copies a key to another KMS.
 
 mod add;
+mod adopt;
 mod keys;
 mod kill;
 mod migrate;
@@ -179,6 +181,13 @@ impl<'a> Exec<'a> {
                 slot,
                 failed_verify,
             } => self.forget(device, *slot, *failed_verify),
+            Step::AdoptKeyslot {
+                device,
+                slot,
+                key,
+                version,
+                salt,
+            } => self.adopt(device, *slot, key, *version, salt),
             Step::Retire { key, version } => self.retire(key, *version),
             Step::MigrateCopy { .. } => self.migrate_copy(step),
             Step::DestroyOrigin { .. } => self.destroy_origin(step),

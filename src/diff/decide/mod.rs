@@ -7,6 +7,7 @@
 //! [`devices`] records to drop (drift) and keyslots to remove; [`unlock`] how a device is
 //! opened to add a keyslot; this file the planner's state and the step helpers.
 
+mod adopt;
 mod devices;
 mod keys;
 mod migrate;
@@ -16,6 +17,8 @@ mod rotate;
 mod unlock;
 
 use std::collections::{BTreeMap, BTreeSet};
+
+pub(super) use adopt::with_adopted_records;
 
 use super::{DiffOptions, KeyChange, ReasonCode, Refusal, SlotAction, SlotChange};
 use crate::graph::passes::Intents;
@@ -78,10 +81,11 @@ impl<'a> Planner<'a> {
         }
     }
 
-    /// Every decision, in this order: records drift made stale, each key in plan order,
-    /// keyslots to remove, then the repair facts of each device.
+    /// Every decision, in this order: records drift made stale, keyslots to adopt, each key in
+    /// plan order, keyslots to remove, then the repair facts of each device.
     pub(super) fn decide(&mut self, opts: &DiffOptions) {
         self.drift();
+        self.adopt();
         for key in self.plan.keys.keys() {
             self.key(key, opts);
         }

@@ -250,6 +250,7 @@ fn random_observed(rng: &mut StdRng, plan: &Plan, luks1: &[bool]) -> Observed {
         states.insert(("other".to_string(), k.clone()), random_key(rng));
     }
     obs = scenario::with_origins(plan, obs, &states);
+    adoptions(rng, plan, &mut obs);
     if rng.random_bool(0.2) {
         let former = random_disk(rng, "old", false, &keys, nkeys).state("/srv/old.img".into());
         obs.former.insert("old".into(), former);
@@ -259,6 +260,48 @@ fn random_observed(rng: &mut StdRng, plan: &Plan, luks1: &[bool]) -> Observed {
             .push(("lost".into(), "/srv/lost.img".into(), "missing".into()));
     }
     obs
+}
+
+/// Marks, at random, unrecorded bound keyslots of devices as opening with the current version
+/// of a listed key whose current version no record holds (what `observe::adopt` would find).
+fn adoptions(rng: &mut StdRng, plan: &Plan, obs: &mut Observed) {
+    for (id, st) in obs.devices.iter_mut() {
+        let Some(dev) = plan.devices.get(id) else {
+            continue;
+        };
+        for dk in &dev.keys {
+            let Some(c) = obs.keys.get(&dk.key).and_then(|k| k.current) else {
+                continue;
+            };
+            if obs.origins.contains_key(&dk.key)
+                || st.slots_of(&dk.key).iter().any(|(_, v)| *v == c)
+                || !rng.random_bool(0.4)
+            {
+                continue;
+            }
+            let free: Vec<u32> = st
+                .header
+                .keyslots
+                .iter()
+                .filter(|(n, k)| {
+                    k.bound
+                        && k.priority != Priority::Ignore
+                        && !st.records.iter().any(|r| r.slot == **n)
+                        && !st.adoptable.iter().any(|a| a.slot == **n)
+                })
+                .map(|(n, _)| *n)
+                .collect();
+            if let Some(&slot) = free.first() {
+                let salt = st.header.keyslots[&slot].salt.clone();
+                st.adoptable.push(crate::observe::Adoption {
+                    slot,
+                    key: dk.key.clone(),
+                    version: c,
+                    salt,
+                });
+            }
+        }
+    }
 }
 
 /// True when step `b` waits, directly or not, for step `a`.
@@ -279,6 +322,7 @@ fn before(reach: &[BTreeSet<usize>], a: usize, b: usize) -> bool {
 ///   an add into a keyslot occupied now waits for the kill of that keyslot;
 /// - every step that reads a keyslot as it is now (an unlock through it, a verify of it that is
 ///   not the verify of an add into it) runs before the kill of that keyslot;
+/// - an adoption runs before every other step on its device but stale-record drops;
 /// - a stale record (drift) is dropped before every other step on its device; a record
 ///   `--verify` failed is dropped only after a verify on that device when a key is enrolled there
 ///   again;
@@ -320,6 +364,7 @@ fn check_plan(plan: &Plan, obs: &Observed, d: &Diff, context: &dyn Fn() -> Strin
     c.adds_into_occupied_keyslots();
     c.readers_before_kills();
     c.stale_records_first();
+    c.adoptions_next();
     c.verifies_after_adds();
     c.repairs_after_a_verify();
     c.migration_order();
@@ -600,6 +645,32 @@ impl Checked<'_> {
                     }
                 }
                 _ => {}
+            }
+        }
+    }
+
+    /// An adoption runs before every other step of its device but the dropping of stale
+    /// records and other adoptions.
+    fn adoptions_next(&self) {
+        for (a, s) in self.steps.iter().enumerate() {
+            let Step::AdoptKeyslot { device, .. } = s else {
+                continue;
+            };
+            for (o, other) in self.steps.iter().enumerate() {
+                let first = matches!(
+                    other,
+                    Step::AdoptKeyslot { .. }
+                        | Step::ForgetRecord {
+                            failed_verify: false,
+                            ..
+                        }
+                );
+                if other.device() == Some(device) && !first {
+                    self.require(
+                        self.before(a, o),
+                        &format!("[{o}] before the adoption [{a}]"),
+                    );
+                }
             }
         }
     }

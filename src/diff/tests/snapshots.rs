@@ -364,3 +364,50 @@ fn no_changes() {
     assert!(d.is_empty());
     insta::assert_snapshot!(render(&Ok(d)));
 }
+
+/// Adoption: the KMS's current version opens the unrecorded keyslot 0 of two devices (Rook's
+/// OSD); one also pins the key to keyslot 2. Adopt first; the rotation replaces keyslot 0
+/// (unpinned) or goes into the pin.
+#[test]
+fn adopt_rooks_keyslot_then_rotate() {
+    let p = plan(
+        "version: 1
+kms:
+  local: { provider: file, path: keys }
+keys:
+  osd: { kms: local, rotate_after: 30d }
+devices:
+  block: { path: block.img, keys: [osd] }
+  db: { path: db.img, keys: [{ key: osd, keyslot: 2 }] }
+",
+    );
+    let mut obs = observed(
+        &p,
+        vec![
+            Disk::luks2("block").keyslot(0),
+            Disk::luks2("db").keyslot(0),
+        ],
+        vec![("osd", key(Some(1), 45, None, &[], &[]))],
+    );
+    for d in obs.devices.values_mut() {
+        let salt = d.header.keyslots[&0].salt.clone();
+        d.adoptable.push(crate::observe::Adoption {
+            slot: 0,
+            key: "osd".into(),
+            version: 1,
+            salt,
+        });
+    }
+    let d = run(&p, &obs, &[]).expect("a plan");
+    let g = &d.graph;
+    for a in index_of(g, |s| matches!(s, Step::AdoptKeyslot { .. })) {
+        let Step::AdoptKeyslot { device, .. } = g.step(a) else {
+            unreachable!()
+        };
+        for s in g.by_device()[device.as_str()].iter().filter(|s| **s != a) {
+            assert!(before(g, a, *s), "adoption first on {device}");
+        }
+    }
+    assert_eq!(d.adoptions(), 2);
+    insta::assert_snapshot!(render(&Ok(d)));
+}

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::{empty_issue, name_issue, p, Ctx, KmsConfig, PathSeg};
+use super::{empty_issue, name_issue, p, Ctx, Issue, KmsConfig, PathSeg, VaultAuth};
 
 /// Checks every KMS instance, in name order, and returns them with their paths resolved.
 ///
@@ -50,7 +50,11 @@ fn resolve_kms(name: &str, cfg: &KmsConfig, cx: &mut Ctx) -> KmsConfig {
             }
         }
         KmsConfig::Vault {
-            address, ca_cert, ..
+            address,
+            ca_cert,
+            token_env,
+            auth,
+            ..
         } => {
             if address.trim().is_empty() {
                 cx.push(empty_issue(
@@ -61,6 +65,24 @@ fn resolve_kms(name: &str, cfg: &KmsConfig, cx: &mut Ctx) -> KmsConfig {
             }
             if let Some(c) = ca_cert {
                 *c = cx.resolve_string(c, at("ca_cert"));
+            }
+            if token_env.as_deref().is_some_and(|t| t.trim().is_empty()) {
+                cx.push(empty_issue(
+                    at("token_env"),
+                    "token_env",
+                    "name the environment variable that holds the token, e.g. `VAULT_TOKEN`",
+                ));
+            }
+            if let Some(a) = auth {
+                if token_env.is_some() {
+                    cx.push(auth_issue(
+                        at("token_env"),
+                        "`token_env` and `auth` are both set",
+                        "given twice",
+                        "move the variable into `auth: {method: token, token_env: ...}`, or drop `token_env` for a login method".to_owned(),
+                    ));
+                }
+                resolve_vault_auth(a, address, &|f: &str| p(&["kms", name, "auth", f]), cx);
             }
         }
         KmsConfig::Kubernetes { namespace, .. } => {
@@ -92,6 +114,155 @@ fn resolve_kms(name: &str, cfg: &KmsConfig, cx: &mut Ctx) -> KmsConfig {
         KmsConfig::Exec { command } => resolve_exec(command, at, cx),
     }
     resolved
+}
+
+/// The `keyplan::plan::vault_auth` issue at `path`.
+fn auth_issue(path: Vec<PathSeg>, message: &str, label: &str, help: String) -> Issue {
+    Issue {
+        path,
+        code: "keyplan::plan::vault_auth",
+        message: message.to_owned(),
+        label: label.to_owned(),
+        help,
+        also: Vec::new(),
+    }
+}
+
+/// A Vault instance's `auth` (`at`: the path of one of its fields) with its files resolved
+/// against the plan's directory.
+///
+/// Issues (`keyplan::plan::vault_auth`): AppRole without exactly one of `role_id` /
+/// `role_id_file` or of `secret_id_file` / `secret_id_env`; certificate login on an address
+/// that is not `https://`. `keyplan::plan::empty` for a blank `role`; `keyplan::plan::path` as
+/// for every path.
+fn resolve_vault_auth(
+    auth: &mut VaultAuth,
+    address: &str,
+    at: &dyn Fn(&str) -> Vec<PathSeg>,
+    cx: &mut Ctx,
+) {
+    let one_of = |a: bool, b: bool, fa: &str, fb: &str, what: &str, cx: &mut Ctx| {
+        if a == b {
+            let (message, label) = if a {
+                (format!("`{fa}` and `{fb}` are both set"), "given twice")
+            } else {
+                (format!("AppRole login needs `{fa}` or `{fb}`"), "missing")
+            };
+            cx.push(auth_issue(
+                at(if a { fb } else { "method" }),
+                &message,
+                label,
+                format!("give the {what} once: `{fa}` or `{fb}`"),
+            ));
+        }
+    };
+    let blank = |v: &Option<String>| v.as_deref().is_some_and(|t| t.trim().is_empty());
+    let mut blanks: Vec<(&str, &str)> = Vec::new();
+    match &*auth {
+        VaultAuth::Token { token_env } => {
+            if blank(token_env) {
+                blanks.push(("token_env", "name the variable that holds the token"));
+            }
+        }
+        VaultAuth::Approle {
+            mount,
+            role_id,
+            role_id_file,
+            secret_id_file,
+            secret_id_env,
+        } => {
+            for (f, v) in [
+                ("mount", mount),
+                ("role_id", role_id),
+                ("role_id_file", role_id_file),
+                ("secret_id_file", secret_id_file),
+                ("secret_id_env", secret_id_env),
+            ] {
+                if blank(v) {
+                    blanks.push((f, "give a value, or leave the field out"));
+                }
+            }
+        }
+        VaultAuth::Kubernetes {
+            mount, jwt_file, ..
+        } => {
+            for (f, v) in [("mount", mount), ("jwt_file", jwt_file)] {
+                if blank(v) {
+                    blanks.push((f, "give a value, or leave the field out for the default"));
+                }
+            }
+        }
+        VaultAuth::Cert { mount, name, .. } => {
+            for (f, v) in [("mount", mount), ("name", name)] {
+                if blank(v) {
+                    blanks.push((f, "give a value, or leave the field out"));
+                }
+            }
+        }
+    }
+    for (field, help) in blanks {
+        cx.push(empty_issue(at(field), field, help));
+    }
+    match auth {
+        VaultAuth::Token { .. } => {}
+        VaultAuth::Approle {
+            role_id,
+            role_id_file,
+            secret_id_file,
+            secret_id_env,
+            ..
+        } => {
+            let what = "role ID (`role_id` itself, or a file holding it)";
+            one_of(
+                role_id.is_some(),
+                role_id_file.is_some(),
+                "role_id",
+                "role_id_file",
+                what,
+                cx,
+            );
+            let what = "secret ID (a file or an environment variable holding it)";
+            let (f, e) = (secret_id_file.is_some(), secret_id_env.is_some());
+            one_of(f, e, "secret_id_file", "secret_id_env", what, cx);
+            for (field, value) in [
+                ("role_id_file", role_id_file),
+                ("secret_id_file", secret_id_file),
+            ] {
+                if let Some(v) = value {
+                    *v = cx.resolve_string(v, at(field));
+                }
+            }
+        }
+        VaultAuth::Kubernetes { role, jwt_file, .. } => {
+            if role.trim().is_empty() {
+                cx.push(empty_issue(
+                    at("role"),
+                    "role",
+                    "set `role` to the Vault Kubernetes auth role bound to keyplan's service account",
+                ));
+            }
+            if let Some(f) = jwt_file {
+                *f = cx.resolve_string(f, at("jwt_file"));
+            }
+        }
+        VaultAuth::Cert {
+            client_cert,
+            client_key,
+            ..
+        } => {
+            if !address.trim().to_ascii_lowercase().starts_with("https://") {
+                cx.push(auth_issue(
+                    at("method"),
+                    "certificate login needs an `https://` address",
+                    "needs TLS",
+                    "set `address` to the server's https:// URL (and `ca_cert` to its CA)"
+                        .to_owned(),
+                ));
+            }
+            *client_cert = cx.resolve_string(client_cert, at("client_cert"));
+            *client_key = cx.resolve_string(client_key, at("client_key"));
+        }
+    }
 }
 
 /// The exec provider's `command`: the program must be given and not blank

@@ -24,7 +24,7 @@ mod syntax;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::model::{KmsConfig, PbkdfSettings, PlanFile};
+use super::model::{KmsConfig, PbkdfSettings, PlanFile, VaultAuth};
 use super::{Device, Key, PathSeg};
 
 /// Lowest and highest `bytes` of a key.

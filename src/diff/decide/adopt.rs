@@ -1,0 +1,69 @@
+//! Adoption: a keyslot keyplan did not create that a listed key's current KMS version opens
+//! (observing tested it, see `observe::adopt`) is recorded as holding that version. No new
+//! keyslot, no key file; from then on it is managed like a keyslot keyplan added.
+
+use std::borrow::Cow;
+
+use super::Planner;
+use crate::diff::{ReasonCode, SlotAction};
+use crate::graph::Step;
+use crate::observe::Observed;
+use crate::world::{RecordObs, RecordStatus, SlotRecord};
+
+/// `observed` with a valid record for every adoptable keyslot (as the adopt step will write
+/// it), so every other decision treats the keyslot as recorded; unchanged (borrowed) when
+/// nothing is adoptable.
+pub(crate) fn with_adopted_records(observed: &Observed) -> Cow<'_, Observed> {
+    if observed.devices.values().all(|d| d.adoptable.is_empty()) {
+        return Cow::Borrowed(observed);
+    }
+    let mut out = observed.clone();
+    for d in out.devices.values_mut() {
+        let adopted: Vec<RecordObs> = d
+            .adoptable
+            .iter()
+            .map(|a| RecordObs {
+                slot: a.slot,
+                record: SlotRecord {
+                    key: a.key.clone(),
+                    version: a.version,
+                    salt: a.salt.clone(),
+                    entry: None,
+                },
+                token_id: None,
+                status: RecordStatus::Valid,
+            })
+            .collect();
+        d.records.extend(adopted);
+    }
+    Cow::Owned(out)
+}
+
+impl Planner<'_> {
+    /// An adopt step and an `=` change for every adoptable keyslot of every device.
+    pub(super) fn adopt(&mut self) {
+        let obs = self.obs;
+        for (id, d) in &obs.devices {
+            for a in &d.adoptable {
+                self.g.add(Step::AdoptKeyslot {
+                    device: id.clone(),
+                    slot: a.slot,
+                    key: a.key.clone(),
+                    version: a.version,
+                    salt: a.salt.clone(),
+                });
+                self.change(
+                    id,
+                    a.slot,
+                    SlotAction::Adopt,
+                    Some(&a.key),
+                    Some(a.version),
+                    (
+                        ReasonCode::Adopt,
+                        "adopt: the KMS's current key opens it".to_string(),
+                    ),
+                );
+            }
+        }
+    }
+}
