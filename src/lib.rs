@@ -19,8 +19,10 @@
 //! saved-plan file format and its state digests.
 //!
 //! **The doors to the world** are [`world::World`]: the cryptsetup driver [`luks`], one client
-//! per KMS instance ([`kms`]: the `Kms` trait, its providers, and `kms::book`, the version
-//! bookkeeping all providers share), and the record store ([`world::records`]: keyplan's
+//! per KMS instance ([`kms`]: the `Kms` trait, its providers, `kms::book`, the version
+//! bookkeeping all providers share, and `kms::expiry`, the expiry of keyplan's own KMS
+//! credentials, which [`ops::credentials`] judges against the rotation schedule; Vault's login
+//! methods are `kms::vault::auth`), and the record store ([`world::records`]: keyplan's
 //! LUKS2 tokens and LUKS1 record files); [`world::registry`] remembers every device a run
 //! touched. Child processes (cryptsetup, exec KMS helpers) are started through [`child`].
 //!
