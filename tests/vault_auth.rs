@@ -9,6 +9,8 @@ mod common;
 mod fake_apiserver;
 #[path = "common/openbao.rs"]
 mod openbao;
+#[path = "common/pykmip.rs"]
+mod pykmip;
 
 use std::path::Path;
 use std::process::Command;
@@ -105,11 +107,9 @@ fn status_json(s: &Scratch, env: &[(&str, &str)], code: i32) -> serde_json::Valu
     serde_json::from_str(&out).expect("status JSON")
 }
 
-#[test]
-fn approle_login_with_the_secret_id_from_a_file_or_a_variable() {
-    let Some(bao) = server(false) else {
-        return;
-    };
+/// Enables AppRole with the role `keyplan` (policy `keyplan`, token TTL 1 h, at most 4 h) and
+/// returns its role ID.
+fn approle_role(bao: &openbao::OpenBao) -> String {
     bao.cli(&["auth", "enable", "approle"]);
     bao.cli(&[
         "write",
@@ -118,14 +118,22 @@ fn approle_login_with_the_secret_id_from_a_file_or_a_variable() {
         "token_ttl=1h",
         "token_max_ttl=4h",
     ]);
-    let role_id = bao_text(
-        &bao,
+    bao_text(
+        bao,
         &[
             "read",
             "-field=role_id",
             "auth/approle/role/keyplan/role-id",
         ],
-    );
+    )
+}
+
+#[test]
+fn approle_login_with_the_secret_id_from_a_file_or_a_variable() {
+    let Some(bao) = server(false) else {
+        return;
+    };
+    let role_id = approle_role(&bao);
     let secret_id = bao_text(
         &bao,
         &[
@@ -212,20 +220,7 @@ fn approle_bad_input_names_the_kms_and_changes_nothing() {
     let Some(bao) = server(false) else {
         return;
     };
-    bao.cli(&["auth", "enable", "approle"]);
-    bao.cli(&[
-        "write",
-        "auth/approle/role/keyplan",
-        "token_policies=keyplan",
-    ]);
-    let role_id = bao_text(
-        &bao,
-        &[
-            "read",
-            "-field=role_id",
-            "auth/approle/role/keyplan/role-id",
-        ],
-    );
+    let role_id = approle_role(&bao);
     let s = Scratch::new();
     let a = s.small_image("a.img", "luks2");
     s.initial_pass();
@@ -343,29 +338,10 @@ fn kubernetes_login_with_a_service_account_token_checked_by_token_review() {
     bao.cli(&["auth", "enable", "kubernetes"]);
     let s = Scratch::new();
     // The server insists on a cluster CA; the fake speaks plain http, so any will do.
-    openssl(
-        s.dir.path(),
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            "cluster-ca.key",
-            "-out",
-            "cluster-ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=fake cluster CA",
-        ],
-    );
+    pykmip::make_cert_days(s.dir.path(), "cluster-ca", "fake cluster CA", None, &[], 2);
     let host = format!("kubernetes_host={}", fake.url());
     let reviewer = format!("token_reviewer_jwt={}", fake.full_token);
-    let ca = format!("kubernetes_ca_cert=@{}", s.path("cluster-ca.pem").display());
+    let ca = format!("kubernetes_ca_cert=@{}", s.path("cluster-ca.crt").display());
     bao.cli(&[
         "write",
         "auth/kubernetes/config",
@@ -442,20 +418,6 @@ fn kubernetes_login_with_a_service_account_token_checked_by_token_review() {
     assert!(err.contains("refused the login"), "{err}");
 }
 
-/// `openssl ARGS` in `dir`, asserting success.
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run openssl");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn certificate_login_over_tls() {
     let Some(bao) = server(true) else {
@@ -463,66 +425,22 @@ fn certificate_login_over_tls() {
     };
     let s = Scratch::new();
     let dir = s.dir.path();
-    openssl(
+    let ca_ext = [
+        "basicConstraints=critical,CA:TRUE",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ];
+    pykmip::make_cert_days(
         dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            "client-ca.key",
-            "-out",
-            "client-ca.pem",
-            "-days",
-            "30",
-            "-subj",
-            "/CN=keyplan test client CA",
-        ],
+        "client-ca",
+        "keyplan test client CA",
+        None,
+        &ca_ext,
+        30,
     );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            "client.key",
-            "-out",
-            "client.csr",
-            "-subj",
-            "/CN=keyplan",
-        ],
-    );
-    std::fs::write(s.path("ext"), "extendedKeyUsage=clientAuth\n").expect("ext");
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "client.csr",
-            "-CA",
-            "client-ca.pem",
-            "-CAkey",
-            "client-ca.key",
-            "-CAcreateserial",
-            "-out",
-            "client.pem",
-            "-days",
-            "20",
-            "-extfile",
-            "ext",
-        ],
-    );
+    let client_ext = ["extendedKeyUsage=clientAuth"];
+    pykmip::make_cert_days(dir, "client", "keyplan", Some("client-ca"), &client_ext, 20);
     bao.cli(&["auth", "enable", "cert"]);
-    let ca = format!("certificate=@{}", s.path("client-ca.pem").display());
+    let ca = format!("certificate=@{}", s.path("client-ca.crt").display());
     bao.cli(&[
         "write",
         "auth/cert/certs/keyplan",
@@ -538,7 +456,7 @@ fn certificate_login_over_tls() {
         &plan(
             &bao.addr,
             &format!(
-                "    ca_cert: {}\n    auth: {{ method: cert, name: keyplan, client_cert: client.pem, client_key: client.key }}\n",
+                "    ca_cert: {}\n    auth: {{ method: cert, name: keyplan, client_cert: client.crt, client_key: client.key }}\n",
                 server_ca.display()
             ),
         ),
@@ -562,7 +480,7 @@ fn certificate_login_over_tls() {
         &plan(
             &bao.addr,
             &format!(
-                "    ca_cert: {}\n    auth: {{ method: cert, name: nosuch, client_cert: client.pem, client_key: client.key }}\n",
+                "    ca_cert: {}\n    auth: {{ method: cert, name: nosuch, client_cert: client.crt, client_key: client.key }}\n",
                 server_ca.display()
             ),
         ),
@@ -579,7 +497,7 @@ fn certificate_login_over_tls() {
         "keyplan.yaml",
         &plan(
             &bao.addr.replace("https://", "http://"),
-            "    auth: { method: cert, client_cert: client.pem, client_key: client.key }\n",
+            "    auth: { method: cert, client_cert: client.crt, client_key: client.key }\n",
         ),
     );
     let out = ok(&s, &["plan"], &[], 1);
