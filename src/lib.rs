@@ -9,7 +9,8 @@
 //! `journal`. Engine errors are [`error::Error`]; front ends decide how to show them.
 //!
 //! **The pipeline** behind `ops` runs one way: [`spec`] loads and validates the plan file
-//! (the only place with source-span diagnostics); [`observe`] reads every device's header and
+//! (the only place with source-span diagnostics) and cuts a cluster plan down to one node
+//! ([`spec::node`]); [`observe`] reads every device's header and
 //! records and every key's versions, into an `Observed` state; [`diff`] is the planner, a pure
 //! function of plan and observed state, in three parts (decisions, preflight checks, and the
 //! ordering passes of [`graph::passes`]) producing changes and a [`graph::StepGraph`] of

@@ -86,6 +86,17 @@ pub struct Cli {
     /// log pipelines.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, value_name = "FORMAT")]
     pub log_format: LogFormat,
+    /// The Kubernetes node this host is (default: `$NODE_NAME`, else the host name): with a
+    /// plan whose devices name nodes, `plan`, `apply`, `status` and the other commands act only
+    /// on this node's devices and the keys they list. `validate` always checks the whole file.
+    #[arg(
+        long,
+        global = true,
+        env = "NODE_NAME",
+        hide_env_values = true,
+        value_name = "NAME"
+    )]
+    pub node: Option<String>,
     /// The command.
     #[command(subcommand)]
     pub command: Command,
@@ -359,20 +370,37 @@ fn load_plan(cli: &Cli, arg: &PlanArg) -> Result<Plan> {
     load_plan_with_bytes(cli, arg).map(|(plan, _)| plan)
 }
 
+/// The whole plan file, not cut down to this node (for `validate`), with `--state-dir`
+/// applied.
+fn load_whole_plan(cli: &Cli, arg: &PlanArg) -> Result<Plan> {
+    let (mut plan, _) = spec::load_with_bytes(&plan_path(arg)?)?;
+    if let Some(dir) = &cli.state_dir {
+        plan.state_dir = std::path::absolute(dir).into_diagnostic()?;
+    }
+    Ok(plan)
+}
+
+/// The plan file `-f` names, or the default one in the current directory.
+fn plan_path(arg: &PlanArg) -> Result<PathBuf> {
+    match &arg.file {
+        Some(p) => Ok(p.clone()),
+        None => {
+            let cwd = std::env::current_dir().into_diagnostic()?;
+            Ok(spec::find_default(&cwd)?)
+        }
+    }
+}
+
 /// The plan file `-f` names (default: `keyplan.yaml`, `keyplan.yml` or `keyplan.toml` in the
-/// current directory), with `--state-dir` applied, and the exact bytes it was parsed from (one
-/// read: a saved plan's digest covers exactly what was planned).
+/// current directory), cut down to this node's devices ([`spec::Plan::for_node`], `--node`),
+/// with `--state-dir` applied, and the exact bytes it was parsed from (one read: a saved
+/// plan's digest covers exactly what was planned).
 ///
 /// Errors: no plan file found, unreadable or invalid (see [`spec::load`]).
 fn load_plan_with_bytes(cli: &Cli, arg: &PlanArg) -> Result<(Plan, Vec<u8>)> {
-    let path = match &arg.file {
-        Some(p) => p.clone(),
-        None => {
-            let cwd = std::env::current_dir().into_diagnostic()?;
-            spec::find_default(&cwd)?
-        }
-    };
-    let (mut plan, bytes) = spec::load_with_bytes(&path)?;
+    let (plan, bytes) = spec::load_with_bytes(&plan_path(arg)?)?;
+    let node = spec::node::this_node(cli.node.as_deref()).map_err(|e| miette::miette!("{e}"))?;
+    let mut plan = plan.for_node(&node);
     if let Some(dir) = &cli.state_dir {
         plan.state_dir = std::path::absolute(dir).into_diagnostic()?;
     }

@@ -23,7 +23,7 @@ struct JsonReport {
 /// `{format_version, valid, error_count, warning_count, diagnostics: [...]}`
 /// ([`spec::JsonDiagnostic`]) and nothing is written to stderr.
 pub(super) fn cmd_validate(cli: &Cli, arg: &PlanArg, json: bool) -> Result<Exit> {
-    let result = load_plan(cli, arg);
+    let result = load_whole_plan(cli, arg);
     if json {
         let diagnostics = match &result {
             Ok(_) => Vec::new(),
@@ -44,8 +44,18 @@ pub(super) fn cmd_validate(cli: &Cli, arg: &PlanArg, json: bool) -> Result<Exit>
         return Ok(if valid { Exit::Success } else { Exit::Failure });
     }
     let plan = result?;
+    let nodes: std::collections::BTreeSet<&str> = plan
+        .devices
+        .values()
+        .filter_map(|d| d.node.as_deref())
+        .collect();
+    let on_nodes = match nodes.len() {
+        0 => String::new(),
+        1 => " on 1 node".to_string(),
+        n => format!(" on {n} nodes"),
+    };
     outln!(
-        "The plan file {} is valid: {} KMS, {} keys, {} devices.",
+        "The plan file {} is valid: {} KMS, {} keys, {} devices{on_nodes}.",
         plan.source_path.display(),
         plan.kms.len(),
         plan.keys.len(),

@@ -288,9 +288,12 @@ pub fn diff(plan: &Plan, observed: &Observed, opts: &DiffOptions) -> Result<Diff
         keys,
         mut slots,
         refusals,
-        notes,
+        mut notes,
         ..
     } = p;
+    if let Some(n) = plan.scope.as_ref().and_then(|s| s.note()) {
+        notes.insert(0, n);
+    }
     if !refusals.is_empty() {
         let mut unique: Vec<Refusal> = Vec::new();
         for r in refusals {

@@ -12,6 +12,20 @@ pub fn check_key(plan: &crate::spec::Plan, key: &str) -> Result<(), Error> {
     if plan.keys.contains_key(key) {
         return Ok(());
     }
+    if let Some(scope) = plan
+        .scope
+        .as_ref()
+        .filter(|s| s.keys_left_out.iter().any(|k| k == key))
+    {
+        return Err(Error::request(
+            format!(
+                "key {key:?} of {} is not node {}'s: no device of this node lists it; run `keyplan key get` on (or with `--node`) the node whose devices list it",
+                plan.source_path.display(),
+                scope.node
+            ),
+            None,
+        ));
+    }
     Err(Error::request(
         format!("no key {key:?} in {}", plan.source_path.display()),
         None,

@@ -21,7 +21,7 @@ use crate::spec::Plan;
 use crate::world::RecordStatus;
 
 /// Version of the JSON document `status --format json` writes (minor versions only add fields).
-pub const FORMAT_VERSION: &str = "1.1";
+pub const FORMAT_VERSION: &str = "1.2";
 
 /// What `status` concludes (its exit status: docs/monitoring.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -56,6 +56,10 @@ pub struct StatusReport {
     pub devices: Vec<DeviceReport>,
     /// keyplan's own credentials per KMS instance, in plan order (since format 1.1).
     pub kms: Vec<KmsCredentials>,
+    /// For a plan whose devices name nodes: the node reported on and what was left to other
+    /// nodes (since format 1.2; absent for a single-host plan).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<NodeReport>,
     /// The last run in the journal, if any.
     pub last_run: Option<RunReport>,
     /// When the last run that ended with `success` ended, Unix seconds.
@@ -268,10 +272,26 @@ pub fn status(engine: &Engine) -> StatusReport {
         keys,
         devices,
         kms,
+        node: engine.plan().scope.as_ref().map(|s| NodeReport {
+            name: s.node.clone(),
+            devices_elsewhere: s.elsewhere.clone(),
+            keys_elsewhere: s.keys_left_out.clone(),
+        }),
         last_run,
         last_success_at,
         last_over_success,
     }
+}
+
+/// The node a status report is about (fleet mode, docs/fleet.md).
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeReport {
+    /// The node's name (`--node`, `$NODE_NAME` or the host name).
+    pub name: String,
+    /// Devices of the plan on other nodes: count by node name.
+    pub devices_elsewhere: BTreeMap<String, usize>,
+    /// Keys listed only on other nodes' devices (or on none), in id order.
+    pub keys_elsewhere: Vec<String>,
 }
 
 /// keyplan's credentials per KMS ([`super::credentials::review`]): a credential ending too

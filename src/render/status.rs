@@ -29,6 +29,21 @@ pub fn json(r: &StatusReport) -> Result<String, serde_json::Error> {
 /// and a closing `UNHEALTHY:` / `NOT CHECKED:` line saying why the exit code is not 0.
 pub fn text(r: &StatusReport) -> String {
     let mut s = String::new();
+    if let Some(n) = &r.node {
+        let elsewhere: usize = n.devices_elsewhere.values().sum();
+        let _ =
+            writeln!(
+            s,
+            "node {}: {} device{} here; {elsewhere} on {} other node{}, {} key{} used only there",
+            n.name,
+            r.devices.len(),
+            if r.devices.len() == 1 { "" } else { "s" },
+            n.devices_elsewhere.len(),
+            if n.devices_elsewhere.len() == 1 { "" } else { "s" },
+            n.keys_elsewhere.len(),
+            if n.keys_elsewhere.len() == 1 { "" } else { "s" },
+        );
+    }
     for k in &r.keys {
         key_text(&mut s, r, k);
     }

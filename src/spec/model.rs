@@ -217,6 +217,11 @@ pub struct DeviceFile {
     #[serde(default)]
     #[schemars(regex(pattern = NON_BLANK_PATTERN))]
     pub enroll_with: Option<String>,
+    /// The Kubernetes node (its name) the device is on; default: the host keyplan runs on.
+    /// `plan`/`apply`/`status` on a host act only on the devices of its node (`--node`).
+    #[serde(default)]
+    #[schemars(regex(pattern = NODE_NAME_PATTERN))]
+    pub node: Option<String>,
 }
 
 /// An entry of a device's `keys:` list: a key id, or `{ key: ID, keyslot: N }` to pin.
@@ -317,6 +322,29 @@ pub struct SettingsFile {
     #[serde(default)]
     #[schemars(range(min = 1))]
     pub memory_budget_kib: Option<u64>,
+    /// Fleet mode (docs/fleet.md): how a rollout across nodes is bounded.
+    #[serde(default)]
+    pub fleet: Option<FleetFile>,
+}
+
+/// `settings.fleet:`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FleetFile {
+    /// Nodes applying changes at once, fleet-wide (default 1, at least 1): the number of
+    /// rollout slots (Leases).
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub max_concurrent_nodes: Option<u32>,
+    /// Failed node runs after which no new node run starts, fleet-wide, until an operator
+    /// clears them (default 1, at least 1).
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub max_failed_nodes: Option<u32>,
+    /// Kubernetes namespace of the rollout's Leases, reports and Events (default `keyplan`).
+    #[serde(default)]
+    #[schemars(regex(pattern = DNS_LABEL_PATTERN))]
+    pub namespace: Option<String>,
 }
 
 /// PBKDF type, as cryptsetup's `--pbkdf` names it (cryptsetup(8), "--pbkdf").
@@ -362,6 +390,16 @@ pub const ID_PATTERN: &str = "^[A-Za-z0-9._-]+$";
 /// Pattern of fields that must not be empty or blank (they are trimmed before the check in
 /// `spec::validate`): at least one non-whitespace character.
 pub const NON_BLANK_PATTERN: &str = r"\S";
+
+/// Pattern of a Kubernetes node name, a DNS-1123 subdomain (at most 253 characters, checked by
+/// `keyplan validate`): lowercase letters, digits, `-` and `.`, starting and ending with a
+/// letter or digit (<https://kubernetes.io/docs/concepts/overview/working-with-objects/names/#dns-subdomain-names>).
+pub const NODE_NAME_PATTERN: &str =
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+
+/// Pattern of a Kubernetes namespace, a DNS-1123 label (at most 63 characters, checked by
+/// `keyplan validate`).
+pub const DNS_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
 
 /// Pattern of `rotate_after`: one or more `<number><unit>` parts (spaces allowed), units as
 /// `spec::validate::syntax::parse_rotate_after` accepts them (s, m, h, d, w and their long

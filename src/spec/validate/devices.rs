@@ -16,8 +16,9 @@ use crate::spec::DeviceKey;
 /// The devices checked so far, by what makes two of them the same device.
 #[derive(Default)]
 struct Seen<'f> {
-    /// Device id by [`identity`] of its path.
-    by_identity: HashMap<PathBuf, &'f str>,
+    /// Device id by node and [`identity`] of its path (the path as resolved, without following
+    /// symlinks, for a device on a named node: its links are that node's, not this host's).
+    by_identity: HashMap<(Option<&'f str>, PathBuf), &'f str>,
     /// Device id by LUKS UUID (trimmed, lowercase).
     by_uuid: HashMap<String, &'f str>,
 }
@@ -57,6 +58,7 @@ pub(super) fn check_devices(file: &PlanFile, cx: &mut Ctx) -> BTreeMap<String, D
                 keys,
                 unmanaged: d.unmanaged_keyslots,
                 enroll_with,
+                node: d.node.as_deref().map(str::trim).map(str::to_string),
             },
         );
     }
@@ -70,7 +72,7 @@ pub(super) fn check_devices(file: &PlanFile, cx: &mut Ctx) -> BTreeMap<String, D
 fn device_path<'f>(
     file: &PlanFile,
     id: &'f str,
-    d: &DeviceFile,
+    d: &'f DeviceFile,
     seen: &mut Seen<'f>,
     cx: &mut Ctx,
 ) -> Option<PathBuf> {
@@ -83,14 +85,103 @@ fn device_path<'f>(
         return None;
     }
     let abs = resolve(cx.base, &d.path);
-    let ident = identity(&abs);
-    match seen.by_identity.get(&ident) {
+    let node = d.node.as_deref().map(str::trim);
+    let ident = match node {
+        Some(_) => abs.clone(),
+        None => identity(&abs),
+    };
+    match seen.by_identity.get(&(node, ident.clone())) {
         Some(first) => cx.push(same_path(file, id, d, first, &ident)),
         None => {
-            seen.by_identity.insert(ident, id);
+            seen.by_identity.insert((node, ident), id);
         }
     }
     Some(abs)
+}
+
+/// The devices' `node` names, and each key on the devices of one node only (part 1 of fleet
+/// mode: a key whose devices sit on several nodes needs the nodes to take turns on one KMS
+/// entry, which is not built yet). A device without `node` counts as its own place (the host
+/// running keyplan), so a key on it and on a named node is refused as well.
+///
+/// Issues: `keyplan::plan::node` (not a Kubernetes node name), `keyplan::plan::key_on_many_nodes`
+/// (at the key, naming the nodes and one device on each).
+pub(super) fn check_nodes(file: &PlanFile, devices: &BTreeMap<String, Device>, cx: &mut Ctx) {
+    for id in cx.in_file_order("devices", devices.keys()) {
+        let Some(n) = devices.get(id).and_then(|d| d.node.as_deref()) else {
+            continue;
+        };
+        if !super::syntax::is_dns_subdomain(n) {
+            cx.push(Issue {
+                path: p(&["devices", id, "node"]),
+                code: "keyplan::plan::node",
+                message: format!("device `{id}`: `node` {n:?} is not a Kubernetes node name"),
+                label: "not a DNS-1123 subdomain".to_owned(),
+                help: "write the node's name as `kubectl get nodes` shows it: at most 253 lowercase letters, digits, `-` and `.`, each part between dots starting and ending with a letter or digit".to_owned(),
+                also: Vec::new(),
+            });
+        }
+    }
+    // In a plan that names nodes, a device without `node` would be every host's: each node
+    // would act on it, and on its keys, alone.
+    let named = cx
+        .in_file_order("devices", devices.keys())
+        .into_iter()
+        .find(|id| devices.get(*id).is_some_and(|d| d.node.is_some()))
+        .cloned();
+    if let Some(first) = named {
+        for id in cx.in_file_order("devices", devices.keys()) {
+            if devices.get(id).is_some_and(|d| d.node.is_none()) {
+                cx.push(Issue {
+                    path: p(&["devices", id]),
+                    code: "keyplan::plan::node_missing",
+                    message: format!(
+                        "device `{id}` names no `node`, but other devices of the plan do (e.g. `{first}`)"
+                    ),
+                    label: "no `node`".to_owned(),
+                    help: format!(
+                        "add `node: <node name>` to `{id}`: in a plan for several nodes a device without one would be acted on by every node's keyplan, each on its own"
+                    ),
+                    also: vec![(p(&["devices", &first, "node"]), format!("`{first}` names its node"))],
+                });
+            }
+        }
+    }
+    // Key id -> (node (None: the running host), first device there), in file order.
+    let mut places: BTreeMap<&str, Vec<(Option<&str>, &str)>> = BTreeMap::new();
+    for id in cx.in_file_order("devices", devices.keys()) {
+        let Some(d) = devices.get(id) else { continue };
+        for k in &d.keys {
+            let seen = places.entry(k.key.as_str()).or_default();
+            if !seen.iter().any(|(n, _)| *n == d.node.as_deref()) {
+                seen.push((d.node.as_deref(), id.as_str()));
+            }
+        }
+    }
+    for key in cx.in_file_order("keys", file.keys.keys()) {
+        let Some(nodes) = places.get(key.as_str()).filter(|n| n.len() > 1) else {
+            continue;
+        };
+        let shown: Vec<String> = nodes
+            .iter()
+            .map(|(n, dev)| match n {
+                Some(n) => format!("`{dev}` on node {n}"),
+                None => format!("`{dev}` on the host running keyplan (no `node`)"),
+            })
+            .collect();
+        cx.push(Issue {
+            path: p(&["keys", key]),
+            code: "keyplan::plan::key_on_many_nodes",
+            message: format!(
+                "key `{key}` is listed on devices of {} places: {}",
+                nodes.len(),
+                shown.join(", ")
+            ),
+            label: "devices on more than one node".to_owned(),
+            help: "give each node's devices their own key (e.g. one key per OSD, as Rook does); a key shared across nodes needs the nodes to take turns rotating it, which this version does not do yet".to_owned(),
+            also: Vec::new(),
+        });
+    }
 }
 
 /// The `keyplan::plan::duplicate_device` issue: device `id` (`d`) has the same path (`ident`)

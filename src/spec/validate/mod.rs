@@ -68,6 +68,7 @@ pub(crate) struct Resolved {
     pub pbkdf: Option<PbkdfSettings>,
     pub parallelism: usize,
     pub memory_budget_kib: Option<u64>,
+    pub fleet: super::Fleet,
 }
 
 /// What every check shares: where relative paths start, where a path is written, and the
@@ -135,6 +136,11 @@ fn name_issue(path: Vec<PathSeg>, name: &str, what: &str, label: &str) -> Issue 
     }
 }
 
+/// Whether `name` is a Kubernetes node name (a DNS-1123 subdomain), as `node:` must be.
+pub(crate) fn is_node_name(name: &str) -> bool {
+    syntax::is_dns_subdomain(name)
+}
+
 /// `names` as a comma-separated list of backticked names, e.g. "`a`, `b`".
 fn list(names: impl Iterator<Item = impl AsRef<str>>) -> String {
     let v: Vec<String> = names.map(|n| format!("`{}`", n.as_ref())).collect();
@@ -162,6 +168,8 @@ pub(crate) fn validate(
     keys::check_key_entries(&file, &kms, &keys, &mut cx);
     let devices = devices::check_devices(&file, &mut cx);
     let parallelism = settings::check_settings(&file.settings, &mut cx);
+    let fleet = settings::check_fleet(file.settings.fleet.as_ref(), &mut cx);
+    devices::check_nodes(&file, &devices, &mut cx);
     if cx.issues.is_empty() {
         Ok(Resolved {
             state_dir,
@@ -171,6 +179,7 @@ pub(crate) fn validate(
             pbkdf: file.settings.pbkdf,
             parallelism,
             memory_budget_kib: file.settings.memory_budget_kib,
+            fleet,
         })
     } else {
         Err(cx.issues)

@@ -4,7 +4,8 @@ use super::{
     p, Ctx, Issue, PbkdfSettings, ARGON2_MEMORY_KIB, ARGON2_MIN_ITERATIONS, DEFAULT_PARALLELISM,
     PBKDF2_MIN_ITERATIONS,
 };
-use crate::spec::model::{PbkdfType, SettingsFile};
+use crate::spec::model::{FleetFile, PbkdfType, SettingsFile};
+use crate::spec::Fleet;
 
 /// Checks `settings` and returns `parallelism` (default [`DEFAULT_PARALLELISM`]).
 ///
@@ -119,4 +120,63 @@ fn check_pbkdf(pbkdf: &PbkdfSettings, cx: &mut Ctx) {
             });
         }
     }
+}
+
+/// `settings.fleet`, with defaults ([`Fleet::default`]).
+///
+/// Issues, `keyplan::plan::fleet`, in this order: `max_concurrent_nodes: 0`,
+/// `max_failed_nodes: 0`, a `namespace` that is not a DNS-1123 label (lowercase letters,
+/// digits and `-`, at most 63 characters, as Kubernetes requires of namespace names).
+pub(super) fn check_fleet(fleet: Option<&FleetFile>, cx: &mut Ctx) -> Fleet {
+    let mut out = Fleet::default();
+    let Some(f) = fleet else {
+        return out;
+    };
+    let at = |field: &str| p(&["settings", "fleet", field]);
+    let issue = |field: &str, message: String, label: &str, help: String| Issue {
+        path: at(field),
+        code: "keyplan::plan::fleet",
+        message,
+        label: label.to_owned(),
+        help,
+        also: Vec::new(),
+    };
+    for (field, value, slot, what) in [
+        (
+            "max_concurrent_nodes",
+            f.max_concurrent_nodes,
+            &mut out.max_concurrent_nodes,
+            "no node could ever apply",
+        ),
+        (
+            "max_failed_nodes",
+            f.max_failed_nodes,
+            &mut out.max_failed_nodes,
+            "the rollout would be stopped before it starts",
+        ),
+    ] {
+        match value {
+            Some(0) => cx.push(issue(
+                field,
+                format!("`{field}` is 0: {what}"),
+                "must be 1 or more",
+                format!("set `{field}` to 1 or more, or remove it for the default 1"),
+            )),
+            Some(n) => *slot = n,
+            None => {}
+        }
+    }
+    if let Some(ns) = &f.namespace {
+        if super::syntax::is_dns_label(ns) {
+            out.namespace = ns.clone();
+        } else {
+            cx.push(issue(
+                "namespace",
+                format!("`namespace` {ns:?} is not a Kubernetes namespace name"),
+                "not a DNS-1123 label",
+                "use lowercase letters, digits and `-`, starting and ending with a letter or digit, at most 63 characters, e.g. `keyplan`".to_owned(),
+            ));
+        }
+    }
+    out
 }

@@ -88,6 +88,31 @@ pub(crate) fn parse_rotate_after(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// Whether `s` is a DNS-1123 label (a Kubernetes namespace name): 1 to 63 lowercase letters,
+/// digits and `-`, starting and ending with a letter or digit.
+pub(crate) fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    (1..=63).contains(&b.len())
+        && b.iter().all(|c| alnum(c) || *c == b'-')
+        && b.first().is_some_and(alnum)
+        && b.last().is_some_and(alnum)
+}
+
+/// Whether `s` is a DNS-1123 subdomain (a Kubernetes node name): 1 to 253 characters, parts
+/// of lowercase letters, digits and `-` that start and end with a letter or digit, joined by
+/// `.` (Kubernetes' `IsDNS1123Subdomain`, which limits the whole name, not each part).
+pub(crate) fn is_dns_subdomain(s: &str) -> bool {
+    let part = |p: &str| {
+        let b = p.as_bytes();
+        let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+        b.iter().all(|c| alnum(c) || *c == b'-')
+            && b.first().is_some_and(alnum)
+            && b.last().is_some_and(alnum)
+    };
+    (1..=253).contains(&s.len()) && s.split('.').all(part)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
