@@ -445,6 +445,27 @@ fn text(out: &Output) -> String {
     )
 }
 
+/// Runs keyplan watched (`w`) with `KUBECONFIG=kc`, remembers every Secret value the fake now
+/// holds as a secret to look for, and asserts exit status `code`; stdout + stderr.
+fn run_watched(
+    w: &Watched,
+    fake: &FakeApiserver,
+    kc: &std::path::Path,
+    args: &[&str],
+    code: i32,
+) -> String {
+    let out = w
+        .command(args)
+        .env("KUBECONFIG", kc)
+        .output()
+        .expect("run keyplan");
+    w.record(&out);
+    for d in fake.all_data() {
+        w.add_secret(&d);
+    }
+    expect(&out, code, args)
+}
+
 fn expect(out: &Output, code: i32, args: &[&str]) -> String {
     let t = text(out);
     eprintln!("--- keyplan {args:?} (exit {:?})\n{t}", out.status.code());
@@ -473,18 +494,7 @@ fn e2e_enroll_rotate_retire_with_an_independent_reader() {
     let w = Watched::new();
     let devs = setup_devices(&w.s);
     w.add_secret(fake.full_token.as_bytes());
-    let run = |args: &[&str], code: i32| {
-        let out = w
-            .command(args)
-            .env("KUBECONFIG", &kc)
-            .output()
-            .expect("run keyplan");
-        w.record(&out);
-        for d in fake.all_data() {
-            w.add_secret(&d);
-        }
-        expect(&out, code, args)
-    };
+    let run = |args: &[&str], code: i32| run_watched(&w, &fake, &kc, args, code);
     let current = || {
         fake.data(NS, KEY_SECRET, "dmcrypt-key")
             .expect("current in data[dmcrypt-key]")
@@ -825,18 +835,7 @@ fn status_warns_about_a_service_account_token_that_expires_before_the_next_rotat
     std::fs::write(&token_file, &jwt).unwrap();
     let kc = fake.kubeconfig_with_token_file(NS, &token_file);
     w.add_secret(jwt.as_bytes());
-    let run = |args: &[&str], code: i32| {
-        let out = w
-            .command(args)
-            .env("KUBECONFIG", &kc)
-            .output()
-            .expect("run keyplan");
-        w.record(&out);
-        for d in fake.all_data() {
-            w.add_secret(&d);
-        }
-        expect(&out, code, args)
-    };
+    let run = |args: &[&str], code: i32| run_watched(&w, &fake, &kc, args, code);
 
     let out = run(&["apply", "--auto-approve"], 0);
     assert!(
