@@ -27,6 +27,9 @@
 //! LUKS2 tokens and LUKS1 record files); [`world::registry`] remembers every device a run
 //! touched. Child processes (cryptsetup, exec KMS helpers) are started through [`child`].
 //!
+//! **Fleet mode** ([`fleet`], docs/fleet.md): the Kubernetes side of running on many nodes, so
+//! far the rollout slots (a Lease semaphore, [`fleet::slots`]).
+//!
 //! **Shared pieces**: key material only ever in [`secret::Passphrase`]; the one clock
 //! [`clock`]; [`fsutil`] (atomic private writes); [`par`] (a bounded parallel map);
 //! [`failpoint`] (crash and error injection points, compiled only with the `failpoints` cargo
@@ -41,6 +44,7 @@ pub mod clock;
 pub mod diff;
 pub mod error;
 pub mod failpoint;
+pub mod fleet;
 pub mod fsutil;
 #[doc(hidden)]
 pub mod fuzzing;

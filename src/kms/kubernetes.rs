@@ -134,7 +134,7 @@ pub struct KubernetesKms {
 /// Where the client's credential comes from, as far as its expiry can be known (never the
 /// credential itself).
 #[derive(Debug, Clone)]
-enum AuthSource {
+pub(crate) enum AuthSource {
     /// A client certificate file (read again for each report).
     CertFile(std::path::PathBuf),
     /// A client certificate inline in the kubeconfig (`client-certificate-data`): its
@@ -1241,7 +1241,7 @@ fn config_source(kubeconfig: Option<&Path>, context: Option<&str>) -> String {
 /// client-side retries off and [`REQUEST_TIMEOUT`] for connecting, reading and writing.
 /// Returns the cluster URL, the client and where its credential comes from. Errors: why the
 /// kubeconfig or the in-cluster configuration cannot be used (never its content).
-async fn load_client(
+pub(crate) async fn load_client(
     kubeconfig: Option<&Path>,
     context: Option<&str>,
 ) -> Result<(String, kube::Client, AuthSource), String> {

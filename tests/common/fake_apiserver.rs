@@ -25,6 +25,11 @@
 //!   `system:serviceaccount:<ns>:<name>`, `uid`, `groups`) and `status.audiences`; an unknown
 //!   token is `authenticated: false` with `status.error`. The reviewer must be authorized to
 //!   create tokenreviews: only a token with [`Access::Full`] is (others get 403).
+//! - Lease v1 (<https://kubernetes.io/docs/reference/kubernetes-api/cluster-resources/lease-v1/>):
+//!   `GET`/`POST` `/apis/coordination.k8s.io/v1/namespaces/{ns}/leases`, `GET`/`PUT`/`DELETE`
+//!   `.../leases/{name}`, with the same resourceVersion rules as Secrets (409 `Conflict` on a
+//!   stale `PUT`, 409 `AlreadyExists`, 404 `NotFound`, 422 `Invalid` for a bad name); the
+//!   spec is stored as sent. Only [`Access::Full`] may use Leases (others get 403).
 //!
 //! Every error is a `kind: Status` object as the real server returns it. Plain HTTP on a free
 //! loopback port (the kube client accepts `http://` cluster URLs). Tests read and change the
@@ -91,6 +96,8 @@ pub struct Store {
     rv: u64,
     uid: u64,
     secrets: BTreeMap<(String, String), Value>,
+    /// coordination.k8s.io/v1 Leases by namespace and name.
+    leases: BTreeMap<(String, String), Value>,
 }
 
 impl Store {
@@ -231,6 +238,7 @@ impl FakeApiserver {
                 rv: 1000,
                 uid: 0,
                 secrets: BTreeMap::new(),
+                leases: BTreeMap::new(),
             },
             tokens,
             service_accounts: BTreeMap::new(),
@@ -719,6 +727,9 @@ fn route(
     if path == "/apis/authentication.k8s.io/v1/tokenreviews" && method == "POST" {
         return token_review(sh, &user, access, &body);
     }
+    if let Some(rest) = path.strip_prefix("/apis/coordination.k8s.io/v1/namespaces/") {
+        return lease(&mut sh.store, &user, access, method, rest, body);
+    }
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (ns, name) = match parts.as_slice() {
         ["api", "v1", "namespaces", ns, "secrets"] => (ns.to_string(), None),
@@ -807,6 +818,154 @@ fn route(
             "PATCH is not supported by this fake",
             None,
         ),
+    }
+}
+
+/// A Lease request by `user` (`access`): `rest` is the path after
+/// `/apis/coordination.k8s.io/v1/namespaces/`.
+fn lease(
+    store: &mut Store,
+    user: &str,
+    access: Access,
+    method: &str,
+    rest: &str,
+    mut body: Value,
+) -> (u16, Value) {
+    let parts: Vec<&str> = rest.split('/').collect();
+    let (ns, name) = match parts.as_slice() {
+        [ns, "leases"] => (ns.to_string(), None),
+        [ns, "leases", name] => (ns.to_string(), Some(name.to_string())),
+        _ => {
+            return status(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+                None,
+            )
+        }
+    };
+    let gone = |name: &str| {
+        status(
+            404,
+            "NotFound",
+            &format!("leases.coordination.k8s.io \"{name}\" not found"),
+            Some(json!({"name": name, "group": "coordination.k8s.io", "kind": "leases"})),
+        )
+    };
+    if access != Access::Full {
+        return status(
+            403,
+            "Forbidden",
+            &format!("leases.coordination.k8s.io is forbidden: User \"{user}\" cannot {} resource \"leases\" in API group \"coordination.k8s.io\" in the namespace \"{ns}\"", method.to_lowercase()),
+            Some(json!({"group": "coordination.k8s.io", "kind": "leases"})),
+        );
+    }
+    match (method, name) {
+        ("GET", Some(name)) => match store.leases.get(&(ns, name.clone())) {
+            Some(l) => (200, l.clone()),
+            None => gone(&name),
+        },
+        ("GET", None) => {
+            let items: Vec<Value> = store
+                .leases
+                .iter()
+                .filter(|((n, _), _)| *n == ns)
+                .map(|(_, l)| l.clone())
+                .collect();
+            let rv = store.rv.to_string();
+            (
+                200,
+                json!({"kind": "LeaseList", "apiVersion": "coordination.k8s.io/v1", "metadata": {"resourceVersion": rv}, "items": items}),
+            )
+        }
+        ("POST", None) => {
+            let name = body["metadata"]["name"].as_str().unwrap_or("").to_string();
+            if !is_subdomain(&name) {
+                return invalid(&name, &[("metadata.name".into(), "Invalid value".into())]);
+            }
+            if store.leases.contains_key(&(ns.clone(), name.clone())) {
+                return status(
+                    409,
+                    "AlreadyExists",
+                    &format!("leases.coordination.k8s.io \"{name}\" already exists"),
+                    Some(json!({"name": name, "group": "coordination.k8s.io", "kind": "leases"})),
+                );
+            }
+            store.uid += 1;
+            let uid = uid_string(store.uid);
+            let rv = store.bump();
+            body["metadata"]["namespace"] = json!(ns);
+            body["metadata"]["uid"] = json!(uid);
+            body["metadata"]["resourceVersion"] = json!(rv);
+            body["metadata"]["creationTimestamp"] = json!(timestamp_now());
+            body["kind"] = json!("Lease");
+            body["apiVersion"] = json!("coordination.k8s.io/v1");
+            store.leases.insert((ns, name), body.clone());
+            (201, body)
+        }
+        ("PUT", Some(name)) => {
+            let key = (ns.clone(), name.clone());
+            let Some(old) = store.leases.get(&key).cloned() else {
+                return gone(&name);
+            };
+            let sent = body["metadata"]["resourceVersion"]
+                .as_str()
+                .map(str::to_string);
+            if sent
+                .as_deref()
+                .is_some_and(|rv| Some(rv) != old["metadata"]["resourceVersion"].as_str())
+            {
+                return status(
+                    409,
+                    "Conflict",
+                    &format!("Operation cannot be fulfilled on leases.coordination.k8s.io \"{name}\": the object has been modified; please apply your changes to the latest version and try again"),
+                    Some(json!({"name": name, "group": "coordination.k8s.io", "kind": "leases"})),
+                );
+            }
+            let rv = store.bump();
+            let mut meta = old["metadata"].clone();
+            meta["resourceVersion"] = json!(rv);
+            body["metadata"] = meta;
+            body["kind"] = json!("Lease");
+            body["apiVersion"] = json!("coordination.k8s.io/v1");
+            store.leases.insert(key, body.clone());
+            (200, body)
+        }
+        ("DELETE", Some(name)) => match store.leases.remove(&(ns, name.clone())) {
+            Some(_) => (
+                200,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "details": {"name": name, "group": "coordination.k8s.io", "kind": "leases"}}),
+            ),
+            None => gone(&name),
+        },
+        _ => status(
+            405,
+            "MethodNotAllowed",
+            &format!("the server does not allow this method on the requested resource ({method})"),
+            None,
+        ),
+    }
+}
+
+impl FakeApiserver {
+    /// The Lease `ns/name` as stored, if any (direct access, bypassing authentication).
+    pub fn lease(&self, ns: &str, name: &str) -> Option<Value> {
+        self.lock()
+            .store
+            .leases
+            .get(&(ns.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// Changes the stored Lease `ns/name` with `f` (bumping its resourceVersion), as another
+    /// client would.
+    pub fn modify_lease(&self, ns: &str, name: &str, f: impl FnOnce(&mut Value)) {
+        let mut sh = self.lock();
+        let rv = sh.store.bump();
+        if let Some(l) = sh.store.leases.get_mut(&(ns.to_string(), name.to_string())) {
+            f(l);
+            l["metadata"]["resourceVersion"] = json!(rv);
+        }
     }
 }
 

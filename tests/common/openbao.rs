@@ -49,12 +49,23 @@ pub fn missing<T>(what: &str) -> Option<T> {
 }
 
 /// A loopback port that is free, with the next one free too (the dev server's cluster
-/// listener takes port + 1).
+/// listener takes port + 1), and never handed out before in this test process: a test that
+/// stops its server and expects "connection refused" must not meet another test's server on
+/// the same port.
 fn free_port_pair() -> u16 {
+    static USED: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
     loop {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
         let port = l.local_addr().expect("local addr").port();
-        if port < u16::MAX && TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+        let mut used = USED.lock().unwrap_or_else(|e| e.into_inner());
+        if port < u16::MAX
+            && !used.contains(&port)
+            && !used.contains(&(port + 1))
+            && TcpListener::bind(("127.0.0.1", port + 1)).is_ok()
+        {
+            used.insert(port);
+            used.insert(port + 1);
             return port;
         }
     }

@@ -225,11 +225,20 @@ pub fn make_cert_days(dir: &Path, stem: &str, cn: &str, ca: Option<&str>, ext: &
     }
 }
 
+/// A free loopback port never handed out before in this test process (a test that stops its
+/// server must not meet another test's server on the same port).
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    static USED: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        if USED.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+            return port;
+        }
+    }
 }
 
 impl PyKmip {
