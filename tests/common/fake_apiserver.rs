@@ -713,15 +713,11 @@ fn route(
                 "RBAC: allowed by RoleBinding \"keyplan\" of Role \"keyplan\" to User \"{user}\""
             ));
         }
-        return (
-            201,
-            json!({
-                "kind": "SelfSubjectAccessReview",
-                "apiVersion": "authorization.k8s.io/v1",
-                "metadata": {"creationTimestamp": null},
-                "spec": body["spec"].clone(),
-                "status": st,
-            }),
+        return review(
+            "SelfSubjectAccessReview",
+            "authorization.k8s.io/v1",
+            &body,
+            st,
         );
     }
     if path == "/apis/authentication.k8s.io/v1/tokenreviews" && method == "POST" {
@@ -1022,14 +1018,20 @@ fn token_review(sh: &Shared, user: &str, access: Access, body: &Value) -> (u16, 
             json!({"user": {}, "error": "[invalid bearer token, square/go-jose: error in cryptographic primitive]"})
         }
     };
+    review("TokenReview", "authentication.k8s.io/v1", body, st)
+}
+
+/// The 201 answer to a review request (`kind` in `api_version`): its `spec` as sent, and
+/// `status`, as the real server returns review objects (they are not stored).
+fn review(kind: &str, api_version: &str, body: &Value, status: Value) -> (u16, Value) {
     (
         201,
         json!({
-            "kind": "TokenReview",
-            "apiVersion": "authentication.k8s.io/v1",
+            "kind": kind,
+            "apiVersion": api_version,
             "metadata": {"creationTimestamp": null},
             "spec": body["spec"].clone(),
-            "status": st,
+            "status": status,
         }),
     )
 }
