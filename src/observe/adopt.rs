@@ -47,13 +47,9 @@ pub(super) fn probe(
 ) -> Result<Vec<Adoption>, Finding> {
     let mut found: Vec<Adoption> = Vec::new();
     for dk in &dev.keys {
-        let Some(c) = keys.get(&dk.key).and_then(|k| k.current) else {
+        let Some(c) = to_test(&dk.key, st, keys, origins) else {
             continue;
         };
-        let recorded = st.slots_of(&dk.key).iter().any(|(_, v)| *v == c);
-        if recorded || origins.contains_key(&dk.key) {
-            continue;
-        }
         let candidates = candidates(st, dk.keyslot, &found);
         if candidates.is_empty() {
             continue;
@@ -93,6 +89,51 @@ pub(super) fn probe(
         }
     }
     Ok(found)
+}
+
+/// What [`probe`] would test first on device `dev` (`st`), without testing it: the first
+/// listed key whose current version no record holds, with the keyslots it may adopt. `None`
+/// when there is nothing to test.
+pub(super) fn untested(
+    dev: &Device,
+    st: &DeviceState,
+    keys: &BTreeMap<String, KeyState>,
+    origins: &BTreeMap<String, Vec<Origin>>,
+) -> Option<Untested> {
+    dev.keys.iter().find_map(|dk| {
+        let version = to_test(&dk.key, st, keys, origins)?;
+        let slots = candidates(st, dk.keyslot, &[]);
+        (!slots.is_empty()).then(|| Untested {
+            key: dk.key.clone(),
+            version,
+            slots,
+        })
+    })
+}
+
+/// A possible adoption not tested ([`untested`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Untested {
+    /// The key id.
+    pub key: String,
+    /// Its current KMS version, which no record of the device holds.
+    pub version: u64,
+    /// The keyslots it may open, in the order [`probe`] tests them.
+    pub slots: Vec<u32>,
+}
+
+/// The current version of key `key` to test against `st`'s unrecorded keyslots: `None` when
+/// the key has no current version, a record already holds it, or the key moved from another
+/// KMS (the migration handles it).
+fn to_test(
+    key: &str,
+    st: &DeviceState,
+    keys: &BTreeMap<String, KeyState>,
+    origins: &BTreeMap<String, Vec<Origin>>,
+) -> Option<u64> {
+    let c = keys.get(key).and_then(|k| k.current)?;
+    let recorded = st.slots_of(key).iter().any(|(_, v)| *v == c);
+    (!recorded && !origins.contains_key(key)).then_some(c)
 }
 
 /// The keyslots of `st` a key pinned to `pin` (if any) may adopt, in the order to test them:

@@ -26,7 +26,7 @@ use crate::luks::Header;
 use crate::spec::{PathSeg, Plan};
 use crate::world::{RecordObs, RecordStatus, SlotRecord, World};
 
-pub use adopt::Adoption;
+pub use adopt::{Adoption, Untested};
 #[cfg(test)]
 pub(crate) use enroll::examine as examine_enroll_file;
 pub use enroll::EnrollFile;
@@ -63,6 +63,9 @@ pub struct DeviceState {
     /// each try, see [`adopt`]), to be recorded rather than enrolled again. Empty when not
     /// tested ([`Testing::HeadersOnly`]).
     pub adoptable: Vec<Adoption>,
+    /// With [`Testing::HeadersOnly`]: what [`Testing::Passphrases`] would test for adoption
+    /// (no PBKDF run here), so `status` can say a device may be waiting to be adopted.
+    pub adoption_untested: Option<Untested>,
 }
 
 impl DeviceState {
@@ -78,6 +81,7 @@ impl DeviceState {
             enroll_with_keyslot: None,
             enroll_with_file: None,
             adoptable: Vec::new(),
+            adoption_untested: None,
         }
     }
 
@@ -173,6 +177,13 @@ pub fn observe(plan: &Plan, world: &World, testing: Testing) -> Result<Observed,
         return Err(Error::Findings(findings));
     }
     let origins = keys::origins(plan, world, &devices).map_err(Error::Findings)?;
+    if testing == Testing::HeadersOnly {
+        for (id, st) in devices.iter_mut() {
+            if let Some(dev) = plan.devices.get(id) {
+                st.adoption_untested = adopt::untested(dev, st, &keys, &origins);
+            }
+        }
+    }
     if testing == Testing::Passphrases {
         for (id, st) in devices.iter_mut() {
             let Some(dev) = plan.devices.get(id) else {

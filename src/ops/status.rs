@@ -523,7 +523,7 @@ fn observe_devices(engine: &Engine, f: &mut Findings) -> (Option<Observed>, Vec<
         Err(refusals) => {
             for r in refusals {
                 let dev = r.device.as_deref().and_then(|id| {
-                    let why = untested_adoption(plan, &obs, id)?;
+                    let why = untested_adoption(&obs, id)?;
                     Some((devices.iter_mut().find(|d| d.id == id)?, why))
                 });
                 match dev {
@@ -669,31 +669,15 @@ fn planned_drift(plan: &Plan, obs: &Observed, d: &diff::Diff, devices: &mut [Dev
 
 /// Why device `id` may be waiting to be adopted: a key it lists has a KMS current version no
 /// record on it holds, and keyslots no record names may hold that version (what `plan` tests
-/// with one PBKDF run per keyslot, and `status` does not). `None` when no keyslot could be
-/// adopted (then the planner's refusal stands).
-fn untested_adoption(plan: &Plan, obs: &Observed, id: &str) -> Option<String> {
-    let st = obs.devices.get(id)?;
-    let slots: Vec<String> = st
-        .header
-        .keyslots
-        .iter()
-        .filter(|(n, k)| {
-            k.bound
-                && k.priority != crate::luks::Priority::Ignore
-                && !st.records.iter().any(|r| r.slot == **n)
-        })
-        .map(|(n, _)| n.to_string())
-        .collect();
-    if slots.is_empty() {
-        return None;
-    }
-    let key = plan.devices.get(id)?.keys.iter().find_map(|dk| {
-        let c = obs.keys.get(&dk.key)?.current?;
-        let recorded = st.slots_of(&dk.key).iter().any(|(_, v)| *v == c);
-        (!recorded).then(|| format!("{} v{c}", dk.key))
-    })?;
+/// with one PBKDF run per keyslot, and `status` does not: [`observe::Untested`]). `None` when
+/// no keyslot could be adopted (then the planner's refusal stands).
+fn untested_adoption(obs: &Observed, id: &str) -> Option<String> {
+    let u = obs.devices.get(id)?.adoption_untested.as_ref()?;
+    let slots: Vec<String> = u.slots.iter().map(u32::to_string).collect();
     Some(format!(
-        "{key} is recorded in no keyslot, and keyslot {} (not made by keyplan) may hold it: `keyplan plan` tests that (status runs no PBKDF) and plans the adoption, or says why not",
+        "{} v{} is recorded in no keyslot, and keyslot {} (not made by keyplan) may hold it: `keyplan plan` tests that (status runs no PBKDF) and plans the adoption, or says why not",
+        u.key,
+        u.version,
         slots.join(", ")
     ))
 }
