@@ -236,16 +236,22 @@ pub struct VaultKms {
     mount: String,
     /// Where the token comes from.
     auth: Auth,
-    /// Address, TLS and namespace, for the client made after a login.
-    endpoint: Endpoint,
     /// The client with its token: set at construction for a static token, after the login
     /// (on the first request) otherwise.
     client: OnceLock<VaultClient>,
-    /// Held during a login, so concurrent first requests log in once. Holds the error of a
-    /// login that was refused (or could not read its files): the rest of the run gets the same
-    /// error without asking again, as servers lock a role out after a few failed logins
-    /// (OpenBao's user lockout: 5 by default).
-    login_lock: Mutex<Option<KmsError>>,
+    /// Held during a login, so concurrent first requests log in once.
+    login: Mutex<Login>,
+}
+
+/// The login of a login method, before and after it is tried.
+struct Login {
+    /// The client without a token the login is made with; it gets the token and becomes
+    /// [`VaultKms::client`] once the login succeeds.
+    client: Option<VaultClient>,
+    /// The error of a login that was refused (or could not read its files): the rest of the
+    /// run gets the same error without asking again, as servers lock a role out after a few
+    /// failed logins (OpenBao's user lockout: 5 by default).
+    refused: Option<KmsError>,
 }
 
 impl fmt::Debug for VaultKms {
@@ -441,13 +447,7 @@ impl VaultKms {
         let auth = Auth::Token {
             env: token_env.to_string(),
         };
-        let kms = Self::build(instance, config, auth)?;
-        let client = build_client(&kms.endpoint, token).map_err(|detail| KmsError::Config {
-            kms: kms.describe(),
-            detail,
-        })?;
-        let _ = kms.client.set(client);
-        Ok(kms)
+        Self::build(instance, config, auth, token)
     }
 
     /// A client for the `vault` configuration `config` whose `auth` is a login method
@@ -469,12 +469,19 @@ impl VaultKms {
             instance,
             config,
             Auth::from_config(auth.as_ref(), token_env.as_deref()),
+            "",
         )
     }
 
     /// The parts of [`VaultKms::new`] and [`VaultKms::with_login`] common to both: settings
-    /// checked, no client with a token yet.
-    fn build(instance: &str, config: &KmsConfig, auth: Auth) -> Result<VaultKms, KmsError> {
+    /// checked and the one HTTP client built (now, so that a bad CA file is reported at open),
+    /// with `token` for a static token, without one for a login method.
+    fn build(
+        instance: &str,
+        config: &KmsConfig,
+        auth: Auth,
+        token: &str,
+    ) -> Result<VaultKms, KmsError> {
         let desc = describe_config(instance, config);
         let config_err = |detail: String| KmsError::Config {
             kms: desc.clone(),
@@ -514,16 +521,22 @@ impl VaultKms {
             ca_cert: ca_cert.clone(),
             identity,
         };
-        // Builds a client now so that a bad CA file is reported at open, not at the login.
-        build_client(&endpoint, "").map_err(&config_err)?;
+        let built = build_client(&endpoint, token).map_err(&config_err)?;
+        let (client, pending) = if auth.is_login() {
+            (OnceLock::new(), Some(built))
+        } else {
+            (OnceLock::from(built), None)
+        };
         Ok(VaultKms {
             instance: instance.to_string(),
             address: address.trim().to_string(),
             mount,
             auth,
-            endpoint,
-            client: OnceLock::new(),
-            login_lock: Mutex::new(None),
+            client,
+            login: Mutex::new(Login {
+                client: pending,
+                refused: None,
+            }),
         })
     }
 
@@ -537,44 +550,41 @@ impl VaultKms {
         if let Some(c) = self.client.get() {
             return Ok(c);
         }
-        let mut refused = self
-            .login_lock
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut login = self.login.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(c) = self.client.get() {
             return Ok(c);
         }
-        if let Some(e) = refused.as_ref() {
+        if let Some(e) = login.refused.as_ref() {
             return Err(e.same());
         }
-        let token = match self.login() {
-            Ok(t) => t,
+        let Some(mut client) = login.client.take() else {
+            return Err(self.unexpected("logging in (no client left to log in with)"));
+        };
+        match self.log_in(&client) {
+            Ok(token) => {
+                use vaultrs::client::Client as _;
+                client.set_token(&token);
+                Ok(self.client.get_or_init(|| client))
+            }
             Err(e) => {
                 if matches!(e, KmsError::Denied { .. } | KmsError::Config { .. }) {
-                    *refused = Some(e.same());
+                    login.refused = Some(e.same());
                 }
-                return Err(e);
+                login.client = Some(client);
+                Err(e)
             }
-        };
-        let client = build_client(&self.endpoint, &token).map_err(|detail| KmsError::Config {
-            kms: self.describe(),
-            detail,
-        })?;
-        Ok(self.client.get_or_init(|| client))
+        }
     }
 
-    /// One login with [`VaultKms::auth`]; the token it gets.
-    fn login(&self) -> Result<Zeroizing<String>, KmsError> {
+    /// One login with [`VaultKms::auth`] on `client` (which has no token yet); the token it
+    /// gets.
+    fn log_in(&self, client: &VaultClient) -> Result<Zeroizing<String>, KmsError> {
         let what = self.auth.login_what();
-        let bootstrap = build_client(&self.endpoint, "").map_err(|detail| KmsError::Config {
-            kms: self.describe(),
-            detail,
-        })?;
         tracing::debug!(kms = %self.instance, "vault request: {what}");
         let answer = block_on(
             &self.describe(),
             self.auth
-                .login(&bootstrap)
+                .login(client)
                 .with_subscriber(tracing::subscriber::NoSubscriber::default()),
         )?
         .map_err(|detail| KmsError::Config {
@@ -587,7 +597,7 @@ impl VaultKms {
                 tracing::info!(
                     kms = %self.instance,
                     "logged in ({}): token valid for {} s{}",
-                    self.auth.login_what().trim_start_matches("logging in "),
+                    what.trim_start_matches("logging in "),
                     info.lease_duration,
                     if info.renewable { ", renewable" } else { "" }
                 );
