@@ -63,3 +63,32 @@ pub(super) fn during_run<T>(f: impl FnOnce() -> T) -> T {
     ACTIVE.store(false, Ordering::SeqCst);
     out
 }
+
+/// Set by the first SIGTERM/SIGINT/SIGHUP of `keyplan agent`.
+static AGENT_STOP: AtomicBool = AtomicBool::new(false);
+
+/// `keyplan agent`'s handlers: the first signal sets the returned flag (the agent lets the
+/// running steps finish, releases its rollout slot, reports and exits 0); a second one exits
+/// at once with status 1 (safe at any instant, as for `apply`).
+///
+/// Errors: the handlers could not be installed.
+pub(super) fn install_agent() -> Result<&'static AtomicBool> {
+    for sig in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ] {
+        // SAFETY: the handler stores into an atomic and writes with write(2) (async-signal-safe).
+        unsafe {
+            signal_hook::low_level::register(sig, || {
+                if AGENT_STOP.swap(true, Ordering::SeqCst) {
+                    say(b"\nkeyplan agent: second signal: exiting now. The journal records any interrupted run; the next agent finishes it.\n");
+                    signal_hook::low_level::exit(1);
+                }
+                say(b"\nkeyplan agent: signal received: finishing the running step, releasing the rollout slot, then exiting (send it again to exit at once)\n");
+            })
+        }
+        .into_diagnostic()?;
+    }
+    Ok(&AGENT_STOP)
+}

@@ -40,9 +40,11 @@ macro_rules! out {
     }};
 }
 
+mod agent;
 mod apply;
 mod docs;
 pub mod exit;
+mod fleet;
 mod interrupts;
 mod journal;
 mod key;
@@ -54,8 +56,10 @@ mod status;
 mod validate;
 mod verify;
 
+use agent::{cmd_agent, AgentArgs};
 use apply::{cmd_apply, cmd_apply_saved};
 pub use exit::Exit;
+use fleet::{cmd_fleet, FleetCommand};
 use journal::cmd_journal;
 use key::cmd_key_get;
 use plan::cmd_plan;
@@ -259,6 +263,17 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Fleet mode: the per-node reconcile loop (a DaemonSet pod). Reads the plan from a
+    /// ConfigMap volume at every poll, applies this node's changes while holding one of
+    /// `settings.fleet.max_concurrent_nodes` rollout Leases, and publishes a report, Events
+    /// and /metrics (docs/fleet.md). Runs until SIGTERM.
+    Agent(AgentArgs),
+    /// Fleet mode, from a workstation or CI: the agents' reports.
+    Fleet {
+        /// The fleet subcommand.
+        #[command(subcommand)]
+        command: FleetCommand,
+    },
     /// Print a shell completion script to stdout, e.g.
     /// `keyplan completions bash > /etc/bash_completion.d/keyplan`.
     Completions {
@@ -331,6 +346,8 @@ fn init_logging(cli: &Cli, color: bool) {
         "error"
     } else {
         match cli.verbose {
+            // The agent logs its runs (initiated, each step, complete) for log pipelines.
+            0 if matches!(cli.command, Command::Agent(_)) => "info",
             0 => "warn",
             1 => "info",
             2 => "debug",
@@ -410,6 +427,8 @@ fn load_plan_with_bytes(cli: &Cli, arg: &PlanArg) -> Result<(Plan, Vec<u8>)> {
 fn run(cli: &Cli) -> Result<Exit> {
     match &cli.command {
         Command::Validate { plan, json } => cmd_validate(cli, plan, *json),
+        Command::Agent(args) => cmd_agent(cli, args),
+        Command::Fleet { command } => cmd_fleet(command),
         Command::Plan {
             plan,
             detailed_exitcode,

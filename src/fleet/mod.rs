@@ -1,9 +1,25 @@
-//! Fleet mode on Kubernetes (issue 15, docs/fleet.md): what the coming node agent uses to run
-//! the engine on many nodes with Kubernetes as the distributed engine. So far: the rollout
-//! slots ([`slots`]), a counting semaphore of `coordination.k8s.io/v1` Leases that bounds how
-//! many nodes apply at once.
+//! Fleet mode on Kubernetes (docs/fleet.md): the engine on many nodes, with Kubernetes as the
+//! distributed engine.
+//!
+//! - [`agent`]: `keyplan agent`, the per-node reconcile loop over [`crate::ops`];
+//! - [`slots`]: the rollout slots, a counting semaphore of `coordination.k8s.io/v1` Leases
+//!   that bounds how many nodes apply at once;
+//! - [`report`]: the per-node report ConfigMaps, and the fleet-wide failure count that halts
+//!   the rollout; [`status`]: `keyplan fleet status` and `fleet clear` over them;
+//! - [`events`]: Kubernetes Events of runs; `endpoint`: the agent's `/metrics` and `/healthz`;
+//! - [`source`]: the plan file of a ConfigMap volume (never a `subPath` mount);
+//! - [`trust`]: the agent's configuration, the allow-list a plan is held to;
+//! - [`api`]: the API calls each front end makes (what the RBAC manifests grant).
 
+pub mod agent;
+pub mod api;
+mod endpoint;
+pub mod events;
+pub mod report;
 pub mod slots;
+pub mod source;
+pub mod status;
+pub mod trust;
 
 /// A Kubernetes client for the fleet's objects (Leases, reports, Events): from the kubeconfig
 /// file `kubeconfig` (its `context`, or its current one), else the in-cluster service account
@@ -24,4 +40,13 @@ pub fn client(
     )
     .map_err(|e| e.to_string())?
     .map(|(_, client, _)| client)
+}
+
+/// A Kubernetes client error for messages: `HTTP <code>: <message>` for an API status, else
+/// the error's text (kube's errors name no token).
+pub(crate) fn api_text(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("HTTP {}: {}", s.code, s.message),
+        e => e.to_string(),
+    }
 }

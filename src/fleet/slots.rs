@@ -359,3 +359,12 @@ fn expired(l: &Lease, now: Timestamp) -> bool {
     };
     renewed.0.as_second().saturating_add(i64::from(secs)) < now.as_second()
 }
+
+/// The holder of Lease `l` at `now` (Unix seconds) when it is held and not expired.
+pub fn live_holder(l: &Lease, now: u64) -> Option<String> {
+    let now =
+        Timestamp::from_second(i64::try_from(now).unwrap_or(i64::MAX)).unwrap_or(Timestamp::now());
+    holder_of(l)
+        .filter(|_| !expired(l, now))
+        .map(str::to_string)
+}

@@ -2,6 +2,7 @@
 //! `plan --json` document) here; the `status` report in [`status`]; runs, the journal and
 //! `verify` in [`run`]. The engine computes; this module only formats.
 
+pub mod fleet;
 pub mod run;
 pub mod status;
 

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{prometheus_text, DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
@@ -180,6 +181,8 @@ struct GaugeFamily {
     name: &'static str,
     help: &'static str,
     samples: Vec<(Vec<(&'static str, String)>, u64)>,
+    /// Encoded as a counter rather than a gauge.
+    counter: bool,
 }
 
 impl GaugeFamily {
@@ -188,6 +191,7 @@ impl GaugeFamily {
             name,
             help,
             samples: Vec::new(),
+            counter: false,
         }
     }
 
@@ -213,15 +217,33 @@ impl GaugeFamily {
 #[derive(Debug)]
 struct Gauges(Vec<GaugeFamily>);
 
+/// Encodes one sample `v` as a counter or a gauge.
+fn encode_value(
+    counter: bool,
+    v: u64,
+    m: prometheus_client::encoding::MetricEncoder<'_>,
+) -> Result<(), std::fmt::Error> {
+    if counter {
+        ConstCounter::new(v).encode(m)
+    } else {
+        ConstGauge::new(v).encode(m)
+    }
+}
+
 impl Collector for Gauges {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         for f in self.0.iter().filter(|f| !f.samples.is_empty()) {
-            let mut metric = encoder.encode_descriptor(f.name, f.help, None, MetricType::Gauge)?;
+            let kind = if f.counter {
+                MetricType::Counter
+            } else {
+                MetricType::Gauge
+            };
+            let mut metric = encoder.encode_descriptor(f.name, f.help, None, kind)?;
             match f.samples.as_slice() {
-                [(labels, v)] if labels.is_empty() => ConstGauge::new(*v).encode(metric)?,
+                [(labels, v)] if labels.is_empty() => encode_value(f.counter, *v, metric)?,
                 samples => {
                     for (labels, v) in samples {
-                        ConstGauge::new(*v).encode(metric.encode_family(labels)?)?;
+                        encode_value(f.counter, *v, metric.encode_family(labels)?)?;
                     }
                 }
             }
@@ -235,6 +257,11 @@ impl Collector for Gauges {
 ///
 /// Errors: the encoder failed (formatting into a `String` does not fail).
 pub fn prometheus(r: &StatusReport) -> Result<String, std::fmt::Error> {
+    encode(families(r), Registry::default())
+}
+
+/// Every family of the report, in output order.
+fn families(r: &StatusReport) -> Vec<GaugeFamily> {
     let b = |x: bool| u64::from(x);
     let mut families = vec![
         GaugeFamily::single(
@@ -262,11 +289,72 @@ pub fn prometheus(r: &StatusReport) -> Result<String, std::fmt::Error> {
     families.extend(device_families(r));
     families.extend(run_families(r));
     families.extend(credential_families(r));
-    let mut registry = Registry::default();
+    families
+}
+
+/// Encodes `families` into `registry` as the text exposition format.
+fn encode(families: Vec<GaugeFamily>, mut registry: Registry) -> Result<String, std::fmt::Error> {
     registry.register_collector(Box::new(Gauges(families)));
     let mut s = String::new();
     prometheus_text::encode(&mut s, &registry)?;
     Ok(s)
+}
+
+/// A metric family the node agent adds to the status metrics: a gauge, or a counter (whose
+/// name gets the `_total` suffix in the output).
+#[derive(Debug)]
+pub struct ExtraGauge(GaugeFamily);
+
+impl ExtraGauge {
+    /// A gauge family `name` without samples yet.
+    pub fn new(name: &'static str, help: &'static str) -> ExtraGauge {
+        ExtraGauge(GaugeFamily::new(name, help))
+    }
+
+    /// A counter family `name` (written `<name>_total`) without samples yet.
+    pub fn counter(name: &'static str, help: &'static str) -> ExtraGauge {
+        let mut f = GaugeFamily::new(name, help);
+        f.counter = true;
+        ExtraGauge(f)
+    }
+
+    /// A gauge family of one sample without labels.
+    pub fn single(name: &'static str, help: &'static str, value: u64) -> ExtraGauge {
+        ExtraGauge(GaugeFamily::single(name, help, Some(value)))
+    }
+
+    /// Adds a sample with `labels`.
+    pub fn add(&mut self, labels: Vec<(&'static str, String)>, value: u64) {
+        self.0.samples.push((labels, value));
+    }
+}
+
+/// `extra` alone (for `keyplan fleet status --format prometheus`).
+///
+/// Errors: the encoder failed (formatting into a `String` does not fail).
+pub fn prometheus_plain(extra: Vec<ExtraGauge>) -> Result<String, std::fmt::Error> {
+    encode(
+        extra.into_iter().map(|e| e.0).collect(),
+        Registry::default(),
+    )
+}
+
+/// The node agent's metrics: `r`'s families (as [`prometheus`] writes them; none before the
+/// first status) and `extra`, every sample with the label `node`.
+///
+/// Errors: the encoder failed (formatting into a `String` does not fail).
+pub fn prometheus_for_node(
+    r: Option<&StatusReport>,
+    node: &str,
+    extra: Vec<ExtraGauge>,
+) -> Result<String, std::fmt::Error> {
+    let mut families = r.map(families).unwrap_or_default();
+    families.extend(extra.into_iter().map(|e| e.0));
+    let labels = std::iter::once((
+        std::borrow::Cow::Borrowed("node"),
+        std::borrow::Cow::Owned(node.to_string()),
+    ));
+    encode(families, Registry::with_labels(labels))
 }
 
 /// The per-key families.

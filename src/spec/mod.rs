@@ -92,14 +92,24 @@ pub fn load(path: &Path) -> Result<Plan, miette::Report> {
 /// Errors: as [`load`].
 pub fn load_with_bytes(path: &Path) -> Result<(Plan, Vec<u8>), miette::Report> {
     let text = load::read(path)?;
-    let format = Format::from_path(path).unwrap_or_else(|| load::detect(&text));
+    let plan = load_text(&text, path)?;
+    Ok((plan, text.into_bytes()))
+}
+
+/// Parses, validates and resolves `text`, read from the plan file at `path` (its extension
+/// picks the format, else the text does; relative paths resolve against its directory), as
+/// [`load`] does after reading the file. The node agent reads the file itself, once per cycle.
+///
+/// Errors: as [`load_str`].
+pub fn load_text(text: &str, path: &Path) -> Result<Plan, miette::Report> {
+    let format = Format::from_path(path).unwrap_or_else(|| load::detect(text));
     let base_dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let mut plan = load_str(&text, &path.display().to_string(), format, base_dir)?;
+    let mut plan = load_str(text, &path.display().to_string(), format, base_dir)?;
     plan.source_path = path.to_path_buf();
-    Ok((plan, text.into_bytes()))
+    Ok(plan)
 }
 
 /// Parses, validates and resolves plan `text` in `format`. `name` is the file name shown in

@@ -1,0 +1,92 @@
+//! `keyplan agent`: parses its options, installs the signal handlers and hands over to the
+//! reconcile loop ([`crate::fleet::agent`]), which holds all of the agent's policy.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::*;
+use crate::fleet::agent::AgentOptions;
+use crate::fleet::trust::AgentConfig;
+
+/// The state directory of an agent when `--state-dir` is not given (a hostPath in the
+/// DaemonSet).
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/keyplan";
+
+/// `keyplan agent` options (besides the global `--node`, `--state-dir`, `--log-format`).
+#[derive(Debug, Clone, Args)]
+pub struct AgentArgs {
+    /// The plan file: a key of a ConfigMap mounted as a directory (read by path at every
+    /// poll; a subPath mount or a plain file is refused, as it never sees updates).
+    #[arg(long, value_name = "FILE")]
+    pub plan: PathBuf,
+    /// The agent's configuration (YAML): the KMS instances plans may use, with the agent's
+    /// credentials for them (docs/fleet.md, "The plan is untrusted input"). Without it a plan
+    /// may use no KMS at all.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Time between full cycles (observe, plan, apply when there are changes), e.g. `5m`.
+    #[arg(long, default_value = "5m", value_parser = parse_duration, value_name = "DURATION")]
+    pub interval: Duration,
+    /// Time between reads of the plan file, and between tries for a rollout slot while
+    /// waiting for one.
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    pub poll: Duration,
+    /// Lease duration of a rollout slot (renewed every third of it while a run lasts; a
+    /// node gone for good frees its slot after this long).
+    #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
+    pub slot_duration: Duration,
+    /// Namespace of the Leases, reports and Events (default: the plan's
+    /// settings.fleet.namespace).
+    #[arg(long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+    /// kubeconfig file (default: the in-cluster service account, else $KUBECONFIG).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// kubeconfig context.
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+    /// Serve /metrics and /healthz on this address, e.g. `0.0.0.0:9808`.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+}
+
+/// A duration as `humantime` reads it (`30s`, `5m`, `1h 30m`), at least one second.
+pub(super) fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    match humantime::parse_duration(s) {
+        Ok(d) if d >= Duration::from_secs(1) => Ok(d),
+        Ok(_) => Err("must be at least 1s".into()),
+        Err(e) => Err(format!("{e} (e.g. 30s, 5m, 1h)")),
+    }
+}
+
+/// `keyplan agent`: runs until SIGTERM; exit 0 after a clean stop, 1 when it cannot start.
+pub(super) fn cmd_agent(cli: &Cli, args: &AgentArgs) -> Result<Exit> {
+    let node = spec::node::this_node(cli.node.as_deref()).map_err(|e| miette!("{e}"))?;
+    let config = match &args.config {
+        Some(path) => AgentConfig::load(path).map_err(|e| miette!("{e}"))?,
+        None => AgentConfig::default(),
+    };
+    let state_dir = std::path::absolute(
+        cli.state_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
+    )
+    .into_diagnostic()?;
+    let stop = interrupts::install_agent()?;
+    let opts = AgentOptions {
+        node,
+        plan: args.plan.clone(),
+        config,
+        state_dir,
+        interval: args.interval,
+        poll: args.poll,
+        slot_duration: args.slot_duration,
+        namespace: args.namespace.clone(),
+        kubeconfig: args.kubeconfig.clone(),
+        context: args.context.clone(),
+        listen: args.listen,
+    };
+    crate::fleet::agent::run(opts, stop).map_err(|e| miette!("keyplan agent cannot start: {e}"))?;
+    Ok(Exit::Success)
+}

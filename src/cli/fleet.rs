@@ -1,0 +1,105 @@
+//! `keyplan fleet status` and `keyplan fleet clear`: read (or clear the failures of) the node
+//! reports from a workstation or CI ([`crate::fleet::status`]), render, exit status.
+
+use std::path::PathBuf;
+
+use super::*;
+
+/// Where the fleet is: namespace and Kubernetes client configuration.
+#[derive(Debug, Clone, Args)]
+pub struct FleetTarget {
+    /// The fleet namespace (the plan's settings.fleet.namespace).
+    #[arg(long, default_value = "keyplan", value_name = "NAMESPACE")]
+    pub namespace: String,
+    /// kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else in-cluster).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// kubeconfig context (default: the current one).
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+}
+
+/// `keyplan fleet ...`.
+#[derive(Debug, Subcommand)]
+pub enum FleetCommand {
+    /// Per node (devices, keys, versions, last run, drift, rotation due, state: running,
+    /// failed, lost, ...) and fleet totals, from the agents' reports. Exit 0 when all is
+    /// well, 1 when a node failed, is lost, halted, in error, refused its plan, drifted or
+    /// is overdue, 3 when the reports cannot be read.
+    Status {
+        #[command(flatten)]
+        target: FleetTarget,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = StatusFormat::Text)]
+        format: StatusFormat,
+    },
+    /// Clear the failed node runs that halt the rollout (max_failed_nodes), once their cause
+    /// is fixed: those nodes retry and the others start again.
+    Clear {
+        #[command(flatten)]
+        target: FleetTarget,
+        /// Clear only this node's failure (default: every node's).
+        #[arg(value_name = "NODE")]
+        only: Option<String>,
+    },
+}
+
+fn client(t: &FleetTarget) -> Result<kube::Client> {
+    crate::fleet::client(t.kubeconfig.as_deref(), t.context.as_deref()).map_err(|e| {
+        miette!(
+            help = "pass --kubeconfig/--context, or set KUBECONFIG",
+            "cannot reach the Kubernetes API: {e}"
+        )
+    })
+}
+
+/// `keyplan fleet ...`.
+pub(super) fn cmd_fleet(command: &FleetCommand) -> Result<Exit> {
+    match command {
+        FleetCommand::Status { target, format } => {
+            let c = client(target)?;
+            let s = match crate::fleet::status::read(&c, &target.namespace) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("keyplan fleet status: cannot read the node reports: {e}");
+                    return Ok(Exit::Unknown);
+                }
+            };
+            let text = match format {
+                StatusFormat::Text => render::fleet::text(&s),
+                StatusFormat::Json => render::fleet::json(&s).into_diagnostic()?,
+                StatusFormat::Prometheus => render::fleet::prometheus(&s).into_diagnostic()?,
+            };
+            out!("{text}");
+            Ok(if s.healthy() {
+                Exit::Success
+            } else {
+                Exit::Failure
+            })
+        }
+        FleetCommand::Clear { target, only } => {
+            let c = client(target)?;
+            let cleared = crate::fleet::status::clear(&c, &target.namespace, only.as_deref())
+                .map_err(|e| {
+                    miette!(
+                        help = "run it again (an agent may have written its report just then)",
+                        "{e}"
+                    )
+                })?;
+            if cleared.is_empty() {
+                outln!(
+                    "No failure to clear{}.",
+                    only.as_ref()
+                        .map(|n| format!(" on node {n}"))
+                        .unwrap_or_default()
+                );
+            } else {
+                outln!(
+                    "Cleared the failure of {}: the rollout goes on at the agents' next poll.",
+                    cleared.join(", ")
+                );
+            }
+            Ok(Exit::Success)
+        }
+    }
+}

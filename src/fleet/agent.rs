@@ -1,0 +1,860 @@
+//! `keyplan agent`: one reconcile loop per node (a DaemonSet pod), over the same engine API as
+//! the CLI ([`crate::ops`]). docs/fleet.md describes it for operators.
+//!
+//! Every `poll` the loop reads the plan file ([`super::source`], by path through the
+//! ConfigMap volume's `..data` link). A **full cycle** runs when the plan's text changed and
+//! at least every `interval`:
+//!
+//! 1. load and validate the whole plan, cut it to this node ([`crate::spec::Plan::for_node`]),
+//!    and hold it to the agent's configuration ([`super::trust`]); a refused plan changes
+//!    nothing;
+//! 2. open an apply session (state lock, journal on the node) and see whether there is work:
+//!    an interrupted run to finish, or a plan with changes;
+//! 3. no work: report `in_sync` (no Lease is touched);
+//! 4. work: unless `max_failed_nodes` node runs have failed fleet-wide ([`super::report`]),
+//!    take a rollout slot ([`super::slots`]); all busy: report `waiting` and try the slots
+//!    again at every poll (without observing again);
+//! 5. with a slot: plan afresh, finish the interrupted run, run the plan's rounds, renewing the
+//!    slot from a second thread while the run lasts; release it; report the outcome and emit
+//!    Events.
+//!
+//! A lost slot (another node took it after it expired) or SIGTERM stops the run between
+//! steps (the running ones finish; the journal keeps the run open, and the next cycle
+//! finishes it). The loop never panics on what it reads; every failure becomes the report's
+//! state and message.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+
+use super::events::{EventType, Events};
+use super::report::{
+    AgentRun, AgentState, DeviceSummary, Failure, KeySummary, NodeReport, Reports, Stored,
+};
+use super::slots::{Acquired, Slot, SlotError, Slots};
+use super::source::PlanSource;
+use super::trust::AgentConfig;
+use crate::apply::StepEvent;
+use crate::clock::now_unix;
+use crate::error::Error;
+use crate::ops::apply::{ApplySession, RunOptions};
+use crate::ops::plan::PlanRequest;
+use crate::ops::status::StatusReport;
+use crate::ops::Engine;
+use crate::spec::Plan;
+
+/// How the agent runs (`keyplan agent` options).
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// This node's name.
+    pub node: String,
+    /// The plan file, a key of a ConfigMap volume.
+    pub plan: PathBuf,
+    /// The agent's configuration (its KMS allow-list and credentials).
+    pub config: AgentConfig,
+    /// The node's state directory (journal, lock), overriding the plan's `state_dir`.
+    pub state_dir: PathBuf,
+    /// Time between full cycles.
+    pub interval: Duration,
+    /// Time between reads of the plan file (and slot attempts while waiting).
+    pub poll: Duration,
+    /// Lease duration of a rollout slot; renewed every third of it while a run lasts.
+    pub slot_duration: Duration,
+    /// The fleet namespace, overriding the plan's `settings.fleet.namespace`.
+    pub namespace: Option<String>,
+    /// kubeconfig file; `None`: in-cluster service account (or `KUBECONFIG`).
+    pub kubeconfig: Option<PathBuf>,
+    /// kubeconfig context.
+    pub context: Option<String>,
+    /// Address of the `/metrics` and `/healthz` endpoint; `None`: none.
+    pub listen: Option<SocketAddr>,
+}
+
+/// What the metrics endpoint shows: the last status and the agent's counters.
+#[derive(Debug, Default)]
+pub(crate) struct Health {
+    /// When the loop last went round.
+    pub last_tick: Option<Instant>,
+    /// Whether a run is going on (the loop is busy, not stuck).
+    pub running: bool,
+    /// The last status report of this node.
+    pub status: Option<StatusReport>,
+    /// Runs by outcome (`success`, `failed`, `stopped`).
+    pub runs: std::collections::BTreeMap<&'static str, u64>,
+    /// Whether a slot is held.
+    pub slot_held: bool,
+    /// Whether the rollout was seen halted.
+    pub halted: bool,
+    /// The agent's state.
+    pub state: Option<AgentState>,
+    /// When the last full cycle ended, Unix seconds.
+    pub last_cycle_at: Option<u64>,
+    /// Whether the last plan was refused.
+    pub plan_refused: bool,
+}
+
+/// Runs the agent until `stop` is set (SIGTERM), then releases what it holds, reports
+/// `stopped` and returns.
+///
+/// Errors: a text saying why the agent cannot start: the plan file is not a key of a
+/// ConfigMap volume, no Kubernetes client can be built, or the listen address is taken.
+pub fn run(opts: AgentOptions, stop: &'static AtomicBool) -> Result<(), String> {
+    let source = PlanSource::open(&opts.plan)?;
+    let client = super::client(opts.kubeconfig.as_deref(), opts.context.as_deref())
+        .map_err(|e| format!("cannot reach the Kubernetes API: {e}"))?;
+    let health = Arc::new(Mutex::new(Health::default()));
+    if let Some(addr) = opts.listen {
+        super::endpoint::serve(addr, opts.node.clone(), opts.poll, Arc::clone(&health))?;
+    }
+    let mut agent = Agent::new(opts, source, client, health, stop);
+    agent.start();
+    while !stop.load(Ordering::SeqCst) {
+        agent.tick();
+        let until = Instant::now() + agent.opts.poll;
+        while Instant::now() < until && !stop.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(100).min(agent.opts.poll));
+        }
+    }
+    agent.stopped();
+    Ok(())
+}
+
+/// Work found by a full cycle, waiting for a slot.
+struct Pending {
+    plan: Plan,
+    changes: usize,
+}
+
+struct Agent {
+    opts: AgentOptions,
+    source: PlanSource,
+    client: kube::Client,
+    health: Arc<Mutex<Health>>,
+    stop: &'static AtomicBool,
+    namespace: String,
+    report: NodeReport,
+    /// The report ConfigMap as last read or written.
+    prior: Option<ConfigMap>,
+    /// The report as last published (without `updated_at`), and when.
+    published: Option<(NodeReport, Instant)>,
+    last_digest: Option<String>,
+    next_full: Instant,
+    pending: Option<Pending>,
+    /// Whether the last plan had devices on this node (a node without any writes no report).
+    has_devices: bool,
+}
+
+impl Agent {
+    fn new(
+        opts: AgentOptions,
+        source: PlanSource,
+        client: kube::Client,
+        health: Arc<Mutex<Health>>,
+        stop: &'static AtomicBool,
+    ) -> Agent {
+        let namespace = opts
+            .namespace
+            .clone()
+            .unwrap_or_else(|| crate::spec::Fleet::default().namespace);
+        let report = NodeReport {
+            format_version: super::report::FORMAT_VERSION.to_string(),
+            node: opts.node.clone(),
+            agent_version: env!("CARGO_PKG_VERSION").to_string(),
+            updated_at: now_unix(),
+            interval_seconds: opts.interval.as_secs(),
+            plan_digest: None,
+            state: AgentState::InSync,
+            message: None,
+            changes: 0,
+            devices: Vec::new(),
+            keys: Vec::new(),
+            problems: Vec::new(),
+            unchecked: Vec::new(),
+            last_run: None,
+            last_success_at: None,
+            failure: None,
+            halted: false,
+        };
+        Agent {
+            opts,
+            source,
+            client,
+            health,
+            stop,
+            namespace,
+            report,
+            prior: None,
+            published: None,
+            last_digest: None,
+            next_full: Instant::now(),
+            pending: None,
+            has_devices: true,
+        }
+    }
+
+    fn reports(&self) -> Reports {
+        Reports::new(self.client.clone(), &self.namespace)
+    }
+
+    fn events(&self) -> Events {
+        Events::new(self.client.clone(), &self.namespace, &self.opts.node)
+    }
+
+    fn health(&self) -> std::sync::MutexGuard<'_, Health> {
+        self.health.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Picks up this node's previous report (a restarted agent keeps its failure, last run and
+    /// last success).
+    fn start(&mut self) {
+        tracing::info!(node = %self.opts.node, plan = %self.source.path().display(), "keyplan agent starting");
+        match self.reports().get(&self.opts.node) {
+            Ok(Some(stored)) => self.adopt(stored),
+            Ok(None) => {}
+            Err(e) => tracing::warn!("could not read this node's previous report: {e}"),
+        }
+    }
+
+    fn adopt(&mut self, stored: Stored) {
+        if let Some(old) = stored.report {
+            self.report.last_run = old.last_run;
+            self.report.last_success_at = old.last_success_at;
+            self.report.failure = old.failure;
+        }
+        self.prior = Some(stored.object);
+    }
+
+    /// One go round the loop.
+    fn tick(&mut self) {
+        self.health().last_tick = Some(Instant::now());
+        let text = match self.source.read() {
+            Ok(t) => t,
+            Err(e) => {
+                self.set_state(AgentState::Refused, Some(e));
+                self.publish(false);
+                return;
+            }
+        };
+        let changed = self.last_digest.as_deref() != Some(text.digest.as_str());
+        if changed || Instant::now() >= self.next_full {
+            if changed && self.last_digest.is_some() {
+                tracing::info!(digest = %text.digest, "the plan changed");
+            }
+            self.last_digest = Some(text.digest.clone());
+            self.report.plan_digest = Some(text.digest);
+            self.next_full = Instant::now() + self.opts.interval;
+            self.full_cycle(&text.text);
+            self.health().last_cycle_at = Some(now_unix());
+        } else if self.pending.is_some() {
+            self.try_slot();
+        }
+    }
+
+    /// Loads the plan, finds whether there is work, and starts on it.
+    fn full_cycle(&mut self, text: &str) {
+        self.pending = None;
+        let plan = match self.load(text) {
+            Ok(p) => p,
+            Err(message) => {
+                let first = self.report.state != AgentState::Refused
+                    || self.report.message.as_deref() != Some(message.as_str());
+                self.health().plan_refused = true;
+                tracing::error!(node = %self.opts.node, "plan refused: {message}");
+                if first {
+                    self.events().emit(
+                        EventType::Warning,
+                        "PlanRefused",
+                        &format!(
+                            "node {}: plan refused, nothing changed: {message}",
+                            self.opts.node
+                        ),
+                    );
+                }
+                self.set_state(AgentState::Refused, Some(message));
+                self.publish(false);
+                return;
+            }
+        };
+        self.health().plan_refused = false;
+        let here = !plan.devices.is_empty();
+        if here != self.has_devices {
+            if !here {
+                tracing::info!(node = %self.opts.node, "no device of the plan is on this node: nothing to do, and no report is written (the Role names only the plan's nodes' reports)");
+            }
+            self.has_devices = here;
+        }
+        if !here {
+            self.set_state(
+                AgentState::InSync,
+                Some("no device of the plan is on this node".into()),
+            );
+            return;
+        }
+        let engine = match Engine::open(plan.clone()) {
+            Ok(e) => e,
+            Err(e) => return self.cannot_check(&e),
+        };
+        let work = match find_work(&engine) {
+            Ok(w) => w,
+            Err(e) => {
+                self.summarize(&engine, None);
+                return self.cannot_check(&e);
+            }
+        };
+        match work {
+            Work::None(observed) => {
+                self.report.changes = 0;
+                // The node matches the plan: a failure of an earlier run no longer counts.
+                self.report.failure = None;
+                self.summarize(&engine, Some(&observed));
+                self.set_state(AgentState::InSync, None);
+                self.publish(false);
+            }
+            Work::Some { changes, observed } => {
+                self.report.changes = changes;
+                self.summarize(&engine, observed.as_ref());
+                drop(engine);
+                self.pending = Some(Pending { plan, changes });
+                self.try_slot();
+            }
+        }
+    }
+
+    /// The plan of `text`, for this node, held to the agent's configuration.
+    fn load(&mut self, text: &str) -> Result<Plan, String> {
+        let plan = crate::spec::load_text(text, self.source.path()).map_err(|e| {
+            format!(
+                "{e}{}",
+                e.help().map(|h| format!(" ({h})")).unwrap_or_default()
+            )
+        })?;
+        let mut plan = plan.for_node(&self.opts.node);
+        plan.state_dir = self.opts.state_dir.clone();
+        self.opts
+            .config
+            .restrict(&mut plan)
+            .map_err(|refused| refused.join("; "))?;
+        self.namespace = self
+            .opts
+            .namespace
+            .clone()
+            .unwrap_or_else(|| plan.fleet.namespace.clone());
+        Ok(plan)
+    }
+
+    fn cannot_check(&mut self, e: &Error) {
+        let message = e.to_string();
+        tracing::error!(node = %self.opts.node, "could not observe or plan: {message}");
+        self.set_state(AgentState::Error, Some(message));
+        self.publish(false);
+    }
+
+    /// With work pending: unless the rollout is halted, takes a slot and runs.
+    fn try_slot(&mut self) {
+        let Some(pending) = self.pending.take() else {
+            return;
+        };
+        let fleet = pending.plan.fleet.clone();
+        match self.failed_nodes() {
+            Ok(failed) if failed.len() >= fleet.max_failed_nodes as usize => {
+                let message = format!(
+                    "the rollout is halted: {} node run(s) failed ({}), max_failed_nodes is {}; nothing is started until they succeed or an operator runs `keyplan fleet clear`",
+                    failed.len(),
+                    failed.join(", "),
+                    fleet.max_failed_nodes
+                );
+                if !self.report.halted {
+                    tracing::warn!(node = %self.opts.node, "{message}");
+                    self.events()
+                        .emit(EventType::Warning, "RolloutHalted", &message);
+                }
+                self.report.halted = true;
+                self.health().halted = true;
+                self.set_state(AgentState::Halted, Some(message));
+                self.publish(false);
+                self.pending = Some(pending);
+                return;
+            }
+            Ok(_) => {
+                self.report.halted = false;
+                self.health().halted = false;
+            }
+            Err(e) => {
+                self.set_state(AgentState::Error, Some(e));
+                self.publish(false);
+                self.pending = Some(pending);
+                return;
+            }
+        }
+        let slots = Slots::new(
+            self.client.clone(),
+            &self.namespace,
+            fleet.max_concurrent_nodes,
+            &self.opts.node,
+            self.opts.slot_duration,
+        );
+        match slots.acquire() {
+            Ok(Acquired::Held(slot)) => self.run_with_slot(pending, slot),
+            Ok(Acquired::Busy(holders)) => {
+                self.set_state(
+                    AgentState::Waiting,
+                    Some(format!(
+                        "{} change(s) wait for a rollout slot; all {} are held ({})",
+                        pending.changes,
+                        fleet.max_concurrent_nodes,
+                        holders.join(", ")
+                    )),
+                );
+                self.publish(false);
+                self.pending = Some(pending);
+            }
+            Err(e) => {
+                self.set_state(
+                    AgentState::Error,
+                    Some(format!("cannot take a rollout slot: {e}")),
+                );
+                self.publish(false);
+                self.pending = Some(pending);
+            }
+        }
+    }
+
+    /// The nodes whose failures count towards `max_failed_nodes` now.
+    fn failed_nodes(&self) -> Result<Vec<String>, String> {
+        let stored = self.reports().list().map_err(|e| e.to_string())?;
+        Ok(stored
+            .iter()
+            .filter(|s| s.counts_as_failed())
+            .map(|s| {
+                s.report
+                    .as_ref()
+                    .map(|r| r.node.clone())
+                    .unwrap_or_else(|| s.name.clone())
+            })
+            .collect())
+    }
+
+    /// Runs `pending` holding `slot`, then gives the slot back and reports.
+    fn run_with_slot(&mut self, pending: Pending, slot: Slot) {
+        let slot_name = slot.name.clone();
+        self.health().slot_held = true;
+        let run_stop = Arc::new(AtomicBool::new(false));
+        let renewer = Renewer::start(
+            Slots::new(
+                self.client.clone(),
+                &self.namespace,
+                pending.plan.fleet.max_concurrent_nodes,
+                &self.opts.node,
+                self.opts.slot_duration,
+            ),
+            slot,
+            self.opts.slot_duration,
+            Arc::clone(&run_stop),
+            self.stop,
+        );
+        let started_at = now_unix();
+        self.report.last_run = Some(AgentRun {
+            id: None,
+            started_at,
+            ended_at: None,
+            outcome: "running".into(),
+            steps: 0,
+            pbkdf_runs: 0,
+            error: None,
+        });
+        self.set_state(
+            AgentState::Running,
+            Some(format!(
+                "applying {} change(s), holding {slot_name}",
+                pending.changes
+            )),
+        );
+        self.publish(true);
+        let message = format!(
+            "node {}: applying {} change(s) (rollout slot {slot_name})",
+            self.opts.node, pending.changes
+        );
+        tracing::info!(node = %self.opts.node, lease = %slot_name, event = "run_initiated", "{message}");
+        self.events()
+            .emit(EventType::Normal, "RunStarted", &message);
+        self.health().running = true;
+        let outcome = match Engine::open(pending.plan) {
+            Ok(engine) => {
+                let out = run_engine(&engine, &self.opts.node, &run_stop);
+                let pbkdf = engine.pbkdf_runs();
+                (out, Some(engine), pbkdf)
+            }
+            Err(e) => (Err(e), None, 0),
+        };
+        self.health().running = false;
+        let (slot, lost) = renewer.finish();
+        let (result, engine, pbkdf_runs) = outcome;
+        let ended_at = now_unix();
+        let mut run = AgentRun {
+            id: None,
+            started_at,
+            ended_at: Some(ended_at),
+            outcome: String::new(),
+            steps: 0,
+            pbkdf_runs,
+            error: None,
+        };
+        let label = match result {
+            Ok(done) => {
+                run.id = done.run;
+                run.steps = done.steps;
+                run.outcome = "success".into();
+                self.report.failure = None;
+                self.report.last_success_at = Some(ended_at);
+                let message = format!(
+                    "node {}: run succeeded in {} s: {} step(s), {} PBKDF run(s)",
+                    self.opts.node,
+                    ended_at.saturating_sub(started_at),
+                    done.steps,
+                    pbkdf_runs
+                );
+                tracing::info!(node = %self.opts.node, event = "run_complete", outcome = "success", steps = done.steps, pbkdf_runs, "{message}");
+                self.events()
+                    .emit(EventType::Normal, "RunSucceeded", &message);
+                self.set_state(AgentState::InSync, None);
+                "success"
+            }
+            Err(Error::Run { failure, .. }) if failure.interrupted => {
+                run.id = Some(failure.run.clone());
+                run.outcome = "stopped".into();
+                let why = match &lost {
+                    Some(e) => format!("its rollout slot was lost ({e})"),
+                    None => "the agent is stopping".to_string(),
+                };
+                let message = format!(
+                    "node {}: run {} stopped between steps because {why}; the journal keeps it open and the next cycle finishes it",
+                    self.opts.node, failure.run
+                );
+                tracing::warn!(node = %self.opts.node, event = "run_complete", outcome = "stopped", "{message}");
+                self.set_state(AgentState::Stopped, Some(message));
+                "stopped"
+            }
+            Err(e) => {
+                if let Error::Run { failure, .. } = &e {
+                    run.id = Some(failure.run.clone());
+                }
+                let text = e.to_string();
+                run.outcome = "failed".into();
+                run.error = Some(text.clone());
+                self.report.failure = Some(Failure {
+                    at: ended_at,
+                    message: text.clone(),
+                });
+                let message = format!("node {}: run failed: {text}", self.opts.node);
+                tracing::error!(node = %self.opts.node, event = "run_complete", outcome = "failed", "{message}");
+                self.events()
+                    .emit(EventType::Warning, "RunFailed", &message);
+                self.set_state(AgentState::Failed, Some(text));
+                "failed"
+            }
+        };
+        *self.health().runs.entry(label).or_default() += 1;
+        self.report.last_run = Some(run);
+        if let Some(engine) = &engine {
+            let observed = crate::ops::plan::make(engine, &PlanRequest::default()).ok();
+            if let Some(o) = &observed {
+                self.report.changes = change_count(&o.diff);
+            }
+            self.summarize(engine, observed.as_ref().map(|p| &p.observed));
+        }
+        // The report says the run is over before the slot is free: a sampler never sees more
+        // running reports than slots.
+        self.publish(true);
+        if let Some(slot) = slot {
+            let slots = Slots::new(
+                self.client.clone(),
+                &self.namespace,
+                1,
+                &self.opts.node,
+                self.opts.slot_duration,
+            );
+            if let Err(e) = slots.release(slot) {
+                tracing::warn!(node = %self.opts.node, "could not release rollout slot {slot_name} (it expires by itself): {e}");
+            }
+        }
+        self.health().slot_held = false;
+        if label != "success" {
+            // Look again at the next poll, not only after a whole interval.
+            self.next_full = Instant::now();
+        }
+    }
+
+    /// Puts what `status` finds (and the keyslots `observed` saw) into the report.
+    fn summarize(&mut self, engine: &Engine, observed: Option<&crate::observe::Observed>) {
+        let status = crate::ops::status::status(engine);
+        let keyslots = |id: &str| -> Vec<u32> {
+            observed
+                .and_then(|o| o.devices.get(id))
+                .map(|d| d.header.keyslots.keys().copied().collect())
+                .unwrap_or_default()
+        };
+        self.report.devices = status
+            .devices
+            .iter()
+            .map(|d| DeviceSummary {
+                id: d.id.clone(),
+                path: d.path.clone(),
+                keyslots: keyslots(&d.id),
+                drifted: d.drifted,
+            })
+            .collect();
+        self.report.keys = status
+            .keys
+            .iter()
+            .map(|k| {
+                let mut versions: Vec<u64> = k.retained.clone();
+                versions.extend(k.current.as_ref().map(|c| c.version));
+                versions.sort_unstable();
+                versions.dedup();
+                KeySummary {
+                    id: k.id.clone(),
+                    kms: k.kms.clone(),
+                    current_version: k.current.as_ref().map(|c| c.version),
+                    versions,
+                    pending: k.pending,
+                    rotation_due_at: k.rotation_due_at,
+                    overdue: k.overdue,
+                }
+            })
+            .collect();
+        self.report.problems = status.problems.clone();
+        self.report.unchecked = status.unchecked.clone();
+        self.health().status = Some(status);
+    }
+
+    fn set_state(&mut self, state: AgentState, message: Option<String>) {
+        self.report.state = state;
+        self.report.message = message;
+        self.health().state = Some(state);
+    }
+
+    /// Writes the report when it changed, or `force`, or at least once per interval (the
+    /// heartbeat). A write that loses to another writer (409: `fleet clear`) reads the report
+    /// again, keeps its annotations and retries once.
+    fn publish(&mut self, force: bool) {
+        if !self.has_devices {
+            return;
+        }
+        let mut unchanged = self.report.clone();
+        let same = self.published.as_ref().is_some_and(|(last, at)| {
+            unchanged.updated_at = last.updated_at;
+            *last == unchanged && at.elapsed() < self.opts.interval
+        });
+        if same && !force {
+            return;
+        }
+        self.report.updated_at = now_unix();
+        let reports = self.reports();
+        let mut result = reports.put(&self.report, self.prior.as_ref());
+        if let Err(e) = &result {
+            if matches!(e.code, Some(409) | Some(404)) {
+                match reports.get(&self.opts.node) {
+                    Ok(stored) => {
+                        self.prior = stored.map(|s| s.object);
+                        result = reports.put(&self.report, self.prior.as_ref());
+                    }
+                    Err(e) => result = Err(e),
+                }
+            }
+        }
+        match result {
+            Ok(cm) => {
+                self.prior = Some(cm);
+                self.published = Some((self.report.clone(), Instant::now()));
+            }
+            Err(e) => {
+                // A prior that may be stale: read it again next time.
+                if e.code.is_some() {
+                    self.prior = None;
+                }
+                tracing::warn!(node = %self.opts.node, "could not write this node's report: {e}");
+            }
+        }
+    }
+
+    /// SIGTERM: nothing runs any more (a run in progress stopped between steps and gave its
+    /// slot back); say so.
+    fn stopped(&mut self) {
+        tracing::info!(node = %self.opts.node, "keyplan agent stopping");
+        self.set_state(
+            AgentState::Stopped,
+            Some("the agent stopped (SIGTERM)".into()),
+        );
+        self.publish(true);
+    }
+}
+
+/// What a full cycle found.
+enum Work {
+    /// The node matches the plan.
+    None(crate::observe::Observed),
+    /// An interrupted run to finish (`observed` is then `None`) or changes.
+    Some {
+        changes: usize,
+        observed: Option<crate::observe::Observed>,
+    },
+}
+
+/// Whether `engine`'s plan has work on this node: an interrupted run, or changes. Holds the
+/// state lock only while it looks.
+fn find_work(engine: &Engine) -> Result<Work, Error> {
+    let mut session = ApplySession::open(engine)?;
+    if let Some(s) = session.interrupted() {
+        return Ok(Work::Some {
+            changes: s.steps.len(),
+            observed: None,
+        });
+    }
+    match session.next_plan(&PlanRequest::default())? {
+        Some(p) if !p.diff.is_empty() => Ok(Work::Some {
+            changes: change_count(&p.diff),
+            observed: Some(p.observed),
+        }),
+        Some(p) => Ok(Work::None(p.observed)),
+        None => Err(Error::request("the apply session planned nothing", None)),
+    }
+}
+
+/// The number of changes of `diff` (key-level and keyslot-level), as the plan text lists them.
+fn change_count(diff: &crate::diff::Diff) -> usize {
+    diff.keys.len() + diff.slots.len()
+}
+
+/// What [`run_engine`] did.
+struct Done {
+    run: Option<String>,
+    steps: usize,
+}
+
+/// Finishes the interrupted run, if any, then plans and runs the rounds, logging each step.
+fn run_engine(engine: &Engine, node: &str, stop: &AtomicBool) -> Result<Done, Error> {
+    let mut session = ApplySession::open(engine)?;
+    let opts = RunOptions {
+        parallelism: None,
+        stop: Some(stop),
+    };
+    let mut steps = 0;
+    let mut run = None;
+    let mut log = |ev: StepEvent<'_>| match ev {
+        StepEvent::Started {
+            step,
+            total,
+            desc,
+            device,
+        } => {
+            tracing::info!(
+                node,
+                event = "step_started",
+                step,
+                total,
+                device = device.unwrap_or(""),
+                "{desc}"
+            );
+        }
+        StepEvent::Finished {
+            step,
+            total,
+            done,
+            desc,
+            device,
+            ..
+        } => {
+            tracing::info!(
+                node,
+                event = "step_finished",
+                step,
+                total,
+                done,
+                device = device.unwrap_or(""),
+                "{desc}"
+            );
+        }
+        #[allow(unreachable_patterns)]
+        _ => {}
+    };
+    if let Some(s) = session.interrupted().cloned() {
+        session.check_resumable()?;
+        tracing::info!(node, run = %s.run, event = "run_resumed", "finishing interrupted run {}", s.run);
+        let r = session.resume(opts, &mut log)?;
+        steps += r.steps_run;
+        run = Some(r.run);
+    }
+    let req = PlanRequest::default();
+    while let Some(planned) = session.next_plan(&req)? {
+        if planned.diff.is_empty() {
+            break;
+        }
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let r = session.run(&planned, opts, &mut log)?;
+        steps += r.steps_run;
+        run = Some(r.run);
+    }
+    Ok(Done { run, steps })
+}
+
+/// Renews a slot from its own thread every third of its duration while a run lasts; sets the
+/// run's stop flag when the slot is lost or the agent is stopping.
+struct Renewer {
+    done: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<(Option<Slot>, Option<SlotError>)>,
+}
+
+impl Renewer {
+    fn start(
+        slots: Slots,
+        mut slot: Slot,
+        duration: Duration,
+        run_stop: Arc<AtomicBool>,
+        agent_stop: &'static AtomicBool,
+    ) -> Renewer {
+        let done = Arc::new(AtomicBool::new(false));
+        let d = Arc::clone(&done);
+        let every = (duration / 3).max(Duration::from_millis(500));
+        let thread = std::thread::spawn(move || {
+            let mut renewed = Instant::now();
+            while !d.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(100));
+                if agent_stop.load(Ordering::SeqCst) {
+                    run_stop.store(true, Ordering::SeqCst);
+                }
+                if renewed.elapsed() < every {
+                    continue;
+                }
+                match slots.renew(&mut slot) {
+                    Ok(()) => renewed = Instant::now(),
+                    Err(e @ SlotError::Lost { .. }) => {
+                        tracing::error!("{e}; stopping the run between steps");
+                        run_stop.store(true, Ordering::SeqCst);
+                        return (None, Some(e));
+                    }
+                    Err(e) => {
+                        tracing::warn!("could not renew the rollout slot: {e}");
+                        // Stop before the Lease can expire under us: another node may take it.
+                        if renewed.elapsed() > duration * 2 / 3 {
+                            run_stop.store(true, Ordering::SeqCst);
+                        }
+                    }
+                }
+            }
+            (Some(slot), None)
+        });
+        Renewer { done, thread }
+    }
+
+    /// Stops renewing; the slot (unless it was lost) and the loss.
+    fn finish(self) -> (Option<Slot>, Option<SlotError>) {
+        self.done.store(true, Ordering::SeqCst);
+        self.thread.join().unwrap_or((None, None))
+    }
+}

@@ -1,0 +1,115 @@
+//! The agent's HTTP endpoint (plain HTTP/1.1, `tiny_http`): `GET /metrics` is the node's
+//! `status` metrics with a `node` label plus the agent's own (Prometheus text exposition format
+//! 0.0.4, docs/monitoring.md), `GET /healthz` answers 200 `ok` while the loop goes round (or a
+//! run is going on) and 503 when it has not gone round for three polls and a minute.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::agent::Health;
+use crate::render::status::{prometheus_for_node, ExtraGauge};
+
+/// Starts serving on `addr` from a background thread.
+///
+/// Errors: `addr` cannot be bound (a text naming it).
+pub(crate) fn serve(
+    addr: SocketAddr,
+    node: String,
+    poll: Duration,
+    health: Arc<Mutex<Health>>,
+) -> Result<(), String> {
+    let server = tiny_http::Server::http(addr)
+        .map_err(|e| format!("cannot listen on {addr} for /metrics and /healthz: {e}"))?;
+    tracing::info!(%addr, "serving /metrics and /healthz");
+    std::thread::Builder::new()
+        .name("keyplan-metrics".into())
+        .spawn(move || {
+            for req in server.incoming_requests() {
+                let path = req.url().split('?').next().unwrap_or("").to_string();
+                let (code, ctype, body) = {
+                    let h = health.lock().unwrap_or_else(|e| e.into_inner());
+                    match path.as_str() {
+                        "/metrics" => match metrics(&h, &node) {
+                            Ok(text) => (200, "text/plain; version=0.0.4; charset=utf-8", text),
+                            Err(_) => (500, "text/plain", "cannot encode the metrics\n".into()),
+                        },
+                        "/healthz" | "/livez" | "/readyz" => {
+                            let alive = h.running
+                                || h.last_tick.is_none_or(|t| {
+                                    t.elapsed() < poll * 3 + Duration::from_secs(60)
+                                });
+                            if alive {
+                                (200, "text/plain", "ok\n".into())
+                            } else {
+                                (503, "text/plain", "the agent's loop is stuck\n".into())
+                            }
+                        }
+                        _ => (
+                            404,
+                            "text/plain",
+                            "not found: try /metrics or /healthz\n".into(),
+                        ),
+                    }
+                };
+                let header = tiny_http::Header::from_bytes(&b"Content-Type"[..], ctype.as_bytes());
+                let mut resp = tiny_http::Response::from_string(body).with_status_code(code);
+                if let Ok(h) = header {
+                    resp = resp.with_header(h);
+                }
+                let _ = req.respond(resp);
+            }
+        })
+        .map_err(|e| format!("cannot start the metrics thread: {e}"))?;
+    Ok(())
+}
+
+/// The metrics text of `h`.
+fn metrics(h: &Health, node: &str) -> Result<String, std::fmt::Error> {
+    let b = |x: bool| u64::from(x);
+    let mut extra = vec![
+        ExtraGauge::single("keyplan_agent_up", "1: the keyplan agent is running.", 1),
+        ExtraGauge::single(
+            "keyplan_agent_slot_held",
+            "1 while this node holds a rollout slot (applying), else 0.",
+            b(h.slot_held),
+        ),
+        ExtraGauge::single(
+            "keyplan_agent_fleet_halted",
+            "1 when this node has changes but the rollout is stopped: max_failed_nodes node runs failed fleet-wide (keyplan fleet clear resumes it), else 0.",
+            b(h.halted),
+        ),
+        ExtraGauge::single(
+            "keyplan_agent_plan_refused",
+            "1 when the last plan was refused (invalid, or not allowed by the agent's configuration), else 0.",
+            b(h.plan_refused),
+        ),
+    ];
+    if let Some(t) = h.last_cycle_at {
+        extra.push(ExtraGauge::single(
+            "keyplan_agent_last_cycle_timestamp_seconds",
+            "When the agent last finished a full cycle (Unix seconds).",
+            t,
+        ));
+    }
+    let mut runs = ExtraGauge::counter(
+        "keyplan_agent_runs",
+        "Node runs this agent process started, by outcome (success, failed, stopped).",
+    );
+    for outcome in ["success", "failed", "stopped"] {
+        runs.add(
+            vec![("outcome", outcome.to_string())],
+            h.runs.get(outcome).copied().unwrap_or(0),
+        );
+    }
+    extra.push(runs);
+    if let Some(state) = h.state {
+        let mut st = ExtraGauge::new(
+            "keyplan_agent_state",
+            "1 for the agent's current state (in_sync, waiting, running, failed, halted, refused, error, stopped).",
+        );
+        st.add(vec![("state", state.name().to_string())], 1);
+        extra.push(st);
+    }
+    prometheus_for_node(h.status.as_ref(), node, extra)
+}

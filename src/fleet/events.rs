@@ -1,0 +1,108 @@
+//! Kubernetes Events about a node's runs (core/v1 `Event`,
+//! <https://kubernetes.io/docs/reference/kubernetes-api/cluster-resources/event-v1/>), in the
+//! fleet namespace, about the node's report ConfigMap (`involvedObject`; `related` names the
+//! Node), so `kubectl get events -n keyplan` and `kubectl describe cm keyplan-node-<node>`
+//! show them. Reasons: `RunStarted`, `RunSucceeded`, `RunFailed` (Warning), `PlanRefused`
+//! (Warning), `RolloutHalted` (Warning), `AgentStopped`. Messages never hold key material.
+//!
+//! An Event that cannot be written is logged at `warn` and otherwise ignored: Events are a
+//! convenience; the report and the journal are the record.
+
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
+
+use crate::kms::block_on;
+
+/// `Normal` or `Warning`, the two Event types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    /// Something expected happened.
+    Normal,
+    /// Something needs attention.
+    Warning,
+}
+
+/// The Event writer of one node.
+#[derive(Clone)]
+pub struct Events {
+    api: Api<Event>,
+    namespace: String,
+    node: String,
+}
+
+impl Events {
+    /// Events about `node` in `namespace`. Contacts nothing.
+    pub fn new(client: kube::Client, namespace: &str, node: &str) -> Events {
+        Events {
+            api: Api::namespaced(client, namespace),
+            namespace: namespace.to_string(),
+            node: node.to_string(),
+        }
+    }
+
+    /// Writes one Event (`reason` in CamelCase, `message` at most 1024 bytes, cut at a
+    /// character boundary). A failure is logged, not returned.
+    pub fn emit(&self, kind: EventType, reason: &str, message: &str) {
+        let now = Timestamp::now();
+        let mut message = message.to_string();
+        if message.len() > 1024 {
+            let mut end = 1021;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+            message.push_str("...");
+        }
+        let report = super::report::report_name(&self.node);
+        let ev = Event {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{}.", report.get(..200).unwrap_or(&report))),
+                namespace: Some(self.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("ConfigMap".into()),
+                name: Some(report),
+                namespace: Some(self.namespace.clone()),
+                ..ObjectReference::default()
+            },
+            related: Some(ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(self.node.clone()),
+                ..ObjectReference::default()
+            }),
+            reason: Some(reason.to_string()),
+            message: Some(message),
+            type_: Some(
+                match kind {
+                    EventType::Normal => "Normal",
+                    EventType::Warning => "Warning",
+                }
+                .into(),
+            ),
+            source: Some(EventSource {
+                component: Some("keyplan-agent".into()),
+                host: Some(self.node.clone()),
+            }),
+            reporting_component: Some("keyplan.io/agent".into()),
+            reporting_instance: Some(self.node.clone()),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            count: Some(1),
+            ..Event::default()
+        };
+        match block_on("fleet", self.api.create(&PostParams::default(), &ev)) {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(
+                reason,
+                "could not write a Kubernetes Event: {}",
+                super::api_text(&e)
+            ),
+            Err(e) => tracing::warn!(reason, "could not write a Kubernetes Event: {e}"),
+        }
+    }
+}

@@ -1,0 +1,383 @@
+//! Node reports: one ConfigMap per node, `keyplan-node-<node>` in the fleet namespace, label
+//! `app.kubernetes.io/component=node-report`, holding one JSON document ([`NodeReport`]) under
+//! `report.json`. The agent rewrites it at every cycle (its `updated_at` is the heartbeat
+//! `keyplan fleet status` tells lost nodes by); it holds what the agent observed and did, never
+//! key material (the same fields `keyplan status` shows, cut to a summary).
+//!
+//! A ConfigMap rather than a custom resource: it needs no CRD installed cluster-wide (so no
+//! cluster-admin step to deploy), `kubectl get cm -l app.kubernetes.io/component=node-report`
+//! shows them, and RBAC on ConfigMaps in one namespace is all the agents need. The price is no
+//! schema on the server side; the document carries `format_version`.
+//!
+//! **Failures** stop the rollout: a report with a `failure` counts towards
+//! `settings.fleet.max_failed_nodes` until the node's next successful run removes it, or an
+//! operator clears it (`keyplan fleet clear`: the annotation [`CLEARED_ANNOTATION`] set to the
+//! failure's `at`).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, ListParams, PostParams};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use crate::kms::block_on;
+
+/// Version of the report document.
+pub const FORMAT_VERSION: &str = "1";
+/// The data key of the report document.
+pub const DATA_KEY: &str = "report.json";
+/// Label every report carries (with `app.kubernetes.io/name=keyplan`).
+pub const COMPONENT_LABEL: (&str, &str) = ("app.kubernetes.io/component", "node-report");
+/// Annotation `keyplan fleet clear` sets to the `at` of the failure it clears.
+pub const CLEARED_ANNOTATION: &str = "keyplan.io/failure-cleared";
+
+/// What a node's agent is doing, as of its last report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentState {
+    /// Nothing to do: the node matches the plan.
+    InSync,
+    /// Has changes and waits for a rollout slot.
+    Waiting,
+    /// Applying (holds a rollout slot).
+    Running,
+    /// Its last run failed (see `failure`).
+    Failed,
+    /// Has changes but does not start: `max_failed_nodes` node runs failed fleet-wide.
+    Halted,
+    /// The plan was refused (invalid, or not allowed by the agent's configuration).
+    Refused,
+    /// Could not observe or plan (a device or KMS could not be read).
+    Error,
+    /// The agent stopped (SIGTERM).
+    Stopped,
+}
+
+impl AgentState {
+    /// The state's name as in the JSON document.
+    pub fn name(self) -> &'static str {
+        match self {
+            AgentState::InSync => "in_sync",
+            AgentState::Waiting => "waiting",
+            AgentState::Running => "running",
+            AgentState::Failed => "failed",
+            AgentState::Halted => "halted",
+            AgentState::Refused => "refused",
+            AgentState::Error => "error",
+            AgentState::Stopped => "stopped",
+        }
+    }
+}
+
+/// One node's report (the `report.json` document).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeReport {
+    /// Always [`FORMAT_VERSION`].
+    pub format_version: String,
+    /// The node.
+    pub node: String,
+    /// keyplan's version on the node.
+    pub agent_version: String,
+    /// When this report was written, Unix seconds: the agent's heartbeat.
+    pub updated_at: u64,
+    /// The agent's `--interval` in seconds (a report older than three intervals is lost).
+    pub interval_seconds: u64,
+    /// SHA-256 (hex) of the plan file the agent last read, if it could read one.
+    pub plan_digest: Option<String>,
+    /// What the agent is doing.
+    pub state: AgentState,
+    /// Why (a refused plan, what could not be observed, who holds the slots), if anything.
+    pub message: Option<String>,
+    /// Changes the last plan had for this node (0: in sync).
+    pub changes: usize,
+    /// This node's devices.
+    pub devices: Vec<DeviceSummary>,
+    /// The keys of this node's devices.
+    pub keys: Vec<KeySummary>,
+    /// Problems `status` found (overdue rotations, drift, unreadable KMS), one line each.
+    pub problems: Vec<String>,
+    /// What could not be checked, one line each.
+    pub unchecked: Vec<String>,
+    /// The last run this agent started or finished.
+    pub last_run: Option<AgentRun>,
+    /// When a run last succeeded, Unix seconds.
+    pub last_success_at: Option<u64>,
+    /// The failure that counts towards `max_failed_nodes`, until a later run succeeds or an
+    /// operator clears it.
+    pub failure: Option<Failure>,
+    /// Whether the agent saw the rollout halted (`max_failed_nodes` reached) at its last check.
+    pub halted: bool,
+}
+
+/// One device of the node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceSummary {
+    /// Device id from the plan.
+    pub id: String,
+    /// Device path on the node.
+    pub path: String,
+    /// Keyslots in use (LUKS header), ascending; empty when it could not be read.
+    pub keyslots: Vec<u32>,
+    /// Whether it drifted from the plan (or could not be read).
+    pub drifted: bool,
+}
+
+/// One key of the node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeySummary {
+    /// Key id from the plan.
+    pub id: String,
+    /// Its KMS instance.
+    pub kms: String,
+    /// Current version, if the KMS could be read and holds one.
+    pub current_version: Option<u64>,
+    /// Every version the KMS holds material of: the current one and retained ones (numbers
+    /// only), ascending.
+    pub versions: Vec<u64>,
+    /// A staged version awaiting commit.
+    pub pending: Option<u64>,
+    /// When the current version reaches `rotate_after`, Unix seconds.
+    pub rotation_due_at: Option<u64>,
+    /// Whether that is past.
+    pub overdue: bool,
+}
+
+/// A run the agent started.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentRun {
+    /// The journal's run id, when the run got that far.
+    pub id: Option<String>,
+    /// Unix seconds.
+    pub started_at: u64,
+    /// Unix seconds; `None` while it runs.
+    pub ended_at: Option<u64>,
+    /// `running`, `success`, `failed` or `stopped`.
+    pub outcome: String,
+    /// Steps this agent ran.
+    pub steps: usize,
+    /// PBKDF runs (key derivations) of the cycle.
+    pub pbkdf_runs: u64,
+    /// The error of a failed run (never key material).
+    pub error: Option<String>,
+}
+
+/// A failed node run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    /// When it failed, Unix seconds (what `fleet clear` names).
+    pub at: u64,
+    /// What failed.
+    pub message: String,
+}
+
+/// A report as read from the cluster, with what the operator set on it.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    /// The document (`None` when the ConfigMap holds no valid one).
+    pub report: Option<NodeReport>,
+    /// The ConfigMap's name.
+    pub name: String,
+    /// The [`CLEARED_ANNOTATION`], if set.
+    pub cleared: Option<String>,
+    /// The ConfigMap as read (for a conditional update).
+    pub object: ConfigMap,
+}
+
+impl Stored {
+    /// Whether this report's failure counts towards `max_failed_nodes`: it has one and an
+    /// operator has not cleared it.
+    pub fn counts_as_failed(&self) -> bool {
+        self.report
+            .as_ref()
+            .and_then(|r| r.failure.as_ref())
+            .is_some_and(|f| self.cleared.as_deref() != Some(f.at.to_string().as_str()))
+    }
+}
+
+/// The ConfigMap name of `node`'s report: `keyplan-node-<node>`, or for a node name too long
+/// for that (over 240 characters) its first 200 characters and a hash.
+pub fn report_name(node: &str) -> String {
+    if node.len() <= 240 {
+        format!("keyplan-node-{node}")
+    } else {
+        let h = Sha256::digest(node.as_bytes());
+        let tag: String = h.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        format!(
+            "keyplan-node-{}-{tag}",
+            node.get(..200).unwrap_or(node).trim_end_matches(['.', '-'])
+        )
+    }
+}
+
+/// Why a report operation failed: a text naming the ConfigMap and the namespace, and the HTTP
+/// status when there was one.
+#[derive(Debug, Clone)]
+pub struct ReportError {
+    /// What went wrong.
+    pub message: String,
+    /// 409 for a lost conditional update.
+    pub code: Option<u16>,
+}
+
+impl std::fmt::Display for ReportError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// The reports of one fleet namespace.
+#[derive(Clone)]
+pub struct Reports {
+    api: Api<ConfigMap>,
+    namespace: String,
+}
+
+impl Reports {
+    /// The reports in `namespace`. Contacts nothing.
+    pub fn new(client: kube::Client, namespace: &str) -> Reports {
+        Reports {
+            api: Api::namespaced(client, namespace),
+            namespace: namespace.to_string(),
+        }
+    }
+
+    fn err(&self, what: &str, e: kube::Error) -> ReportError {
+        let code = match &e {
+            kube::Error::Api(s) => Some(s.code),
+            _ => None,
+        };
+        ReportError {
+            message: format!(
+                "{what} in namespace {}: {}",
+                self.namespace,
+                super::api_text(&e)
+            ),
+            code,
+        }
+    }
+
+    /// Every report in the namespace (one `list` by label).
+    ///
+    /// Errors: the list failed (denied, unreachable).
+    pub fn list(&self) -> Result<Vec<Stored>, ReportError> {
+        let lp =
+            ListParams::default().labels(&format!("{}={}", COMPONENT_LABEL.0, COMPONENT_LABEL.1));
+        let list = block_on("fleet", self.api.list(&lp))
+            .map_err(|e| ReportError {
+                message: e.to_string(),
+                code: None,
+            })?
+            .map_err(|e| self.err("listing node reports", e))?;
+        Ok(list.items.into_iter().map(stored).collect())
+    }
+
+    /// `node`'s report, if it exists.
+    ///
+    /// Errors: the read failed.
+    pub fn get(&self, node: &str) -> Result<Option<Stored>, ReportError> {
+        let name = report_name(node);
+        let got = block_on("fleet", self.api.get_opt(&name))
+            .map_err(|e| ReportError {
+                message: e.to_string(),
+                code: None,
+            })?
+            .map_err(|e| self.err(&format!("reading ConfigMap {name}"), e))?;
+        Ok(got.map(stored))
+    }
+
+    /// Writes `report` as `node`'s report: an update conditional on `prior` (the ConfigMap as
+    /// last read or written; keeps its annotations), else a create. Returns the ConfigMap as
+    /// written, for the next call.
+    ///
+    /// Errors: the write failed; a 409 (someone else wrote it, e.g. `fleet clear`) has code
+    /// 409: read it again and retry.
+    pub fn put(
+        &self,
+        report: &NodeReport,
+        prior: Option<&ConfigMap>,
+    ) -> Result<ConfigMap, ReportError> {
+        let name = report_name(&report.node);
+        let doc = serde_json::to_string_pretty(report).map_err(|e| ReportError {
+            message: format!("cannot encode the report: {e}"),
+            code: None,
+        })?;
+        let mut cm = prior.cloned().unwrap_or_else(|| ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some(BTreeMap::from([
+                    ("app.kubernetes.io/name".to_string(), "keyplan".to_string()),
+                    (COMPONENT_LABEL.0.to_string(), COMPONENT_LABEL.1.to_string()),
+                ])),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        });
+        cm.data = Some(BTreeMap::from([(DATA_KEY.to_string(), doc)]));
+        let pp = PostParams::default();
+        let out = if prior.is_some() {
+            block_on("fleet", self.api.replace(&name, &pp, &cm))
+        } else {
+            block_on("fleet", self.api.create(&pp, &cm))
+        };
+        out.map_err(|e| ReportError {
+            message: e.to_string(),
+            code: None,
+        })?
+        .map_err(|e| self.err(&format!("writing ConfigMap {name}"), e))
+    }
+
+    /// Marks the failure of `stored` as cleared (a conditional update of the annotation).
+    ///
+    /// Errors: the write failed (409: the agent wrote in between; list again).
+    pub fn clear(&self, stored: &Stored) -> Result<(), ReportError> {
+        let Some(at) = stored
+            .report
+            .as_ref()
+            .and_then(|r| r.failure.as_ref())
+            .map(|f| f.at)
+        else {
+            return Ok(());
+        };
+        let mut cm = stored.object.clone();
+        cm.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(CLEARED_ANNOTATION.to_string(), at.to_string());
+        block_on(
+            "fleet",
+            self.api.replace(&stored.name, &PostParams::default(), &cm),
+        )
+        .map_err(|e| ReportError {
+            message: e.to_string(),
+            code: None,
+        })?
+        .map_err(|e| {
+            self.err(
+                &format!("clearing the failure in ConfigMap {}", stored.name),
+                e,
+            )
+        })?;
+        Ok(())
+    }
+}
+
+fn stored(cm: ConfigMap) -> Stored {
+    let report = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get(DATA_KEY))
+        .and_then(|s| serde_json::from_str::<NodeReport>(s).ok());
+    Stored {
+        report,
+        name: cm.metadata.name.clone().unwrap_or_default(),
+        cleared: cm
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(CLEARED_ANNOTATION))
+            .cloned(),
+        object: cm,
+    }
+}

@@ -1,0 +1,218 @@
+//! `keyplan fleet status` and `keyplan fleet clear`: the fleet as its agents report it, read
+//! from a workstation or CI with a kubeconfig ([`super::api::OPERATOR_CALLS`]). Nothing here
+//! contacts a node: what a node's agent last wrote is what is shown, and a node whose report
+//! stopped being renewed is **lost**.
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, ListParams};
+use serde::Serialize;
+
+use super::report::{AgentState, NodeReport, Reports};
+use crate::clock::now_unix;
+use crate::kms::block_on;
+
+/// Version of the `fleet status --format json` document.
+pub const FORMAT_VERSION: &str = "1.0";
+
+/// A report older than this many of its agent's intervals (and at least [`LOST_MIN_SECONDS`])
+/// means the node is lost: its agent stopped, or cannot reach the API.
+pub const LOST_INTERVALS: u64 = 3;
+/// The least age, in seconds, at which a report counts as lost.
+pub const LOST_MIN_SECONDS: u64 = 120;
+
+/// The whole fleet.
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetStatus {
+    /// Always [`FORMAT_VERSION`].
+    pub format_version: &'static str,
+    /// When it was read, Unix seconds.
+    pub generated_at: u64,
+    /// The fleet namespace.
+    pub namespace: String,
+    /// One entry per node report, by node name.
+    pub nodes: Vec<NodeStatus>,
+    /// Counts over the nodes.
+    pub totals: Totals,
+    /// Whether the rollout is halted: a live node saw `max_failed_nodes` failures.
+    pub halted: bool,
+    /// The rollout slots and who holds them now.
+    pub slots: Vec<SlotStatus>,
+}
+
+/// One node.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeStatus {
+    /// The node.
+    pub node: String,
+    /// The report's state, or `lost`.
+    pub state: String,
+    /// Whether the report is too old ([`LOST_INTERVALS`]).
+    pub lost: bool,
+    /// Seconds since the report was written.
+    pub report_age_seconds: u64,
+    /// Whether the node's failure counts towards `max_failed_nodes` (not cleared).
+    pub failure_counts: bool,
+    /// The report as written by the node's agent (`None` when the ConfigMap holds none).
+    pub report: Option<NodeReport>,
+}
+
+/// Counts over the nodes.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct Totals {
+    /// Node reports.
+    pub nodes: usize,
+    /// Nodes by state (`in_sync`, `waiting`, `running`, `failed`, `halted`, `refused`,
+    /// `error`, `stopped`, `lost`).
+    pub by_state: std::collections::BTreeMap<String, usize>,
+    /// Devices reported.
+    pub devices: usize,
+    /// Devices that drifted.
+    pub drifted_devices: usize,
+    /// Keys reported.
+    pub keys: usize,
+    /// Keys whose rotation is overdue.
+    pub overdue_keys: usize,
+    /// Failures that count towards `max_failed_nodes`.
+    pub failures: usize,
+}
+
+/// One rollout slot Lease.
+#[derive(Debug, Clone, Serialize)]
+pub struct SlotStatus {
+    /// The Lease name.
+    pub lease: String,
+    /// Its holder, if any.
+    pub holder: Option<String>,
+}
+
+impl FleetStatus {
+    /// Whether everything is fine: no node failed, lost, refused, in error, halted, drifted or
+    /// overdue (`fleet status` exits 0; else 1).
+    pub fn healthy(&self) -> bool {
+        let bad = ["failed", "lost", "refused", "error", "halted"];
+        !self.halted
+            && self.totals.failures == 0
+            && self.totals.drifted_devices == 0
+            && self.totals.overdue_keys == 0
+            && bad
+                .iter()
+                .all(|s| self.totals.by_state.get(*s).copied().unwrap_or(0) == 0)
+    }
+}
+
+/// Reads every node report and slot Lease of `namespace` (two `list` requests).
+///
+/// Errors: a text saying which list failed and why.
+pub fn read(client: &kube::Client, namespace: &str) -> Result<FleetStatus, String> {
+    let now = now_unix();
+    let stored = Reports::new(client.clone(), namespace)
+        .list()
+        .map_err(|e| e.to_string())?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let lp = ListParams::default().labels("app.kubernetes.io/name=keyplan");
+    let leases = block_on("fleet", leases.list(&lp))
+        .map_err(|e| e.to_string())?
+        .map_err(|e| {
+            format!(
+                "listing Leases in namespace {namespace}: {}",
+                super::api_text(&e)
+            )
+        })?;
+    let mut nodes: Vec<NodeStatus> = stored
+        .iter()
+        .map(|s| {
+            let age = s
+                .report
+                .as_ref()
+                .map(|r| now.saturating_sub(r.updated_at))
+                .unwrap_or(u64::MAX);
+            let lost = s
+                .report
+                .as_ref()
+                .is_none_or(|r| age > (r.interval_seconds * LOST_INTERVALS).max(LOST_MIN_SECONDS));
+            let state = match &s.report {
+                Some(_) if lost => "lost".to_string(),
+                Some(r) => r.state.name().to_string(),
+                None => "lost".to_string(),
+            };
+            NodeStatus {
+                node: s
+                    .report
+                    .as_ref()
+                    .map(|r| r.node.clone())
+                    .unwrap_or_else(|| s.name.clone()),
+                state,
+                lost,
+                report_age_seconds: if age == u64::MAX { 0 } else { age },
+                failure_counts: s.counts_as_failed(),
+                report: s.report.clone(),
+            }
+        })
+        .collect();
+    nodes.sort_by(|a, b| a.node.cmp(&b.node));
+    let mut totals = Totals {
+        nodes: nodes.len(),
+        ..Totals::default()
+    };
+    let mut halted = false;
+    for n in &nodes {
+        *totals.by_state.entry(n.state.clone()).or_default() += 1;
+        totals.failures += usize::from(n.failure_counts);
+        if let Some(r) = &n.report {
+            totals.devices += r.devices.len();
+            totals.drifted_devices += r.devices.iter().filter(|d| d.drifted).count();
+            totals.keys += r.keys.len();
+            totals.overdue_keys += r.keys.iter().filter(|k| k.overdue).count();
+            halted |= !n.lost && r.halted && r.state == AgentState::Halted;
+        }
+    }
+    let mut slots: Vec<SlotStatus> = leases
+        .items
+        .iter()
+        .filter_map(|l| {
+            let name = l.metadata.name.clone()?;
+            name.starts_with(super::slots::SLOT_PREFIX)
+                .then(|| SlotStatus {
+                    lease: name,
+                    holder: super::slots::live_holder(l, now),
+                })
+        })
+        .collect();
+    slots.sort_by(|a, b| a.lease.cmp(&b.lease));
+    Ok(FleetStatus {
+        format_version: FORMAT_VERSION,
+        generated_at: now,
+        namespace: namespace.to_string(),
+        nodes,
+        totals,
+        halted,
+        slots,
+    })
+}
+
+/// Clears the failures that count towards `max_failed_nodes` (of `node` only, or of every
+/// node), so the rollout goes on. Returns the nodes cleared.
+///
+/// Errors: a text naming the report that could not be read or written (a 409 means the agent
+/// wrote in between: run it again).
+pub fn clear(
+    client: &kube::Client,
+    namespace: &str,
+    node: Option<&str>,
+) -> Result<Vec<String>, String> {
+    let reports = Reports::new(client.clone(), namespace);
+    let mut cleared = Vec::new();
+    for s in reports.list().map_err(|e| e.to_string())? {
+        let name = s
+            .report
+            .as_ref()
+            .map(|r| r.node.clone())
+            .unwrap_or_default();
+        if !s.counts_as_failed() || node.is_some_and(|n| n != name) {
+            continue;
+        }
+        reports.clear(&s).map_err(|e| e.to_string())?;
+        cleared.push(name);
+    }
+    Ok(cleared)
+}

@@ -1,0 +1,232 @@
+//! The agent's own configuration, and what it lets a plan do (docs/fleet.md, "The plan is
+//! untrusted input").
+//!
+//! A plan reaches a root agent on every node through a ConfigMap: whoever can write that
+//! ConfigMap must not be able to make every node run a command as root, send passphrases to a
+//! KMS of their choosing, or pick the credentials the agent logs in with. So the agent's
+//! configuration file (`--config`, mounted from a ConfigMap or Secret only administrators
+//! write) holds a `kms:` section in the plan file's format, and that section is the allow-list:
+//!
+//! - every KMS instance a plan defines must be defined in the agent configuration under the
+//!   same name, with the same provider and the same **endpoint** fields (file `path`; vault
+//!   `address`, `mount`, `namespace`; kubernetes `namespace`, `data_key`; kmip `endpoint`;
+//!   exec `command`, the whole argv): an `exec` helper or a KMS endpoint the agent was not
+//!   configured with is refused, and so is a plan naming an instance the agent does not know;
+//! - the **credential** fields (vault `token_env`, `auth` and `ca_cert`; kubernetes `context`;
+//!   kmip `ca_cert`, `client_cert`, `client_key`) are always the agent configuration's: the
+//!   plan's are ignored, and the instance the engine opens is the agent's, whole.
+//!
+//! Paths in the agent configuration must be absolute (they are not relative to any plan).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::spec::{KmsConfig, Plan, VaultAuth};
+
+/// The agent configuration file (`keyplan agent --config FILE`, YAML or JSON).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// The KMS instances plans may use, by name, in the plan file's `kms:` format; with the
+    /// credentials the agent uses for them.
+    #[serde(default)]
+    pub kms: BTreeMap<String, KmsConfig>,
+}
+
+impl AgentConfig {
+    /// Reads and checks the agent configuration at `path`.
+    ///
+    /// Errors: a text naming the file (and line, for a YAML error) and what is wrong: it cannot
+    /// be read, does not parse, or a path in it is not absolute.
+    pub fn load(path: &Path) -> Result<AgentConfig, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            format!(
+                "cannot read the agent configuration {}: {e}",
+                path.display()
+            )
+        })?;
+        let config: AgentConfig = serde_saphyr::from_str(&text).map_err(|e| {
+            format!(
+                "the agent configuration {} is not valid: {e}",
+                path.display()
+            )
+        })?;
+        for (name, kms) in &config.kms {
+            if let Some(p) = relative_path(kms) {
+                return Err(format!(
+                    "the agent configuration {}: KMS instance {name:?}: path {p:?} is not absolute; paths in the agent configuration must be absolute",
+                    path.display()
+                ));
+            }
+        }
+        Ok(config)
+    }
+
+    /// Checks `plan`'s KMS instances against the allow-list and puts the agent's instances in
+    /// their place (with the agent's credentials). Touches nothing outside `plan`.
+    ///
+    /// Errors: one line per refused instance (not in the agent configuration, another
+    /// provider, or another endpoint), naming the instance and the differing field; the plan
+    /// is then not to be used at all.
+    pub fn restrict(&self, plan: &mut Plan) -> Result<(), Vec<String>> {
+        let mut refused = Vec::new();
+        for (name, theirs) in &plan.kms {
+            let Some(ours) = self.kms.get(name) else {
+                refused.push(format!(
+                    "KMS instance {name:?} ({} provider) is not in the agent's configuration; the agent only uses the KMS instances its own configuration lists ({})",
+                    theirs.provider(),
+                    if self.kms.is_empty() {
+                        "none".to_string()
+                    } else {
+                        self.kms.keys().cloned().collect::<Vec<_>>().join(", ")
+                    }
+                ));
+                continue;
+            };
+            if ours.provider() != theirs.provider() {
+                refused.push(format!(
+                    "KMS instance {name:?} is a {} KMS in the plan but a {} KMS in the agent's configuration",
+                    theirs.provider(),
+                    ours.provider()
+                ));
+                continue;
+            }
+            for (field, plan_value, agent_value) in endpoint_differences(theirs, ours) {
+                refused.push(format!(
+                    "KMS instance {name:?}: the plan's {field} {plan_value} is not the agent's {agent_value}; the agent only talks to the endpoints and runs the helpers its own configuration lists"
+                ));
+            }
+        }
+        if !refused.is_empty() {
+            return Err(refused);
+        }
+        for (name, kms) in plan.kms.iter_mut() {
+            if let Some(ours) = self.kms.get(name) {
+                *kms = ours.clone();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The endpoint fields of two instances of one provider that differ: `(field, plan's value,
+/// agent's value)`, values quoted.
+fn endpoint_differences(
+    plan: &KmsConfig,
+    agent: &KmsConfig,
+) -> Vec<(&'static str, String, String)> {
+    let mut out = Vec::new();
+    let mut cmp = |field: &'static str, a: String, b: String| {
+        if a != b {
+            out.push((field, a, b));
+        }
+    };
+    let q = |s: Option<&str>| match s {
+        Some(s) => format!("{s:?}"),
+        None => "(default)".to_string(),
+    };
+    match (plan, agent) {
+        (KmsConfig::File { path: a }, KmsConfig::File { path: b }) => {
+            cmp("path", format!("{:?}", clean(a)), format!("{:?}", clean(b)))
+        }
+        (
+            KmsConfig::Vault {
+                address: a,
+                mount: am,
+                namespace: an,
+                ..
+            },
+            KmsConfig::Vault {
+                address: b,
+                mount: bm,
+                namespace: bn,
+                ..
+            },
+        ) => {
+            cmp(
+                "address",
+                format!("{:?}", a.trim_end_matches('/')),
+                format!("{:?}", b.trim_end_matches('/')),
+            );
+            cmp("mount", q(am.as_deref()), q(bm.as_deref()));
+            cmp("namespace", q(an.as_deref()), q(bn.as_deref()));
+        }
+        (
+            KmsConfig::Kubernetes {
+                namespace: a,
+                data_key: ad,
+                ..
+            },
+            KmsConfig::Kubernetes {
+                namespace: b,
+                data_key: bd,
+                ..
+            },
+        ) => {
+            cmp("namespace", format!("{a:?}"), format!("{b:?}"));
+            cmp("data_key", q(ad.as_deref()), q(bd.as_deref()));
+        }
+        (KmsConfig::Kmip { endpoint: a, .. }, KmsConfig::Kmip { endpoint: b, .. }) => {
+            cmp("endpoint", format!("{a:?}"), format!("{b:?}"))
+        }
+        (KmsConfig::Exec { command: a }, KmsConfig::Exec { command: b }) => {
+            cmp("command", format!("{a:?}"), format!("{b:?}"))
+        }
+        _ => {}
+    }
+    out
+}
+
+/// `p` without `.` components and trailing slashes, for comparing file KMS paths.
+fn clean(p: &str) -> PathBuf {
+    Path::new(p).components().collect()
+}
+
+/// The first path of `kms` that is not absolute, if any.
+fn relative_path(kms: &KmsConfig) -> Option<String> {
+    let mut paths: Vec<&str> = Vec::new();
+    match kms {
+        KmsConfig::File { path } => paths.push(path),
+        KmsConfig::Vault { ca_cert, auth, .. } => {
+            paths.extend(ca_cert.as_deref());
+            match auth {
+                Some(VaultAuth::Approle {
+                    role_id_file,
+                    secret_id_file,
+                    ..
+                }) => {
+                    paths.extend(role_id_file.as_deref());
+                    paths.extend(secret_id_file.as_deref());
+                }
+                Some(VaultAuth::Kubernetes { jwt_file, .. }) => paths.extend(jwt_file.as_deref()),
+                Some(VaultAuth::Cert {
+                    client_cert,
+                    client_key,
+                    ..
+                }) => {
+                    paths.push(client_cert);
+                    paths.push(client_key);
+                }
+                Some(VaultAuth::Token { .. }) | None => {}
+            }
+        }
+        KmsConfig::Kubernetes { .. } => {}
+        KmsConfig::Kmip {
+            ca_cert,
+            client_cert,
+            client_key,
+            ..
+        } => paths.extend([ca_cert.as_str(), client_cert, client_key]),
+        KmsConfig::Exec { command } => {
+            if let Some(program) = command.first().filter(|p| p.contains('/')) {
+                paths.push(program);
+            }
+        }
+    }
+    paths
+        .into_iter()
+        .find(|p| !Path::new(p).is_absolute())
+        .map(str::to_string)
+}

@@ -1,0 +1,200 @@
+//! `keyplan fleet status` output: text for people, JSON (`format_version` "1.0") and
+//! Prometheus text exposition format (docs/fleet.md documents the fields and metrics).
+
+use std::fmt::Write as _;
+
+use crate::clock::rfc3339;
+use crate::fleet::status::FleetStatus;
+use crate::render::status::ExtraGauge;
+
+/// The fleet status as pretty-printed JSON, with a newline at the end.
+///
+/// Errors: serialization failed (it does not for this type).
+pub fn json(s: &FleetStatus) -> Result<String, serde_json::Error> {
+    let mut out = serde_json::to_string_pretty(s)?;
+    out.push('\n');
+    Ok(out)
+}
+
+/// One line per node, then the totals and the slots.
+pub fn text(s: &FleetStatus) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "fleet in namespace {}: {} node(s){}",
+        s.namespace,
+        s.totals.nodes,
+        if s.halted {
+            "; the rollout is HALTED (max_failed_nodes reached): fix the failed nodes, then run `keyplan fleet clear`"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        out,
+        "{:<30} {:<9} {:>7} {:>5} {:<18} {:<22} NOTE",
+        "NODE", "STATE", "DEVICES", "KEYS", "VERSIONS", "LAST RUN"
+    );
+    for n in &s.nodes {
+        let Some(r) = &n.report else {
+            let _ = writeln!(out, "{:<30} {:<9} (no readable report)", n.node, n.state);
+            continue;
+        };
+        let versions: Vec<String> = r
+            .keys
+            .iter()
+            .map(|k| {
+                k.current_version
+                    .map(|v| format!("v{v}"))
+                    .unwrap_or_else(|| "-".into())
+            })
+            .collect();
+        let last = r
+            .last_run
+            .as_ref()
+            .map(|l| {
+                format!(
+                    "{} {}",
+                    l.outcome,
+                    rfc3339(l.ended_at.unwrap_or(l.started_at))
+                        .get(..16)
+                        .unwrap_or("")
+                )
+            })
+            .unwrap_or_else(|| "-".into());
+        let mut notes = Vec::new();
+        if n.lost {
+            notes.push(format!("no report for {} s", n.report_age_seconds));
+        }
+        let drifted = r.devices.iter().filter(|d| d.drifted).count();
+        if drifted > 0 {
+            notes.push(format!("{drifted} drifted"));
+        }
+        let overdue = r.keys.iter().filter(|k| k.overdue).count();
+        if overdue > 0 {
+            notes.push(format!("{overdue} rotation(s) overdue"));
+        }
+        if let Some(due) = r.keys.iter().filter_map(|k| k.rotation_due_at).min() {
+            if overdue == 0 {
+                notes.push(format!(
+                    "next rotation {}",
+                    rfc3339(due).get(..10).unwrap_or("")
+                ));
+            }
+        }
+        if r.changes > 0 && !n.lost {
+            notes.push(format!("{} change(s) to apply", r.changes));
+        }
+        if let Some(f) = &r.failure {
+            notes.push(format!(
+                "failure{}: {}",
+                if n.failure_counts { "" } else { " (cleared)" },
+                f.message
+            ));
+        } else if let Some(m) = &r.message {
+            notes.push(m.clone());
+        }
+        let _ = writeln!(
+            out,
+            "{:<30} {:<9} {:>7} {:>5} {:<18} {:<22} {}",
+            n.node,
+            n.state,
+            r.devices.len(),
+            r.keys.len(),
+            versions.join(","),
+            last,
+            notes.join("; ")
+        );
+    }
+    let states: Vec<String> = s
+        .totals
+        .by_state
+        .iter()
+        .map(|(k, v)| format!("{v} {k}"))
+        .collect();
+    let _ = writeln!(
+        out,
+        "totals: {}; {} device(s) ({} drifted), {} key(s) ({} overdue), {} failure(s) counting towards max_failed_nodes",
+        if states.is_empty() { "no nodes".to_string() } else { states.join(", ") },
+        s.totals.devices,
+        s.totals.drifted_devices,
+        s.totals.keys,
+        s.totals.overdue_keys,
+        s.totals.failures
+    );
+    let held: Vec<String> = s
+        .slots
+        .iter()
+        .map(|l| format!("{} {}", l.lease, l.holder.as_deref().unwrap_or("(free)")))
+        .collect();
+    let _ = writeln!(
+        out,
+        "rollout slots: {}",
+        if held.is_empty() {
+            "none yet".to_string()
+        } else {
+            held.join(", ")
+        }
+    );
+    out
+}
+
+/// Fleet metrics (for a CI job or a textfile collector): per-state node counts, per-node
+/// state, lost and failure gauges, and totals.
+///
+/// Errors: the encoder failed (formatting into a `String` does not fail).
+pub fn prometheus(s: &FleetStatus) -> Result<String, std::fmt::Error> {
+    let b = |x: bool| u64::from(x);
+    let mut by_state = ExtraGauge::new(
+        "keyplan_fleet_nodes",
+        "Node reports by state (lost: not renewed for three agent intervals).",
+    );
+    for state in [
+        "in_sync", "waiting", "running", "failed", "halted", "refused", "error", "stopped", "lost",
+    ] {
+        by_state.add(
+            vec![("state", state.to_string())],
+            s.totals.by_state.get(state).copied().unwrap_or(0) as u64,
+        );
+    }
+    let mut node_state = ExtraGauge::new(
+        "keyplan_fleet_node_state",
+        "1 for each node's state as its report says (or lost).",
+    );
+    let mut lost = ExtraGauge::new(
+        "keyplan_fleet_node_lost",
+        "1 when the node's report was not renewed for three agent intervals, else 0.",
+    );
+    let mut failed = ExtraGauge::new(
+        "keyplan_fleet_node_failure",
+        "1 when the node's failure counts towards max_failed_nodes, else 0.",
+    );
+    let mut age = ExtraGauge::new(
+        "keyplan_fleet_node_report_age_seconds",
+        "Seconds since the node's agent wrote its report.",
+    );
+    for n in &s.nodes {
+        node_state.add(
+            vec![("node", n.node.clone()), ("state", n.state.clone())],
+            1,
+        );
+        lost.add(vec![("node", n.node.clone())], b(n.lost));
+        failed.add(vec![("node", n.node.clone())], b(n.failure_counts));
+        age.add(vec![("node", n.node.clone())], n.report_age_seconds);
+    }
+    let families = vec![
+        ExtraGauge::single("keyplan_fleet_status_generated_timestamp_seconds", "When keyplan fleet status read the reports (Unix seconds).", s.generated_at),
+        ExtraGauge::single("keyplan_fleet_healthy", "1 when no node failed, is lost, refused its plan, is in error or halted, and nothing drifted or is overdue, else 0.", b(s.healthy())),
+        ExtraGauge::single("keyplan_fleet_halted", "1 when the rollout is halted by max_failed_nodes, else 0.", b(s.halted)),
+        ExtraGauge::single("keyplan_fleet_failures", "Failures counting towards max_failed_nodes.", s.totals.failures as u64),
+        ExtraGauge::single("keyplan_fleet_devices", "Devices the nodes report.", s.totals.devices as u64),
+        ExtraGauge::single("keyplan_fleet_drifted_devices", "Devices that drifted from the plan.", s.totals.drifted_devices as u64),
+        ExtraGauge::single("keyplan_fleet_overdue_keys", "Keys whose rotation is overdue.", s.totals.overdue_keys as u64),
+        by_state,
+        node_state,
+        lost,
+        failed,
+        age,
+    ];
+    crate::render::status::prometheus_plain(families)
+}

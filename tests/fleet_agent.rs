@@ -1,0 +1,946 @@
+//! `keyplan agent` (issue 15): agent processes against the fake apiserver (Leases, ConfigMaps,
+//! Events; the agents' token is authorized by the Role of deploy/kubernetes/rbac.yaml), each
+//! with its own LUKS image files, state directory and node name, the plan in a directory laid
+//! out as the kubelet lays out a ConfigMap volume (and swapped as it swaps one).
+//!
+//! - `agent_refuses_and_reports`: a subPath-style plan file is refused at start; a plan whose
+//!   KMS is not in the agent's configuration changes nothing and is reported `refused` with a
+//!   `PlanRefused` Event; the fixed plan is applied without a rollout slot being kept;
+//!   `/metrics` carries the node label and `/healthz` answers; SIGTERM stops it cleanly.
+//! - `simulated_fleet` (`KEYPLAN_FLEET_NODES`, default 20): keys in a real OpenBao; an
+//!   enrollment rollout with one agent killed for good mid-run (its slot expires and the
+//!   rollout goes on); a rotation rollout with agents killed (`kill -9`) mid-rotation and
+//!   restarted; OpenBao sealed mid-rollout until `max_failed_nodes` failures halt it; unseal,
+//!   `keyplan fleet clear`, convergence. All along: never more nodes applying than
+//!   `max_concurrent_nodes`, and every device opens with its key's current version in OpenBao.
+//!   With `KEYPLAN_FLEET_FIGURES=FILE` it writes its figures (JSON) there
+//!   (benches/fleet_rollout.sh).
+
+mod common;
+#[path = "common/fake_apiserver.rs"]
+mod fake_apiserver;
+#[path = "common/openbao.rs"]
+mod openbao;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use fake_apiserver::FakeApiserver;
+use serde_json::Value;
+
+const NS: &str = "keyplan";
+const AGENT_USER: &str = "system:serviceaccount:keyplan:keyplan";
+
+/// A directory laid out as the kubelet lays out a ConfigMap volume: `..<ts>/plan.yaml`,
+/// `..data -> ..<ts>`, `plan.yaml -> ..data/plan.yaml`; [`ConfigMapDir::write`] swaps it as
+/// the kubelet's atomic writer does (new directory, new link renamed over `..data`).
+struct ConfigMapDir {
+    dir: PathBuf,
+    n: usize,
+}
+
+impl ConfigMapDir {
+    fn new(dir: PathBuf, text: &str) -> ConfigMapDir {
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let mut c = ConfigMapDir { dir, n: 0 };
+        c.write(text);
+        std::os::unix::fs::symlink("..data/plan.yaml", c.dir.join("plan.yaml")).expect("link");
+        c
+    }
+
+    fn plan(&self) -> PathBuf {
+        self.dir.join("plan.yaml")
+    }
+
+    fn write(&mut self, text: &str) {
+        self.n += 1;
+        let ts = format!("..2026_12_01_00_00_{:02}.{:09}", self.n, self.n);
+        std::fs::create_dir(self.dir.join(&ts)).expect("mkdir ts");
+        std::fs::write(self.dir.join(&ts).join("plan.yaml"), text).expect("write plan");
+        let tmp = self.dir.join("..data_tmp");
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(&ts, &tmp).expect("link tmp");
+        std::fs::rename(&tmp, self.dir.join("..data")).expect("swap ..data");
+    }
+}
+
+/// The token of the agents: the Role of deploy/kubernetes/rbac.yaml in namespace keyplan,
+/// its report names (`keyplan-node-<node>`) made those of `nodes`, as the generator writes them
+/// for a cluster.
+fn agent_kubeconfig(fake: &FakeApiserver, nodes: &[String]) -> PathBuf {
+    let role = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes/rbac.yaml"),
+    )
+    .expect("deploy/kubernetes/rbac.yaml");
+    let mut rules: Vec<fake_apiserver::Rule> = fake_apiserver::rules_from_role_yaml(&role);
+    assert!(!rules.is_empty(), "no Role rules in rbac.yaml");
+    for r in rules.iter_mut() {
+        if r.resource_names
+            .iter()
+            .any(|n| n.starts_with("keyplan-node-"))
+        {
+            r.resource_names = nodes.iter().map(|n| format!("keyplan-node-{n}")).collect();
+        }
+    }
+    let token = format!("kp-agent-{:016x}", rand::random::<u64>());
+    fake.add_token_with_rules(&token, AGENT_USER, rules);
+    fake.kubeconfig_with_token(NS, &token)
+}
+
+struct Agent {
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    log: PathBuf,
+    child: Option<Child>,
+    /// Unix seconds of the last (re)start.
+    started: u64,
+}
+
+impl Agent {
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log");
+        let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("keyplan"));
+        cmd.args(&self.args)
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        self.child = Some(cmd.spawn().expect("spawn agent"));
+        self.started = now();
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then wait up to `secs` for the exit; its exit status.
+    fn term(&mut self, secs: u64) -> Option<i32> {
+        let mut c = self.child.take()?;
+        unsafe {
+            libc::kill(c.id() as i32, libc::SIGTERM);
+        }
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(secs) {
+            if let Ok(Some(st)) = c.try_wait() {
+                return st.code();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        None
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The report document of `node`, if any.
+fn report(fake: &FakeApiserver, node: &str) -> Option<Value> {
+    let cm = fake.configmap(NS, &format!("keyplan-node-{node}"))?;
+    serde_json::from_str(cm["data"]["report.json"].as_str()?).ok()
+}
+
+fn state(fake: &FakeApiserver, node: &str) -> String {
+    report(fake, node)
+        .and_then(|r| r["state"].as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// Waits up to `secs` for `cond`, polling every 200 ms; panics with `what` and `dump()`.
+fn wait_for(secs: u64, what: &str, mut cond: impl FnMut() -> bool, dump: impl Fn() -> String) {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(secs) {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("timed out after {secs} s waiting for {what}\n{}", dump());
+}
+
+/// The live holders of the rollout slot Leases now.
+fn holders(fake: &FakeApiserver) -> Vec<String> {
+    fake.objects("leases", NS)
+        .iter()
+        .filter_map(|l| {
+            let h = l["spec"]["holderIdentity"].as_str()?.to_string();
+            (!h.is_empty()).then_some(h)
+        })
+        .collect()
+}
+
+fn agent_args(
+    node: &str,
+    plan: &Path,
+    config: &Path,
+    state: &Path,
+    kubeconfig: &Path,
+    extra: &[&str],
+) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "--node",
+        node,
+        "--state-dir",
+        &state.display().to_string(),
+        "--log-format",
+        "json",
+        "agent",
+        "--plan",
+        &plan.display().to_string(),
+        "--config",
+        &config.display().to_string(),
+        "--kubeconfig",
+        &kubeconfig.display().to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port")
+}
+
+/// One HTTP/1.0 GET of `path` on 127.0.0.1:`port`: (status, body).
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let code = buf.split_whitespace().nth(1)?.parse().ok()?;
+    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((code, body))
+}
+
+#[test]
+fn agent_refuses_and_reports() {
+    let s = Scratch::new();
+    let fake = FakeApiserver::start();
+    let kubeconfig = agent_kubeconfig(&fake, &["worker-1".to_string()]);
+    let img = s.small_image("disk.img", "luks2");
+    let initial = s.initial_pass();
+    let keys = s.path("keys");
+    let plan_text = |kms_path: &Path| {
+        format!(
+            "version: 1\nkms:\n  local: {{ provider: file, path: {} }}\nkeys:\n  k1: {{ kms: local }}\ndevices:\n  d1: {{ path: {}, node: worker-1, keys: [k1], enroll_with: {} }}\n  d2: {{ path: /nonexistent/other.img, node: worker-2, keys: [k2] }}\n{FAST_PBKDF}",
+            kms_path.display(),
+            img.display(),
+            initial.display()
+        )
+        .replace("keys:\n  k1: { kms: local }", "keys:\n  k1: { kms: local }\n  k2: { kms: local }")
+    };
+    let config = s.path("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "kms:\n  local: {{ provider: file, path: {} }}\n",
+            keys.display()
+        ),
+    )
+    .expect("config");
+
+    // A plain file (what a subPath mount looks like) is refused at start.
+    let plain = s.plan("plain.yaml", &plan_text(&keys));
+    let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+        .args(agent_args(
+            "worker-1",
+            &plain,
+            &config,
+            &s.path("state"),
+            &kubeconfig,
+            &[],
+        ))
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("subPath") && err.contains("ConfigMap"),
+        "{err}"
+    );
+
+    // A plan naming another file KMS directory than the agent's is refused; nothing changes.
+    let other_keys = s.path("elsewhere");
+    let mut cm = ConfigMapDir::new(s.path("plan-volume"), &plan_text(&other_keys));
+    let before = keyslots(&img);
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut agent = Agent {
+        args: agent_args(
+            "worker-1",
+            &cm.plan(),
+            &config,
+            &s.path("state"),
+            &kubeconfig,
+            &[
+                "--interval",
+                "3s",
+                "--poll",
+                "1s",
+                "--slot-duration",
+                "5s",
+                "--listen",
+                &listen,
+            ],
+        ),
+        env: vec![],
+        log: s.path("agent.log"),
+        child: None,
+        started: 0,
+    };
+    agent.spawn();
+    let log = || std::fs::read_to_string(s.path("agent.log")).unwrap_or_default();
+    wait_for(
+        30,
+        "the plan to be refused",
+        || state(&fake, "worker-1") == "refused",
+        log,
+    );
+    let r = report(&fake, "worker-1").expect("report");
+    assert!(
+        r["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("is not the agent's"),
+        "{r}"
+    );
+    assert_eq!(keyslots(&img), before, "a refused plan changed the device");
+    assert!(
+        !other_keys.exists(),
+        "a refused plan created its KMS directory"
+    );
+    assert!(
+        fake.events(NS).iter().any(|e| e["reason"] == "PlanRefused"),
+        "no PlanRefused event"
+    );
+
+    // The fixed plan (the ConfigMap updated in place) is applied; the slot is released.
+    cm.write(&plan_text(&keys));
+    wait_for(
+        60,
+        "worker-1 in sync",
+        || {
+            state(&fake, "worker-1") == "in_sync"
+                && report(&fake, "worker-1").is_some_and(|r| r["last_run"]["outcome"] == "success")
+        },
+        log,
+    );
+    let r = report(&fake, "worker-1").expect("report");
+    assert_eq!(keyslots(&img).len(), 2, "{r}");
+    let pass = std::fs::read_dir(&keys).ok().map(|_| ()).is_some();
+    assert!(pass, "the key was not created in the agent's KMS");
+    assert_eq!(r["devices"][0]["id"], "d1", "{r}");
+    assert_eq!(r["keys"][0]["current_version"], 1, "{r}");
+    assert!(
+        holders(&fake).is_empty(),
+        "a slot is still held: {:?}",
+        holders(&fake)
+    );
+    let reasons: Vec<String> = fake
+        .events(NS)
+        .iter()
+        .filter_map(|e| e["reason"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        reasons.contains(&"RunStarted".to_string())
+            && reasons.contains(&"RunSucceeded".to_string()),
+        "{reasons:?}"
+    );
+
+    // An idle cycle touches no Lease.
+    let mark = fake.mark();
+    std::thread::sleep(Duration::from_secs(7));
+    let idle = fake.requests_since(mark);
+    assert!(
+        idle.iter().all(|r| r.resource != "leases"),
+        "an idle agent touched Leases: {idle:?}"
+    );
+    assert!(!idle.is_empty(), "no heartbeat in 7 s with a 3 s interval");
+
+    // Metrics with the node label, and health.
+    let (code, body) = http_get(port, "/metrics").expect("metrics");
+    assert_eq!(code, 200);
+    assert!(
+        body.contains("keyplan_key_current_version{node=\"worker-1\",key=\"k1\""),
+        "{body}"
+    );
+    assert!(
+        body.contains("keyplan_agent_runs_total{node=\"worker-1\",outcome=\"success\"} 1"),
+        "{body}"
+    );
+    assert_eq!(http_get(port, "/healthz").map(|(c, _)| c), Some(200));
+
+    // The JSON log has the run's events.
+    let text = log();
+    for ev in ["run_initiated", "step_started", "run_complete"] {
+        assert!(
+            text.contains(&format!("\"event\":\"{ev}\"")),
+            "no {ev} in the log:\n{text}"
+        );
+    }
+
+    // SIGTERM: exit 0, report stopped.
+    assert_eq!(agent.term(30), Some(0), "{}", log());
+    assert_eq!(state(&fake, "worker-1"), "stopped");
+    // No request was refused by the Role.
+    let denied: Vec<_> = fake
+        .requests_by_user(AGENT_USER)
+        .into_iter()
+        .filter(|r| r.code == 403)
+        .collect();
+    assert!(denied.is_empty(), "the Role refused: {denied:?}");
+}
+
+/// What the sampler saw.
+#[derive(Default)]
+struct Seen {
+    peak_holders: usize,
+    peak_running: usize,
+    violations: Vec<String>,
+    checks: usize,
+}
+
+#[test]
+fn simulated_fleet() {
+    let Some(mut bao) = openbao::OpenBao::start() else {
+        return;
+    };
+    let nodes: usize = std::env::var("KEYPLAN_FLEET_NODES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let concurrent = 2usize;
+    let max_failed = 2usize;
+    let step_sleep_ms: u64 = std::env::var("KEYPLAN_FLEET_STEP_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    let s = Scratch::new();
+    let fake = Arc::new(FakeApiserver::start());
+    let names: Vec<String> = (0..nodes).map(|i| format!("node-{i:03}")).collect();
+    let kubeconfig = agent_kubeconfig(&fake, &names);
+    let initial = s.initial_pass();
+    let images: Vec<PathBuf> = names
+        .iter()
+        .map(|n| {
+            std::fs::create_dir_all(s.path(n)).expect("mkdir");
+            s.small_image(&format!("{n}/disk.img"), "luks2")
+        })
+        .collect();
+    let plan = |rotate: Option<&str>| {
+        let mut t = format!(
+            "version: 1\nkms:\n  bao: {{ provider: vault, address: {}, mount: secret }}\nkeys:\n",
+            bao.addr
+        );
+        for n in &names {
+            t += &format!(
+                "  {n}: {{ kms: bao, name: fleet/{n}{} }}\n",
+                rotate
+                    .map(|r| format!(", rotate_after: {r}"))
+                    .unwrap_or_default()
+            );
+        }
+        t += "devices:\n";
+        for (n, img) in names.iter().zip(&images) {
+            t += &format!(
+                "  {n}: {{ path: {}, node: {n}, keys: [{n}], enroll_with: {} }}\n",
+                img.display(),
+                initial.display()
+            );
+        }
+        t + &format!("{FAST_PBKDF}  fleet: {{ max_concurrent_nodes: {concurrent}, max_failed_nodes: {max_failed}, namespace: {NS} }}\n")
+    };
+    let config = s.path("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "kms:\n  bao:\n    provider: vault\n    address: {}\n    mount: secret\n    auth: {{ method: token, token_env: KP_AGENT_VAULT_TOKEN }}\n",
+            bao.addr
+        ),
+    )
+    .expect("config");
+    let mut cm = ConfigMapDir::new(s.path("plan-volume"), &plan(None));
+    let mut agents: Vec<Agent> = names
+        .iter()
+        .map(|n| Agent {
+            args: agent_args(
+                n,
+                &cm.plan(),
+                &config,
+                &s.path(&format!("{n}/state")),
+                &kubeconfig,
+                &["--interval", "4s", "--poll", "1s", "--slot-duration", "4s"],
+            ),
+            env: vec![
+                ("KP_AGENT_VAULT_TOKEN".into(), bao.root_token.clone()),
+                (
+                    "FAILPOINTS".into(),
+                    format!("step.before_effect=sleep({step_sleep_ms})"),
+                ),
+            ],
+            log: s.path(&format!("{n}/agent.log")),
+            child: None,
+            started: 0,
+        })
+        .collect();
+    let t_start = Instant::now();
+    for a in agents.iter_mut() {
+        a.spawn();
+    }
+    let restarted: Arc<Mutex<BTreeMap<String, u64>>> = Arc::new(Mutex::new(BTreeMap::new()));
+    let dead: Arc<Mutex<BTreeSet<String>>> = Arc::new(Mutex::new(BTreeSet::new()));
+
+    // The sampler: Leases and reports (never more than `concurrent` nodes applying), and
+    // every device opens with its key's current version in OpenBao.
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sealed = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (fake, seen, stop, restarted, dead, sealed) = (
+            Arc::clone(&fake),
+            Arc::clone(&seen),
+            Arc::clone(&stop),
+            Arc::clone(&restarted),
+            Arc::clone(&dead),
+            Arc::clone(&sealed),
+        );
+        let names = names.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let h = holders(&fake);
+                let mut running = 0;
+                for n in &names {
+                    if dead.lock().unwrap().contains(n) {
+                        continue;
+                    }
+                    let Some(r) = report(&fake, n) else { continue };
+                    let since = restarted.lock().unwrap().get(n).copied().unwrap_or(0);
+                    if r["state"] == "running" && r["updated_at"].as_u64().unwrap_or(0) > since {
+                        running += 1;
+                    }
+                }
+                let mut s = seen.lock().unwrap();
+                s.peak_holders = s.peak_holders.max(h.len());
+                s.peak_running = s.peak_running.max(running);
+                if h.len() > 2 || running > 2 {
+                    s.violations.push(format!(
+                        "{} holders {h:?}, {running} running reports",
+                        h.len()
+                    ));
+                }
+                drop(s);
+                let _ = &sealed;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    let checker = {
+        let (seen, stop, sealed) = (Arc::clone(&seen), Arc::clone(&stop), Arc::clone(&sealed));
+        let names = names.clone();
+        let images = images.clone();
+        let addr = bao.addr.clone();
+        let token = bao.root_token.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("rt");
+            let http = reqwest::Client::new();
+            let current = |n: &str| -> Option<(u64, Vec<u8>)> {
+                if sealed.load(Ordering::SeqCst) {
+                    return None;
+                }
+                let v: Value = rt.block_on(async {
+                    http.get(format!("{addr}/v1/secret/data/fleet/{n}"))
+                        .header("X-Vault-Token", &token)
+                        .send()
+                        .await
+                        .ok()?
+                        .bytes()
+                        .await
+                        .ok()
+                        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                })?;
+                let d = &v["data"];
+                let version = d["metadata"]["version"].as_u64()?;
+                Some((version, d["data"][n].as_str()?.as_bytes().to_vec()))
+            };
+            while !stop.load(Ordering::SeqCst) {
+                for (n, img) in names.iter().zip(&images) {
+                    let Some((v, pass)) = current(n) else {
+                        continue;
+                    };
+                    if opens(img, &pass, None) {
+                        seen.lock().unwrap().checks += 1;
+                        continue;
+                    }
+                    // Changed in between (a commit and a kill of the old keyslot)? Not a
+                    // violation then.
+                    match current(n) {
+                        Some((v2, _)) if v2 != v => continue,
+                        None => continue,
+                        _ => {}
+                    }
+                    if !opens(img, &pass, None) {
+                        seen.lock().unwrap().violations.push(format!(
+                            "{n}: KV version {v} (current) does not open {}",
+                            img.display()
+                        ));
+                    }
+                }
+            }
+        })
+    };
+    let dump = |fake: &FakeApiserver| {
+        let mut out = String::new();
+        for n in &names {
+            let r = report(fake, n);
+            out += &format!(
+                "{n}: {} {}\n",
+                r.as_ref()
+                    .map(|r| r["state"].to_string())
+                    .unwrap_or_default(),
+                r.as_ref()
+                    .map(|r| r["message"].to_string())
+                    .unwrap_or_default()
+            );
+        }
+        out += &format!("holders {:?}\n", holders(fake));
+        out
+    };
+    let in_sync_all = |fake: &FakeApiserver, except: &BTreeSet<String>| {
+        names.iter().filter(|n| !except.contains(*n)).all(|n| {
+            report(fake, n).is_some_and(|r| {
+                r["state"] == "in_sync"
+                    && r["changes"] == 0
+                    && r["keys"][0]["current_version"].as_u64().unwrap_or(0) >= 1
+            })
+        })
+    };
+
+    // Phase 1: enrollment. One agent is killed for good while it holds a slot.
+    let gone = loop {
+        let h = holders(&fake);
+        if let Some(n) = h.first() {
+            break n.clone();
+        }
+        assert!(
+            t_start.elapsed() < Duration::from_secs(120),
+            "no node took a slot\n{}",
+            dump(&fake)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let gi = names.iter().position(|n| *n == gone).expect("gone node");
+    dead.lock().unwrap().insert(gone.clone());
+    agents[gi].kill9();
+    let except: BTreeSet<String> = [gone.clone()].into();
+    wait_for(
+        600,
+        "every other node enrolled",
+        || in_sync_all(&fake, &except),
+        || dump(&fake),
+    );
+    let phase1 = t_start.elapsed();
+    // Its slot expired and was taken over: the other nodes all ran.
+    let taken_over = fake
+        .objects("leases", NS)
+        .iter()
+        .any(|l| l["spec"]["leaseTransitions"].as_u64().unwrap_or(0) > 0);
+    assert!(taken_over, "no slot was ever taken over after expiry");
+    // It comes back, finishes its interrupted run, and converges.
+    restarted.lock().unwrap().insert(gone.clone(), now());
+    dead.lock().unwrap().remove(&gone);
+    agents[gi].spawn();
+    wait_for(
+        300,
+        "every node enrolled",
+        || in_sync_all(&fake, &BTreeSet::new()),
+        || dump(&fake),
+    );
+
+    // Phase 2: rotation everywhere (rotate_after: 1s), agents killed mid-rotation.
+    cm.write(&plan(Some("1s")));
+    let rotated = |fake: &FakeApiserver| {
+        names
+            .iter()
+            .filter(|n| {
+                report(fake, n)
+                    .is_some_and(|r| r["keys"][0]["current_version"].as_u64().unwrap_or(0) >= 2)
+            })
+            .count()
+    };
+    let mut kills = 0;
+    let mut killed = BTreeSet::new();
+    let t2 = Instant::now();
+    while kills < 3 {
+        assert!(
+            t2.elapsed() < Duration::from_secs(300),
+            "no rotation to kill\n{}",
+            dump(&fake)
+        );
+        let victim = holders(&fake).into_iter().find(|h| !killed.contains(h));
+        if let Some(v) = victim {
+            // Let it get into the run's steps first.
+            std::thread::sleep(Duration::from_millis(step_sleep_ms * 2));
+            let i = names.iter().position(|n| *n == v).expect("victim");
+            agents[i].kill9();
+            std::thread::sleep(Duration::from_millis(500));
+            restarted.lock().unwrap().insert(v.clone(), now());
+            agents[i].spawn();
+            killed.insert(v);
+            kills += 1;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    wait_for(
+        300,
+        "six nodes rotated",
+        || rotated(&fake) >= 6,
+        || dump(&fake),
+    );
+
+    // OpenBao sealed mid-rollout (while both slots are held by running nodes): node runs fail
+    // until max_failed_nodes stops the rollout.
+    wait_for(
+        120,
+        "two nodes applying",
+        || {
+            let h = holders(&fake);
+            h.len() == concurrent && h.iter().all(|n| state(&fake, n) == "running")
+        },
+        || dump(&fake),
+    );
+    let unseal_key = bao
+        .log()
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Unseal Key: ").map(str::to_string))
+        .expect("unseal key in the dev server's log");
+    let out = bao.cli_as(&bao.root_token.clone(), &["operator", "seal"], b"");
+    assert!(
+        out.status.success(),
+        "seal: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sealed.store(true, Ordering::SeqCst);
+    let failed = |fake: &FakeApiserver| {
+        names
+            .iter()
+            .filter(|n| report(fake, n).is_some_and(|r| !r["failure"].is_null()))
+            .count()
+    };
+    wait_for(
+        300,
+        "max_failed_nodes failures",
+        || failed(&fake) >= max_failed,
+        || dump(&fake),
+    );
+    // Halted: within a few polls no slot is held any more, and none is taken for a while.
+    wait_for(
+        60,
+        "the slots to be free",
+        || holders(&fake).is_empty(),
+        || dump(&fake),
+    );
+    let halted_failures = failed(&fake);
+    let t_halt = Instant::now();
+    while t_halt.elapsed() < Duration::from_secs(8) {
+        assert!(
+            holders(&fake).is_empty(),
+            "a node took a slot while the rollout is halted\n{}",
+            dump(&fake)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        halted_failures < max_failed + concurrent,
+        "{halted_failures} failures for max_failed_nodes {max_failed}\n{}",
+        dump(&fake)
+    );
+
+    // Unsealed, the nodes find their work again but stay halted until the failures are cleared.
+    let out = bao.cli_as(
+        &bao.root_token.clone(),
+        &["operator", "unseal", &unseal_key],
+        b"",
+    );
+    assert!(
+        out.status.success(),
+        "unseal: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sealed.store(false, Ordering::SeqCst);
+    wait_for(
+        120,
+        "a node reporting halted",
+        || names.iter().any(|n| state(&fake, n) == "halted"),
+        || dump(&fake),
+    );
+    let t_halt = Instant::now();
+    while t_halt.elapsed() < Duration::from_secs(6) {
+        assert!(
+            holders(&fake).is_empty(),
+            "a node took a slot while the rollout is halted\n{}",
+            dump(&fake)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let st = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+        .args(["fleet", "status", "--namespace", NS, "--kubeconfig"])
+        .arg(fake.kubeconfig(NS, "full"))
+        .output()
+        .expect("fleet status");
+    let st_text = String::from_utf8_lossy(&st.stdout).to_string();
+    assert_eq!(st.status.code(), Some(1), "{st_text}");
+    assert!(st_text.contains("HALTED"), "{st_text}");
+
+    // Stop rotating, clear: everything converges.
+    cm.write(&plan(None));
+    let clear = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+        .args(["fleet", "clear", "--namespace", NS, "--kubeconfig"])
+        .arg(fake.kubeconfig(NS, "full"))
+        .output()
+        .expect("fleet clear");
+    assert!(
+        clear.status.success(),
+        "{}",
+        String::from_utf8_lossy(&clear.stderr)
+    );
+    wait_for(
+        600,
+        "convergence after the outage",
+        || {
+            in_sync_all(&fake, &BTreeSet::new())
+                && names
+                    .iter()
+                    .all(|n| report(&fake, n).is_some_and(|r| r["failure"].is_null()))
+        },
+        || dump(&fake),
+    );
+    let st = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+        .args([
+            "fleet",
+            "status",
+            "--namespace",
+            NS,
+            "--format",
+            "json",
+            "--kubeconfig",
+        ])
+        .arg(fake.kubeconfig(NS, "full"))
+        .output()
+        .expect("fleet status");
+    assert_eq!(
+        st.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&st.stdout)
+    );
+    let doc: Value = serde_json::from_slice(&st.stdout).expect("json");
+    assert_eq!(doc["totals"]["nodes"], nodes as u64);
+    assert_eq!(doc["totals"]["by_state"]["in_sync"], nodes as u64);
+
+    // Idle requests per node per cycle.
+    let mark = fake.mark();
+    let idle_secs = 12;
+    std::thread::sleep(Duration::from_secs(idle_secs));
+    let idle = fake
+        .requests_since(mark)
+        .iter()
+        .filter(|r| r.user == AGENT_USER)
+        .count();
+    let per_cycle = idle as f64 / nodes as f64 / (idle_secs as f64 / 4.0);
+
+    stop.store(true, Ordering::SeqCst);
+    let _ = sampler.join();
+    let _ = checker.join();
+    let seen = seen.lock().unwrap();
+    assert!(seen.violations.is_empty(), "{:?}", seen.violations);
+    assert!(
+        seen.checks > nodes,
+        "the checker checked only {} times",
+        seen.checks
+    );
+    assert!(seen.peak_holders <= concurrent && seen.peak_running <= concurrent);
+
+    // Every device opens with its key's current version (the last word: OpenBao itself).
+    for (n, img) in names.iter().zip(&images) {
+        let pass = bao
+            .kv_field(&format!("fleet/{n}"), n)
+            .expect("current passphrase");
+        assert!(
+            opens(img, &pass, None),
+            "{n} does not open with its current key"
+        );
+    }
+    // RBAC: every call was allowed, and every verb the Role grants was used.
+    let calls: Vec<_> = fake.requests_by_user(AGENT_USER);
+    let denied: Vec<_> = calls
+        .iter()
+        .filter(|r| r.code == 403 || r.code == 401)
+        .collect();
+    assert!(denied.is_empty(), "refused: {denied:?}");
+    let used: BTreeSet<(String, String, String)> = calls
+        .iter()
+        .map(|r| (r.group.clone(), r.resource.clone(), r.verb.clone()))
+        .collect();
+    let granted: BTreeSet<(String, String, String)> = keyplan::fleet::api::AGENT_CALLS
+        .iter()
+        .flat_map(|c| {
+            c.verbs
+                .iter()
+                .map(move |v| (c.group.to_string(), c.resource.to_string(), v.to_string()))
+        })
+        .collect();
+    assert_eq!(used, granted, "the agents' calls differ from AGENT_CALLS");
+
+    let figures = serde_json::json!({
+        "nodes": nodes,
+        "max_concurrent_nodes": concurrent,
+        "peak_slot_holders": seen.peak_holders,
+        "peak_running_reports": seen.peak_running,
+        "kills_survived": kills + 1,
+        "enrollment_rollout_seconds": phase1.as_secs_f64(),
+        "failures_at_halt": halted_failures,
+        "idle_requests_per_node_per_cycle": per_cycle,
+        "invariant_checks": seen.checks,
+    });
+    eprintln!("FIGURES {figures}");
+    if let Ok(path) = std::env::var("KEYPLAN_FLEET_FIGURES") {
+        let _ = std::fs::write(path, figures.to_string());
+    }
+    bao.stop();
+}
