@@ -3,8 +3,8 @@
 //! # Where things live
 //!
 //! **Front ends** call the engine API and nothing else: [`cli`] is the command line (one thin
-//! module per command: parse, prompt, call [`ops`], render, exit status); the node agent will
-//! be another. **[`ops`]** is the engine API: `plan`, an `apply` session (state lock, journal,
+//! module per command: parse, prompt, call [`ops`], render, exit status); the node agent
+//! ([`fleet::agent`]) is another. **[`ops`]** is the engine API: `plan`, an `apply` session (state lock, journal,
 //! the interrupted run, planning rounds), saved plans, `status`, `verify`, `key get`,
 //! `journal`. Engine errors are [`error::Error`]; front ends decide how to show them.
 //!
@@ -27,8 +27,12 @@
 //! LUKS2 tokens and LUKS1 record files); [`world::registry`] remembers every device a run
 //! touched. Child processes (cryptsetup, exec KMS helpers) are started through [`child`].
 //!
-//! **Fleet mode** ([`fleet`], docs/fleet.md): the Kubernetes side of running on many nodes, so
-//! far the rollout slots (a Lease semaphore, [`fleet::slots`]).
+//! **Fleet mode** ([`fleet`], docs/fleet.md): the Kubernetes side of running on many nodes.
+//! The node agent's loop is [`fleet::agent`] (a front end over [`ops`] like the CLI, with the
+//! fleet's policy: when to take a rollout slot, when the rollout is halted); around it the
+//! rollout slots ([`fleet::slots`], a Lease semaphore), node reports and the failure count
+//! ([`fleet::report`]), Events, the plan's ConfigMap volume ([`fleet::source`]), the agent's
+//! allow-list ([`fleet::trust`]) and `fleet status` ([`fleet::status`]).
 //!
 //! **Shared pieces**: key material only ever in [`secret::Passphrase`]; the one clock
 //! [`clock`]; [`fsutil`] (atomic private writes); [`par`] (a bounded parallel map);

@@ -73,6 +73,11 @@ impl ConfigMapDir {
 /// its report names (`keyplan-node-<node>`) made those of `nodes`, as the generator writes them
 /// for a cluster.
 fn agent_kubeconfig(fake: &FakeApiserver, nodes: &[String]) -> PathBuf {
+    agent_kubeconfig_for(fake, nodes, None)
+}
+
+/// [`agent_kubeconfig`], with the slot Lease names made those of `slots` slots when given.
+fn agent_kubeconfig_for(fake: &FakeApiserver, nodes: &[String], slots: Option<usize>) -> PathBuf {
     let role = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes/rbac.yaml"),
     )
@@ -85,6 +90,14 @@ fn agent_kubeconfig(fake: &FakeApiserver, nodes: &[String]) -> PathBuf {
             .any(|n| n.starts_with("keyplan-node-"))
         {
             r.resource_names = nodes.iter().map(|n| format!("keyplan-node-{n}")).collect();
+        }
+        if let Some(n) = slots {
+            if r.resource_names
+                .iter()
+                .any(|x| x.starts_with("keyplan-rollout-"))
+            {
+                r.resource_names = (0..n).map(|i| format!("keyplan-rollout-{i}")).collect();
+            }
         }
     }
     let token = format!("kp-agent-{:016x}", rand::random::<u64>());
@@ -266,8 +279,9 @@ fn agent_refuses_and_reports() {
     std::fs::write(
         &config,
         format!(
-            "kms:\n  local: {{ provider: file, path: {} }}\n",
-            keys.display()
+            "kms:\n  local: {{ provider: file, path: {} }}\nenroll_with_dirs: [{}]\n",
+            keys.display(),
+            s.dir.path().display()
         ),
     )
     .expect("config");
@@ -347,6 +361,28 @@ fn agent_refuses_and_reports() {
         "no PlanRefused event"
     );
 
+    // A plan whose devices name no node would be every node's: refused.
+    cm.write(
+        &plan_text(&keys)
+            .replace(", node: worker-1", "")
+            .replace(", node: worker-2", ""),
+    );
+    wait_for(
+        30,
+        "the nodeless plan to be refused",
+        || {
+            report(&fake, "worker-1").is_some_and(|r| {
+                r["state"] == "refused"
+                    && r["message"]
+                        .as_str()
+                        .unwrap_or("")
+                        .contains("names its node")
+            })
+        },
+        log,
+    );
+    assert_eq!(keyslots(&img), before, "a refused plan changed the device");
+
     // The fixed plan (the ConfigMap updated in place) is applied; the slot is released.
     cm.write(&plan_text(&keys));
     wait_for(
@@ -415,6 +451,70 @@ fn agent_refuses_and_reports() {
     // SIGTERM: exit 0, report stopped.
     assert_eq!(agent.term(30), Some(0), "{}", log());
     assert_eq!(state(&fake, "worker-1"), "stopped");
+
+    // A node whose report is not renewed is lost: `fleet status` says so and exits 1.
+    let full = fake.kubeconfig(NS, "full");
+    let status = |format: &str| {
+        let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+            .args([
+                "fleet",
+                "status",
+                "--namespace",
+                NS,
+                "--format",
+                format,
+                "--kubeconfig",
+            ])
+            .arg(&full)
+            .output()
+            .expect("fleet status");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
+    };
+    let (code, text) = status("text");
+    // Stopped is what a rolling update shows for a moment: not a problem until it is lost.
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("worker-1") && text.contains("stopped"),
+        "{text}"
+    );
+    fake.modify_configmap(NS, "keyplan-node-worker-1", |cm| {
+        let mut r: Value = serde_json::from_str(cm["data"]["report.json"].as_str().unwrap_or("{}"))
+            .expect("report");
+        r["updated_at"] = serde_json::json!(now() - 3600);
+        cm["data"]["report.json"] = Value::String(r.to_string());
+    });
+    let (code, text) = status("json");
+    assert_eq!(code, Some(1), "{text}");
+    let doc: Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(doc["nodes"][0]["state"], "lost", "{text}");
+    assert_eq!(doc["totals"]["by_state"]["lost"], 1, "{text}");
+    let (_, prom) = status("prometheus");
+    assert!(
+        prom.contains("keyplan_fleet_node_lost{node=\"worker-1\"} 1"),
+        "{prom}"
+    );
+
+    // No key material in the report, the Events or the log.
+    let material = file_kms_versions(&keys);
+    assert!(!material.is_empty(), "no key version in the file KMS");
+    let mut everything = log().into_bytes();
+    for cm in fake.configmaps(NS) {
+        everything.extend(cm.to_string().into_bytes());
+    }
+    for e in fake.events(NS) {
+        everything.extend(e.to_string().into_bytes());
+    }
+    for secret in material.iter().map(|m| m.as_slice()).chain([INITIAL]) {
+        for form in leak_forms(secret) {
+            assert!(
+                !contains(&everything, &form),
+                "key material in the agent's report, Events or log"
+            );
+        }
+    }
     // No request was refused by the Role.
     let denied: Vec<_> = fake
         .requests_by_user(AGENT_USER)
@@ -487,8 +587,9 @@ fn simulated_fleet() {
     std::fs::write(
         &config,
         format!(
-            "kms:\n  bao:\n    provider: vault\n    address: {}\n    mount: secret\n    auth: {{ method: token, token_env: KP_AGENT_VAULT_TOKEN }}\n",
-            bao.addr
+            "kms:\n  bao:\n    provider: vault\n    address: {}\n    mount: secret\n    auth: {{ method: token, token_env: KP_AGENT_VAULT_TOKEN }}\nenroll_with_dirs: [{}]\n",
+            bao.addr,
+            s.dir.path().display()
         ),
     )
     .expect("config");
@@ -942,5 +1043,164 @@ fn simulated_fleet() {
     if let Ok(path) = std::env::var("KEYPLAN_FLEET_FIGURES") {
         let _ = std::fs::write(path, figures.to_string());
     }
+    bao.stop();
+}
+
+/// Seconds of an RFC 3339 timestamp with a fraction (`2026-12-01T15:20:01.123456Z`).
+fn fractional_seconds(ts: &str) -> Option<f64> {
+    let (whole, frac) = match ts.trim_end_matches('Z').split_once('.') {
+        Some((w, f)) => (format!("{w}Z"), format!("0.{f}")),
+        None => (ts.to_string(), "0".to_string()),
+    };
+    Some(keyplan::clock::parse_rfc3339(&whole)? as f64 + frac.parse::<f64>().ok()?)
+}
+
+/// The durations (seconds) of the runs in an agent's JSON log: `run_initiated` to the next
+/// `run_complete`.
+fn run_durations(log: &str) -> Vec<f64> {
+    let mut out = Vec::new();
+    let mut start = None;
+    for line in log.lines() {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        let ev = v["fields"]["event"].as_str().unwrap_or("");
+        let at = v["timestamp"].as_str().and_then(fractional_seconds);
+        match (ev, at) {
+            ("run_initiated", Some(t)) => start = Some(t),
+            ("run_complete", Some(t)) => {
+                if let Some(s) = start.take() {
+                    out.push(t - s);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// `benches/fleet_rollout.sh`: `KEYPLAN_FLEET_NODES` (100) agents, `KEYPLAN_FLEET_CONCURRENT`
+/// (10) slots, keys in OpenBao, no injected delays: the enrollment rollout's wall time against
+/// the ideal `ceil(nodes / slots) × one node's run` (the median run), and the API requests per
+/// node per idle cycle. Prints `FIGURES {json}` (and writes `KEYPLAN_FLEET_FIGURES`).
+#[test]
+#[ignore = "a benchmark: run benches/fleet_rollout.sh"]
+fn rollout_benchmark() {
+    let Some(mut bao) = openbao::OpenBao::start() else {
+        return;
+    };
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let nodes = env("KEYPLAN_FLEET_NODES", 100);
+    let concurrent = env("KEYPLAN_FLEET_CONCURRENT", 10);
+    let interval = env("KEYPLAN_FLEET_INTERVAL", 30) as u64;
+    let s = Scratch::new();
+    let fake = FakeApiserver::start();
+    let names: Vec<String> = (0..nodes).map(|i| format!("node-{i:03}")).collect();
+    let kubeconfig = agent_kubeconfig_for(&fake, &names, Some(concurrent));
+    let initial = s.initial_pass();
+    let mut t = format!(
+        "version: 1\nkms:\n  bao: {{ provider: vault, address: {}, mount: secret }}\nkeys:\n",
+        bao.addr
+    );
+    for n in &names {
+        t += &format!("  {n}: {{ kms: bao, name: fleet/{n} }}\n");
+    }
+    t += "devices:\n";
+    for n in &names {
+        std::fs::create_dir_all(s.path(n)).expect("mkdir");
+        let img = s.small_image(&format!("{n}/disk.img"), "luks2");
+        t += &format!(
+            "  {n}: {{ path: {}, node: {n}, keys: [{n}], enroll_with: {} }}\n",
+            img.display(),
+            initial.display()
+        );
+    }
+    // PBKDF2 with KEYPLAN_FLEET_ITERATIONS (300000) iterations: a node's run costs key
+    // derivations as a real one does, without argon2's memory on a 2-core machine.
+    let iterations = env("KEYPLAN_FLEET_ITERATIONS", 300_000);
+    t += &format!("settings:\n  pbkdf: {{ type: pbkdf2, iterations: {iterations} }}\n  fleet: {{ max_concurrent_nodes: {concurrent}, max_failed_nodes: 1, namespace: {NS} }}\n");
+    let cm = ConfigMapDir::new(s.path("plan-volume"), &t);
+    let config = s.path("agent.yaml");
+    std::fs::write(
+        &config,
+        format!("kms:\n  bao:\n    provider: vault\n    address: {}\n    mount: secret\n    auth: {{ method: token, token_env: KP_AGENT_VAULT_TOKEN }}\nenroll_with_dirs: [{}]\n", bao.addr, s.dir.path().display()),
+    )
+    .expect("config");
+    let interval_s = format!("{interval}s");
+    let mut agents: Vec<Agent> = names
+        .iter()
+        .map(|n| Agent {
+            args: agent_args(
+                n,
+                &cm.plan(),
+                &config,
+                &s.path(&format!("{n}/state")),
+                &kubeconfig,
+                &[
+                    "--interval",
+                    &interval_s,
+                    "--poll",
+                    "2s",
+                    "--slot-duration",
+                    "20s",
+                ],
+            ),
+            env: vec![("KP_AGENT_VAULT_TOKEN".into(), bao.root_token.clone())],
+            log: s.path(&format!("{n}/agent.log")),
+            child: None,
+            started: 0,
+        })
+        .collect();
+    let t0 = Instant::now();
+    for a in agents.iter_mut() {
+        a.spawn();
+    }
+    let done = || {
+        names.iter().all(|n| {
+            report(&fake, n)
+                .is_some_and(|r| r["state"] == "in_sync" && r["keys"][0]["current_version"] == 1)
+        })
+    };
+    wait_for(3600, "the rollout", done, String::new);
+    let rollout = t0.elapsed().as_secs_f64();
+    let mut runs: Vec<f64> = names
+        .iter()
+        .flat_map(|n| {
+            run_durations(
+                &std::fs::read_to_string(s.path(&format!("{n}/agent.log"))).unwrap_or_default(),
+            )
+        })
+        .collect();
+    runs.sort_by(|a, b| a.total_cmp(b));
+    let median = runs.get(runs.len() / 2).copied().unwrap_or(0.0);
+    let ideal = (nodes as f64 / concurrent as f64).ceil() * median;
+    // Two idle intervals.
+    let mark = fake.mark();
+    std::thread::sleep(Duration::from_secs(interval * 2));
+    let idle = fake.requests_since(mark);
+    let per_cycle =
+        idle.iter().filter(|r| r.user == AGENT_USER).count() as f64 / nodes as f64 / 2.0;
+    let figures = serde_json::json!({
+        "nodes": nodes,
+        "max_concurrent_nodes": concurrent,
+        "runs": runs.len(),
+        "median_node_run_seconds": median,
+        "rollout_seconds": rollout,
+        "ideal_seconds": ideal,
+        "rollout_over_ideal": rollout / ideal.max(0.001),
+        "idle_requests_per_node_per_cycle": per_cycle,
+        "idle_interval_seconds": interval,
+        "pbkdf2_iterations": iterations,
+    });
+    eprintln!("FIGURES {figures}");
+    if let Ok(path) = std::env::var("KEYPLAN_FLEET_FIGURES") {
+        let _ = std::fs::write(path, figures.to_string());
+    }
+    drop(agents);
     bao.stop();
 }

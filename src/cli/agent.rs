@@ -38,7 +38,7 @@ pub struct AgentArgs {
     pub slot_duration: Duration,
     /// Namespace of the Leases, reports and Events (default: the plan's
     /// settings.fleet.namespace).
-    #[arg(long, value_name = "NAMESPACE")]
+    #[arg(long, value_name = "NAMESPACE", value_parser = parse_namespace)]
     pub namespace: Option<String>,
     /// kubeconfig file (default: the in-cluster service account, else $KUBECONFIG).
     #[arg(long, value_name = "FILE")]
@@ -51,12 +51,29 @@ pub struct AgentArgs {
     pub listen: Option<SocketAddr>,
 }
 
-/// A duration as `humantime` reads it (`30s`, `5m`, `1h 30m`), at least one second.
+/// A duration as `humantime` reads it (`30s`, `5m`, `1h 30m`), from one second to 30 days.
 pub(super) fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
     match humantime::parse_duration(s) {
-        Ok(d) if d >= Duration::from_secs(1) => Ok(d),
-        Ok(_) => Err("must be at least 1s".into()),
+        Ok(d) if d < Duration::from_secs(1) => Err("must be at least 1s".into()),
+        Ok(d) if d > Duration::from_secs(30 * 86400) => Err("must be at most 30 days".into()),
+        Ok(d) => Ok(d),
         Err(e) => Err(format!("{e} (e.g. 30s, 5m, 1h)")),
+    }
+}
+
+/// A Kubernetes namespace name: a DNS-1123 label (at most 63 lowercase letters, digits and
+/// `-`, starting and ending with a letter or digit).
+pub(super) fn parse_namespace(s: &str) -> std::result::Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !s.starts_with('-')
+        && !s.ends_with('-');
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err("not a Kubernetes namespace name (at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit)".into())
     }
 }
 
@@ -73,6 +90,13 @@ pub(super) fn cmd_agent(cli: &Cli, args: &AgentArgs) -> Result<Exit> {
             .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
     )
     .into_diagnostic()?;
+    if args.poll > args.interval {
+        tracing::warn!(
+            "--poll {} is longer than --interval {}: full cycles run only at each poll",
+            humantime::format_duration(args.poll),
+            humantime::format_duration(args.interval)
+        );
+    }
     let stop = interrupts::install_agent()?;
     let opts = AgentOptions {
         node,

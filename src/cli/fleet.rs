@@ -9,7 +9,7 @@ use super::*;
 #[derive(Debug, Clone, Args)]
 pub struct FleetTarget {
     /// The fleet namespace (the plan's settings.fleet.namespace).
-    #[arg(long, default_value = "keyplan", value_name = "NAMESPACE")]
+    #[arg(long, default_value = "keyplan", value_name = "NAMESPACE", value_parser = super::agent::parse_namespace)]
     pub namespace: String,
     /// kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else in-cluster).
     #[arg(long, value_name = "FILE")]
@@ -57,7 +57,16 @@ fn client(t: &FleetTarget) -> Result<kube::Client> {
 pub(super) fn cmd_fleet(command: &FleetCommand) -> Result<Exit> {
     match command {
         FleetCommand::Status { target, format } => {
-            let c = client(target)?;
+            let c = match crate::fleet::client(
+                target.kubeconfig.as_deref(),
+                target.context.as_deref(),
+            ) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("keyplan fleet status: cannot reach the Kubernetes API: {e}\n  help: pass --kubeconfig/--context, or set KUBECONFIG");
+                    return Ok(Exit::Unknown);
+                }
+            };
             let s = match crate::fleet::status::read(&c, &target.namespace) {
                 Ok(s) => s,
                 Err(e) => {
@@ -78,13 +87,21 @@ pub(super) fn cmd_fleet(command: &FleetCommand) -> Result<Exit> {
             })
         }
         FleetCommand::Clear { target, only } => {
+            if let Some(n) = only {
+                spec::node::this_node(Some(n))
+                    .map_err(|e| miette!("{}", e.replace("--node (or $NODE_NAME)", "NODE")))?;
+            }
             let c = client(target)?;
             let cleared = crate::fleet::status::clear(&c, &target.namespace, only.as_deref())
                 .map_err(|e| {
-                    miette!(
-                        help = "run it again (an agent may have written its report just then)",
-                        "{e}"
-                    )
+                    if e.contains("HTTP 409") {
+                        miette!(
+                            help = "run it again: an agent wrote its report just then",
+                            "{e}"
+                        )
+                    } else {
+                        miette!("{e}")
+                    }
                 })?;
             if cleared.is_empty() {
                 outln!(

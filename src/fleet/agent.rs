@@ -146,6 +146,8 @@ struct Agent {
     pending: Option<Pending>,
     /// Whether the last plan had devices on this node (a node without any writes no report).
     has_devices: bool,
+    /// Whether the previous report was read (after the first plan that loaded).
+    adopted: bool,
 }
 
 impl Agent {
@@ -193,6 +195,7 @@ impl Agent {
             next_full: Instant::now(),
             pending: None,
             has_devices: true,
+            adopted: false,
         }
     }
 
@@ -208,10 +211,13 @@ impl Agent {
         self.health.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Picks up this node's previous report (a restarted agent keeps its failure, last run and
-    /// last success).
-    fn start(&mut self) {
+    fn start(&self) {
         tracing::info!(node = %self.opts.node, plan = %self.source.path().display(), "keyplan agent starting");
+    }
+
+    /// Picks up this node's previous report (a restarted agent keeps its failure, last run and
+    /// last success), once the fleet namespace is known.
+    fn adopt_previous(&mut self) {
         match self.reports().get(&self.opts.node) {
             Ok(Some(stored)) => self.adopt(stored),
             Ok(None) => {}
@@ -233,11 +239,7 @@ impl Agent {
         self.health().last_tick = Some(Instant::now());
         let text = match self.source.read() {
             Ok(t) => t,
-            Err(e) => {
-                self.set_state(AgentState::Refused, Some(e));
-                self.publish(false);
-                return;
-            }
+            Err(e) => return self.refuse(e),
         };
         let changed = self.last_digest.as_deref() != Some(text.digest.as_str());
         if changed || Instant::now() >= self.next_full {
@@ -259,31 +261,18 @@ impl Agent {
         self.pending = None;
         let plan = match self.load(text) {
             Ok(p) => p,
-            Err(message) => {
-                let first = self.report.state != AgentState::Refused
-                    || self.report.message.as_deref() != Some(message.as_str());
-                self.health().plan_refused = true;
-                tracing::error!(node = %self.opts.node, "plan refused: {message}");
-                if first {
-                    self.events().emit(
-                        EventType::Warning,
-                        "PlanRefused",
-                        &format!(
-                            "node {}: plan refused, nothing changed: {message}",
-                            self.opts.node
-                        ),
-                    );
-                }
-                self.set_state(AgentState::Refused, Some(message));
-                self.publish(false);
-                return;
-            }
+            Err(message) => return self.refuse(message),
         };
         self.health().plan_refused = false;
         let here = !plan.devices.is_empty();
         if here != self.has_devices {
             if !here {
-                tracing::info!(node = %self.opts.node, "no device of the plan is on this node: nothing to do, and no report is written (the Role names only the plan's nodes' reports)");
+                let note = plan
+                    .scope
+                    .as_ref()
+                    .and_then(|sc| sc.note())
+                    .unwrap_or_default();
+                tracing::info!(node = %self.opts.node, "no device of the plan is on this node: nothing to do, and no report is written (the Role names only the plan's nodes' reports). {note}");
             }
             self.has_devices = here;
         }
@@ -324,6 +313,28 @@ impl Agent {
         }
     }
 
+    /// The plan cannot be read or is refused: nothing is changed; said once per reason in
+    /// the log and an Event, and always in the report and the metrics.
+    fn refuse(&mut self, message: String) {
+        let first = self.report.state != AgentState::Refused
+            || self.report.message.as_deref() != Some(message.as_str());
+        self.health().plan_refused = true;
+        if first {
+            tracing::error!(node = %self.opts.node, "plan refused, nothing changed: {message}");
+            self.events().emit(
+                EventType::Warning,
+                "PlanRefused",
+                &format!(
+                    "node {}: plan refused, nothing changed: {message}",
+                    self.opts.node
+                ),
+            );
+        }
+        self.pending = None;
+        self.set_state(AgentState::Refused, Some(message));
+        self.publish(false);
+    }
+
     /// The plan of `text`, for this node, held to the agent's configuration.
     fn load(&mut self, text: &str) -> Result<Plan, String> {
         let plan = crate::spec::load_text(text, self.source.path()).map_err(|e| {
@@ -332,6 +343,14 @@ impl Agent {
                 e.help().map(|h| format!(" ({h})")).unwrap_or_default()
             )
         })?;
+        if !plan.devices.is_empty() && !plan.names_nodes() {
+            // Every node's agent would take every device as its own: each would rotate the
+            // same KMS entries alone.
+            return Err(format!(
+                "no device of the plan names its node: in fleet mode every device needs `node: <node name>`, or every node's agent would act on it ({} device(s) without one)",
+                plan.devices.len()
+            ));
+        }
         let mut plan = plan.for_node(&self.opts.node);
         plan.state_dir = self.opts.state_dir.clone();
         self.opts
@@ -343,6 +362,11 @@ impl Agent {
             .namespace
             .clone()
             .unwrap_or_else(|| plan.fleet.namespace.clone());
+        if !self.adopted {
+            // Only now is the fleet namespace known (the plan's settings.fleet.namespace).
+            self.adopted = true;
+            self.adopt_previous();
+        }
         Ok(plan)
     }
 
@@ -637,8 +661,8 @@ impl Agent {
         self.health().state = Some(state);
     }
 
-    /// Writes the report when it changed, or `force`, or at least once per interval (the
-    /// heartbeat). A write that loses to another writer (409: `fleet clear`) reads the report
+    /// Writes the report when it changed, or `force`, or when the last write is half an
+    /// interval old (so every full cycle writes it: the heartbeat). A write that loses to another writer (409: `fleet clear`) reads the report
     /// again, keeps its annotations and retries once.
     fn publish(&mut self, force: bool) {
         if !self.has_devices {
@@ -647,7 +671,8 @@ impl Agent {
         let mut unchanged = self.report.clone();
         let same = self.published.as_ref().is_some_and(|(last, at)| {
             unchanged.updated_at = last.updated_at;
-            *last == unchanged && at.elapsed() < self.opts.interval
+            // Half an interval: every full cycle rewrites it, so the heartbeat is one interval.
+            *last == unchanged && at.elapsed() < self.opts.interval / 2
         });
         if same && !force {
             return;

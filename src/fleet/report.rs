@@ -189,10 +189,20 @@ impl Stored {
     /// Whether this report's failure counts towards `max_failed_nodes`: it has one and an
     /// operator has not cleared it.
     pub fn counts_as_failed(&self) -> bool {
+        self.genuine()
+            && self
+                .report
+                .as_ref()
+                .and_then(|r| r.failure.as_ref())
+                .is_some_and(|f| self.cleared.as_deref() != Some(f.at.to_string().as_str()))
+    }
+
+    /// Whether the document is one an agent writes: its `node` is the node the ConfigMap's name
+    /// is for ([`report_name`]).
+    pub fn genuine(&self) -> bool {
         self.report
             .as_ref()
-            .and_then(|r| r.failure.as_ref())
-            .is_some_and(|f| self.cleared.as_deref() != Some(f.at.to_string().as_str()))
+            .is_some_and(|r| report_name(&r.node) == self.name)
     }
 }
 

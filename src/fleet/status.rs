@@ -44,7 +44,8 @@ pub struct FleetStatus {
 pub struct NodeStatus {
     /// The node.
     pub node: String,
-    /// The report's state, or `lost`.
+    /// The report's state, `lost`, or `invalid` (the ConfigMap holds no report, or one whose
+    /// `node` is not the node its name is for: not what an agent writes).
     pub state: String,
     /// Whether the report is too old ([`LOST_INTERVALS`]).
     pub lost: bool,
@@ -86,11 +87,14 @@ pub struct SlotStatus {
 }
 
 impl FleetStatus {
-    /// Whether everything is fine: no node failed, lost, refused, in error, halted, drifted or
-    /// overdue (`fleet status` exits 0; else 1).
+    /// Whether everything is fine: there are reports, and no node failed, is lost, refused,
+    /// in error, halted, drifted or overdue, and no report is invalid (`fleet status` exits 0;
+    /// else 1). No report at all is not fine: the agents are not running, or `--namespace`
+    /// names another namespace.
     pub fn healthy(&self) -> bool {
-        let bad = ["failed", "lost", "refused", "error", "halted"];
-        !self.halted
+        let bad = ["failed", "lost", "refused", "error", "halted", "invalid"];
+        self.totals.nodes > 0
+            && !self.halted
             && self.totals.failures == 0
             && self.totals.drifted_devices == 0
             && self.totals.overdue_keys == 0
@@ -130,17 +134,25 @@ pub fn read(client: &kube::Client, namespace: &str) -> Result<FleetStatus, Strin
                 .report
                 .as_ref()
                 .is_none_or(|r| age > (r.interval_seconds * LOST_INTERVALS).max(LOST_MIN_SECONDS));
+            let genuine = s
+                .report
+                .as_ref()
+                .is_some_and(|r| super::report::report_name(&r.node) == s.name);
             let state = match &s.report {
+                _ if !genuine => "invalid".to_string(),
                 Some(_) if lost => "lost".to_string(),
                 Some(r) => r.state.name().to_string(),
-                None => "lost".to_string(),
+                None => "invalid".to_string(),
             };
             NodeStatus {
-                node: s
-                    .report
-                    .as_ref()
-                    .map(|r| r.node.clone())
-                    .unwrap_or_else(|| s.name.clone()),
+                node: if genuine {
+                    s.report
+                        .as_ref()
+                        .map(|r| r.node.clone())
+                        .unwrap_or_default()
+                } else {
+                    format!("(ConfigMap {})", s.name)
+                },
                 state,
                 lost,
                 report_age_seconds: if age == u64::MAX { 0 } else { age },
@@ -158,7 +170,7 @@ pub fn read(client: &kube::Client, namespace: &str) -> Result<FleetStatus, Strin
     for n in &nodes {
         *totals.by_state.entry(n.state.clone()).or_default() += 1;
         totals.failures += usize::from(n.failure_counts);
-        if let Some(r) = &n.report {
+        if let Some(r) = n.report.as_ref().filter(|_| n.state != "invalid") {
             totals.devices += r.devices.len();
             totals.drifted_devices += r.devices.iter().filter(|d| d.drifted).count();
             totals.keys += r.keys.len();
@@ -208,7 +220,8 @@ pub fn clear(
             .as_ref()
             .map(|r| r.node.clone())
             .unwrap_or_default();
-        if !s.counts_as_failed() || node.is_some_and(|n| n != name) {
+        let genuine = super::report::report_name(&name) == s.name;
+        if !genuine || !s.counts_as_failed() || node.is_some_and(|n| n != name) {
             continue;
         }
         reports.clear(&s).map_err(|e| e.to_string())?;

@@ -16,6 +16,12 @@
 //!   kmip `ca_cert`, `client_cert`, `client_key`) are always the agent configuration's: the
 //!   plan's are ignored, and the instance the engine opens is the agent's, whole.
 //!
+//! - a device's `enroll_with` file (a passphrase the root agent reads and uses) must be inside a
+//!   directory of the agent configuration's `enroll_with_dirs` (symlinks resolved); without
+//!   any, a plan may not use `enroll_with` at all (adopting keys already in the KMS, as for
+//!   Rook, needs none). Otherwise a plan could make the agent try any file it can read (a
+//!   service-account token, a Vault secret ID) as a passphrase.
+//!
 //! Paths in the agent configuration must be absolute (they are not relative to any plan).
 
 use std::collections::BTreeMap;
@@ -33,6 +39,9 @@ pub struct AgentConfig {
     /// credentials the agent uses for them.
     #[serde(default)]
     pub kms: BTreeMap<String, KmsConfig>,
+    /// Directories (absolute) a plan's `enroll_with` passphrase files may be in.
+    #[serde(default)]
+    pub enroll_with_dirs: Vec<PathBuf>,
 }
 
 impl AgentConfig {
@@ -53,6 +62,13 @@ impl AgentConfig {
                 path.display()
             )
         })?;
+        if let Some(d) = config.enroll_with_dirs.iter().find(|d| !d.is_absolute()) {
+            return Err(format!(
+                "the agent configuration {}: enroll_with_dirs entry {:?} is not absolute",
+                path.display(),
+                d.display()
+            ));
+        }
         for (name, kms) in &config.kms {
             if let Some(p) = relative_path(kms) {
                 return Err(format!(
@@ -99,6 +115,7 @@ impl AgentConfig {
                 ));
             }
         }
+        refused.extend(self.enroll_with_problems(plan));
         if !refused.is_empty() {
             return Err(refused);
         }
@@ -108,6 +125,40 @@ impl AgentConfig {
             }
         }
         Ok(())
+    }
+}
+
+impl AgentConfig {
+    /// One line per device whose `enroll_with` file is outside `enroll_with_dirs`.
+    fn enroll_with_problems(&self, plan: &Plan) -> Vec<String> {
+        let dirs: Vec<PathBuf> = self
+            .enroll_with_dirs
+            .iter()
+            .filter_map(|d| std::fs::canonicalize(d).ok())
+            .collect();
+        plan.devices
+            .iter()
+            .filter_map(|(id, d)| {
+                let file = d.enroll_with.as_ref()?;
+                let inside = std::fs::canonicalize(file)
+                    .is_ok_and(|f| dirs.iter().any(|dir| f.starts_with(dir)));
+                (!inside).then(|| {
+                    format!(
+                        "device {id}: its enroll_with file {} is not inside a directory of the agent's enroll_with_dirs ({}); the agent reads passphrase files only from there",
+                        file.display(),
+                        if self.enroll_with_dirs.is_empty() {
+                            "none".to_string()
+                        } else {
+                            self.enroll_with_dirs
+                                .iter()
+                                .map(|d| d.display().to_string())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        }
+                    )
+                })
+            })
+            .collect()
     }
 }
 

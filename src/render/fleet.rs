@@ -16,9 +16,26 @@ pub fn json(s: &FleetStatus) -> Result<String, serde_json::Error> {
     Ok(out)
 }
 
-/// One line per node, then the totals and the slots.
+/// `text` with control characters (terminal escapes, newlines) replaced by `?`: report texts
+/// come from the agents' ConfigMaps, which any holder of an agent's token can write.
+fn clean(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
+/// One line per node, then the totals and the slots. Texts from the reports are shown with
+/// control characters replaced.
 pub fn text(s: &FleetStatus) -> String {
     let mut out = String::new();
+    if s.totals.nodes == 0 {
+        let _ = writeln!(
+            out,
+            "fleet in namespace {}: no node reports (ConfigMaps labelled app.kubernetes.io/component=node-report): the agents are not running, cannot write their reports, or --namespace names another namespace",
+            s.namespace
+        );
+        return out;
+    }
     let _ = writeln!(
         out,
         "fleet in namespace {}: {} node(s){}",
@@ -37,7 +54,12 @@ pub fn text(s: &FleetStatus) -> String {
     );
     for n in &s.nodes {
         let Some(r) = &n.report else {
-            let _ = writeln!(out, "{:<30} {:<9} (no readable report)", n.node, n.state);
+            let _ = writeln!(
+                out,
+                "{:<30} {:<9} (no readable report)",
+                clean(&n.node),
+                n.state
+            );
             continue;
         };
         let versions: Vec<String> = r
@@ -97,13 +119,13 @@ pub fn text(s: &FleetStatus) -> String {
         let _ = writeln!(
             out,
             "{:<30} {:<9} {:>7} {:>5} {:<18} {:<22} {}",
-            n.node,
+            clean(&n.node),
             n.state,
             r.devices.len(),
             r.keys.len(),
             versions.join(","),
-            last,
-            notes.join("; ")
+            clean(&last),
+            clean(&notes.join("; "))
         );
     }
     let states: Vec<String> = s
@@ -151,6 +173,7 @@ pub fn prometheus(s: &FleetStatus) -> Result<String, std::fmt::Error> {
     );
     for state in [
         "in_sync", "waiting", "running", "failed", "halted", "refused", "error", "stopped", "lost",
+        "invalid",
     ] {
         by_state.add(
             vec![("state", state.to_string())],
