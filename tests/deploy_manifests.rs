@@ -17,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use keyplan::fleet::api::AGENT_CALLS;
 use keyplan::fleet::report::report_name;
 use keyplan::fleet::slots::slot_name;
+use keyplan::fleet::trust::AgentConfig;
 use keyplan::spec::{KmsConfig, Plan};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -37,6 +38,7 @@ const AGENT_METRICS: &[&str] = &[
     "keyplan_agent_last_cycle_timestamp_seconds",
     "keyplan_agent_runs_total",
     "keyplan_agent_slot_held",
+    "keyplan_agent_state",
 ];
 
 fn dir() -> PathBuf {
@@ -924,7 +926,11 @@ fn the_example_plan_validates_and_fits_the_agent_config() {
     let config = documents(text, "agent.yaml");
     assert_eq!(config.len(), 1, "agent.yaml: one document");
     let fields: Vec<&String> = config[0].as_object().expect("a map").keys().collect();
-    assert_eq!(fields, ["kms"], "agent.yaml's fields");
+    assert_eq!(
+        fields,
+        ["kms"],
+        "agent.yaml's fields (enroll_with_dirs only as a comment: Rook adoption needs none)"
+    );
     let allowed: BTreeMap<String, KmsConfig> =
         serde_json::from_value(config[0]["kms"].clone()).expect("agent.yaml: kms instances");
     assert!(!plan.kms.is_empty());
@@ -934,6 +940,33 @@ fn the_example_plan_validates_and_fits_the_agent_config() {
             Some(kms),
             "KMS {name} of the plan in agent.yaml"
         );
+    }
+    // The agent reads it, and lets the plan through, as it is and with the commented-out
+    // enroll_with_dirs example in.
+    let commented = "# enroll_with_dirs: ";
+    assert!(
+        text.contains(&format!("\n{commented}")),
+        "agent.yaml shows enroll_with_dirs:\n{text}"
+    );
+    for (what, text) in [
+        ("agent.yaml", text.clone()),
+        (
+            "agent.yaml with enroll_with_dirs",
+            text.replace(commented, "enroll_with_dirs: "),
+        ),
+    ] {
+        let path = tmp.path().join("agent.yaml");
+        std::fs::write(&path, &text).expect("write agent.yaml");
+        let config = AgentConfig::load(&path).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(
+            config.enroll_with_dirs.is_empty(),
+            what == "agent.yaml",
+            "{what}: enroll_with_dirs"
+        );
+        let mut restricted = plan.clone();
+        config
+            .restrict(&mut restricted)
+            .unwrap_or_else(|e| panic!("{what} refuses the example plan: {e:?}"));
     }
 }
 
@@ -996,6 +1029,15 @@ fn the_monitoring_objects_scrape_the_agents_and_alert_on_their_metrics() {
     // Prometheus Operator's job label of a PodMonitor's targets.
     let job = format!("{}/{}", a.namespace, pm.name);
 
+    // The agent serves each of AGENT_METRICS (a counter's name there has no `_total`).
+    let endpoint = read(&Path::new(ROOT).join("src/fleet/endpoint.rs"));
+    for m in AGENT_METRICS {
+        let served = m.strip_suffix("_total").unwrap_or(m);
+        assert!(
+            endpoint.contains(&format!("\"{served}\"")),
+            "{m}: not a metric of src/fleet/endpoint.rs"
+        );
+    }
     let known: BTreeSet<String> = metric_names(&read(&Path::new(ROOT).join("docs/monitoring.md")))
         .into_iter()
         .chain(AGENT_METRICS.iter().map(|m| m.to_string()))
@@ -1154,11 +1196,12 @@ fn generator(args: &[&str], input: &str) -> Output {
     child.wait_with_output().expect("the generator's output")
 }
 
-/// A `kubectl get pv -o json` item: a local PV bound to `ns/pvc` on `node`.
+/// A `kubectl get pv -o json` item: a local block PV bound to `ns/pvc` on `node`.
 fn pv(name: &str, ns: &str, pvc: &str, node: &str, path: Option<&str>) -> Value {
     let mut spec = serde_json::json!({
         "claimRef": {"namespace": ns, "name": pvc},
         "storageClassName": "local-osd",
+        "volumeMode": "Block",
         "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
             {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}
         ]}]}}

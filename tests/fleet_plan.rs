@@ -244,48 +244,93 @@ fn status(s: &Scratch, node: &str) -> (serde_json::Value, Option<i32>) {
     )
 }
 
-/// The example generator turns `kubectl get pv -o json` into a plan that validates.
-#[test]
-fn the_rook_example_generator_writes_a_valid_cluster_plan() {
-    let pv = |name: &str, ns: &str, pvc: &str, node: &str, path: Option<&str>| {
-        let mut spec = serde_json::json!({
-            "claimRef": {"namespace": ns, "name": pvc},
-            "storageClassName": "local-osd",
-            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}
-            ]}]}}
-        });
-        if let Some(p) = path {
-            spec["local"] = serde_json::json!({ "path": p });
-        }
-        serde_json::json!({"metadata": {"name": name}, "spec": spec})
-    };
-    let list = serde_json::json!({"kind": "PersistentVolumeList", "items": [
-        pv("pv-a", "rook-ceph", "set1-data-0-abcde", "worker-1", Some("/dev/sdb")),
-        pv("pv-b", "rook-ceph", "set1-data-1-fghij", "worker-2", Some("/dev/sdb")),
-        pv("pv-c", "other", "db", "worker-1", Some("/dev/sdc")),
-        pv("pv-d", "rook-ceph", "set1-data-2-klmno", "worker-3", None),
-    ]});
+/// A `kubectl get pv -o json` item: a local PV bound to `ns/pvc` on `node`, in `mode`
+/// (`spec.volumeMode`, `None` for none: Filesystem).
+fn pv(
+    name: &str,
+    ns: &str,
+    pvc: &str,
+    node: &str,
+    path: Option<&str>,
+    mode: Option<&str>,
+) -> serde_json::Value {
+    let mut spec = serde_json::json!({
+        "claimRef": {"namespace": ns, "name": pvc},
+        "storageClassName": "local-osd",
+        "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}
+        ]}]}}
+    });
+    if let Some(p) = path {
+        spec["local"] = serde_json::json!({ "path": p });
+    }
+    if let Some(m) = mode {
+        spec["volumeMode"] = serde_json::json!(m);
+    }
+    serde_json::json!({"metadata": {"name": name}, "spec": spec})
+}
+
+/// A local block PV, as Rook's OSDs on PVC use.
+fn block_pv(name: &str, ns: &str, pvc: &str, node: &str, path: Option<&str>) -> serde_json::Value {
+    pv(name, ns, pvc, node, path, Some("Block"))
+}
+
+/// Runs examples/rook/plan-from-pvs.py with `args` on the PV list `items`, in `s`: its
+/// stdout and stderr; it must succeed.
+fn generate(s: &Scratch, args: &[&str], items: &[serde_json::Value]) -> (String, String) {
+    let list = serde_json::json!({"kind": "PersistentVolumeList", "items": items});
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/rook/plan-from-pvs.py");
-    let s = Scratch::new();
     std::fs::write(s.path("pvs.json"), list.to_string()).expect("write pvs.json");
     let out = std::process::Command::new("python3")
         .arg(&script)
-        .args(["--max-concurrent-nodes", "2"])
+        .args(args)
         .stdin(std::fs::File::open(s.path("pvs.json")).expect("pvs.json"))
         .output()
         .expect("run the generator");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{err}");
+    (String::from_utf8_lossy(&out.stdout).into_owned(), err)
+}
+
+/// The example generator turns `kubectl get pv -o json` into a plan that validates.
+#[test]
+fn the_rook_example_generator_writes_a_valid_cluster_plan() {
+    let s = Scratch::new();
+    let (plan_text, err) = generate(
+        &s,
+        &["--max-concurrent-nodes", "2"],
+        &[
+            block_pv(
+                "pv-a",
+                "rook-ceph",
+                "set1-data-0-abcde",
+                "worker-1",
+                Some("/dev/sdb"),
+            ),
+            block_pv(
+                "pv-b",
+                "rook-ceph",
+                "set1-data-1-fghij",
+                "worker-2",
+                Some("/dev/sdb"),
+            ),
+            block_pv("pv-c", "other", "db", "worker-1", Some("/dev/sdc")),
+            block_pv("pv-d", "rook-ceph", "set1-data-2-klmno", "worker-3", None),
+        ],
     );
-    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("skipped PV pv-d: no spec.local.path") && err.contains("2 OSDs on 2 nodes"),
         "{err}"
     );
-    s.plan("keyplan.yaml", &String::from_utf8_lossy(&out.stdout));
+    // Plain names and paths are written as they were (only what YAML would read as another
+    // type is quoted).
+    assert!(
+        plan_text.contains("\n  rook: { provider: kubernetes, namespace: rook-ceph }\n")
+            && plan_text.contains("\n  set1-data-0-abcde: { kms: rook, name: rook-ceph-osd-encryption-key-set1-data-0-abcde, rotate_after: 90d }\n")
+            && plan_text.contains("\n  set1-data-1-fghij: { path: \"/dev/sdb\", node: worker-2, keys: [set1-data-1-fghij] }\n"),
+        "{plan_text}"
+    );
+    s.plan("keyplan.yaml", &plan_text);
     let text = s.ok(&["validate"], 0);
     assert!(
         text.contains("1 KMS, 2 keys, 2 devices on 2 nodes."),
@@ -300,5 +345,107 @@ fn the_rook_example_generator_writes_a_valid_cluster_plan() {
     assert_eq!(
         plan.devices["set1-data-1-fghij"].node.as_deref(),
         Some("worker-2")
+    );
+}
+
+/// Only block PVs are OSDs: a Filesystem PV of Rook's namespace (a mon's; no `volumeMode`
+/// means Filesystem) is skipped, and stderr says how many and why.
+#[test]
+fn the_rook_example_generator_skips_filesystem_pvs() {
+    let s = Scratch::new();
+    let (plan_text, err) = generate(
+        &s,
+        &[],
+        &[
+            block_pv(
+                "pv-a",
+                "rook-ceph",
+                "set1-data-0-abcde",
+                "worker-1",
+                Some("/dev/sdb"),
+            ),
+            pv(
+                "pv-mon-a",
+                "rook-ceph",
+                "rook-ceph-mon-a",
+                "worker-1",
+                Some("/mnt/disks/mon-a"),
+                Some("Filesystem"),
+            ),
+            pv(
+                "pv-mon-b",
+                "rook-ceph",
+                "rook-ceph-mon-b",
+                "worker-2",
+                Some("/mnt/disks/mon-b"),
+                None,
+            ),
+            // Another namespace's: not Rook's, skipped silently whatever its mode.
+            pv("pv-c", "other", "db", "worker-1", Some("/mnt/db"), None),
+        ],
+    );
+    assert!(
+        err.contains(
+            "skipped 2 PV(s) of namespace rook-ceph not in volumeMode Block (pv-mon-a, pv-mon-b)"
+        ) && err.contains("1 OSDs on 1 nodes")
+            && !err.contains("pv-c"),
+        "{err}"
+    );
+    assert!(!plan_text.contains("mon"), "{plan_text}");
+    s.plan("keyplan.yaml", &plan_text);
+    let text = s.ok(&["validate"], 0);
+    assert!(
+        text.contains("1 KMS, 1 keys, 1 devices on 1 node."),
+        "{text}"
+    );
+    let plan = keyplan::spec::load(&s.path("keyplan.yaml")).expect("plan");
+    assert_eq!(
+        plan.devices.keys().collect::<Vec<_>>(),
+        ["set1-data-0-abcde"]
+    );
+}
+
+/// Names YAML would read as null, a boolean or a number (a claim named `null`, a node named
+/// `true`) are quoted: the plan validates, with those names as strings.
+#[test]
+fn the_rook_example_generator_quotes_names_yaml_would_misread() {
+    let s = Scratch::new();
+    let (plan_text, _) = generate(
+        &s,
+        &["--rotate-after", "1w 3d"],
+        &[
+            block_pv("pv-a", "rook-ceph", "null", "worker-1", Some("/dev/sdb")),
+            block_pv("pv-b", "rook-ceph", "1e3", "true", Some("/dev/sdb")),
+            block_pv("pv-c", "rook-ceph", "yes", "123", Some("/dev/sdc")),
+        ],
+    );
+    assert!(
+        plan_text.contains("\n  \"null\": { kms: rook, name: rook-ceph-osd-encryption-key-null, rotate_after: \"1w 3d\" }\n")
+            && plan_text.contains("\n  \"1e3\": { path: \"/dev/sdb\", node: \"true\", keys: [\"1e3\"] }\n"),
+        "{plan_text}"
+    );
+    s.plan("keyplan.yaml", &plan_text);
+    let text = s.ok(&["validate"], 0);
+    assert!(
+        text.contains("1 KMS, 3 keys, 3 devices on 3 nodes."),
+        "{text}"
+    );
+    let plan = keyplan::spec::load(&s.path("keyplan.yaml")).expect("plan");
+    assert_eq!(plan.keys.keys().collect::<Vec<_>>(), ["1e3", "null", "yes"]);
+    assert_eq!(plan.keys["null"].name, "rook-ceph-osd-encryption-key-null");
+    assert_eq!(
+        plan.devices["null"]
+            .keys
+            .iter()
+            .map(|k| k.key.as_str())
+            .collect::<Vec<_>>(),
+        ["null"]
+    );
+    assert_eq!(plan.devices["null"].node.as_deref(), Some("worker-1"));
+    assert_eq!(plan.devices["1e3"].node.as_deref(), Some("true"));
+    assert_eq!(plan.devices["yes"].node.as_deref(), Some("123"));
+    assert_eq!(
+        plan.keys["yes"].rotate_after,
+        Some(std::time::Duration::from_secs(10 * 86400))
     );
 }

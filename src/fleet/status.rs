@@ -224,8 +224,36 @@ pub fn clear(
         if !genuine || !s.counts_as_failed() || node.is_some_and(|n| n != name) {
             continue;
         }
-        reports.clear(&s).map_err(|e| e.to_string())?;
+        clear_one(&reports, s)?;
         cleared.push(name);
     }
     Ok(cleared)
+}
+
+/// Clears `stored`'s failure: a conditional update, read again and tried again when the
+/// node's agent wrote its report in between (409), as Kubernetes clients do on a conflict; at
+/// most 5 tries.
+fn clear_one(reports: &Reports, mut stored: super::report::Stored) -> Result<(), String> {
+    for _ in 0..5 {
+        match reports.clear(&stored) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.code == Some(409) => {
+                let node = stored
+                    .report
+                    .as_ref()
+                    .map(|r| r.node.clone())
+                    .unwrap_or_default();
+                match reports.get(&node).map_err(|e| e.to_string())? {
+                    Some(fresh) if fresh.counts_as_failed() => stored = fresh,
+                    // Its agent cleared it itself (a run succeeded), or it is gone.
+                    _ => return Ok(()),
+                }
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Err(format!(
+        "the report ConfigMap {} kept changing while its failure was being cleared (409 Conflict five times)",
+        stored.name
+    ))
 }
