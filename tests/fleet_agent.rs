@@ -526,6 +526,72 @@ fn agent_refuses_and_reports() {
     assert!(denied.is_empty(), "the Role refused: {denied:?}");
 }
 
+/// The agents' configuration for the OpenBao at `addr` (token from `KP_AGENT_VAULT_TOKEN`;
+/// `enroll_with` files from the scratch directory).
+fn vault_agent_config(s: &Scratch, addr: &str) -> PathBuf {
+    let config = s.path("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "kms:\n  bao:\n    provider: vault\n    address: {addr}\n    mount: secret\n    auth: {{ method: token, token_env: KP_AGENT_VAULT_TOKEN }}\nenroll_with_dirs: [{}]\n",
+            s.dir.path().display()
+        ),
+    )
+    .expect("config");
+    config
+}
+
+/// One agent per node of `names` (not started), each with its state directory and log under
+/// `<scratch>/<node>/`; `paths` are the plan, the agent configuration and the kubeconfig.
+fn vault_agents(
+    s: &Scratch,
+    names: &[String],
+    paths: &[&Path; 3],
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Vec<Agent> {
+    names
+        .iter()
+        .map(|n| Agent {
+            args: agent_args(
+                n,
+                paths[0],
+                paths[1],
+                &s.path(&format!("{n}/state")),
+                paths[2],
+                extra,
+            ),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            log: s.path(&format!("{n}/agent.log")),
+            child: None,
+            started: 0,
+        })
+        .collect()
+}
+
+/// Whether the agent's JSON log at `log` ends in a run's steps (its last run event is a
+/// `step_started` or `step_finished`, not `run_complete`).
+fn mid_run(log: &Path) -> bool {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let last = text.lines().rev().find_map(|l| {
+        let v: Value = serde_json::from_str(l).ok()?;
+        let ev = v["fields"]["event"].as_str()?.to_string();
+        [
+            "run_initiated",
+            "run_resumed",
+            "step_started",
+            "step_finished",
+            "run_complete",
+        ]
+        .contains(&ev.as_str())
+        .then_some(ev)
+    });
+    matches!(last.as_deref(), Some("step_started" | "step_finished"))
+}
+
 /// What the sampler saw.
 #[derive(Default)]
 struct Seen {
@@ -585,40 +651,21 @@ fn simulated_fleet() {
         }
         t + &format!("{FAST_PBKDF}  fleet: {{ max_concurrent_nodes: {concurrent}, max_failed_nodes: {max_failed}, namespace: {NS} }}\n")
     };
-    let config = s.path("agent.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "kms:\n  bao:\n    provider: vault\n    address: {}\n    mount: secret\n    auth: {{ method: token, token_env: KP_AGENT_VAULT_TOKEN }}\nenroll_with_dirs: [{}]\n",
-            bao.addr,
-            s.dir.path().display()
-        ),
-    )
-    .expect("config");
+    let config = vault_agent_config(&s, &bao.addr);
     let mut cm = ConfigMapDir::new(s.path("plan-volume"), &plan(None));
-    let mut agents: Vec<Agent> = names
-        .iter()
-        .map(|n| Agent {
-            args: agent_args(
-                n,
-                &cm.plan(),
-                &config,
-                &s.path(&format!("{n}/state")),
-                &kubeconfig,
-                &["--interval", "4s", "--poll", "1s", "--slot-duration", "4s"],
+    let mut agents = vault_agents(
+        &s,
+        &names,
+        &[&cm.plan(), &config, &kubeconfig],
+        &["--interval", "4s", "--poll", "1s", "--slot-duration", "4s"],
+        &[
+            ("KP_AGENT_VAULT_TOKEN", bao.root_token.as_str()),
+            (
+                "FAILPOINTS",
+                &format!("step.before_effect=sleep({step_sleep_ms})"),
             ),
-            env: vec![
-                ("KP_AGENT_VAULT_TOKEN".into(), bao.root_token.clone()),
-                (
-                    "FAILPOINTS".into(),
-                    format!("step.before_effect=sleep({step_sleep_ms})"),
-                ),
-            ],
-            log: s.path(&format!("{n}/agent.log")),
-            child: None,
-            started: 0,
-        })
-        .collect();
+        ],
+    );
     let t_start = Instant::now();
     for a in agents.iter_mut() {
         a.spawn();
@@ -728,6 +775,15 @@ fn simulated_fleet() {
         })
     };
     let dump = |fake: &FakeApiserver| {
+        if let Ok(to) = std::env::var("KEYPLAN_FLEET_KEEP_LOGS") {
+            for n in &names {
+                let _ = std::fs::create_dir_all(&to);
+                let _ = std::fs::copy(
+                    s.path(&format!("{n}/agent.log")),
+                    Path::new(&to).join(format!("{n}.log")),
+                );
+            }
+        }
         let mut out = String::new();
         for n in &names {
             let r = report(fake, n);
@@ -840,10 +896,12 @@ fn simulated_fleet() {
     // until max_failed_nodes stops the rollout.
     wait_for(
         120,
-        "two nodes applying",
+        "two nodes in the middle of their runs' steps",
         || {
             let h = holders(&fake);
-            h.len() == concurrent && h.iter().all(|n| state(&fake, n) == "running")
+            h.len() == concurrent
+                && h.iter()
+                    .all(|n| mid_run(&s.path(&format!("{n}/agent.log"))))
         },
         || dump(&fake),
     );
@@ -1157,37 +1215,22 @@ fn rollout_benchmark() {
     let iterations = env("KEYPLAN_FLEET_ITERATIONS", 300_000);
     t += &format!("settings:\n  pbkdf: {{ type: pbkdf2, iterations: {iterations} }}\n  fleet: {{ max_concurrent_nodes: {concurrent}, max_failed_nodes: 1, namespace: {NS} }}\n");
     let cm = ConfigMapDir::new(s.path("plan-volume"), &t);
-    let config = s.path("agent.yaml");
-    std::fs::write(
-        &config,
-        format!("kms:\n  bao:\n    provider: vault\n    address: {}\n    mount: secret\n    auth: {{ method: token, token_env: KP_AGENT_VAULT_TOKEN }}\nenroll_with_dirs: [{}]\n", bao.addr, s.dir.path().display()),
-    )
-    .expect("config");
+    let config = vault_agent_config(&s, &bao.addr);
     let interval_s = format!("{interval}s");
-    let mut agents: Vec<Agent> = names
-        .iter()
-        .map(|n| Agent {
-            args: agent_args(
-                n,
-                &cm.plan(),
-                &config,
-                &s.path(&format!("{n}/state")),
-                &kubeconfig,
-                &[
-                    "--interval",
-                    &interval_s,
-                    "--poll",
-                    "2s",
-                    "--slot-duration",
-                    "20s",
-                ],
-            ),
-            env: vec![("KP_AGENT_VAULT_TOKEN".into(), bao.root_token.clone())],
-            log: s.path(&format!("{n}/agent.log")),
-            child: None,
-            started: 0,
-        })
-        .collect();
+    let mut agents = vault_agents(
+        &s,
+        &names,
+        &[&cm.plan(), &config, &kubeconfig],
+        &[
+            "--interval",
+            &interval_s,
+            "--poll",
+            "2s",
+            "--slot-duration",
+            "20s",
+        ],
+        &[("KP_AGENT_VAULT_TOKEN", bao.root_token.as_str())],
+    );
     let t0 = Instant::now();
     for a in agents.iter_mut() {
         a.spawn();

@@ -258,7 +258,10 @@ impl Agent {
 
     /// Loads the plan, finds whether there is work, and starts on it.
     fn full_cycle(&mut self, text: &str) {
-        self.pending = None;
+        // Work known from an earlier cycle stays known when this cycle cannot observe (a KMS
+        // outage): the node still takes its turn, and a run that cannot plan fails and counts
+        // towards max_failed_nodes, so an outage mid-rollout halts it.
+        let known = self.pending.take().map(|p| p.changes);
         let plan = match self.load(text) {
             Ok(p) => p,
             Err(message) => return self.refuse(message),
@@ -285,13 +288,20 @@ impl Agent {
         }
         let engine = match Engine::open(plan.clone()) {
             Ok(e) => e,
-            Err(e) => return self.cannot_check(&e),
+            Err(e) => {
+                self.cannot_check(&e);
+                self.pending = known.map(|changes| Pending { plan, changes });
+                return;
+            }
         };
         let work = match find_work(&engine) {
             Ok(w) => w,
             Err(e) => {
                 self.summarize(&engine, None);
-                return self.cannot_check(&e);
+                self.cannot_check(&e);
+                drop(engine);
+                self.pending = known.map(|changes| Pending { plan, changes });
+                return;
             }
         };
         match work {
@@ -383,6 +393,12 @@ impl Agent {
             return;
         };
         let fleet = pending.plan.fleet.clone();
+        // A node whose own run just failed tries again after an interval, not at every poll.
+        let failed_at = self.report.failure.as_ref().map(|f| f.at).unwrap_or(0);
+        if now_unix() < failed_at.saturating_add(self.opts.interval.as_secs()) {
+            self.pending = Some(pending);
+            return;
+        }
         match self.failed_nodes() {
             Ok(failed) if failed.len() >= fleet.max_failed_nodes as usize => {
                 let message = format!(
@@ -515,7 +531,9 @@ impl Agent {
             Err(e) => (Err(e), None, 0),
         };
         self.health().running = false;
-        let (slot, lost) = renewer.finish();
+        // The slot is renewed until it is released, after the report: observing after the run
+        // may take longer than a Lease duration (a slow KMS).
+        let lost = renewer.lost();
         let (result, engine, pbkdf_runs) = outcome;
         let ended_at = now_unix();
         let mut run = AgentRun {
@@ -593,6 +611,7 @@ impl Agent {
         // The report says the run is over before the slot is free: a sampler never sees more
         // running reports than slots.
         self.publish(true);
+        let (slot, _) = renewer.finish();
         if let Some(slot) = slot {
             let slots = Slots::new(
                 self.client.clone(),
@@ -832,6 +851,8 @@ fn run_engine(engine: &Engine, node: &str, stop: &AtomicBool) -> Result<Done, Er
 /// run's stop flag when the slot is lost or the agent is stopping.
 struct Renewer {
     done: Arc<AtomicBool>,
+    /// Why the slot was lost, once it was.
+    lost: Arc<Mutex<Option<String>>>,
     thread: std::thread::JoinHandle<(Option<Slot>, Option<SlotError>)>,
 }
 
@@ -845,6 +866,8 @@ impl Renewer {
     ) -> Renewer {
         let done = Arc::new(AtomicBool::new(false));
         let d = Arc::clone(&done);
+        let lost = Arc::new(Mutex::new(None));
+        let lost_in = Arc::clone(&lost);
         let every = (duration / 3).max(Duration::from_millis(500));
         let thread = std::thread::spawn(move || {
             let mut renewed = Instant::now();
@@ -861,6 +884,7 @@ impl Renewer {
                     Err(e @ SlotError::Lost { .. }) => {
                         tracing::error!("{e}; stopping the run between steps");
                         run_stop.store(true, Ordering::SeqCst);
+                        *lost_in.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
                         return (None, Some(e));
                     }
                     Err(e) => {
@@ -874,7 +898,12 @@ impl Renewer {
             }
             (Some(slot), None)
         });
-        Renewer { done, thread }
+        Renewer { done, lost, thread }
+    }
+
+    /// Why the slot was lost, if it was.
+    fn lost(&self) -> Option<String> {
+        self.lost.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Stops renewing; the slot (unless it was lost) and the loss.

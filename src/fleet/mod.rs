@@ -47,19 +47,8 @@ pub fn client(
 pub(crate) fn api_text(e: &kube::Error) -> String {
     match e {
         kube::Error::Api(s) => format!("HTTP {}: {}", s.code, s.message),
-        e => {
-            // kube's transport errors say little at the top ("ServiceError: client error
-            // (Connect)"); the cause (connection refused, DNS, TLS) is in the sources.
-            let mut parts = vec![e.to_string()];
-            let mut cur = std::error::Error::source(e);
-            while let Some(s) = cur {
-                let t = s.to_string();
-                if !parts.iter().any(|p| p.contains(&t)) {
-                    parts.push(t);
-                }
-                cur = s.source();
-            }
-            parts.join(": ")
-        }
+        // kube's transport errors say little at the top ("ServiceError: client error
+        // (Connect)"); the cause (connection refused, DNS, TLS) is in the sources.
+        e => crate::kms::kubernetes::chain(e),
     }
 }

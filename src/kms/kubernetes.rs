@@ -1601,7 +1601,7 @@ fn take_zeroizing(bytes: Bytes) -> Zeroizing<Vec<u8>> {
 }
 
 /// An error and its sources, joined by ": " (repeated texts dropped).
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut parts: Vec<String> = vec![e.to_string()];
     let mut cur = e.source();
     while let Some(s) = cur {
