@@ -15,8 +15,8 @@
 //!    take a rollout slot ([`super::slots`]); all busy: report `waiting` and try the slots
 //!    again at every poll (without observing again);
 //! 5. with a slot: plan afresh, finish the interrupted run, run the plan's rounds, renewing the
-//!    slot from a second thread while the run lasts; release it; report the outcome and emit
-//!    Events.
+//!    slot from a second thread until it is released; report the outcome and emit Events,
+//!    then release the slot.
 //!
 //! A lost slot (another node took it after it expired) or SIGTERM stops the run between
 //! steps (the running ones finish; the journal keeps the run open, and the next cycle
