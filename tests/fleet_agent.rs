@@ -592,6 +592,20 @@ fn mid_run(log: &Path) -> bool {
     matches!(last.as_deref(), Some("step_started" | "step_finished"))
 }
 
+/// Asserts for `secs` seconds (polling every 100 ms) that no rollout slot is held: the
+/// rollout is halted.
+fn no_slot_taken_for(secs: u64, fake: &FakeApiserver, dump: &dyn Fn(&FakeApiserver) -> String) {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(secs) {
+        assert!(
+            holders(fake).is_empty(),
+            "a node took a slot while the rollout is halted\n{}",
+            dump(fake)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// What the sampler saw.
 #[derive(Default)]
 struct Seen {
@@ -937,15 +951,7 @@ fn simulated_fleet() {
         || dump(&fake),
     );
     let halted_failures = failed(&fake);
-    let t_halt = Instant::now();
-    while t_halt.elapsed() < Duration::from_secs(8) {
-        assert!(
-            holders(&fake).is_empty(),
-            "a node took a slot while the rollout is halted\n{}",
-            dump(&fake)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    no_slot_taken_for(8, &fake, &dump);
     assert!(
         halted_failures < max_failed + concurrent,
         "{halted_failures} failures for max_failed_nodes {max_failed}\n{}",
@@ -970,15 +976,7 @@ fn simulated_fleet() {
         || names.iter().any(|n| state(&fake, n) == "halted"),
         || dump(&fake),
     );
-    let t_halt = Instant::now();
-    while t_halt.elapsed() < Duration::from_secs(6) {
-        assert!(
-            holders(&fake).is_empty(),
-            "a node took a slot while the rollout is halted\n{}",
-            dump(&fake)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    no_slot_taken_for(6, &fake, &dump);
     let st = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
         .args(["fleet", "status", "--namespace", NS, "--kubeconfig"])
         .arg(fake.kubeconfig(NS, "full"))
