@@ -499,6 +499,23 @@ fn agent_refuses_and_reports() {
         "{prom}"
     );
 
+    // Clearing a node that has no report is an error (a typo in the node or namespace).
+    let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+        .args([
+            "fleet",
+            "clear",
+            "worker-9",
+            "--namespace",
+            NS,
+            "--kubeconfig",
+        ])
+        .arg(&full)
+        .output()
+        .expect("fleet clear");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no report of node worker-9"), "{err}");
+
     // No key material in the report, the Events or the log.
     let material = file_kms_versions(&keys);
     assert!(!material.is_empty(), "no key version in the file KMS");

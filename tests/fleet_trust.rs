@@ -137,6 +137,16 @@ fn enroll_with_files_only_from_the_agents_directories() {
             .join("\n");
         assert!(refused.contains("enroll_with_dirs"), "{refused}");
     }
+    let missing = agent
+        .restrict(&mut with(&allowed.join("nope")))
+        .expect_err("missing")
+        .join("\n");
+    assert!(missing.contains("cannot be read"), "{missing}");
+    let dir = agent
+        .restrict(&mut with(&allowed))
+        .expect_err("a directory")
+        .join("\n");
+    assert!(dir.contains("not a file"), "{dir}");
     let none = AgentConfig {
         kms: agent.kms.clone(),
         ..AgentConfig::default()

@@ -88,8 +88,9 @@ pub(super) fn cmd_fleet(command: &FleetCommand) -> Result<Exit> {
         }
         FleetCommand::Clear { target, only } => {
             if let Some(n) = only {
-                spec::node::this_node(Some(n))
-                    .map_err(|e| miette!("{}", e.replace("--node (or $NODE_NAME)", "NODE")))?;
+                spec::node::this_node(Some(n)).map_err(|_| {
+                    miette!("{n:?} is not a Kubernetes node name (lowercase letters, digits, `-` and `.`, as `kubectl get nodes` shows it)")
+                })?;
             }
             let c = client(target)?;
             let cleared = crate::fleet::status::clear(&c, &target.namespace, only.as_deref())
@@ -103,6 +104,18 @@ pub(super) fn cmd_fleet(command: &FleetCommand) -> Result<Exit> {
                         miette!("{e}")
                     }
                 })?;
+            if cleared.is_empty() && only.is_some() {
+                let st = crate::fleet::status::read(&c, &target.namespace)
+                    .map_err(|e| miette!("{e}"))?;
+                let node = only.as_deref().unwrap_or_default();
+                if !st.nodes.iter().any(|n| n.node == node) {
+                    return Err(miette!(
+                        help = "check the node name and --namespace: `keyplan fleet status` lists the nodes",
+                        "no report of node {node} in namespace {}; nothing was cleared",
+                        target.namespace
+                    ));
+                }
+            }
             if cleared.is_empty() {
                 outln!(
                     "No failure to clear{}.",

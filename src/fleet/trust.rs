@@ -140,8 +140,22 @@ impl AgentConfig {
             .iter()
             .filter_map(|(id, d)| {
                 let file = d.enroll_with.as_ref()?;
-                let inside = std::fs::canonicalize(file)
-                    .is_ok_and(|f| dirs.iter().any(|dir| f.starts_with(dir)));
+                let resolved = match std::fs::canonicalize(file) {
+                    Ok(f) if f.is_file() => f,
+                    Ok(_) => {
+                        return Some(format!(
+                            "device {id}: its enroll_with {} is not a file",
+                            file.display()
+                        ))
+                    }
+                    Err(e) => {
+                        return Some(format!(
+                            "device {id}: its enroll_with file {} cannot be read: {e}",
+                            file.display()
+                        ))
+                    }
+                };
+                let inside = dirs.iter().any(|dir| resolved.starts_with(dir));
                 (!inside).then(|| {
                     format!(
                         "device {id}: its enroll_with file {} is not inside a directory of the agent's enroll_with_dirs ({}); the agent reads passphrase files only from there",

@@ -19,8 +19,11 @@ pub fn json(s: &FleetStatus) -> Result<String, serde_json::Error> {
 /// `text` with control characters (terminal escapes, newlines) replaced by `?`: report texts
 /// come from the agents' ConfigMaps, which any holder of an agent's token can write.
 fn clean(text: &str) -> String {
+    // Control characters, and the bidirectional formatting characters that can make a
+    // terminal show text in another order (U+200E/F, U+202A..U+202E, U+2066..U+2069).
+    let bidi = |c: char| matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
     text.chars()
-        .map(|c| if c.is_control() { '?' } else { c })
+        .map(|c| if c.is_control() || bidi(c) { '?' } else { c })
         .collect()
 }
 
