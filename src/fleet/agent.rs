@@ -438,7 +438,7 @@ impl Agent {
             self.opts.slot_duration,
         );
         match slots.acquire() {
-            Ok(Acquired::Held(slot)) => self.run_with_slot(pending, slot),
+            Ok(Acquired::Held(slot)) => self.run_with_slot(pending, &slots, slot),
             Ok(Acquired::Busy(holders)) => {
                 self.set_state(
                     AgentState::Waiting,
@@ -479,18 +479,12 @@ impl Agent {
     }
 
     /// Runs `pending` holding `slot`, then gives the slot back and reports.
-    fn run_with_slot(&mut self, pending: Pending, slot: Slot) {
+    fn run_with_slot(&mut self, pending: Pending, slots: &Slots, slot: Slot) {
         let slot_name = slot.name.clone();
         self.health().slot_held = true;
         let run_stop = Arc::new(AtomicBool::new(false));
         let renewer = Renewer::start(
-            Slots::new(
-                self.client.clone(),
-                &self.namespace,
-                pending.plan.fleet.max_concurrent_nodes,
-                &self.opts.node,
-                self.opts.slot_duration,
-            ),
+            slots.clone(),
             slot,
             self.opts.slot_duration,
             Arc::clone(&run_stop),
@@ -613,13 +607,6 @@ impl Agent {
         self.publish(true);
         let (slot, _) = renewer.finish();
         if let Some(slot) = slot {
-            let slots = Slots::new(
-                self.client.clone(),
-                &self.namespace,
-                1,
-                &self.opts.node,
-                self.opts.slot_duration,
-            );
             if let Err(e) = slots.release(slot) {
                 tracing::warn!(node = %self.opts.node, "could not release rollout slot {slot_name} (it expires by itself): {e}");
             }

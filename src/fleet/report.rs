@@ -253,6 +253,21 @@ impl Reports {
         }
     }
 
+    /// Runs one request: `what` names it in the error (with the HTTP status, when there was
+    /// one).
+    fn call<T>(
+        &self,
+        what: &str,
+        fut: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, ReportError> {
+        block_on("fleet", fut)
+            .map_err(|e| ReportError {
+                message: format!("{what}: {e}"),
+                code: None,
+            })?
+            .map_err(|e| self.err(what, e))
+    }
+
     fn err(&self, what: &str, e: kube::Error) -> ReportError {
         let code = match &e {
             kube::Error::Api(s) => Some(s.code),
@@ -274,12 +289,7 @@ impl Reports {
     pub fn list(&self) -> Result<Vec<Stored>, ReportError> {
         let lp =
             ListParams::default().labels(&format!("{}={}", COMPONENT_LABEL.0, COMPONENT_LABEL.1));
-        let list = block_on("fleet", self.api.list(&lp))
-            .map_err(|e| ReportError {
-                message: e.to_string(),
-                code: None,
-            })?
-            .map_err(|e| self.err("listing node reports", e))?;
+        let list = self.call("listing node reports", self.api.list(&lp))?;
         Ok(list.items.into_iter().map(stored).collect())
     }
 
@@ -288,12 +298,10 @@ impl Reports {
     /// Errors: the read failed.
     pub fn get(&self, node: &str) -> Result<Option<Stored>, ReportError> {
         let name = report_name(node);
-        let got = block_on("fleet", self.api.get_opt(&name))
-            .map_err(|e| ReportError {
-                message: e.to_string(),
-                code: None,
-            })?
-            .map_err(|e| self.err(&format!("reading ConfigMap {name}"), e))?;
+        let got = self.call(
+            &format!("reading ConfigMap {name}"),
+            self.api.get_opt(&name),
+        )?;
         Ok(got.map(stored))
     }
 
@@ -326,16 +334,12 @@ impl Reports {
         });
         cm.data = Some(BTreeMap::from([(DATA_KEY.to_string(), doc)]));
         let pp = PostParams::default();
-        let out = if prior.is_some() {
-            block_on("fleet", self.api.replace(&name, &pp, &cm))
+        let what = format!("writing ConfigMap {name}");
+        if prior.is_some() {
+            self.call(&what, self.api.replace(&name, &pp, &cm))
         } else {
-            block_on("fleet", self.api.create(&pp, &cm))
-        };
-        out.map_err(|e| ReportError {
-            message: e.to_string(),
-            code: None,
-        })?
-        .map_err(|e| self.err(&format!("writing ConfigMap {name}"), e))
+            self.call(&what, self.api.create(&pp, &cm))
+        }
     }
 
     /// Marks the failure of `stored` as cleared (a conditional update of the annotation).
@@ -355,20 +359,10 @@ impl Reports {
             .annotations
             .get_or_insert_with(BTreeMap::new)
             .insert(CLEARED_ANNOTATION.to_string(), at.to_string());
-        block_on(
-            "fleet",
+        self.call(
+            &format!("clearing the failure in ConfigMap {}", stored.name),
             self.api.replace(&stored.name, &PostParams::default(), &cm),
-        )
-        .map_err(|e| ReportError {
-            message: e.to_string(),
-            code: None,
-        })?
-        .map_err(|e| {
-            self.err(
-                &format!("clearing the failure in ConfigMap {}", stored.name),
-                e,
-            )
-        })?;
+        )?;
         Ok(())
     }
 }

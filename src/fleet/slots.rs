@@ -91,6 +91,7 @@ pub enum Acquired {
 }
 
 /// The rollout slots of one fleet namespace, as seen by node `holder`.
+#[derive(Clone)]
 pub struct Slots {
     api: Api<Lease>,
     namespace: String,
