@@ -1574,3 +1574,70 @@ patches:
         "the overlay's plan"
     );
 }
+
+/// The signed-plans component (components/signed-plans): a kustomize Component whose JSON
+/// patch, applied to the base DaemonSet, gives an agent command line keyplan accepts, with
+/// `--cluster` and `--trusted-keys` naming the mount of a Secret volume that is not optional
+/// (a missing Secret stops the pod rather than dropping the signature check); the plan's
+/// ConfigMap is mounted whole, so its `plan.yaml.sig` key is beside `plan.yaml`.
+#[test]
+fn the_signed_plans_component_patches_the_daemonset() {
+    let path = dir().join("components/signed-plans/kustomization.yaml");
+    let docs = documents(&read(&path), "components/signed-plans/kustomization.yaml");
+    assert_eq!(docs.len(), 1);
+    let c = &docs[0];
+    assert_eq!(c["apiVersion"], "kustomize.config.k8s.io/v1alpha1");
+    assert_eq!(c["kind"], "Component");
+    let patches = c["patches"].as_array().expect("patches");
+    assert_eq!(patches.len(), 1);
+    let target = &patches[0]["target"];
+    assert_eq!(
+        (&target["kind"], &target["name"], &target["namespace"]),
+        (
+            &Value::from("DaemonSet"),
+            &Value::from("keyplan-agent"),
+            &Value::from("keyplan")
+        )
+    );
+    let ops: json_patch::Patch = serde_json::from_value(
+        documents(
+            patches[0]["patch"].as_str().expect("an inline patch"),
+            "the patch",
+        )
+        .into_iter()
+        .next()
+        .expect("one document"),
+    )
+    .expect("a JSON patch");
+    let objs = objects();
+    let base = objs
+        .iter()
+        .find(|o| o.kind == "DaemonSet" && o.name == "keyplan-agent")
+        .expect("the DaemonSet");
+    let mut patched = base.value.clone();
+    json_patch::patch(&mut patched, &ops).expect("the patch applies to the base");
+    let obj = Object {
+        value: patched,
+        ..base.clone()
+    };
+    let a = agent(std::slice::from_ref(&obj));
+    let keys_dir = a.arg("--trusted-keys").to_owned();
+    assert!(!a.arg("--cluster").is_empty());
+    let secret = a
+        .volume_at(&keys_dir)
+        .secret
+        .clone()
+        .expect("--trusted-keys is a Secret volume");
+    assert_eq!(secret.secret_name.as_deref(), Some("keyplan-trusted-keys"));
+    assert_ne!(
+        secret.optional,
+        Some(true),
+        "the Secret must not be optional"
+    );
+    assert!(secret.items.is_none(), "every key of the Secret is trusted");
+    let (cm, key) = a.config_map_of("--plan");
+    assert_eq!((cm.as_str(), key.as_str()), ("keyplan-plan", "plan.yaml"));
+    // keyplan's own parser takes the patched command line.
+    use clap::Parser as _;
+    keyplan::cli::Cli::try_parse_from(&a.argv).expect("keyplan accepts the patched args");
+}

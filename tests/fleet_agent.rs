@@ -7,6 +7,12 @@
 //!   KMS is not in the agent's configuration changes nothing and is reported `refused` with a
 //!   `PlanRefused` Event; the fixed plan is applied without a rollout slot being kept;
 //!   `/metrics` carries the node label and `/healthz` answers; SIGTERM stops it cleanly.
+//! - `agent_requires_signed_plans`: an agent with `--trusted-keys` (two keys) and `--cluster`
+//!   refuses an unsigned plan (nothing runs), runs a signed one, refuses a tampered byte, a
+//!   wrong key, another cluster's plan and a replayed older plan while it keeps running the
+//!   last good one, accepts the second trusted key (signing-key rotation), and after a restart
+//!   runs the kept good plan while the ConfigMap holds a tampered one; each refusal is in the
+//!   report, an Event, `/metrics` and `fleet status`.
 //! - `simulated_fleet` (`KEYPLAN_FLEET_NODES`, default 20): keys in a real OpenBao; an
 //!   enrollment rollout with one agent killed for good mid-run (its slot expires and the
 //!   rollout goes on); a rotation rollout with agents killed (`kill -9`) mid-rotation and
@@ -58,10 +64,23 @@ impl ConfigMapDir {
     }
 
     fn write(&mut self, text: &str) {
+        self.write_signed(text, None);
+    }
+
+    /// A new version with `plan.yaml` and, when given, `plan.yaml.sig` (one ConfigMap with
+    /// two keys: both change in the same swap).
+    fn write_signed(&mut self, text: &str, signature: Option<&[u8]>) {
         self.n += 1;
         let ts = format!("..2026_12_01_00_00_{:02}.{:09}", self.n, self.n);
         std::fs::create_dir(self.dir.join(&ts)).expect("mkdir ts");
         std::fs::write(self.dir.join(&ts).join("plan.yaml"), text).expect("write plan");
+        if let Some(sig) = signature {
+            std::fs::write(self.dir.join(&ts).join("plan.yaml.sig"), sig).expect("write sig");
+            let link = self.dir.join("plan.yaml.sig");
+            if std::fs::symlink_metadata(&link).is_err() {
+                std::os::unix::fs::symlink("..data/plan.yaml.sig", &link).expect("link sig");
+            }
+        }
         let tmp = self.dir.join("..data_tmp");
         let _ = std::fs::remove_file(&tmp);
         std::os::unix::fs::symlink(&ts, &tmp).expect("link tmp");
@@ -541,6 +560,326 @@ fn agent_refuses_and_reports() {
         .filter(|r| r.code == 403)
         .collect();
     assert!(denied.is_empty(), "the Role refused: {denied:?}");
+}
+
+/// `keyplan sign` of `text` (written to `name` in the scratch directory) for `cluster` with
+/// the private key file `key`: the signature file's bytes.
+fn sign(s: &Scratch, name: &str, text: &str, cluster: &str, key: &Path) -> Vec<u8> {
+    let plan = s.plan(name, text);
+    let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+        .args(["sign"])
+        .arg(&plan)
+        .args(["--cluster", cluster, "--key"])
+        .arg(key)
+        .output()
+        .expect("keyplan sign");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read(format!("{}.sig", plan.display())).expect("signature file")
+}
+
+#[test]
+fn agent_requires_signed_plans() {
+    let s = Scratch::new();
+    let fake = FakeApiserver::start();
+    let kubeconfig = agent_kubeconfig(&fake, &["worker-1".to_string()]);
+    let img = s.small_image("disk.img", "luks2");
+    let initial = s.initial_pass();
+    let keys = s.path("keys");
+    let config = s.path("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "kms:\n  local: {{ provider: file, path: {} }}\nenroll_with_dirs: [{}]\n",
+            keys.display(),
+            s.dir.path().display()
+        ),
+    )
+    .expect("config");
+    // One key enrolled (plan 1), then a second one on the same device (plan 2).
+    let plan_text = |keys_of_d1: &str| {
+        format!(
+            "version: 1\nkms:\n  local: {{ provider: file, path: {} }}\nkeys:\n  k1: {{ kms: local }}\n  k2: {{ kms: local }}\ndevices:\n  d1: {{ path: {}, node: worker-1, keys: [{keys_of_d1}], enroll_with: {} }}\n{FAST_PBKDF}",
+            keys.display(),
+            img.display(),
+            initial.display()
+        )
+    };
+    let plan1 = plan_text("k1");
+    let plan2 = plan_text("k1, k2");
+    // Signing keys: the old and the new trusted one (a Secret volume with both), a stranger.
+    let keygen = |name: &str| {
+        let path = s.path(name);
+        let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+            .args(["sign", "--generate-key"])
+            .arg(&path)
+            .output()
+            .expect("keygen");
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        path
+    };
+    let (old, new, stranger) = (keygen("old.key"), keygen("new.key"), keygen("stranger.key"));
+    let trusted = s.path("trusted");
+    let ts = trusted.join("..2026_12_01_00_00_00.1");
+    std::fs::create_dir_all(&ts).expect("mkdir");
+    for (k, name) in [(&old, "old.pub"), (&new, "new.pub")] {
+        std::fs::copy(format!("{}.pub", k.display()), ts.join(name)).expect("copy pub");
+        std::os::unix::fs::symlink(format!("..data/{name}"), trusted.join(name)).expect("link");
+    }
+    std::os::unix::fs::symlink("..2026_12_01_00_00_00.1", trusted.join("..data")).expect("link");
+
+    let state_dir = s.path("state");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut cm = ConfigMapDir::new(s.path("plan-volume"), &plan1);
+    let args = |trusted: &Path| {
+        agent_args(
+            "worker-1",
+            &cm.plan(),
+            &config,
+            &state_dir,
+            &kubeconfig,
+            &[
+                "--interval",
+                "3s",
+                "--poll",
+                "1s",
+                "--listen",
+                &listen,
+                "--cluster",
+                "prod",
+                "--trusted-keys",
+                &trusted.display().to_string(),
+            ],
+        )
+    };
+
+    // No fail-open at start: an empty trusted-keys directory, or keys without a cluster.
+    let empty = s.path("empty-secret");
+    std::fs::create_dir_all(&empty).expect("mkdir");
+    let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+        .args(args(&empty))
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("holds no key file"), "{err}");
+    let mut without_cluster = args(&trusted);
+    let at = without_cluster
+        .iter()
+        .position(|a| a == "--cluster")
+        .expect("--cluster");
+    without_cluster.drain(at..at + 2);
+    let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+        .args(&without_cluster)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+
+    let log = || std::fs::read_to_string(s.path("agent.log")).unwrap_or_default();
+    let mut agent = Agent {
+        args: args(&trusted),
+        env: vec![],
+        log: s.path("agent.log"),
+        child: None,
+        started: 0,
+    };
+    let refused_for = |reason: &str| {
+        report(&fake, "worker-1").is_some_and(|r| r["refused_plan"]["reason"] == reason)
+    };
+    let metrics = || {
+        http_get(port, "/metrics")
+            .map(|(_, b)| b)
+            .unwrap_or_default()
+    };
+
+    // 1. Unsigned, and no good plan yet: refused, nothing runs.
+    let before = keyslots(&img);
+    agent.spawn();
+    wait_for(
+        30,
+        "the unsigned plan refused",
+        || refused_for("unsigned") && state(&fake, "worker-1") == "refused",
+        log,
+    );
+    assert_eq!(
+        keyslots(&img),
+        before,
+        "an unsigned plan changed the device"
+    );
+    assert!(!keys.exists(), "an unsigned plan created its KMS directory");
+    let m = metrics();
+    assert!(
+        m.contains("keyplan_agent_plan_refusals_total{node=\"worker-1\",reason=\"unsigned\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("keyplan_agent_plan_signature_verified{node=\"worker-1\"} 0"),
+        "{m}"
+    );
+
+    // 2. Signed with the old key for this cluster: applied.
+    let sig1 = sign(&s, "plan1.yaml", &plan1, "prod", &old);
+    cm.write_signed(&plan1, Some(&sig1));
+    wait_for(
+        60,
+        "plan 1 applied",
+        || state(&fake, "worker-1") == "in_sync" && keyslots(&img).len() == 2,
+        log,
+    );
+    let r = report(&fake, "worker-1").expect("report");
+    assert!(r.get("refused_plan").is_none(), "{r}");
+    let fp = |k: &Path| {
+        let sig: Value =
+            serde_json::from_slice(&sign(&s, "fp.yaml", &plan1, "prod", k)).expect("sig");
+        sig["key"].as_str().unwrap_or_default().to_string()
+    };
+    assert_eq!(r["plan_signature"]["key"], fp(&old), "{r}");
+    assert!(metrics().contains("keyplan_agent_plan_signature_verified{node=\"worker-1\"} 1"));
+    let with_k1 = keyslots(&img);
+
+    // 3. Refused while the last good plan keeps running: a tampered byte, a wrong key,
+    // another cluster's signature. Plan 2 would add k2's keyslot; none appears.
+    std::thread::sleep(Duration::from_millis(1100));
+    let sig2_old = sign(&s, "plan2.yaml", &plan2, "prod", &old);
+    let tampered = plan2.replacen("k1, k2", "k2, k1", 1);
+    let cases: [(&str, String, Vec<u8>); 3] = [
+        ("tampered", tampered.clone(), sig2_old.clone()),
+        (
+            "untrusted_key",
+            plan2.clone(),
+            sign(&s, "p2s.yaml", &plan2, "prod", &stranger),
+        ),
+        (
+            "other_cluster",
+            plan2.clone(),
+            sign(&s, "p2c.yaml", &plan2, "staging", &old),
+        ),
+    ];
+    for (reason, text, sig) in &cases {
+        cm.write_signed(text, Some(sig));
+        wait_for(
+            30,
+            &format!("the plan refused ({reason})"),
+            || refused_for(reason),
+            log,
+        );
+        let r = report(&fake, "worker-1").expect("report");
+        assert_eq!(
+            r["state"], "in_sync",
+            "{reason}: the last good plan should keep running: {r}"
+        );
+        assert_eq!(
+            r["plan_digest"].as_str(),
+            Some(sha256_hex(plan1.as_bytes()).as_str()),
+            "{r}"
+        );
+        assert_eq!(
+            keyslots(&img),
+            with_k1,
+            "a refused plan ({reason}) changed the device"
+        );
+        assert!(
+            fake.events(NS).iter().any(|e| e["reason"] == "PlanRefused"
+                && e["message"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains(&format!("({reason})"))),
+            "no PlanRefused Event for {reason}"
+        );
+        assert!(
+            metrics().contains(&format!(
+                "keyplan_agent_plan_refusals_total{{node=\"worker-1\",reason=\"{reason}\"}} 1"
+            )),
+            "{reason}"
+        );
+    }
+    // fleet status says so and exits 1.
+    let full = fake.kubeconfig(NS, "full");
+    let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+        .args(["fleet", "status", "--namespace", NS, "--kubeconfig"])
+        .arg(&full)
+        .output()
+        .expect("fleet status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("refused (other_cluster), running the last good signed plan"),
+        "{text}"
+    );
+
+    // 4. Signing-key rotation: plan 2 signed with the new (second trusted) key is applied.
+    let sig2_new = sign(&s, "plan2n.yaml", &plan2, "prod", &new);
+    cm.write_signed(&plan2, Some(&sig2_new));
+    wait_for(
+        60,
+        "plan 2 applied",
+        || state(&fake, "worker-1") == "in_sync" && keyslots(&img).len() == 3,
+        log,
+    );
+    let r = report(&fake, "worker-1").expect("report");
+    assert_eq!(r["plan_signature"]["key"], fp(&new), "{r}");
+    assert!(r.get("refused_plan").is_none(), "{r}");
+    let with_both = keyslots(&img);
+
+    // 5. A replay of plan 1 with its own (valid, older) signature: refused.
+    cm.write_signed(&plan1, Some(&sig1));
+    wait_for(
+        30,
+        "the replayed plan refused",
+        || refused_for("older"),
+        log,
+    );
+    assert_eq!(keyslots(&img), with_both);
+
+    // 6. Restarted while the ConfigMap holds a tampered plan: the kept good plan runs.
+    assert_eq!(agent.term(30), Some(0), "{}", log());
+    cm.write_signed(&tampered, Some(&sig2_new));
+    agent.spawn();
+    wait_for(
+        30,
+        "the restarted agent refuses the tampered plan",
+        || refused_for("tampered") && state(&fake, "worker-1") == "in_sync",
+        log,
+    );
+    let r = report(&fake, "worker-1").expect("report");
+    assert_eq!(
+        r["plan_digest"].as_str(),
+        Some(sha256_hex(plan2.as_bytes()).as_str()),
+        "{r}"
+    );
+    assert_eq!(r["plan_signature"]["key"], fp(&new), "{r}");
+    assert_eq!(keyslots(&img), with_both);
+    assert_eq!(agent.term(30), Some(0), "{}", log());
+
+    // No private signing key in the log, reports or Events.
+    let mut everything = log().into_bytes();
+    for cm in fake.configmaps(NS) {
+        everything.extend(cm.to_string().into_bytes());
+    }
+    for e in fake.events(NS) {
+        everything.extend(e.to_string().into_bytes());
+    }
+    for k in [&old, &new, &stranger] {
+        let pem = std::fs::read_to_string(k).expect("key");
+        let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+        assert!(
+            !contains(&everything, body.as_bytes()),
+            "a private signing key leaked"
+        );
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The agents' configuration for the OpenBao at `addr` (token from `KP_AGENT_VAULT_TOKEN`;

@@ -39,6 +39,8 @@ fn report(node: &str, failed: bool) -> NodeReport {
             message: "test failure".into(),
         }),
         halted: false,
+        refused_plan: None,
+        plan_signature: None,
     }
 }
 

@@ -49,6 +49,17 @@ pub struct AgentArgs {
     /// Serve /metrics and /healthz on this address, e.g. `0.0.0.0:9808`.
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
+    /// Require signed plans: the public keys (PEM) plans may be signed with, as a file or a
+    /// directory of files (a Secret volume the plan's writers cannot write); repeatable, so
+    /// the old and the new key can be trusted while the signing key is rotated. The agent
+    /// then runs only plans whose `<plan key>.sig` verifies (`keyplan sign`), and refuses to
+    /// start when no key can be read.
+    #[arg(long, value_name = "FILE|DIR", requires = "cluster")]
+    pub trusted_keys: Vec<PathBuf>,
+    /// The cluster this agent runs in: a signed plan must be signed for it (`keyplan sign
+    /// --cluster`), so a plan signed for one cluster is refused by another.
+    #[arg(long, value_name = "NAME", requires = "trusted_keys")]
+    pub cluster: Option<String>,
 }
 
 /// A duration as `humantime` reads it (`30s`, `5m`, `1h 30m`), from one second to 30 days.
@@ -97,6 +108,13 @@ pub(super) fn cmd_agent(cli: &Cli, args: &AgentArgs) -> Result<Exit> {
             humantime::format_duration(args.interval)
         );
     }
+    let signatures = match &args.cluster {
+        Some(cluster) => Some(
+            crate::fleet::signature::SignaturePolicy::load(&args.trusted_keys, cluster)
+                .map_err(|e| miette!("keyplan agent cannot start: {e}"))?,
+        ),
+        None => None,
+    };
     let stop = interrupts::install_agent()?;
     let opts = AgentOptions {
         node,
@@ -110,6 +128,7 @@ pub(super) fn cmd_agent(cli: &Cli, args: &AgentArgs) -> Result<Exit> {
         kubeconfig: args.kubeconfig.clone(),
         context: args.context.clone(),
         listen: args.listen,
+        signatures,
     };
     crate::fleet::agent::run(opts, stop).map_err(|e| miette!("keyplan agent cannot start: {e}"))?;
     Ok(Exit::Success)

@@ -52,6 +52,7 @@ mod plan;
 mod progress;
 mod report;
 mod show;
+mod sign;
 mod status;
 mod validate;
 mod verify;
@@ -66,6 +67,7 @@ use plan::cmd_plan;
 use progress::ProgressView;
 use report::OrReport as _;
 use show::cmd_show;
+use sign::SignArgs;
 use status::cmd_status;
 use validate::cmd_validate;
 use verify::cmd_verify;
@@ -268,6 +270,10 @@ pub enum Command {
     /// `settings.fleet.max_concurrent_nodes` rollout Leases, and publishes a report, Events
     /// and /metrics (docs/fleet.md). Runs until SIGTERM.
     Agent(AgentArgs),
+    /// Fleet mode: sign a plan for agents that require signed plans (a detached ed25519
+    /// signature binding the plan's bytes and its cluster, written to PLAN.sig), or make a
+    /// signing key with --generate-key.
+    Sign(SignArgs),
     /// Fleet mode, from a workstation or CI: the agents' reports.
     Fleet {
         /// The fleet subcommand.
@@ -429,6 +435,7 @@ fn run(cli: &Cli) -> Result<Exit> {
         Command::Validate { plan, json } => cmd_validate(cli, plan, *json),
         Command::Agent(args) => cmd_agent(cli, args),
         Command::Fleet { command } => cmd_fleet(command),
+        Command::Sign(args) => sign::cmd_sign(args),
         Command::Plan {
             plan,
             detailed_exitcode,

@@ -35,8 +35,9 @@ use super::events::{EventType, Events};
 use super::report::{
     AgentRun, AgentState, DeviceSummary, Failure, KeySummary, NodeReport, Reports, Stored,
 };
+use super::signature::{Refusal, SignaturePolicy, Verified};
 use super::slots::{Acquired, Slot, SlotError, Slots};
-use super::source::PlanSource;
+use super::source::{PlanSource, PlanText};
 use super::trust::AgentConfig;
 use crate::apply::StepEvent;
 use crate::clock::now_unix;
@@ -72,6 +73,9 @@ pub struct AgentOptions {
     pub context: Option<String>,
     /// Address of the `/metrics` and `/healthz` endpoint; `None`: none.
     pub listen: Option<SocketAddr>,
+    /// The signature check plans must pass (`--trusted-keys`, `--cluster`); `None`: plans
+    /// need no signature.
+    pub signatures: Option<SignaturePolicy>,
 }
 
 /// What the metrics endpoint shows: the last status and the agent's counters.
@@ -95,6 +99,12 @@ pub(crate) struct Health {
     pub last_cycle_at: Option<u64>,
     /// Whether the last plan was refused.
     pub plan_refused: bool,
+    /// Plans refused, by reason ([`Refusal::reason`], `unreadable`, `invalid`), counted once
+    /// per refused plan version.
+    pub plan_refusals: std::collections::BTreeMap<&'static str, u64>,
+    /// Whether the plan the agent runs has a verified signature (`None`: signatures are not
+    /// required).
+    pub plan_signed: Option<bool>,
 }
 
 /// Runs the agent until `stop` is set (SIGTERM), then releases what it holds, reports
@@ -123,6 +133,25 @@ pub fn run(opts: AgentOptions, stop: &'static AtomicBool) -> Result<(), String> 
     Ok(())
 }
 
+/// A plan whose signature verified: what the agent runs while a newer plan is refused.
+#[derive(Clone)]
+struct GoodPlan {
+    text: String,
+    digest: String,
+    signature: Vec<u8>,
+    verified: Verified,
+}
+
+/// The file in the state directory that keeps the last good signed plan across restarts.
+const GOOD_PLAN_FILE: &str = "agent-signed-plan.json";
+
+/// [`GOOD_PLAN_FILE`]'s content: the plan's text and its signature file's text.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredGoodPlan {
+    plan: String,
+    signature: String,
+}
+
 /// Work found by a full cycle, waiting for a slot.
 struct Pending {
     plan: Plan,
@@ -141,7 +170,12 @@ struct Agent {
     prior: Option<ConfigMap>,
     /// The report as last published (without `updated_at`), and when.
     published: Option<(NodeReport, Instant)>,
-    last_digest: Option<String>,
+    /// [`PlanText::version`] of the plan file as last read.
+    last_version: Option<String>,
+    /// The last plan whose signature verified and that loaded (when signatures are required).
+    good: Option<GoodPlan>,
+    /// A plan whose signature verified in this cycle, until it loads.
+    candidate: Option<GoodPlan>,
     next_full: Instant,
     pending: Option<Pending>,
     /// Whether the last plan had devices on this node (a node without any writes no report).
@@ -180,6 +214,8 @@ impl Agent {
             last_success_at: None,
             failure: None,
             halted: false,
+            refused_plan: None,
+            plan_signature: None,
         };
         Agent {
             opts,
@@ -191,7 +227,9 @@ impl Agent {
             report,
             prior: None,
             published: None,
-            last_digest: None,
+            last_version: None,
+            good: None,
+            candidate: None,
             next_full: Instant::now(),
             pending: None,
             has_devices: true,
@@ -211,8 +249,13 @@ impl Agent {
         self.health.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn start(&self) {
+    fn start(&mut self) {
         tracing::info!(node = %self.opts.node, plan = %self.source.path().display(), "keyplan agent starting");
+        if let Some(p) = &self.opts.signatures {
+            let keys: Vec<&str> = p.keys().iter().map(|k| k.fingerprint()).collect();
+            tracing::info!(node = %self.opts.node, cluster = %p.cluster(), "plans must be signed for cluster {:?} by one of: {}", p.cluster(), keys.join(", "));
+        }
+        self.restore_good();
     }
 
     /// Picks up this node's previous report (a restarted agent keeps its failure, last run and
@@ -239,20 +282,195 @@ impl Agent {
         self.health().last_tick = Some(Instant::now());
         let text = match self.source.read() {
             Ok(t) => t,
-            Err(e) => return self.refuse(e),
+            Err(e) => return self.refuse(Some("unreadable"), e),
         };
-        let changed = self.last_digest.as_deref() != Some(text.digest.as_str());
+        let version = text.version();
+        let changed = self.last_version.as_deref() != Some(version.as_str());
         if changed || Instant::now() >= self.next_full {
-            if changed && self.last_digest.is_some() {
+            if changed && self.last_version.is_some() {
                 tracing::info!(digest = %text.digest, "the plan changed");
             }
-            self.last_digest = Some(text.digest.clone());
-            self.report.plan_digest = Some(text.digest);
+            self.last_version = Some(version);
             self.next_full = Instant::now() + self.opts.interval;
-            self.full_cycle(&text.text);
+            if let Some(run) = self.admit(text) {
+                self.report.plan_digest = Some(run.1);
+                self.full_cycle(&run.0);
+            }
             self.health().last_cycle_at = Some(now_unix());
         } else if self.pending.is_some() {
             self.try_slot();
+        }
+    }
+
+    /// The plan text to run this cycle, and its digest: the plan file's, unless the agent
+    /// requires signatures and its signature does not verify; then the last good signed plan
+    /// (the refusal is reported), or nothing when there is none (the node reports `refused`).
+    fn admit(&mut self, text: PlanText) -> Option<(String, String)> {
+        let Some(policy) = &self.opts.signatures else {
+            return Some((text.text, text.digest));
+        };
+        let running = self.good.as_ref().map(|g| g.verified.signed_at);
+        let verdict = policy.verify(
+            text.text.as_bytes(),
+            text.signature.as_deref(),
+            &self.source.signature_name(),
+            running,
+        );
+        match verdict {
+            Ok(verified) => {
+                self.candidate = Some(GoodPlan {
+                    text: text.text.clone(),
+                    digest: text.digest.clone(),
+                    signature: text.signature.unwrap_or_default(),
+                    verified,
+                });
+                Some((text.text, text.digest))
+            }
+            Err(refusal) => {
+                self.candidate = None;
+                self.refuse_signature(&text.digest, &refusal);
+                match &self.good {
+                    Some(g) => Some((g.text.clone(), g.digest.clone())),
+                    None => {
+                        self.refuse(None, refusal.to_string());
+                        None
+                    }
+                }
+            }
+        }
+    }
+
+    /// A plan whose signature does not verify: said once per plan version and reason (log,
+    /// Event, counter), and in the report (`refused_plan`) for as long as it stays.
+    fn refuse_signature(&mut self, digest: &str, refusal: &Refusal) {
+        let message = refusal.to_string();
+        let same = self
+            .report
+            .refused_plan
+            .as_ref()
+            .is_some_and(|r| r.digest == digest && r.message == message);
+        if !same {
+            let running = match &self.good {
+                Some(g) => format!(
+                    "it keeps running the last good plan (sha256 {}, signed at {} by {})",
+                    g.digest,
+                    crate::clock::rfc3339(g.verified.signed_at),
+                    g.verified.key
+                ),
+                None => "it has no good signed plan to run, so it does nothing".to_string(),
+            };
+            tracing::error!(node = %self.opts.node, digest = %digest, reason = refusal.reason(), "plan refused, nothing of it is applied: {message}; {running}");
+            self.events().emit(
+                EventType::Warning,
+                "PlanRefused",
+                &format!(
+                    "node {}: plan sha256 {digest} refused ({}): {message}; {running}",
+                    self.opts.node,
+                    refusal.reason()
+                ),
+            );
+            *self
+                .health()
+                .plan_refusals
+                .entry(refusal.reason())
+                .or_default() += 1;
+            self.report.refused_plan = Some(super::report::RefusedPlan {
+                digest: digest.to_string(),
+                reason: refusal.reason().to_string(),
+                message,
+                since: now_unix(),
+            });
+        }
+        self.health().plan_refused = true;
+    }
+
+    /// A plan whose signature verified has loaded: it is the good plan now (kept in the state
+    /// directory, so a restarted agent runs it while the ConfigMap holds a refused plan).
+    fn accept_candidate(&mut self) {
+        let Some(c) = self.candidate.take() else {
+            return;
+        };
+        self.report.refused_plan = None;
+        self.report.plan_signature = Some(super::report::PlanSignature {
+            key: c.verified.key.clone(),
+            signed_at: c.verified.signed_at,
+        });
+        self.health().plan_signed = Some(true);
+        let new = self
+            .good
+            .as_ref()
+            .is_none_or(|g| g.digest != c.digest || g.signature != c.signature);
+        if new {
+            tracing::info!(node = %self.opts.node, digest = %c.digest, key = %c.verified.key, signed_at = c.verified.signed_at, "signed plan accepted");
+            let stored = StoredGoodPlan {
+                plan: c.text.clone(),
+                signature: String::from_utf8_lossy(&c.signature).into_owned(),
+            };
+            let path = self.opts.state_dir.join(GOOD_PLAN_FILE);
+            let written = serde_json::to_vec(&stored)
+                .map_err(|e| e.to_string())
+                .and_then(|bytes| {
+                    crate::fsutil::ensure_private_dir(&self.opts.state_dir)
+                        .and_then(|()| crate::fsutil::write_atomic(&path, &bytes, 0o600))
+                        .map_err(|e| e.to_string())
+                });
+            if let Err(e) = written {
+                tracing::warn!(node = %self.opts.node, "could not keep the signed plan in {} (a restarted agent then runs only a plan whose signature verifies): {e}", path.display());
+            }
+        }
+        self.good = Some(c);
+    }
+
+    /// At start, with signatures required: the last good signed plan kept in the state
+    /// directory, if its signature still verifies (the trusted keys or the cluster may have
+    /// changed since).
+    fn restore_good(&mut self) {
+        let Some(policy) = &self.opts.signatures else {
+            return;
+        };
+        self.health().plan_signed = Some(false);
+        let path = self.opts.state_dir.join(GOOD_PLAN_FILE);
+        let stored: StoredGoodPlan = match std::fs::read(&path) {
+            Ok(bytes) => match serde_json::from_slice(&bytes) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(node = %self.opts.node, "ignoring {}: {e}", path.display());
+                    return;
+                }
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(e) => {
+                tracing::warn!(node = %self.opts.node, "cannot read {}: {e}", path.display());
+                return;
+            }
+        };
+        match policy.verify(
+            stored.plan.as_bytes(),
+            Some(stored.signature.as_bytes()),
+            GOOD_PLAN_FILE,
+            None,
+        ) {
+            Ok(verified) => {
+                use sha2::Digest as _;
+                let digest: String = sha2::Sha256::digest(stored.plan.as_bytes())
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect();
+                tracing::info!(node = %self.opts.node, digest = %digest, "the last good signed plan is kept in {}: it runs while the ConfigMap's plan is refused", path.display());
+                self.report.plan_signature = Some(super::report::PlanSignature {
+                    key: verified.key.clone(),
+                    signed_at: verified.signed_at,
+                });
+                self.good = Some(GoodPlan {
+                    text: stored.plan,
+                    digest,
+                    signature: stored.signature.into_bytes(),
+                    verified,
+                });
+            }
+            Err(refusal) => {
+                tracing::warn!(node = %self.opts.node, "the signed plan kept in {} is not run: {refusal}", path.display());
+            }
         }
     }
 
@@ -264,9 +482,14 @@ impl Agent {
         let known = self.pending.take().map(|p| p.changes);
         let plan = match self.load(text) {
             Ok(p) => p,
-            Err(message) => return self.refuse(message),
+            Err(message) => {
+                self.candidate = None;
+                return self.refuse(Some("invalid"), message);
+            }
         };
-        self.health().plan_refused = false;
+        self.accept_candidate();
+        let refused = self.report.refused_plan.is_some();
+        self.health().plan_refused = refused;
         let here = !plan.devices.is_empty();
         if here != self.has_devices {
             if !here {
@@ -323,13 +546,19 @@ impl Agent {
         }
     }
 
-    /// The plan cannot be read or is refused: nothing is changed; said once per reason in
-    /// the log and an Event, and always in the report and the metrics.
-    fn refuse(&mut self, message: String) {
-        let first = self.report.state != AgentState::Refused
-            || self.report.message.as_deref() != Some(message.as_str());
+    /// The plan cannot be read or is refused (`reason`: `unreadable`, `invalid`, or a
+    /// signature [`Refusal::reason`]): nothing is changed; said once per reason in the log
+    /// and an Event, and always in the report and the metrics.
+    /// `reason` is `None` when the refusal was already said ([`Agent::refuse_signature`]).
+    fn refuse(&mut self, reason: Option<&'static str>, message: String) {
+        let first = reason.is_some()
+            && (self.report.state != AgentState::Refused
+                || self.report.message.as_deref() != Some(message.as_str()));
         self.health().plan_refused = true;
         if first {
+            if let Some(reason) = reason {
+                *self.health().plan_refusals.entry(reason).or_default() += 1;
+            }
             tracing::error!(node = %self.opts.node, "plan refused, nothing changed: {message}");
             self.events().emit(
                 EventType::Warning,

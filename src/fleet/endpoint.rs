@@ -85,6 +85,21 @@ fn metrics(h: &Health, node: &str) -> Result<String, std::fmt::Error> {
             b(h.plan_refused),
         ),
     ];
+    let mut refusals = ExtraGauge::counter(
+        "keyplan_agent_plan_refusals",
+        "Plans this agent process refused, by reason (unreadable, invalid; with signatures required: unsigned, malformed, other_cluster, untrusted_key, tampered, older), once per refused plan version.",
+    );
+    for (reason, n) in &h.plan_refusals {
+        refusals.add(vec![("reason", reason.to_string())], *n);
+    }
+    extra.push(refusals);
+    if let Some(signed) = h.plan_signed {
+        extra.push(ExtraGauge::single(
+            "keyplan_agent_plan_signature_verified",
+            "With signed plans required: 1 when the plan the agent runs has a verified signature, 0 when it runs none.",
+            b(signed),
+        ));
+    }
     if let Some(t) = h.last_cycle_at {
         extra.push(ExtraGauge::single(
             "keyplan_agent_last_cycle_timestamp_seconds",

@@ -9,6 +9,7 @@
 //! - [`events`]: Kubernetes Events of runs; `endpoint`: the agent's `/metrics` and `/healthz`;
 //! - [`source`]: the plan file of a ConfigMap volume (never a `subPath` mount);
 //! - [`trust`]: the agent's configuration, the allow-list a plan is held to;
+//! - [`signature`]: signed plans (`keyplan sign`, the agent's check of a plan's signature);
 //! - [`api`]: the API calls each front end makes (what the RBAC manifests grant).
 
 pub mod agent;
@@ -16,6 +17,7 @@ pub mod api;
 mod endpoint;
 pub mod events;
 pub mod report;
+pub mod signature;
 pub mod slots;
 pub mod source;
 pub mod status;

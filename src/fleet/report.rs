@@ -109,6 +109,36 @@ pub struct NodeReport {
     pub failure: Option<Failure>,
     /// Whether the agent saw the rollout halted (`max_failed_nodes` reached) at its last check.
     pub halted: bool,
+    /// The plan the agent refuses (its signature did not verify), while it runs the last plan
+    /// whose signature did (`plan_digest`), or nothing (state `refused`) when it has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused_plan: Option<RefusedPlan>,
+    /// The signature of the plan the agent runs, when the agent requires signed plans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan_signature: Option<PlanSignature>,
+}
+
+/// A plan the agent refused because of its signature ([`super::signature::Refusal`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedPlan {
+    /// SHA-256 (hex) of the refused plan file.
+    pub digest: String,
+    /// The reason's short name (`unsigned`, `malformed`, `other_cluster`, `untrusted_key`,
+    /// `tampered`, `older`).
+    pub reason: String,
+    /// What is wrong and what to do.
+    pub message: String,
+    /// Since when this plan is refused, Unix seconds.
+    pub since: u64,
+}
+
+/// The verified signature of the plan an agent runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanSignature {
+    /// Fingerprint of the key that signed it (`SHA256:...`).
+    pub key: String,
+    /// When it was signed, Unix seconds.
+    pub signed_at: u64,
 }
 
 /// One device of the node.

@@ -25,13 +25,27 @@ pub struct PlanSource {
     path: PathBuf,
 }
 
-/// One read of the plan file.
+/// One read of the plan file (and its signature file, from the same ConfigMap version).
 #[derive(Debug, Clone)]
 pub struct PlanText {
     /// The file's text.
     pub text: String,
     /// SHA-256 of the text, hex (64 characters): identifies the plan version in reports.
     pub digest: String,
+    /// The bytes of the signature file beside it (`<key>.sig`, [`super::signature`]), if the
+    /// ConfigMap has one.
+    pub signature: Option<Vec<u8>>,
+}
+
+impl PlanText {
+    /// Identifies this read for change detection: the plan's digest, and the signature's
+    /// when there is one (a plan signed again is read again).
+    pub fn version(&self) -> String {
+        match &self.signature {
+            Some(sig) => format!("{}+{}", self.digest, hex(&Sha256::digest(sig))),
+            None => self.digest.clone(),
+        }
+    }
 }
 
 impl PlanSource {
@@ -72,16 +86,99 @@ impl PlanSource {
         &self.path
     }
 
-    /// Reads the plan file now (by path, through the current `..data` link).
+    /// The signature file's name beside the plan (`<key>.sig`), for messages.
+    pub fn signature_name(&self) -> String {
+        let name = self
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        format!("{name}{}", super::signature::SUFFIX)
+    }
+
+    /// Reads the plan file now, and its signature file if there is one, both from the
+    /// directory the `..data` link names at this instant: the kubelet swaps that link in one
+    /// `rename(2)` and removes the old directory later, so the two files always come from the
+    /// same version of the ConfigMap (a plan never meets the signature of another version).
     ///
-    /// Errors: a text naming the file when it cannot be read or is not UTF-8.
+    /// Errors: a text naming the file when it cannot be read (the old directory removed
+    /// under the read: the next poll reads the new one) or is not UTF-8.
     pub fn read(&self) -> Result<PlanText, String> {
-        let bytes = std::fs::read(&self.path)
-            .map_err(|e| format!("cannot read the plan {}: {e}", self.path.display()))?;
+        // The kubelet removes the old version's directory right after the swap: a read that
+        // lost that race reads the new version.
+        let mut result = self.read_once();
+        for _ in 0..2 {
+            match &result {
+                Err((_, Some(version))) if self.current_version().as_ref() != Some(version) => {
+                    result = self.read_once();
+                }
+                _ => break,
+            }
+        }
+        result.map_err(|(e, _)| e)
+    }
+
+    fn current_version(&self) -> Option<PathBuf> {
+        let dir = match self.path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        std::fs::read_link(dir.join(DATA_LINK)).ok()
+    }
+
+    /// One read; the error comes with the version directory it tried, if it got that far.
+    fn read_once(&self) -> Result<PlanText, (String, Option<PathBuf>)> {
+        let dir = match self.path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let data = dir.join(DATA_LINK);
+        let version = std::fs::read_link(&data).map_err(|e| {
+            (
+                format!("cannot read the link {}: {e}", data.display()),
+                None,
+            )
+        })?;
+        let failed = |text: String| (text, Some(version.clone()));
+        let version_dir = dir.join(&version);
+        let name = self.path.file_name().unwrap_or_default();
+        let bytes = std::fs::read(version_dir.join(name))
+            .map_err(|e| failed(format!("cannot read the plan {}: {e}", self.path.display())))?;
+        let sig_file = version_dir.join(self.signature_name());
+        let signature = match std::fs::File::open(&sig_file) {
+            Ok(f) => {
+                use std::io::Read as _;
+                let mut buf = Vec::new();
+                f.take(super::signature::MAX_SIGNATURE_BYTES)
+                    .read_to_end(&mut buf)
+                    .map_err(|e| {
+                        failed(format!(
+                            "cannot read the signature {}: {e}",
+                            sig_file.display()
+                        ))
+                    })?;
+                Some(buf)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                return Err(failed(format!(
+                    "cannot read the signature {}: {e}",
+                    sig_file.display()
+                )))
+            }
+        };
         let digest = hex(&Sha256::digest(&bytes));
-        let text = String::from_utf8(bytes)
-            .map_err(|_| format!("the plan {} is not UTF-8 text", self.path.display()))?;
-        Ok(PlanText { text, digest })
+        let text = String::from_utf8(bytes).map_err(|_| {
+            failed(format!(
+                "the plan {} is not UTF-8 text",
+                self.path.display()
+            ))
+        })?;
+        Ok(PlanText {
+            text,
+            digest,
+            signature,
+        })
     }
 }
 

@@ -75,6 +75,9 @@ pub struct Totals {
     pub overdue_keys: usize,
     /// Failures that count towards `max_failed_nodes`.
     pub failures: usize,
+    /// Nodes refusing the plan in their ConfigMap because of its signature (those with a good
+    /// signed plan keep running it; the others are `refused`).
+    pub refused_plans: usize,
 }
 
 /// One rollout slot Lease.
@@ -87,7 +90,8 @@ pub struct SlotStatus {
 }
 
 impl FleetStatus {
-    /// Whether everything is fine: there are reports, and no node failed, is lost, refused,
+    /// Whether everything is fine: there are reports, and no node failed, is lost, refused
+    /// (its plan, or the signature of a newer plan),
     /// in error, halted, drifted or overdue, and no report is invalid (`fleet status` exits 0;
     /// else 1). No report at all is not fine: the agents are not running, or `--namespace`
     /// names another namespace.
@@ -98,6 +102,7 @@ impl FleetStatus {
             && self.totals.failures == 0
             && self.totals.drifted_devices == 0
             && self.totals.overdue_keys == 0
+            && self.totals.refused_plans == 0
             && bad
                 .iter()
                 .all(|s| self.totals.by_state.get(*s).copied().unwrap_or(0) == 0)
@@ -175,6 +180,7 @@ pub fn read(client: &kube::Client, namespace: &str) -> Result<FleetStatus, Strin
             totals.drifted_devices += r.devices.iter().filter(|d| d.drifted).count();
             totals.keys += r.keys.len();
             totals.overdue_keys += r.keys.iter().filter(|k| k.overdue).count();
+            totals.refused_plans += usize::from(!n.lost && r.refused_plan.is_some());
             halted |= !n.lost && r.halted && r.state == AgentState::Halted;
         }
     }

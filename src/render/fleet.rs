@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use crate::clock::rfc3339;
+use crate::fleet::report::AgentState;
 use crate::fleet::status::FleetStatus;
 use crate::render::status::ExtraGauge;
 
@@ -110,6 +111,20 @@ pub fn text(s: &FleetStatus) -> String {
         if r.changes > 0 && !n.lost {
             notes.push(format!("{} change(s) to apply", r.changes));
         }
+        if let Some(refused) = &r.refused_plan {
+            notes.push(format!(
+                "plan sha256 {} refused ({}){}",
+                refused.digest.get(..12).unwrap_or(&refused.digest),
+                refused.reason,
+                match (&r.plan_signature, &r.plan_digest) {
+                    (Some(_), Some(d)) if r.state != AgentState::Refused => format!(
+                        ", running the last good signed plan {}",
+                        d.get(..12).unwrap_or(d)
+                    ),
+                    _ => String::new(),
+                }
+            ));
+        }
         if let Some(f) = &r.failure {
             notes.push(format!(
                 "failure{}: {}",
@@ -139,13 +154,17 @@ pub fn text(s: &FleetStatus) -> String {
         .collect();
     let _ = writeln!(
         out,
-        "totals: {}; {} device(s) ({} drifted), {} key(s) ({} overdue), {} failure(s) counting towards max_failed_nodes",
+        "totals: {}; {} device(s) ({} drifted), {} key(s) ({} overdue), {} failure(s) counting towards max_failed_nodes{}",
         if states.is_empty() { "no nodes".to_string() } else { states.join(", ") },
         s.totals.devices,
         s.totals.drifted_devices,
         s.totals.keys,
         s.totals.overdue_keys,
-        s.totals.failures
+        s.totals.failures,
+        match s.totals.refused_plans {
+            0 => String::new(),
+            n => format!("; {n} node(s) refuse the plan's signature"),
+        }
     );
     let held: Vec<String> = s
         .slots
@@ -216,6 +235,7 @@ pub fn prometheus(s: &FleetStatus) -> Result<String, std::fmt::Error> {
         ExtraGauge::single("keyplan_fleet_devices", "Devices the nodes report.", s.totals.devices as u64),
         ExtraGauge::single("keyplan_fleet_drifted_devices", "Devices that drifted from the plan.", s.totals.drifted_devices as u64),
         ExtraGauge::single("keyplan_fleet_overdue_keys", "Keys whose rotation is overdue.", s.totals.overdue_keys as u64),
+        ExtraGauge::single("keyplan_fleet_refused_plans", "Nodes refusing the plan in their ConfigMap because of its signature.", s.totals.refused_plans as u64),
         by_state,
         node_state,
         lost,
