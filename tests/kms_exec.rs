@@ -195,7 +195,7 @@ fn example_helper_refuses_other_protocol_versions_and_bad_requests() {
     let v = ask(r#"{"protocol_version":1,"operation":"read","kms":"c","key":"k"}"#);
     assert_eq!(
         v,
-        serde_json::json!({"protocol_version":1,"ok":true,"result":{"current":null,"pending":null,"versions":[]}})
+        serde_json::json!({"protocol_version":1,"ok":true,"result":{"current":null,"pending":null,"versions":[],"holders":{}}})
     );
     // The file itself is executable (`#!/usr/bin/env python3`) and takes the directory from
     // KEYPLAN_KMS_DIR when no argument is given.
@@ -209,7 +209,7 @@ fn example_helper_refuses_other_protocol_versions_and_bad_requests() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(
         v,
-        serde_json::json!({"protocol_version":1,"ok":true,"result":{"current":null,"pending":null,"versions":[]}})
+        serde_json::json!({"protocol_version":1,"ok":true,"result":{"current":null,"pending":null,"versions":[],"holders":{}}})
     );
     // read, get and check write nothing (keyplan's `plan` must leave no trace).
     assert!(!dir.path().join("keys").exists());

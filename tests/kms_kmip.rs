@@ -52,10 +52,18 @@ fn provider_contract() {
     assert_eq!(a[0].algorithm, "HMAC_SHA256");
     assert_eq!(a[0].bytes(), b"back-again-DDDD");
     assert_eq!(a[0].length, 8 * 15);
+    // Key b was rotated by the holder part of the contract: v1 superseded, v2 current.
     let b = pykmip::named(&objs, "contract-b/v1");
     assert_eq!(b.len(), 1);
-    assert_eq!(b[0].state, "ACTIVE");
+    assert_eq!(b[0].state, "DEACTIVATED");
     assert_eq!(b[0].length, 8 * b[0].bytes().len() as u64);
+    assert_eq!(pykmip::named(&objs, "contract-b/v2")[0].state, "ACTIVE");
+    // The holder records were released: their objects are gone.
+    assert!(
+        objs.iter()
+            .all(|o| o.groups.iter().all(|g| !g.starts_with("keyplan-holders:"))),
+        "{objs:?}"
+    );
 }
 
 #[test]

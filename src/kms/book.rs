@@ -28,6 +28,39 @@ use std::fmt;
 
 use super::{KeyState, Kms, KmsError, VersionInfo, VersionState};
 
+/// The holder rule (invariant I7): a commit on behalf of the plan `me` is refused while the
+/// key records another holder (`holders`, as [`super::KeyState::holders`]): that plan's
+/// devices would not hold the new version. `None`: no check. Providers call it inside the
+/// read-check-write of their commit.
+///
+/// Errors: [`KmsError::Conflict`] naming the other holders and what to do.
+pub fn check_holders(
+    kms: &dyn Kms,
+    name: &str,
+    holders: &std::collections::BTreeMap<String, u64>,
+    me: Option<&str>,
+) -> Result<(), KmsError> {
+    let Some(me) = me else {
+        return Ok(());
+    };
+    let others: Vec<String> = holders
+        .iter()
+        .filter(|(h, _)| h.as_str() != me)
+        .map(|(h, since)| format!("{h} (since {})", crate::clock::rfc3339(*since)))
+        .collect();
+    if others.is_empty() {
+        return Ok(());
+    }
+    Err(KmsError::conflict(
+        kms,
+        name,
+        format!(
+            "the key is also held by {}: a new version committed from {me} would not be on that plan's devices; nothing was committed",
+            others.join(", ")
+        ),
+    ))
+}
+
 /// What the version rules need to know of a key: its current and pending version and the
 /// highest version number known (0: none). Built by each provider from what it read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -365,6 +398,7 @@ mod tests {
             ]
             .into_iter()
             .collect(),
+            holders: Default::default(),
         };
         assert_eq!(VersionBook::of(&st).highest, 4);
         let list = [

@@ -443,6 +443,16 @@ enum Op<'a> {
     Commit {
         expected_current: Option<u64>,
         pending: u64,
+        /// The plan committing: the helper refuses (`conflict`) while another holder is
+        /// recorded. Absent: no holder check.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        holder: Option<&'a str>,
+    },
+    Hold {
+        holder: &'a str,
+    },
+    Release {
+        holder: &'a str,
     },
     Retire {
         version: u64,
@@ -460,6 +470,8 @@ impl Op<'_> {
             Op::Get { .. } => "get",
             Op::Stage { .. } => "stage",
             Op::Commit { .. } => "commit",
+            Op::Hold { .. } => "hold",
+            Op::Release { .. } => "release",
             Op::Retire { .. } => "retire",
             Op::DestroyKey { .. } => "destroy_key",
         }
@@ -538,6 +550,9 @@ struct ReadResult {
     current: Option<u64>,
     pending: Option<u64>,
     versions: Vec<VersionInfo>,
+    /// The plans holding the key (holder id -> since, Unix seconds); absent: none.
+    #[serde(default)]
+    holders: std::collections::BTreeMap<String, u64>,
 }
 
 /// `result` of `stage`.
@@ -814,6 +829,7 @@ impl ExecKms {
         let mut state = KeyState {
             current: r.current,
             pending: r.pending,
+            holders: r.holders,
             ..KeyState::default()
         };
         for v in r.versions {
@@ -939,22 +955,38 @@ impl Kms for ExecKms {
         Ok(r.version)
     }
 
-    fn commit(
+    fn commit_as(
         &self,
         name: &str,
         expected_current: Option<u64>,
         pending: u64,
+        holder: Option<&str>,
     ) -> Result<(), KmsError> {
         // Never retried: after an ambiguous failure the engine re-reads the key first.
         self.call::<IgnoredAny>(
             &Op::Commit {
                 expected_current,
                 pending,
+                holder,
             },
             Some(name),
             None,
         )
         .map(drop)
+    }
+
+    fn hold(&self, name: &str, holder: &str) -> Result<(), KmsError> {
+        with_retries(&format!("hold of key {name:?}"), || {
+            self.call::<IgnoredAny>(&Op::Hold { holder }, Some(name), None)
+                .map(drop)
+        })
+    }
+
+    fn release(&self, name: &str, holder: &str) -> Result<(), KmsError> {
+        with_retries(&format!("release of key {name:?}"), || {
+            self.call::<IgnoredAny>(&Op::Release { holder }, Some(name), None)
+                .map(drop)
+        })
     }
 
     fn retire(&self, name: &str, version: u64) -> Result<(), KmsError> {
@@ -1009,9 +1041,33 @@ mod tests {
                 Op::Commit {
                     expected_current: None,
                     pending: 1,
+                    holder: None,
                 },
                 Some("k"),
                 serde_json::json!({"protocol_version":1,"operation":"commit","kms":"c","key":"k","expected_current":null,"pending":1}),
+            ),
+            (
+                Op::Commit {
+                    expected_current: Some(1),
+                    pending: 2,
+                    holder: Some("node-a:/var/lib/keyplan"),
+                },
+                Some("k"),
+                serde_json::json!({"protocol_version":1,"operation":"commit","kms":"c","key":"k","expected_current":1,"pending":2,"holder":"node-a:/var/lib/keyplan"}),
+            ),
+            (
+                Op::Hold {
+                    holder: "node-a:/var/lib/keyplan",
+                },
+                Some("k"),
+                serde_json::json!({"protocol_version":1,"operation":"hold","kms":"c","key":"k","holder":"node-a:/var/lib/keyplan"}),
+            ),
+            (
+                Op::Release {
+                    holder: "node-a:/var/lib/keyplan",
+                },
+                Some("k"),
+                serde_json::json!({"protocol_version":1,"operation":"release","kms":"c","key":"k","holder":"node-a:/var/lib/keyplan"}),
             ),
             (
                 Op::DestroyKey {

@@ -7,7 +7,9 @@
 //!   <key name>/               mode 0700, one directory per key
 //!     meta.json               mode 0600: {"format":1,"current":N|null,"pending":N|null,
 //!                             "versions":[{"version":N,"created_at":UNIX_SECONDS,"state":"current"|
-//!                             "pending"|"previous"|"retired"}]}
+//!                             "pending"|"previous"|"retired"}],
+//!                             "holders":{"<node or host>:<state dir>":SINCE,...}}
+//!                             (holders: the plans whose devices hold the key, Kms::hold)
 //!     v<N>.key                mode 0600: the passphrase bytes of version N, exactly (no newline)
 //!     .lock                   flock(2) taken around every read-modify-write
 //! ```
@@ -35,6 +37,9 @@ struct Meta {
     current: Option<u64>,
     pending: Option<u64>,
     versions: Vec<VersionInfo>,
+    /// The plans holding the key ([`Kms::hold`]): holder id -> since (Unix seconds).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    holders: std::collections::BTreeMap<String, u64>,
 }
 
 /// A file KMS rooted at a directory.
@@ -149,6 +154,7 @@ impl Kms for FileKms {
             current: meta.current,
             pending: meta.pending,
             versions: meta.versions.into_iter().map(|v| (v.version, v)).collect(),
+            holders: meta.holders,
         })
     }
 
@@ -194,20 +200,58 @@ impl Kms for FileKms {
         })
     }
 
-    fn commit(
+    fn commit_as(
         &self,
         name: &str,
         expected_current: Option<u64>,
         pending: u64,
+        holder: Option<&str>,
     ) -> Result<(), KmsError> {
         self.locked(name, |_| {
             let mut meta = self.read_meta(name)?;
+            if meta.current != Some(pending) {
+                book::check_holders(self, name, &meta.holders, holder)?;
+            }
             let decision = meta.book().commit(expected_current, pending);
             let Commit::Go { previous } = decision.map_err(|r| r.conflict(self, name))? else {
                 return Ok(());
             };
             (meta.current, meta.pending) =
                 book::commit_states(&mut meta.versions, previous, pending);
+            self.write_meta(name, &meta)
+        })
+    }
+
+    fn hold(&self, name: &str, holder: &str) -> Result<(), KmsError> {
+        self.locked(name, |_| {
+            let mut meta = self.read_meta(name)?;
+            if meta.current.is_none() {
+                return Err(KmsError::conflict(
+                    self,
+                    name,
+                    format!(
+                        "{holder} cannot be recorded as a holder: the key has no current version"
+                    ),
+                ));
+            }
+            if meta.holders.contains_key(holder) {
+                return Ok(());
+            }
+            meta.holders
+                .insert(holder.to_string(), crate::clock::now_unix());
+            self.write_meta(name, &meta)
+        })
+    }
+
+    fn release(&self, name: &str, holder: &str) -> Result<(), KmsError> {
+        if !self.key_dir(name).join("meta.json").exists() {
+            return Ok(());
+        }
+        self.locked(name, |_| {
+            let mut meta = self.read_meta(name)?;
+            if meta.holders.remove(holder).is_none() {
+                return Ok(());
+            }
             self.write_meta(name, &meta)
         })
     }

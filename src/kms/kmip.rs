@@ -61,6 +61,11 @@ use crate::spec::KmsConfig;
 
 /// Prefix of the Object Group attribute that gathers the versions of one key.
 const GROUP_PREFIX: &str = "keyplan:";
+/// Object Group prefix of a key's holder records ([`Kms::hold`]): one small Symmetric Key
+/// object per holder, Name `"<key>/holder/<holder id>"`, Application Specific Information
+/// `since=<unix>`. Never Activated; destroyed by [`Kms::release`]. Its material is the holder
+/// id's bytes (KMIP has no object without material that PyKMIP registers; nothing secret).
+const HOLDER_GROUP_PREFIX: &str = "keyplan-holders:";
 /// Application Specific Information namespace of keyplan's records.
 const APP_NAMESPACE: &str = "keyplan";
 /// Field of the Application Specific Information data holding the staging time.
@@ -375,8 +380,66 @@ impl KmipKms {
 
     fn read_on(&self, s: &mut Session<'_>, key: &str) -> Result<(Vec<Obj>, KeyState), KmsError> {
         let objs = self.objects(s, key)?;
-        let st = key_state(&objs);
+        let mut st = key_state(&objs);
+        st.holders = self
+            .holder_objects(s, key)?
+            .into_iter()
+            .map(|(_, holder, since)| (holder, since))
+            .collect();
         Ok((objs, st))
+    }
+
+    /// The holder records of `key`: `(object id, holder id, since)` (Locate by the holder
+    /// Object Group, then Get Attributes of each).
+    fn holder_objects(
+        &self,
+        s: &mut Session<'_>,
+        key: &str,
+    ) -> Result<Vec<(String, String, u64)>, KmsError> {
+        let uids = s
+            .locate(vec![Attribute::ObjectGroup(format!(
+                "{HOLDER_GROUP_PREFIX}{key}"
+            ))])
+            .map_err(|f| self.fail(&format!("locating the holders of {key:?}"), f))?;
+        let prefix = format!("{key}/holder/");
+        let mut out = Vec::new();
+        for uid in uids {
+            let attrs = match s.attributes(&uid) {
+                Ok(a) => a,
+                Err(Fail::Server {
+                    reason: Some(ResultReason::ItemNotFound),
+                    ..
+                }) => continue,
+                Err(f) => {
+                    return Err(self.fail(&format!("reading the attributes of object {uid}"), f))
+                }
+            };
+            let mut holder = None;
+            let mut since = 0;
+            for a in attrs {
+                match a.value {
+                    AttributeValue::Name(n, _) if a.name == *"Name" => {
+                        if let Some(h) = n.0.strip_prefix(&prefix) {
+                            holder = Some(h.to_string());
+                        }
+                    }
+                    AttributeValue::ApplicationSpecificInformation(ns, data)
+                        if ns.0 == APP_NAMESPACE =>
+                    {
+                        for (field, value) in data.0.split(';').filter_map(|f| f.split_once('=')) {
+                            if field.trim() == "since" {
+                                since = value.trim().parse().unwrap_or(0);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(h) = holder {
+                out.push((uid, h, since));
+            }
+        }
+        Ok(out)
     }
 
     /// Revokes (if Active) and destroys `obj`; an object already gone counts as destroyed.
@@ -547,14 +610,20 @@ impl Kms for KmipKms {
         Ok(version)
     }
 
-    fn commit(
+    /// The holder check and the Activate are two requests, like the version check: KMIP 1.x
+    /// has no conditional Activate, so a holder recorded in between is not seen (docs/kms/kmip.md).
+    fn commit_as(
         &self,
         name: &str,
         expected_current: Option<u64>,
         pending: u64,
+        holder: Option<&str>,
     ) -> Result<(), KmsError> {
         let mut s = self.connect()?;
         let (objs, st) = self.read_on(&mut s, name)?;
+        if st.current != Some(pending) {
+            super::book::check_holders(self, name, &st.holders, holder)?;
+        }
         let decision = VersionBook::of(&st).commit(expected_current, pending);
         if decision == Ok(Commit::AlreadyCurrent) {
             // Already committed (a lost reply): only the clean-up may be missing.
@@ -622,6 +691,60 @@ impl Kms for KmipKms {
                 Ok(())
             }
         }
+    }
+
+    /// Registers the holder's record object (see [`HOLDER_GROUP_PREFIX`]), unless one exists.
+    fn hold(&self, name: &str, holder: &str) -> Result<(), KmsError> {
+        let mut s = self.connect()?;
+        let (_, st) = self.read_on(&mut s, name)?;
+        if st.current.is_none() {
+            return Err(KmsError::conflict(
+                self,
+                name,
+                format!("{holder} cannot be recorded as a holder: the key has no current version"),
+            ));
+        }
+        if st.holders.contains_key(holder) {
+            return Ok(());
+        }
+        let bits = i32::try_from(holder.len() * 8).map_err(|_| KmsError::Config {
+            kms: self.describe(),
+            detail: format!("holder id {holder:?} is too long"),
+        })?;
+        let attributes = vec![
+            Attribute::Name(format!("{name}/holder/{holder}")),
+            Attribute::ObjectGroup(format!("{HOLDER_GROUP_PREFIX}{name}")),
+            Attribute::ApplicationSpecificInformation(
+                ApplicationNamespace(APP_NAMESPACE.into()),
+                ApplicationData(format!("since={}", crate::clock::now_unix())),
+            ),
+        ];
+        s.register(attributes, holder.as_bytes(), bits)
+            .map_err(|f| self.fail(&format!("recording holder {holder} of {name}"), f))?;
+        Ok(())
+    }
+
+    /// Destroys the holder's record objects.
+    fn release(&self, name: &str, holder: &str) -> Result<(), KmsError> {
+        super::with_retries(&format!("release {name}"), || {
+            let mut s = self.connect()?;
+            for (uid, h, _) in self.holder_objects(&mut s, name)? {
+                if h != holder {
+                    continue;
+                }
+                match s.destroy(&uid) {
+                    Ok(())
+                    | Err(Fail::Server {
+                        reason: Some(ResultReason::ItemNotFound),
+                        ..
+                    }) => {}
+                    Err(f) => {
+                        return Err(self.fail(&format!("removing holder {holder} of {name}"), f))
+                    }
+                }
+            }
+            Ok(())
+        })
     }
 
     fn retire(&self, name: &str, version: u64) -> Result<(), KmsError> {
@@ -857,6 +980,7 @@ fn key_state(objs: &[Obj]) -> KeyState {
         current,
         pending,
         versions,
+        holders: BTreeMap::new(),
     }
 }
 

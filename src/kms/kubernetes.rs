@@ -710,6 +710,7 @@ impl KubernetesKms {
                         secret: None,
                         data_key: None,
                     }],
+                    holders: BTreeMap::new(),
                 })
             }
             None => Ok(Meta::empty()),
@@ -945,9 +946,18 @@ impl KubernetesKms {
         Ok(v)
     }
 
-    fn commit_now(&self, key: &str, expected: Option<u64>, pending: u64) -> Result<(), KmsError> {
+    fn commit_now(
+        &self,
+        key: &str,
+        expected: Option<u64>,
+        pending: u64,
+        holder: Option<&str>,
+    ) -> Result<(), KmsError> {
         self.run(async {
             let view = self.load(key).await?;
+            if view.meta().current != Some(pending) {
+                book::check_holders(self, key, &view.meta().holders, holder)?;
+            }
             let decision = view.meta().book().commit(expected, pending);
             let Commit::Go { previous } = decision.map_err(|r| r.conflict(self, key))? else {
                 return Ok(());
@@ -981,6 +991,59 @@ impl KubernetesKms {
                 View::Index { index, mut meta } => {
                     (meta.current, meta.pending) =
                         book::commit_states(&mut meta.versions, previous, pending);
+                    self.write_index(key, index, &meta, &what).await
+                }
+            }
+        })
+    }
+
+    /// Adds (`Some`) or removes (`None`) the holder record of `holder`, a conditional write of
+    /// the annotation where the versions are (the Secret, or the index Secret).
+    fn holder_now(&self, key: &str, holder: &str, add: bool) -> Result<(), KmsError> {
+        self.run(async {
+            let view = self.load(key).await?;
+            let meta = view.meta();
+            if add && meta.current.is_none() {
+                return Err(KmsError::conflict(
+                    self,
+                    key,
+                    format!(
+                        "{holder} cannot be recorded as a holder: the key has no current version"
+                    ),
+                ));
+            }
+            if meta.holders.contains_key(holder) == add {
+                return Ok(());
+            }
+            let what = format!(
+                "{} holder {holder} of key {key:?}",
+                if add { "recording" } else { "removing" }
+            );
+            match view {
+                View::Single { obj, mut meta } => {
+                    let Some(mut obj) = obj else {
+                        return Ok(());
+                    };
+                    if add {
+                        meta.holders
+                            .insert(holder.to_string(), crate::clock::now_unix());
+                    } else {
+                        meta.holders.remove(holder);
+                    }
+                    obj.set_label(MANAGED_BY_LABEL, "keyplan");
+                    obj.set_annotation(VERSIONS_ANNOTATION, Some(meta.to_json()));
+                    self.replace_secret(&obj).await.map_err(|e| {
+                        self.fail(key, &format!("{what} in {}", self.label(key)), e)
+                    })?;
+                    Ok(())
+                }
+                View::Index { index, mut meta } => {
+                    if add {
+                        meta.holders
+                            .insert(holder.to_string(), crate::clock::now_unix());
+                    } else {
+                        meta.holders.remove(holder);
+                    }
                     self.write_index(key, index, &meta, &what).await
                 }
             }
@@ -1181,13 +1244,25 @@ impl Kms for KubernetesKms {
         self.stage_now(name, material, at_least)
     }
 
-    fn commit(
+    fn commit_as(
         &self,
         name: &str,
         expected_current: Option<u64>,
         pending: u64,
+        holder: Option<&str>,
     ) -> Result<(), KmsError> {
-        self.commit_now(name, expected_current, pending)
+        self.commit_now(name, expected_current, pending, holder)
+    }
+
+    /// Records the holder in the `keyplan.io/versions` annotation (conditional `PUT`).
+    fn hold(&self, name: &str, holder: &str) -> Result<(), KmsError> {
+        self.holder_now(name, holder, true)
+    }
+
+    fn release(&self, name: &str, holder: &str) -> Result<(), KmsError> {
+        with_retries(&format!("release {name}"), || {
+            self.holder_now(name, holder, false)
+        })
     }
 
     fn retire(&self, name: &str, version: u64) -> Result<(), KmsError> {
@@ -1330,6 +1405,9 @@ struct Meta {
     current: Option<u64>,
     pending: Option<u64>,
     versions: Vec<VersionMeta>,
+    /// The plans holding the key ([`Kms::hold`]): holder id -> since (Unix seconds).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    holders: BTreeMap<String, u64>,
 }
 
 /// One version in [`Meta`]; `secret`/`data_key` only in the secret-per-version layout.
@@ -1372,6 +1450,7 @@ impl Meta {
             current: None,
             pending: None,
             versions: Vec::new(),
+            holders: BTreeMap::new(),
         }
     }
 
@@ -1407,6 +1486,7 @@ impl Meta {
                     )
                 })
                 .collect(),
+            holders: self.holders.clone(),
         }
     }
 }

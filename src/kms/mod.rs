@@ -64,6 +64,11 @@ pub struct KeyState {
     pub pending: Option<u64>,
     /// All versions known, by number (including retired ones).
     pub versions: BTreeMap<u64, VersionInfo>,
+    /// The plans whose devices hold the key ([`Kms::hold`]), by holder id
+    /// ([`crate::spec::Plan::holder`], `<node or host>:<state directory>`), with when each
+    /// was recorded (Unix seconds). A commit from one holder is refused while another holder
+    /// is recorded ([`Kms::commit_as`], invariant I7).
+    pub holders: BTreeMap<String, u64>,
 }
 
 impl KeyState {
@@ -268,13 +273,40 @@ pub trait Kms: Send + Sync {
     fn stage(&self, name: &str, material: &Passphrase, at_least: u64) -> Result<u64, KmsError>;
     /// Makes `pending` the current version if, and only if, the current version is still
     /// `expected_current` and `pending` is still pending (compare-and-swap); the old current
-    /// becomes `Previous`. Committing a version that is already current is a no-op.
+    /// becomes `Previous`. Committing a version that is already current is a no-op. The same
+    /// as [`Kms::commit_as`] without a holder check.
     fn commit(
         &self,
         name: &str,
         expected_current: Option<u64>,
         pending: u64,
+    ) -> Result<(), KmsError> {
+        self.commit_as(name, expected_current, pending, None)
+    }
+    /// [`Kms::commit`] on behalf of the plan `holder`: also refused with
+    /// [`KmsError::Conflict`] when the key records another holder ([`Kms::hold`]), checked in
+    /// the same compare-and-swap as the versions (so a holder recorded concurrently either
+    /// comes first and stops the commit, or comes after it and sees the new version). `None`:
+    /// no holder check (the provider contract tests).
+    fn commit_as(
+        &self,
+        name: &str,
+        expected_current: Option<u64>,
+        pending: u64,
+        holder: Option<&str>,
     ) -> Result<(), KmsError>;
+    /// Records `holder` (a plan: `<node or host>:<state directory>`) as holding key `name` on
+    /// its devices, before that plan adds a keyslot of it; idempotent (an existing record
+    /// keeps its time). Where the record lives is each provider's (docs/kms/*.md, "Holders").
+    ///
+    /// Errors: [`KmsError::Conflict`] when the key has no current version (a key is held once
+    /// it exists) or it changed concurrently (run again), and the provider's usual errors.
+    fn hold(&self, name: &str, holder: &str) -> Result<(), KmsError>;
+    /// Removes `holder`'s record from key `name` (its plan's devices no longer hold the key);
+    /// idempotent, also for a key that does not exist.
+    ///
+    /// Errors: the provider's usual errors.
+    fn release(&self, name: &str, holder: &str) -> Result<(), KmsError>;
     /// Destroys the material of a non-current version and marks it `Retired`. Idempotent.
     fn retire(&self, name: &str, version: u64) -> Result<(), KmsError>;
     /// Checks, without writing anything, that the store is reachable and that keyplan's
@@ -430,15 +462,24 @@ impl Kms for Injected {
         self.point("kms.stage")?;
         self.0.stage(name, material, at_least)
     }
-    fn commit(
+    fn commit_as(
         &self,
         name: &str,
         expected_current: Option<u64>,
         pending: u64,
+        holder: Option<&str>,
     ) -> Result<(), KmsError> {
         self.point("kms.commit")?;
-        self.0.commit(name, expected_current, pending)?;
+        self.0.commit_as(name, expected_current, pending, holder)?;
         self.point("kms.commit.lost_reply")
+    }
+    fn hold(&self, name: &str, holder: &str) -> Result<(), KmsError> {
+        self.point("kms.hold")?;
+        self.0.hold(name, holder)
+    }
+    fn release(&self, name: &str, holder: &str) -> Result<(), KmsError> {
+        self.point("kms.release")?;
+        self.0.release(name, holder)
     }
     fn retire(&self, name: &str, version: u64) -> Result<(), KmsError> {
         self.point("kms.retire")?;

@@ -73,6 +73,9 @@ pub const FIELD_VERSION: &str = "keyplan_version";
 pub const FIELD_CREATED_AT: &str = "keyplan_created_at";
 /// Data field with the earlier versions, compact JSON `[[version, kv_version, created_at], ...]`.
 pub const FIELD_HISTORY: &str = "keyplan_history";
+/// Data field with the plans holding the key ([`Kms::hold`]), compact JSON
+/// `{"<holder id>": <since, Unix seconds>, ...}`; absent when there is none.
+pub const FIELD_HOLDERS: &str = "keyplan_holders";
 /// Data field of the tombstone `destroy_key` writes before deleting the key (Unix seconds).
 pub const FIELD_DESTROYED_AT: &str = "keyplan_destroyed_at";
 /// Data field of the pending secret holding the passphrase.
@@ -357,6 +360,8 @@ struct Live {
     version: u64,
     created_at: u64,
     history: Vec<Hist>,
+    /// [`FIELD_HOLDERS`]: the plans holding the key, holder id -> since.
+    holders: BTreeMap<String, u64>,
     passphrase: Zeroizing<String>,
 }
 
@@ -1002,10 +1007,20 @@ impl VaultKms {
             None | Some(Value::Null) => Vec::new(),
             Some(v) => parse_history(v).map_err(|e| bad(format!("{FIELD_HISTORY}: {e}")))?,
         };
+        let holders = match data.get(FIELD_HOLDERS) {
+            None | Some(Value::Null) => BTreeMap::new(),
+            Some(Value::String(text)) => serde_json::from_str(text).map_err(|e| {
+                bad(format!(
+                    "{FIELD_HOLDERS} is not a JSON object of holder -> Unix seconds: {e}"
+                ))
+            })?,
+            Some(_) => return Err(bad(format!("{FIELD_HOLDERS} is not a string"))),
+        };
         Ok(Live {
             version,
             created_at,
             history,
+            holders,
             passphrase,
         })
     }
@@ -1180,6 +1195,7 @@ impl VaultKms {
         let live = main.as_ref().and_then(|m| m.live.as_ref());
         if let Some(live) = live {
             st.current = Some(live.version);
+            st.holders = live.holders.clone();
             st.versions.insert(
                 live.version,
                 VersionInfo {
@@ -1529,11 +1545,12 @@ impl Kms for VaultKms {
     /// Writes the pending material as a new KV version of `<mount>/data/<name>` with
     /// check-and-set = the KV version read just before, reads it back, then deletes the pending
     /// path (a failure there is only logged: the leftover is stale and ignored).
-    fn commit(
+    fn commit_as(
         &self,
         name: &str,
         expected_current: Option<u64>,
         pending: u64,
+        holder: Option<&str>,
     ) -> Result<(), KmsError> {
         self.check_name(name)?;
         let (main, staged) = self.read_both(name)?;
@@ -1552,6 +1569,11 @@ impl Kms for VaultKms {
             return Ok(());
         }
         let live = main.as_ref().and_then(|m| m.live.as_ref());
+        // The holders are read with the KV version the write below checks-and-sets: a holder
+        // recorded after this read makes that write fail.
+        if let Some(l) = live {
+            super::book::check_holders(self, name, &l.holders, holder)?;
+        }
         let Some(p) = live_pending(live, &staged).filter(|p| p.version == pending) else {
             // The book found `pending` pending, so this is not reached.
             return Err(KmsError::conflict(
@@ -1574,6 +1596,19 @@ impl Kms for VaultKms {
         self.write_committed(name, main.as_ref(), p)?;
         self.delete_pending_quietly(&pending_name);
         Ok(())
+    }
+
+    /// Writes the current version again as a new KV version of `<mount>/data/<name>` with the
+    /// holder added to [`FIELD_HOLDERS`] (check-and-set on the KV version read), then destroys
+    /// the KV version it copied, so no second copy of the material outlives a retirement.
+    fn hold(&self, name: &str, holder: &str) -> Result<(), KmsError> {
+        self.check_name(name)?;
+        self.write_holders(name, holder, true)
+    }
+
+    fn release(&self, name: &str, holder: &str) -> Result<(), KmsError> {
+        self.check_name(name)?;
+        self.write_holders(name, holder, false)
     }
 
     /// Destroys (`POST <mount>/destroy/<name>`) the KV version holding `version`, found in
@@ -1761,12 +1796,16 @@ impl VaultKms {
         let history_text = history_json(&history);
         let version_text = p.version.to_string();
         let created_text = p.created_at.to_string();
-        let data = BTreeMap::from([
+        let holders_text = live.map(|l| holders_json(&l.holders)).unwrap_or_default();
+        let mut data = BTreeMap::from([
             (basename(name), p.passphrase.as_str()),
             (FIELD_VERSION, version_text.as_str()),
             (FIELD_CREATED_AT, created_text.as_str()),
             (FIELD_HISTORY, history_text.as_str()),
         ]);
+        if !holders_text.is_empty() {
+            data.insert(FIELD_HOLDERS, holders_text.as_str());
+        }
         let pending = p.version;
         let Some(written) = self.write(name, &data, cas)? else {
             return Err(KmsError::conflict(
@@ -1796,6 +1835,62 @@ impl VaultKms {
                     back.as_ref().map_or_else(|| "none".to_string(), |b| b.kv_version.to_string())
                 ),
             ));
+        }
+        Ok(())
+    }
+
+    /// [`Kms::hold`] (`add`) and [`Kms::release`]: the current version written again with the
+    /// holder added or removed, check-and-set on the KV version read; the copied KV version is
+    /// destroyed afterwards (a failure there is logged: the copy holds the current material,
+    /// which is not retired).
+    fn write_holders(&self, name: &str, holder: &str, add: bool) -> Result<(), KmsError> {
+        let main = self.read_main(name)?;
+        let Some((m, live)) = main.as_ref().and_then(|m| Some((m, m.live.as_ref()?))) else {
+            if !add {
+                return Ok(());
+            }
+            return Err(KmsError::conflict(
+                self,
+                name,
+                format!("{holder} cannot be recorded as a holder: the key has no current version"),
+            ));
+        };
+        if live.holders.contains_key(holder) == add {
+            return Ok(());
+        }
+        let mut holders = live.holders.clone();
+        if add {
+            holders.insert(holder.to_string(), crate::clock::now_unix());
+        } else {
+            holders.remove(holder);
+        }
+        let history_text = history_json(&live.history);
+        let version_text = live.version.to_string();
+        let created_text = live.created_at.to_string();
+        let holders_text = holders_json(&holders);
+        let mut data = BTreeMap::from([
+            (basename(name), live.passphrase.as_str()),
+            (FIELD_VERSION, version_text.as_str()),
+            (FIELD_CREATED_AT, created_text.as_str()),
+            (FIELD_HISTORY, history_text.as_str()),
+        ]);
+        if !holders_text.is_empty() {
+            data.insert(FIELD_HOLDERS, holders_text.as_str());
+        }
+        if self.write(name, &data, m.kv_version)?.is_none() {
+            return Err(KmsError::conflict(
+                self,
+                name,
+                format!(
+                    "{} changed after keyplan read it at KV version {} (check-and-set failed) while {} holder {holder}; run keyplan again",
+                    self.data_path(name),
+                    m.kv_version,
+                    if add { "recording" } else { "removing" }
+                ),
+            ));
+        }
+        if let Err(e) = self.destroy_version(name, m.kv_version) {
+            tracing::warn!(kms = %self.instance, "could not destroy KV version {} of {} (a copy of the current version; destroy it with `bao kv destroy -versions={} {name}`): {e}", m.kv_version, self.data_path(name), m.kv_version);
         }
         Ok(())
     }
@@ -1903,6 +1998,15 @@ fn parse_history(v: &Value) -> Result<Vec<Hist>, String> {
             created_at,
         })
         .collect())
+}
+
+/// [`FIELD_HOLDERS`]'s text for `holders`; empty for none.
+fn holders_json(holders: &BTreeMap<String, u64>) -> String {
+    if holders.is_empty() {
+        String::new()
+    } else {
+        serde_json::to_string(holders).unwrap_or_default()
+    }
 }
 
 fn history_json(history: &[Hist]) -> String {

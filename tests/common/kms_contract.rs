@@ -137,4 +137,77 @@ pub fn run(kms: &dyn Kms, other: &dyn Kms, prefix: &str) {
     assert_eq!(kms.get(&a, v).unwrap().expose(), b"back-again-DDDD");
     // The other key was untouched.
     assert_eq!(kms.get(&b, 1).unwrap().expose(), long.as_bytes());
+
+    holders(kms, other, &b, &long);
+}
+
+/// Holder records (invariant I7): key `b` (current v1 with material `material`) is held by
+/// two plans; a commit from one is refused while the other holds it, and allowed once it
+/// released it. Recording a holder changes neither the versions nor the material.
+fn holders(kms: &dyn Kms, other: &dyn Kms, b: &str, material: &str) {
+    const A: &str = "host-a:/var/lib/keyplan";
+    const B: &str = "host-b:/srv/keyplan/.keyplan";
+    assert!(kms.read(b).unwrap().holders.is_empty());
+    // A key without a current version cannot be held; releasing it is a no-op.
+    conflict(
+        kms.hold("contract-never-created", A),
+        "hold of a missing key",
+    );
+    kms.release("contract-never-created", A)
+        .expect("release of a missing key");
+
+    kms.hold(b, A).expect("hold A");
+    let since = kms.read(b).unwrap().holders[A];
+    assert!(since > 1_600_000_000, "{since}");
+    kms.hold(b, A).expect("hold A again (idempotent)");
+    other.hold(b, B).expect("hold B from another handle");
+    let st = kms.read(b).unwrap();
+    assert_eq!(
+        st.holders.keys().map(String::as_str).collect::<Vec<_>>(),
+        [A, B]
+    );
+    assert_eq!(st.holders[A], since, "an existing record keeps its time");
+    assert_eq!((st.current, st.pending), (Some(1), None));
+    assert_eq!(kms.get(b, 1).unwrap().expose(), material.as_bytes());
+
+    // A rotation from A while B holds the key: the commit is refused, v2 stays pending and
+    // v1 current (B's devices, which hold v1 only, still open with the current version).
+    let v2 = kms
+        .stage(b, &pass("held-rotation-EEEE"), 0)
+        .expect("stage v2");
+    match kms.commit_as(b, Some(1), v2, Some(A)) {
+        Err(KmsError::Conflict { detail, .. }) => {
+            assert!(
+                detail.contains(B),
+                "the refusal names the other holder: {detail}"
+            )
+        }
+        other => panic!("commit while another plan holds the key: {other:?}"),
+    }
+    let st = other.read(b).unwrap();
+    assert_eq!((st.current, st.pending), (Some(1), Some(v2)), "{st:?}");
+    // B's own commit is refused too (A holds it); a commit without a holder check is not.
+    conflict(
+        other.commit_as(b, Some(1), v2, Some(B)),
+        "commit from B while A holds",
+    );
+
+    // B drops the key: A's commit goes through, and a repeated one is a no-op.
+    other.release(b, B).expect("release B");
+    other.release(b, B).expect("release B again (idempotent)");
+    kms.commit_as(b, Some(1), v2, Some(A))
+        .expect("commit from the only holder");
+    kms.commit_as(b, Some(1), v2, Some(A))
+        .expect("repeated commit");
+    let st = other.read(b).unwrap();
+    assert_eq!(st.current, Some(v2));
+    assert_eq!(
+        st.holders.keys().map(String::as_str).collect::<Vec<_>>(),
+        [A],
+        "holders survive a commit"
+    );
+    assert_eq!(kms.get(b, v2).unwrap().expose(), b"held-rotation-EEEE");
+    assert_eq!(kms.get(b, 1).unwrap().expose(), material.as_bytes());
+    kms.release(b, A).expect("release A");
+    assert!(kms.read(b).unwrap().holders.is_empty());
 }

@@ -180,6 +180,7 @@ pub fn key(
         current,
         pending,
         versions,
+        holders: BTreeMap::new(),
     }
 }
 
