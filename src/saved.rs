@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
-use crate::diff::{Diff, KeyChange, SlotChange};
+use crate::diff::{Diff, HolderChange, KeyChange, SlotChange};
 use crate::graph::{Step, StepGraph};
 use crate::journal::Record;
 use crate::kms::KeyState;
@@ -130,6 +130,7 @@ impl SavedPlan {
         let keys: Vec<KeyChange> = field(&self.changes, "keys")?;
         let slots: Vec<SlotChange> = field(&self.changes, "keyslots")?;
         let notes: Vec<String> = field(&self.changes, "notes")?;
+        let holders: Vec<HolderChange> = field(&self.changes, "holders")?;
         if let Some((a, b)) = self
             .deps
             .iter()
@@ -144,6 +145,7 @@ impl SavedPlan {
         Ok(Diff {
             keys,
             slots,
+            holders,
             graph: StepGraph::from_parts(self.steps.clone(), &self.deps),
             notes,
         })

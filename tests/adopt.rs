@@ -63,9 +63,15 @@ fn a_key_the_kms_already_holds_is_adopted_then_replaced_by_the_next_rotation() {
         serde_json::from_str(&s.ok(&["plan", "--json"], 0)).expect("plan --json");
     assert_eq!(j["summary"]["adopt"], 3);
     for c in j["changes"].as_array().expect("changes") {
+        if c["type"] == "holder" {
+            // The adopting plan records itself as the key's holder (invariant I7).
+            assert_eq!(c["actions"], serde_json::json!(["record"]), "{c}");
+            continue;
+        }
         assert_eq!(c["actions"], serde_json::json!(["adopt"]), "{c}");
         assert_eq!(c["reason_code"], "adopt", "{c}");
     }
+    assert_eq!(j["summary"]["holders"], 1);
     assert!(!token_for(&a, 0), "plan wrote nothing");
     // status runs no PBKDF: it says the devices wait for `plan` to test and adopt them (not
     // that apply could not proceed), and counts them as drifted.
@@ -81,7 +87,7 @@ fn a_key_the_kms_already_holds_is_adopted_then_replaced_by_the_next_rotation() {
     );
 
     let out = s.ok(&["apply", "--auto-approve"], 0);
-    assert!(out.contains("3 adopted. (3 steps, 3 PBKDF runs)"), "{out}");
+    assert!(out.contains("3 adopted. (4 steps, 3 PBKDF runs)"), "{out}");
     assert!(token_for(&a, 0) && token_for(&b, 0));
     assert_eq!(keyslots(&a), vec![0], "no keyslot added");
     let luks1_records = std::fs::read_dir(s.path(".keyplan/luks1"))

@@ -658,16 +658,18 @@ fn cli_enroll_rotate_retire_with_rook_reader() {
         assert!(!opens(d, &v1, None), "v1 no longer opens {}", d.display());
     }
     // The engine keeps the superseded version as `previous` (DESIGN.md §5 retention): KV
-    // version 1 still holds v1; keyplan's fields record it.
+    // version 2 (v1 written again with its holder record, which destroyed its first copy, KV
+    // version 1) still holds v1; keyplan's fields record it.
     let meta = bao.kv_metadata("rook/osd-kek").unwrap();
-    assert_eq!(meta["current_version"], 2, "{meta}");
-    assert_eq!(meta["versions"]["1"]["destroyed"], false, "{meta}");
+    assert_eq!(meta["current_version"], 3, "{meta}");
+    assert_eq!(meta["versions"]["1"]["destroyed"], true, "{meta}");
+    assert_eq!(meta["versions"]["2"]["destroyed"], false, "{meta}");
     let data = bao.kv_data("rook/osd-kek", None).unwrap();
     assert_eq!(data["keyplan_version"], "2");
     assert!(
         data["keyplan_history"]
             .as_str()
-            .is_some_and(|h| h.starts_with("[[1,1,")),
+            .is_some_and(|h| h.starts_with("[[1,2,")),
         "{data}"
     );
     assert!(bao.kv_metadata("rook/osd-kek.keyplan-pending").is_none());
@@ -688,14 +690,17 @@ fn cli_enroll_rotate_retire_with_rook_reader() {
         assert!(!opens(d, &v1, None), "v1 no longer opens {}", d.display());
     }
     let meta = bao.kv_metadata("rook/osd-kek").unwrap();
-    assert_eq!(meta["current_version"], 3, "{meta}");
+    assert_eq!(meta["current_version"], 4, "{meta}");
     assert_eq!(meta["versions"]["1"]["destroyed"], true, "{meta}");
-    assert_eq!(meta["versions"]["2"]["destroyed"], false, "{meta}");
+    assert_eq!(meta["versions"]["2"]["destroyed"], true, "{meta}");
     assert_eq!(meta["versions"]["3"]["destroyed"], false, "{meta}");
-    assert!(
-        bao.kv_data("rook/osd-kek", Some(1)).is_none(),
-        "v1's material is gone"
-    );
+    assert_eq!(meta["versions"]["4"]["destroyed"], false, "{meta}");
+    for kv in [1, 2] {
+        assert!(
+            bao.kv_data("rook/osd-kek", Some(kv)).is_none(),
+            "v1's material is gone (KV version {kv})"
+        );
+    }
     assert!(bao.kv_metadata("rook/osd-kek.keyplan-pending").is_none());
     let v2 = v3;
 
@@ -895,7 +900,7 @@ fn cli_lost_commit_reply_converges() {
     assert_eq!(rook_reads(&bao), v2);
     assert_eq!(
         bao.kv_metadata("rook/osd-kek").unwrap()["current_version"],
-        2
+        3
     );
     assert!(bao.kv_metadata("rook/osd-kek.keyplan-pending").is_none());
     kp(&w, &token, &["plan", "--detailed-exitcode"], 0);

@@ -618,7 +618,7 @@ fn adoption_costs_one_pbkdf_run_per_device() {
     a.s.plan("keyplan.yaml", &text);
     a.clear();
     let out = a.run(&["apply", "--auto-approve"], 0);
-    assert!(out.contains("3 adopted. (3 steps, 3 PBKDF runs)"), "{out}");
+    assert!(out.contains("3 adopted. (4 steps, 3 PBKDF runs)"), "{out}");
     let calls = a.calls();
     let opens_ = action(&calls, "open");
     assert_eq!(opens_.len(), 3, "{calls:#?}");

@@ -1,4 +1,5 @@
-//! `keyplan key get`: the break-glass read of a key version ([`crate::ops::key`]).
+//! `keyplan key get`: the break-glass read of a key version; `key holders` and `key release`:
+//! the plans holding a key ([`crate::ops::key`]).
 
 use super::*;
 
@@ -29,5 +30,47 @@ pub(super) fn cmd_key_get(
     let mut lock = stdout.lock();
     lock.write_all(pass.expose()).into_diagnostic()?;
     lock.flush().into_diagnostic()?;
+    Ok(Exit::Success)
+}
+
+/// `keyplan key holders KEY`: the plans recorded in the KMS as holding the key, one per line
+/// (`<holder id>  since <time>`, this plan's marked), or a JSON document with `--json`.
+pub(super) fn cmd_key_holders(cli: &Cli, arg: &PlanArg, key: &str, json: bool) -> Result<Exit> {
+    let plan = load_plan(cli, arg)?;
+    ops::key::check_key(&plan, key).or_report(&plan)?;
+    let engine = Engine::open(plan.clone()).or_report(&plan)?;
+    let (holders, me) = ops::key::holders(&engine, key).or_report(&plan)?;
+    if json {
+        let doc = serde_json::json!({
+            "format_version": "1.0",
+            "key": key,
+            "this_plan": me,
+            "holders": holders
+                .iter()
+                .map(|(h, since)| serde_json::json!({"holder": h, "since": since}))
+                .collect::<Vec<_>>(),
+        });
+        outln!("{}", serde_json::to_string_pretty(&doc).into_diagnostic()?);
+        return Ok(Exit::Success);
+    }
+    if holders.is_empty() {
+        outln!("key {key}: no plan is recorded as holding it");
+    }
+    for (h, since) in &holders {
+        let mark = if *h == me { "  (this plan)" } else { "" };
+        outln!("{h}  since {}{mark}", crate::clock::rfc3339(*since));
+    }
+    Ok(Exit::Success)
+}
+
+/// `keyplan key release KEY --holder HOLDER`: removes a holder record (a plan gone for good).
+pub(super) fn cmd_key_release(cli: &Cli, arg: &PlanArg, key: &str, holder: &str) -> Result<Exit> {
+    let plan = load_plan(cli, arg)?;
+    ops::key::check_key(&plan, key).or_report(&plan)?;
+    let engine = Engine::open(plan.clone()).or_report(&plan)?;
+    ops::key::release_holder(&engine, key, holder).or_report(&plan)?;
+    outln!(
+        "Removed holder {holder} from key {key}. If that plan's devices still hold the key, the next rotation from another plan locks them out: run this only for a host gone for good."
+    );
     Ok(Exit::Success)
 }

@@ -312,6 +312,29 @@ pub enum KeyCommand {
         #[arg(long)]
         reveal: bool,
     },
+    /// The plans recorded in the key's KMS as holding it (their devices hold it); a rotation
+    /// from one is refused while another is recorded. Read-only.
+    Holders {
+        /// Key id from the plan.
+        key: String,
+        #[command(flatten)]
+        plan: PlanArg,
+        /// Print a JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a plan's holder record from the key's KMS: only for a host or plan gone for
+    /// good (its devices no longer hold the key), whose record refuses every rotation.
+    Release {
+        /// Key id from the plan.
+        key: String,
+        #[command(flatten)]
+        plan: PlanArg,
+        /// The holder id, exactly as `keyplan key holders` shows it (`<node or host>:<state
+        /// directory>`).
+        #[arg(long, value_name = "HOLDER")]
+        holder: String,
+    },
 }
 
 fn parse_parallelism(s: &str) -> std::result::Result<usize, String> {
@@ -477,6 +500,12 @@ fn run(cli: &Cli) -> Result<Exit> {
                     reveal,
                 },
         } => cmd_key_get(cli, plan, key, *version, *reveal),
+        Command::Key {
+            command: KeyCommand::Holders { key, plan, json },
+        } => key::cmd_key_holders(cli, plan, key, *json),
+        Command::Key {
+            command: KeyCommand::Release { key, plan, holder },
+        } => key::cmd_key_release(cli, plan, key, holder),
         Command::Journal { plan, json } => cmd_journal(cli, plan, *json),
         Command::Status {
             plan,

@@ -18,11 +18,13 @@ pub struct SignArgs {
     /// The cluster the plan is meant for: agents started with another --cluster refuse it.
     #[arg(long, value_name = "NAME", required_unless_present = "generate_key")]
     pub cluster: Option<String>,
-    /// The ed25519 private key (PKCS#8 PEM). Without it, the PEM text is read from the
-    /// environment variable KEYPLAN_SIGNING_KEY (a CI secret).
-    #[arg(long, value_name = "FILE", env = "KEYPLAN_SIGNING_KEY_FILE")]
+    /// The ed25519 private key (PKCS#8 PEM, unencrypted). Without it: the file named by the
+    /// environment variable KEYPLAN_SIGNING_KEY_FILE, else the PEM text in
+    /// KEYPLAN_SIGNING_KEY (a CI secret), in this order.
+    #[arg(long, value_name = "FILE")]
     pub key: Option<PathBuf>,
-    /// Where to write the signature (default: PLAN.sig).
+    /// Where to write the signature (default: PLAN.sig). An existing file is replaced only if
+    /// it is a keyplan signature.
     #[arg(short = 'o', long = "out", value_name = "FILE")]
     pub out: Option<PathBuf>,
     /// Make a new signing key instead: the private key to FILE (mode 0600, never
@@ -41,7 +43,12 @@ pub(super) fn cmd_sign(args: &SignArgs) -> Result<Exit> {
         return Err(miette!("keyplan sign needs PLAN and --cluster"));
     };
     signature::check_cluster(cluster).map_err(|e| miette!("--cluster: {e}"))?;
-    let key = match &args.key {
+    let key_file = args.key.clone().or_else(|| {
+        std::env::var_os(signature::KEY_FILE_ENV)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    });
+    let key = match &key_file {
         Some(path) => SigningKey::read(path),
         None => match std::env::var(signature::KEY_ENV) {
             Ok(pem) => {
@@ -52,7 +59,8 @@ pub(super) fn cmd_sign(args: &SignArgs) -> Result<Exit> {
                 )
             }
             Err(_) => Err(format!(
-                "no signing key: give --key FILE (or KEYPLAN_SIGNING_KEY_FILE), or put the PEM text into {}",
+                "no signing key: give --key FILE (or {}=FILE), or put the PEM text into {}",
+                signature::KEY_FILE_ENV,
                 signature::KEY_ENV
             )),
         },
@@ -61,10 +69,17 @@ pub(super) fn cmd_sign(args: &SignArgs) -> Result<Exit> {
     // The bytes that were checked are the bytes that are signed (one read).
     let (plan, bytes) = spec::load_with_bytes(plan_path)
         .map_err(|e| e.wrap_err(format!("{} is not signed", plan_path.display())))?;
+    if !plan.devices.is_empty() && !plan.names_nodes() {
+        return Err(miette!(
+            "no device of {} names its node, and agents refuse such a plan (every node's agent would take every device as its own): give each device `node: <node name>`; nothing was signed",
+            plan_path.display()
+        ));
+    }
     let out = args
         .out
         .clone()
         .unwrap_or_else(|| signature::signature_path(plan_path));
+    check_out(&out, plan_path, key_file.as_deref())?;
     let sig = key
         .sign(&bytes, cluster, crate::clock::now_unix())
         .map_err(|e| miette!("{e}"))?;
@@ -75,22 +90,50 @@ pub(super) fn cmd_sign(args: &SignArgs) -> Result<Exit> {
         .values()
         .filter_map(|d| d.node.as_deref())
         .collect();
-    if !plan.devices.is_empty() && !plan.names_nodes() {
-        tracing::warn!(
-            "no device of {} names its node: agents refuse such a plan, signed or not (every node's agent would take every device as its own); give each device `node:`",
-            plan_path.display()
-        );
-    }
+    let count = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
     outln!(
-        "Signed {} ({} devices on {} nodes, sha256 {}) for cluster {cluster:?} with key {}: {}",
+        "Signed {} ({} on {}, sha256 {}) for cluster {cluster:?} with key {}: {}",
         plan_path.display(),
-        plan.devices.len(),
-        nodes.len(),
+        count(plan.devices.len(), "device"),
+        count(nodes.len(), "node"),
         sig.plan_sha256,
         key.fingerprint(),
         out.display()
     );
     Ok(Exit::Success)
+}
+
+/// Refuses an output path that is the plan or the key, or an existing file that is not a
+/// keyplan signature (so `-o` never destroys a plan or a key).
+fn check_out(out: &Path, plan: &Path, key: Option<&Path>) -> Result<()> {
+    let same = |other: &Path| match (std::fs::canonicalize(out), std::fs::canonicalize(other)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if same(plan) || key.is_some_and(same) {
+        return Err(miette!(
+            "{} is the plan or the signing key: the signature goes into a file of its own (default PLAN.sig); nothing was written",
+            out.display()
+        ));
+    }
+    match std::fs::symlink_metadata(out) {
+        Err(_) => Ok(()),
+        Ok(m) if !m.is_file() => Err(miette!(
+            "{} exists and is not a regular file; nothing was written",
+            out.display()
+        )),
+        Ok(_) => {
+            let existing = std::fs::read(out).unwrap_or_default();
+            if signature::Signature::parse(&existing).is_ok() {
+                Ok(())
+            } else {
+                Err(miette!(
+                    "{} exists and is not a keyplan signature: keyplan sign replaces only an earlier signature; choose another -o FILE or remove it; nothing was written",
+                    out.display()
+                ))
+            }
+        }
+    }
 }
 
 /// `--generate-key FILE`: a new key to FILE (0600, created, never replaced) and FILE.pub.
@@ -103,7 +146,7 @@ fn generate(path: &Path) -> Result<Exit> {
     let mut pub_path = path.as_os_str().to_os_string();
     pub_path.push(".pub");
     let pub_path = PathBuf::from(pub_path);
-    if pub_path.exists() {
+    if std::fs::symlink_metadata(&pub_path).is_ok() {
         return Err(miette!(
             "{} exists: keyplan sign --generate-key never replaces a key; choose another FILE",
             pub_path.display()

@@ -51,6 +51,29 @@ pub enum KeyAction {
     Migrate,
 }
 
+/// A change of this plan's holder record of a key in its KMS ([`crate::kms::Kms::hold`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HolderChange {
+    /// Key id.
+    pub key: String,
+    /// KMS instance name.
+    pub kms: String,
+    /// This plan's holder id ([`crate::spec::Plan::holder`]).
+    pub holder: String,
+    /// `record` or `release`.
+    pub action: HolderAction,
+}
+
+/// What happens to a holder record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HolderAction {
+    /// The plan's devices hold (or are about to hold) the key: record the plan as a holder.
+    Record,
+    /// No device of the plan lists the key any more: remove the record.
+    Release,
+}
+
 /// One key-level change.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyChange {
@@ -164,6 +187,8 @@ pub struct Diff {
     pub keys: Vec<KeyChange>,
     /// Keyslot-level changes, by device then in planning order.
     pub slots: Vec<SlotChange>,
+    /// Holder records of this plan to write or remove, in key order.
+    pub holders: Vec<HolderChange>,
     /// Steps that make the changes.
     pub graph: StepGraph,
     /// Facts worth knowing that are not changes (e.g. a device that left the plan still holds
@@ -174,7 +199,10 @@ pub struct Diff {
 impl Diff {
     /// True when nothing would change.
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty() && self.slots.is_empty() && self.graph.is_empty()
+        self.keys.is_empty()
+            && self.slots.is_empty()
+            && self.holders.is_empty()
+            && self.graph.is_empty()
     }
     /// Keyslots to add.
     pub fn adds(&self) -> usize {
@@ -287,6 +315,7 @@ pub fn diff(plan: &Plan, observed: &Observed, opts: &DiffOptions) -> Result<Diff
         intents,
         keys,
         mut slots,
+        holders,
         refusals,
         mut notes,
         ..
@@ -309,6 +338,7 @@ pub fn diff(plan: &Plan, observed: &Observed, opts: &DiffOptions) -> Result<Diff
     Ok(Diff {
         keys,
         slots,
+        holders,
         graph: g,
         notes,
     })

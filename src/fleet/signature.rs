@@ -47,6 +47,9 @@ pub const SUFFIX: &str = ".sig";
 /// The environment variable `keyplan sign` reads the private key's PEM text from when no
 /// `--key` file is given.
 pub const KEY_ENV: &str = "KEYPLAN_SIGNING_KEY";
+/// The environment variable naming the private key file, when no `--key` is given (it comes
+/// before [`KEY_ENV`]).
+pub const KEY_FILE_ENV: &str = "KEYPLAN_SIGNING_KEY_FILE";
 /// Longest signature file read, bytes (a real one is about 400).
 pub const MAX_SIGNATURE_BYTES: u64 = 16 * 1024;
 
@@ -62,21 +65,31 @@ pub fn signature_path(plan: &Path) -> PathBuf {
 ///
 /// Errors: a text saying what a cluster name may hold.
 pub fn check_cluster(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 253
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
-        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "{name:?} is not a cluster name (1 to 253 lowercase letters, digits, '-' and '.', starting and ending with a letter or digit)"
-        ))
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && l.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && l.ends_with(|c: char| c.is_ascii_alphanumeric())
+    };
+    if !name.is_empty() && name.len() <= 253 && name.split('.').all(label_ok) {
+        return Ok(());
     }
+    let upper = if name.chars().any(|c| c.is_ascii_uppercase()) {
+        " (upper-case letters are not allowed)"
+    } else {
+        ""
+    };
+    Err(format!(
+        "{name:?} is not a cluster name{upper}: a DNS-1123 subdomain, 1 to 253 characters of labels separated by '.', each 1 to 63 lowercase letters, digits and '-', starting and ending with a letter or digit"
+    ))
 }
+
+/// How far in the future (by the agent's clock) a signature's `signed_at` may be: 1 hour,
+/// for clock skew between the signer and the nodes. A signature from further ahead would make
+/// every later plan look older ([`Refusal::Older`]), so it is refused.
+pub const MAX_CLOCK_SKEW_SECONDS: u64 = 3600;
 
 /// The fingerprint of an ed25519 public key: `SHA256:` and the unpadded base64 of the SHA-256
 /// of its 32 raw bytes (the form OpenSSH prints for its keys).
@@ -132,7 +145,24 @@ impl SigningKey {
     /// Errors: a text naming `origin` when the text is not a PEM private key or not ed25519
     /// (never the text itself).
     pub fn from_pem(pem: &[u8], origin: &str) -> Result<SigningKey, String> {
-        let key = PKey::private_key_from_pem(pem).map_err(|_| {
+        let text = String::from_utf8_lossy(pem);
+        if text.contains("ENCRYPTED") {
+            return Err(format!(
+                "{origin} holds an encrypted private key; keyplan sign reads unencrypted PKCS#8 keys (keep the key in a CI secret instead), e.g. `openssl pkey -in ENCRYPTED.pem -out signing.key`"
+            ));
+        }
+        if text.contains("BEGIN PUBLIC KEY") {
+            return Err(format!(
+                "{origin} holds a public key: keyplan sign needs the private half (the FILE of `keyplan sign --generate-key FILE`, not FILE.pub)"
+            ));
+        }
+        if text.contains("OPENSSH PRIVATE KEY") {
+            return Err(format!(
+                "{origin} holds an OpenSSH key: keyplan sign reads PKCS#8 PEM keys (`keyplan sign --generate-key FILE` or `openssl genpkey -algorithm ed25519`)"
+            ));
+        }
+        // Never prompt for a passphrase (OpenSSL's default callback reads the terminal).
+        let key = PKey::private_key_from_pem_callback(pem, |_| Ok(0)).map_err(|_| {
             format!("{origin} does not hold a PEM private key (-----BEGIN PRIVATE KEY-----, as `keyplan sign --generate-key` or `openssl genpkey -algorithm ed25519` writes)")
         })?;
         Self::from_key(key, origin)
@@ -240,6 +270,18 @@ impl PublicKey {
     ///
     /// Errors: a text naming `origin` when the text is not a PEM public key or not ed25519.
     pub fn from_pem(pem: &[u8], origin: &str) -> Result<PublicKey, String> {
+        let text = String::from_utf8_lossy(pem);
+        if text.contains("PRIVATE KEY") {
+            return Err(format!(
+                "{origin} holds a private key: trust only the public half (FILE.pub of `keyplan sign --generate-key FILE`, or `openssl pkey -pubout`), and keep the private key out of the cluster"
+            ));
+        }
+        let blocks = text.matches("-----BEGIN ").count();
+        if blocks > 1 {
+            return Err(format!(
+                "{origin} holds {blocks} PEM blocks: put each trusted public key in a file of its own (a directory, such as a Secret with one key per file, may hold several)"
+            ));
+        }
         let key = PKey::public_key_from_pem(pem).map_err(|_| {
             format!("{origin} does not hold a PEM public key (-----BEGIN PUBLIC KEY-----, as `keyplan sign --generate-key` writes to FILE.pub or `openssl pkey -pubout` prints)")
         })?;
@@ -363,6 +405,13 @@ pub enum Refusal {
         /// The plan file's actual SHA-256.
         actual_sha256: String,
     },
+    /// A signature from further in the future than [`MAX_CLOCK_SKEW_SECONDS`].
+    Future {
+        /// This signature's `signed_at`.
+        signed_at: u64,
+        /// The agent's clock.
+        now: u64,
+    },
     /// A valid signature older than that of the plan the agent runs (a replay).
     Older {
         /// This signature's `signed_at`.
@@ -374,7 +423,7 @@ pub enum Refusal {
 
 impl Refusal {
     /// A short name of the reason, for metrics labels and Events: `unsigned`, `malformed`,
-    /// `other_cluster`, `untrusted_key`, `tampered`, `older`.
+    /// `other_cluster`, `untrusted_key`, `tampered`, `future`, `older`.
     pub fn reason(&self) -> &'static str {
         match self {
             Refusal::Unsigned { .. } => "unsigned",
@@ -382,6 +431,7 @@ impl Refusal {
             Refusal::OtherCluster { .. } => "other_cluster",
             Refusal::UntrustedKey { .. } => "untrusted_key",
             Refusal::Tampered { .. } => "tampered",
+            Refusal::Future { .. } => "future",
             Refusal::Older { .. } => "older",
         }
     }
@@ -423,6 +473,13 @@ impl std::fmt::Display for Refusal {
                     )
                 }
             }
+            Refusal::Future { signed_at, now } => write!(
+                f,
+                "the plan was signed at {} ({signed_at}), {} s ahead of this node's clock ({}): a signature from the future would make every later plan look older. Check the clock of the machine that signed it, then sign it again",
+                crate::clock::rfc3339(*signed_at),
+                signed_at.saturating_sub(*now),
+                crate::clock::rfc3339(*now)
+            ),
             Refusal::Older {
                 signed_at,
                 running_signed_at,
@@ -549,15 +606,28 @@ impl SignaturePolicy {
                 trusted: self.keys.iter().map(|k| k.fingerprint.clone()).collect(),
             });
         };
+        let actual_sha256 = hex(&Sha256::digest(plan));
         let tampered = || Refusal::Tampered {
             signed_sha256: sig.plan_sha256.clone(),
-            actual_sha256: hex(&Sha256::digest(plan)),
+            actual_sha256: actual_sha256.clone(),
         };
+        // The field is what people read; the signature covers the digest of the plan's bytes.
+        // A signature file whose field disagrees was edited: refused like any other change.
+        if sig.plan_sha256 != actual_sha256 {
+            return Err(tampered());
+        }
         let raw = base64::engine::general_purpose::STANDARD
             .decode(sig.signature.as_bytes())
             .map_err(|_| tampered())?;
         if !key.verifies(&message(plan, &sig.cluster, sig.signed_at), &raw) {
             return Err(tampered());
+        }
+        let now = crate::clock::now_unix();
+        if sig.signed_at > now.saturating_add(MAX_CLOCK_SKEW_SECONDS) {
+            return Err(Refusal::Future {
+                signed_at: sig.signed_at,
+                now,
+            });
         }
         if let Some(running) = running_signed_at {
             if sig.signed_at < running {
@@ -638,6 +708,20 @@ mod tests {
             reason(plan, Some(forged.as_bytes()), &policy(&[&key], "staging")),
             "tampered"
         );
+        // The digest field edited (the signature itself intact): refused.
+        let sig: Signature = Signature::parse(text.as_bytes()).unwrap();
+        let edited = text.replace(&sig.plan_sha256, &"0".repeat(64));
+        assert_eq!(reason(plan, Some(edited.as_bytes()), &p), "tampered");
+        // Signed far ahead of this clock: refused (it would block every later plan).
+        let ahead = key
+            .sign(
+                plan,
+                "prod",
+                crate::clock::now_unix() + 2 * MAX_CLOCK_SKEW_SECONDS,
+            )
+            .unwrap()
+            .to_text();
+        assert_eq!(reason(plan, Some(ahead.as_bytes()), &p), "future");
         // Every single flipped bit of the plan is caught.
         for i in 0..plan.len() * 8 {
             let mut bad = plan.to_vec();
@@ -677,7 +761,36 @@ mod tests {
             .unwrap_err()
             .contains("the file x"));
         assert!(PublicKey::from_pem(&pem, "the file y").is_err());
-        assert!(check_cluster("Prod").is_err());
+        assert!(check_cluster("Prod").unwrap_err().contains("upper-case"));
+        assert!(check_cluster("a..b").is_err());
         assert!(check_cluster("prod-east.example").is_ok());
+        // A public key is not a signing key, a private key not a trusted key, two PEM blocks
+        // in one trusted file are refused, an encrypted key is refused without a prompt.
+        let pub_pem = public.to_pem().unwrap();
+        assert!(SigningKey::from_pem(&pub_pem, "x")
+            .unwrap_err()
+            .contains("public key"));
+        assert!(PublicKey::from_pem(&pem, "y")
+            .unwrap_err()
+            .contains("private key"));
+        let mut two = pub_pem.clone();
+        two.extend_from_slice(
+            &SigningKey::generate()
+                .unwrap()
+                .public()
+                .unwrap()
+                .to_pem()
+                .unwrap(),
+        );
+        assert!(PublicKey::from_pem(&two, "z")
+            .unwrap_err()
+            .contains("2 PEM blocks"));
+        let enc = key
+            .key
+            .private_key_to_pem_pkcs8_passphrase(openssl::symm::Cipher::aes_256_cbc(), b"pw")
+            .unwrap();
+        assert!(SigningKey::from_pem(&enc, "e")
+            .unwrap_err()
+            .contains("encrypted"));
     }
 }

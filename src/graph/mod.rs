@@ -158,6 +158,19 @@ pub enum Step {
         /// The keyslot's KDF salt when it was tested.
         salt: String,
     },
+    /// Record this plan ([`crate::spec::Plan::holder`]) as a holder of `key` in its KMS
+    /// ([`crate::kms::Kms::hold`]): before this plan adds a keyslot of the key or commits a
+    /// version of it, so no other plan rotates the key without this plan's devices.
+    Hold {
+        /// Key id.
+        key: String,
+    },
+    /// Remove this plan's holder record of `key` (no device of the plan lists it any more),
+    /// after every other step on the key.
+    Release {
+        /// Key id.
+        key: String,
+    },
     /// Destroy a non-current version in the KMS.
     Retire {
         /// Key id.
@@ -271,6 +284,8 @@ impl Step {
             Step::Stage { key, .. }
             | Step::Commit { key, .. }
             | Step::Retire { key, .. }
+            | Step::Hold { key }
+            | Step::Release { key }
             | Step::MigrateCopy { key, .. }
             | Step::DestroyOrigin { key, .. } => Some(key),
             _ => None,
@@ -323,6 +338,8 @@ impl fmt::Display for Step {
                 ..
             } => write!(f, "{device}: adopt keyslot {slot} as {key} v{version}"),
             Step::Retire { key, version } => write!(f, "retire {key} v{version}"),
+            Step::Hold { key } => write!(f, "record this plan as a holder of {key}"),
+            Step::Release { key } => write!(f, "remove this plan's holder record of {key}"),
             Step::MigrateCopy {
                 key,
                 from_kms,

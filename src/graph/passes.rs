@@ -42,6 +42,7 @@ pub const PASSES: &[(&str, Pass)] = &[
     ("readers_before_kill", readers_before_kill),
     ("repair_after_anchor", repair_after_anchor),
     ("retire_last", retire_last),
+    ("holders_order", holders_order),
     ("migration_order", migration_order),
 ];
 
@@ -306,6 +307,57 @@ pub fn retire_last(g: &mut StepGraph, _: &Intents) {
             if before {
                 g.dep(*s, *r);
             }
+        }
+    }
+}
+
+/// A holder record comes before every keyslot added, adopted or committed for its key (unless
+/// the hold waits for the key's creation: an [`Intents::after_commit`] of the commit), and the
+/// removal of one after every other step on its key.
+pub fn holders_order(g: &mut StepGraph, intents: &Intents) {
+    let steps = indexed(g);
+    let on_key = |step: &Step, key: &str| -> bool {
+        match step {
+            Step::Stage { key: k, .. }
+            | Step::AddKeyslot { key: k, .. }
+            | Step::Verify { key: k, .. }
+            | Step::Commit { key: k, .. }
+            | Step::AdoptKeyslot { key: k, .. }
+            | Step::Retire { key: k, .. } => k == key,
+            Step::KillKeyslot {
+                holder: SlotHolder::Record { key: k, .. },
+                ..
+            } => k == key,
+            _ => false,
+        }
+    };
+    for (h, step) in &steps {
+        match step {
+            Step::Hold { key } => {
+                if intents.after_commit.iter().any(|(s, _)| s == h) {
+                    continue;
+                }
+                for (s, other) in &steps {
+                    let writes = matches!(
+                        other,
+                        Step::Stage { .. }
+                            | Step::AddKeyslot { .. }
+                            | Step::Commit { .. }
+                            | Step::AdoptKeyslot { .. }
+                    );
+                    if writes && on_key(other, key) {
+                        g.dep(*h, *s);
+                    }
+                }
+            }
+            Step::Release { key } => {
+                for (s, other) in &steps {
+                    if on_key(other, key) {
+                        g.dep(*s, *h);
+                    }
+                }
+            }
+            _ => {}
         }
     }
 }
@@ -608,6 +660,60 @@ mod tests {
     fn every_pass_is_in_the_list_once() {
         let names: std::collections::BTreeSet<&str> = PASSES.iter().map(|(n, _)| *n).collect();
         assert_eq!(names.len(), PASSES.len());
-        assert_eq!(PASSES.len(), 12);
+        assert_eq!(PASSES.len(), 13);
+    }
+
+    #[test]
+    fn holder_records_come_first_and_go_last() {
+        const V1: VersionRef = VersionRef::Version(1);
+        let hold = Step::Hold { key: "k".into() };
+        let stage = Step::Stage {
+            key: "k".into(),
+            at_least: 2,
+        };
+        let commit = Step::Commit {
+            key: "k".into(),
+            expected_current: Some(1),
+        };
+        // Before the stage, the add and the commit of its key; not before a verify, and not
+        // before another key's steps.
+        let other = Step::Stage {
+            key: "j".into(),
+            at_least: 1,
+        };
+        adds(
+            holders_order,
+            vec![
+                hold.clone(),
+                stage,
+                add(1, VersionRef::Staged, Some(0)),
+                verify(1, VersionRef::Staged),
+                commit.clone(),
+                other,
+            ],
+            &Intents::default(),
+            &[(0, 1), (0, 2), (0, 4)],
+        );
+        // A hold that waits for the key's creation adds nothing.
+        adds(
+            holders_order,
+            vec![hold, commit],
+            &Intents {
+                after_commit: vec![(0, 1)],
+                ..Intents::default()
+            },
+            &[],
+        );
+        // A release after every step on its key.
+        adds(
+            holders_order,
+            vec![
+                kill(0, V1, 1),
+                verify(1, V1),
+                Step::Release { key: "k".into() },
+            ],
+            &Intents::default(),
+            &[(0, 2), (1, 2)],
+        );
     }
 }

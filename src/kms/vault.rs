@@ -15,9 +15,12 @@
 //!     keyplan_created_at  creation time of that version, Unix seconds, decimal string
 //!     keyplan_history     compact JSON text: [[keyplan_version, kv_version, created_at], ...]
 //!                         for every earlier version (their material is in older KV versions)
+//!     keyplan_holders     compact JSON text {"<holder>": since, ...}: the plans holding the
+//!                         key (Kms::hold; absent: none)
 //! <mount>/data/<name>.keyplan-pending     the PENDING version (only during a rotation)
 //!     passphrase, keyplan_version, keyplan_created_at,
 //!     keyplan_base_kv_version  KV version of the main path it was staged on (0: none)
+//!     keyplan_base_version     keyplan version current then (0: none)
 //! ```
 //!
 //! Every write uses check-and-set (`options.cas`): the pending secret is created with `cas=0`
@@ -83,6 +86,11 @@ pub const FIELD_PASSPHRASE: &str = "passphrase";
 /// Data field of the pending secret: the KV version of the main path it was staged on (`0`:
 /// none). A commit requires the main path to be still at that KV version.
 pub const FIELD_BASE: &str = "keyplan_base_kv_version";
+/// Data field of the pending secret: the keyplan version that was current when it was staged
+/// (`0`: none). A commit on a main path whose KV version moved on since (a holder record was
+/// written, [`FIELD_HOLDERS`]) is still allowed when its current keyplan version and creation
+/// time are this version's: the current version did not change.
+pub const FIELD_BASE_VERSION: &str = "keyplan_base_version";
 /// How many older readable KV versions are searched for a keyplan-written one when the latest
 /// version has no keyplan fields (a foreign write on a managed key, or a secret to adopt).
 const FOREIGN_SCAN: usize = 20;
@@ -371,6 +379,8 @@ struct Pending {
     created_at: u64,
     /// KV version of the main path when this version was staged (`None`: not recorded).
     base: Option<u64>,
+    /// The keyplan version current when this version was staged (`None`: not recorded).
+    base_version: Option<u64>,
     passphrase: Zeroizing<String>,
 }
 
@@ -1172,10 +1182,12 @@ impl VaultKms {
             None => parse_time(&resp.metadata.created_time).unwrap_or_else(crate::clock::now_unix),
         };
         let base = number(&data, FIELD_BASE).map_err(|e| bad(&e))?;
+        let base_version = number(&data, FIELD_BASE_VERSION).map_err(|e| bad(&e))?;
         Ok(PendingRead::Found(Pending {
             version,
             created_at,
             base,
+            base_version,
             passphrase,
         }))
     }
@@ -1523,11 +1535,17 @@ impl Kms for VaultKms {
         let version_text = version.to_string();
         let created_text = crate::clock::now_unix().to_string();
         let base_text = main.as_ref().map_or(0, |m| m.kv_version).to_string();
+        let base_version_text = main
+            .as_ref()
+            .and_then(|m| m.live.as_ref())
+            .map_or(0, |l| l.version)
+            .to_string();
         let data = BTreeMap::from([
             (FIELD_PASSPHRASE, text),
             (FIELD_VERSION, version_text.as_str()),
             (FIELD_CREATED_AT, created_text.as_str()),
             (FIELD_BASE, base_text.as_str()),
+            (FIELD_BASE_VERSION, base_version_text.as_str()),
         ]);
         match self.write(&pending_name, &data, 0)? {
             Some(_) => Ok(version),
@@ -1583,7 +1601,13 @@ impl Kms for VaultKms {
             ));
         };
         let cas = main.as_ref().map_or(0, |m| m.kv_version);
-        if let Some(base) = p.base.filter(|b| *b != cas) {
+        // Holder records write the main path again with the same current version: that is
+        // not another writer's version.
+        let same_current = p
+            .base_version
+            .is_some_and(|bv| live.map_or(0, |l| l.version) == bv)
+            && main.as_ref().is_some_and(|m| !m.adopted);
+        if let Some(base) = p.base.filter(|b| *b != cas && !same_current) {
             return Err(KmsError::conflict(
                 self,
                 name,

@@ -1,4 +1,6 @@
-//! `key get`: the break-glass read of a key version's passphrase from its KMS.
+//! `key get`: the break-glass read of a key version's passphrase from its KMS; `key holders`
+//! and `key release`: the plans recorded as holding a key (invariant I7), and removing the
+//! record of a plan that is gone for good.
 
 use super::Engine;
 use crate::error::Error;
@@ -71,6 +73,46 @@ pub fn material(engine: &Engine, key: &str, version: u64) -> Result<Passphrase, 
         }
     }
     Ok(kms.get(&spec.name, version)?)
+}
+
+/// The plans recorded in the KMS as holding `key` ([`crate::kms::Kms::hold`]): holder id ->
+/// since (Unix seconds), and this plan's own id ([`crate::spec::Plan::holder`]).
+///
+/// Errors: [`Error::Request`] when the plan has no such key; [`Error::Kms`].
+pub fn holders(
+    engine: &Engine,
+    key: &str,
+) -> Result<(std::collections::BTreeMap<String, u64>, String), Error> {
+    let (spec, kms) = key_and_kms(engine, key)?;
+    Ok((kms.read(&spec.name)?.holders, engine.plan().holder()))
+}
+
+/// Removes `holder`'s record from `key` in its KMS: for a plan whose host is gone for good,
+/// whose record would otherwise refuse every rotation of the key. Returns whether there was
+/// such a record. Touches no device and no journal.
+///
+/// Errors: [`Error::Request`] when the plan has no such key or no such holder is recorded
+/// (a typo must not look like success); [`Error::Kms`].
+pub fn release_holder(engine: &Engine, key: &str, holder: &str) -> Result<(), Error> {
+    let (spec, kms) = key_and_kms(engine, key)?;
+    let st = kms.read(&spec.name)?;
+    if !st.holders.contains_key(holder) {
+        let known: Vec<&str> = st.holders.keys().map(String::as_str).collect();
+        return Err(Error::request(
+            format!(
+                "{}: key {key} has no holder {holder:?} (recorded: {}); nothing was changed",
+                kms.describe(),
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            ),
+            None,
+        ));
+    }
+    kms.release(&spec.name, holder)?;
+    Ok(())
 }
 
 /// The plan's key `key` and its KMS.

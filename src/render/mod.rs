@@ -8,7 +8,7 @@ pub mod status;
 
 use std::fmt::Write as _;
 
-use crate::diff::{Diff, KeyAction, KeyChange, SlotAction, SlotChange};
+use crate::diff::{Diff, HolderAction, KeyAction, KeyChange, SlotAction, SlotChange};
 use crate::spec::Plan;
 
 /// The line printed when nothing would change.
@@ -76,6 +76,7 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
     for k in &diff.keys {
         key_block(&mut out, plan, k);
     }
+    holder_lines(&mut out, plan, diff);
     device_blocks(&mut out, plan, &diff.slots);
     for n in &diff.notes {
         let _ = writeln!(out, "Note: {n}");
@@ -91,7 +92,7 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
     let adoptions = diff.adoptions();
     let _ = writeln!(
         out,
-        "Plan: {} to add, {} to remove, {} keys to rotate{}{}.",
+        "Plan: {} to add, {} to remove, {} keys to rotate{}{}{}.",
         diff.adds(),
         diff.removes(),
         diff.rotations(),
@@ -104,9 +105,36 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
             format!(", {adoptions} to adopt")
         } else {
             String::new()
+        },
+        match diff.holders.len() {
+            0 => String::new(),
+            1 => ", 1 holder record".to_string(),
+            n => format!(", {n} holder records"),
         }
     );
     out
+}
+
+/// One line per holder record change (`~ key k1: record this plan as a holder ...`).
+fn holder_lines(out: &mut String, plan: &Plan, diff: &Diff) {
+    for h in &diff.holders {
+        let name = plan
+            .keys
+            .get(&h.key)
+            .map(|k| format!(" {:?}", k.name))
+            .unwrap_or_default();
+        let what = match h.action {
+            HolderAction::Record => format!(
+                "record this plan ({}) as a holder of the key in KMS {}{name} (its devices hold it; another plan's rotation of it is then refused)",
+                h.holder, h.kms
+            ),
+            HolderAction::Release => format!(
+                "remove this plan's holder record ({}) from KMS {}{name} (no device of the plan holds it any more)",
+                h.holder, h.kms
+            ),
+        };
+        let _ = writeln!(out, "  ~ key {}: {what}\n", h.key);
+    }
 }
 
 /// The block of one key change: the new version, the one kept as previous (or the KMS it
@@ -219,6 +247,16 @@ pub fn plan_json(diff: &Diff) -> serde_json::Value {
             "from_kms": k.from_kms,
         }));
     }
+    for h in &diff.holders {
+        changes.push(serde_json::json!({
+            "address": key_address(&h.key),
+            "type": "holder",
+            "actions": [h.action],
+            "key": h.key,
+            "kms": h.kms,
+            "holder": h.holder,
+        }));
+    }
     for (c, j) in diff.slots.iter().zip(&slots) {
         changes.push(serde_json::json!({
             "address": j["address"],
@@ -251,6 +289,10 @@ pub fn plan_json(diff: &Diff) -> serde_json::Value {
     // compare this document).
     if diff.adoptions() > 0 {
         doc["summary"]["adopt"] = diff.adoptions().into();
+    }
+    if !diff.holders.is_empty() {
+        doc["summary"]["holders"] = diff.holders.len().into();
+        doc["holders"] = serde_json::to_value(&diff.holders).unwrap_or_default();
     }
     doc
 }
@@ -312,6 +354,15 @@ pub fn saved_text(diff: &Diff) -> String {
             c.action,
             slot_address(&c.device, c.slot),
             c.reason
+        );
+    }
+    for h in &diff.holders {
+        let _ = writeln!(
+            out,
+            "  {:?} holder {} of {}",
+            h.action,
+            h.holder,
+            key_address(&h.key)
         );
     }
     for n in &diff.notes {

@@ -198,6 +198,7 @@ pub fn load_str(
             memory_budget_kib: r.memory_budget_kib,
             fleet: r.fleet,
             scope: None,
+            node: None,
             source,
         }),
         Err(issues) => {
@@ -268,6 +269,9 @@ pub struct Plan {
     pub fleet: Fleet,
     /// Set when the plan was cut down to one node's devices ([`Plan::for_node`]).
     pub scope: Option<node::NodeScope>,
+    /// The node (or host) the plan was cut for ([`Plan::for_node`], also for a plan that
+    /// names no nodes); `None`: not cut (the host name stands in, [`Plan::holder`]).
+    pub node: Option<String>,
     /// The raw text and a span index, for diagnostics.
     source: Source,
 }

@@ -74,6 +74,22 @@ impl NodeScope {
 }
 
 impl Plan {
+    /// This plan's holder id in KMS holder records ([`crate::kms::Kms::hold`], invariant I7):
+    /// `<node>:<state directory>`, the node being the one the plan was cut down to
+    /// ([`Plan::for_node`]), else the host name (lowercase); the state directory is absolute.
+    /// Two plans on one host have distinct state directories (each has its own lock), and a
+    /// node's agent keeps its state directory across restarts, so the id names one plan
+    /// stably.
+    pub fn holder(&self) -> String {
+        let node = match (&self.node, &self.scope) {
+            (Some(n), _) => n.clone(),
+            (None, Some(s)) => s.node.clone(),
+            (None, None) => this_node(None).unwrap_or_default(),
+        };
+        let dir = std::path::absolute(&self.state_dir).unwrap_or_else(|_| self.state_dir.clone());
+        format!("{node}:{}", dir.display())
+    }
+
     /// Whether any device names a node (a plan for a cluster rather than one host).
     pub fn names_nodes(&self) -> bool {
         self.devices.values().any(|d| d.node.is_some())
@@ -87,6 +103,7 @@ impl Plan {
     /// A key no device lists is kept only in a plan that names no node: in a cluster plan no
     /// one node owns it. Linear in the number of devices.
     pub fn for_node(mut self, node: &str) -> Plan {
+        self.node = Some(node.to_string());
         if !self.names_nodes() {
             return self;
         }

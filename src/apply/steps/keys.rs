@@ -31,7 +31,8 @@ impl Exec<'_> {
     ) -> Result<StepOutcome, StepError> {
         let v = self.resolve(key, crate::graph::VersionRef::Staged)?;
         let (kms, name, _) = self.key_ctx(key)?;
-        kms.commit(&name, expected_current, v)?;
+        let me = self.plan.holder();
+        kms.commit_as(&name, expected_current, v, Some(&me))?;
         let st = kms.read(&name)?;
         if st.current != Some(v) {
             return Err(StepError::Drift(format!(
@@ -40,7 +41,34 @@ impl Exec<'_> {
                 st.current
             )));
         }
+        // The plan that made a version current holds the key when its devices list it (a
+        // created key gets its first record here; for the others it is there already and
+        // this writes nothing).
+        let listed = self
+            .plan
+            .devices
+            .values()
+            .any(|d| d.keys.iter().any(|k| k.key == key));
+        if listed && !st.holders.contains_key(&me) {
+            kms.hold(&name, &me)?;
+        }
         StepOutcome::done(format!("{key} v{v} is now current"))
+    }
+
+    /// `hold`: records this plan as a holder of `key` in its KMS (idempotent).
+    pub(super) fn hold(&self, key: &str) -> Result<StepOutcome, StepError> {
+        let (kms, name, _) = self.key_ctx(key)?;
+        let me = self.plan.holder();
+        kms.hold(&name, &me)?;
+        StepOutcome::done(format!("{me} holds {key}"))
+    }
+
+    /// `release`: removes this plan's holder record of `key` (idempotent).
+    pub(super) fn release(&self, key: &str) -> Result<StepOutcome, StepError> {
+        let (kms, name, _) = self.key_ctx(key)?;
+        let me = self.plan.holder();
+        kms.release(&name, &me)?;
+        StepOutcome::done(format!("{me} no longer holds {key}"))
     }
 
     /// `retire`: destroys the material of a non-current version in the KMS (idempotent).

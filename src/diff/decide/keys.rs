@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::Planner;
-use crate::diff::{short_duration, DiffOptions, KeyAction, ReasonCode, SlotAction};
+use crate::diff::{short_duration, DiffOptions, HolderAction, KeyAction, ReasonCode, SlotAction};
 use crate::graph::{SlotHolder, VersionRef};
 use crate::world::RecordStatus;
 
@@ -32,15 +32,109 @@ impl Planner<'_> {
             return;
         }
         let devices = self.devices_of(key);
+        let listed = self
+            .plan
+            .devices
+            .values()
+            .any(|d| d.keys.iter().any(|k| k.key == key));
+        if listed && !st.holders.contains_key(&self.me) && st.current.is_some() {
+            // Devices of this plan hold the key, or are about to: say so in the KMS first.
+            self.holder_step(key, HolderAction::Record);
+        }
         match self.rotate_reason(key, opts) {
-            Some((action, reason)) => self.rotate(key, st, &devices, action, reason),
+            Some((action, reason)) => {
+                if self.refuse_shared(key, st, action) {
+                    return;
+                }
+                self.rotate(key, st, &devices, action, reason)
+            }
             None => {
-                let Some(c) = st.current else { return };
-                for d in &devices {
-                    self.converge(key, c, d);
+                if let Some(c) = st.current {
+                    for d in &devices {
+                        self.converge(key, c, d);
+                    }
                 }
             }
         }
+    }
+
+    /// After the removals are decided: this plan's holder record of every key no device of
+    /// the plan lists any more goes, once no device keyplan knows still holds the key after
+    /// this plan's changes.
+    pub(super) fn releases(&mut self) {
+        let keys: Vec<String> = self.plan.keys.keys().cloned().collect();
+        for key in keys {
+            let held = self
+                .obs
+                .keys
+                .get(&key)
+                .is_some_and(|st| st.holders.contains_key(&self.me));
+            let listed = self
+                .plan
+                .devices
+                .values()
+                .any(|d| d.keys.iter().any(|k| k.key == key));
+            if held && !listed && self.released_everywhere(&key) {
+                self.holder_step(&key, HolderAction::Release);
+            }
+        }
+    }
+
+    /// A rotation (or the finish of one) of `key` while other plans hold it would commit a
+    /// version their devices do not hold (invariant I7): refuses and returns true then.
+    fn refuse_shared(&mut self, key: &str, st: &crate::kms::KeyState, action: KeyAction) -> bool {
+        let others: Vec<String> = st
+            .holders
+            .iter()
+            .filter(|(h, _)| **h != self.me)
+            .map(|(h, since)| format!("{h} (since {})", crate::clock::rfc3339(*since)))
+            .collect();
+        if others.is_empty() {
+            return false;
+        }
+        let what = match action {
+            KeyAction::Finish => "finishing its pending rotation",
+            KeyAction::Create => "creating it",
+            _ => "rotating it",
+        };
+        let kms = self.kms_of(key);
+        let name = self
+            .plan
+            .keys
+            .get(key)
+            .map(|k| k.name.clone())
+            .unwrap_or_default();
+        self.refuse_key(key, format!(
+            "key {key} (KMS {kms}, {name:?}) is also held by another plan: {}. {what} from this plan ({}) would commit a version the other plan's devices do not hold, so the KMS's current version would no longer open them. Nothing was changed. Rotate the key from one plan that lists every device holding it (fleet mode: one plan for the cluster), or take the key out of the other plan and run `keyplan apply` there (that removes its record); for a host gone for good, `keyplan key release {key} --holder HOLDER` removes its record",
+            others.join(", "),
+            self.me
+        ));
+        true
+    }
+
+    /// Whether no device keyplan knows still holds `key` (a device that left the plan keeps
+    /// its versions, and one that cannot be read may hold it), so this plan's holder record
+    /// of it can go.
+    fn released_everywhere(&self, key: &str) -> bool {
+        let removed = |device: &str, slot: u32| {
+            self.slots.iter().any(|c| {
+                c.device == device
+                    && c.slot == slot
+                    && c.action == SlotAction::Remove
+                    && c.key.as_deref() == Some(key)
+            })
+        };
+        let kept_here = self.obs.devices.values().any(|d| {
+            d.records.iter().any(|r| {
+                r.record.key == key && r.status == RecordStatus::Valid && !removed(&d.id, r.slot)
+            })
+        });
+        let kept_elsewhere = self
+            .obs
+            .former
+            .values()
+            .any(|d| d.records.iter().any(|r| r.record.key == key));
+        self.obs.former_unreadable.is_empty() && !kept_here && !kept_elsewhere
     }
 
     /// A KMS that holds no version of `key` while device records name it was lost (or its path

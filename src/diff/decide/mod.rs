@@ -20,7 +20,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 pub(super) use adopt::with_adopted_records;
 
-use super::{DiffOptions, KeyChange, ReasonCode, Refusal, SlotAction, SlotChange};
+use super::{
+    DiffOptions, HolderAction, HolderChange, KeyChange, ReasonCode, Refusal, SlotAction, SlotChange,
+};
 use crate::graph::passes::Intents;
 use crate::graph::{SlotHolder, Step, StepGraph, Unlock, VersionRef};
 use crate::observe::{DeviceState, Observed};
@@ -55,6 +57,9 @@ pub(super) struct Planner<'a> {
     pub(super) intents: Intents,
     pub(super) keys: Vec<KeyChange>,
     pub(super) slots: Vec<SlotChange>,
+    pub(super) holders: Vec<HolderChange>,
+    /// This plan's holder id ([`Plan::holder`]).
+    pub(super) me: String,
     pub(super) devs: BTreeMap<String, Dev>,
     pub(super) refusals: Vec<Refusal>,
     pub(super) notes: Vec<String>,
@@ -75,6 +80,8 @@ impl<'a> Planner<'a> {
             intents: Intents::default(),
             keys: Vec::new(),
             slots: Vec::new(),
+            holders: Vec::new(),
+            me: plan.holder(),
             devs,
             refusals: Vec::new(),
             notes: Vec::new(),
@@ -90,6 +97,7 @@ impl<'a> Planner<'a> {
             self.key(key, opts);
         }
         self.removals();
+        self.releases();
         self.repairs();
     }
 
@@ -130,6 +138,24 @@ impl<'a> Planner<'a> {
     /// Refuses for key `id`.
     fn refuse_key(&mut self, id: &str, message: String) {
         self.refusals.push(Refusal::key(id, message));
+    }
+
+    /// A holder record step for `key` and its change (`Hold` or `Release`).
+    fn holder_step(&mut self, key: &str, action: HolderAction) -> usize {
+        self.holders.push(HolderChange {
+            key: key.to_string(),
+            kms: self.kms_of(key),
+            holder: self.me.clone(),
+            action,
+        });
+        self.g.add(match action {
+            HolderAction::Record => Step::Hold {
+                key: key.to_string(),
+            },
+            HolderAction::Release => Step::Release {
+                key: key.to_string(),
+            },
+        })
     }
 
     /// Records of `device` keyplan can no longer use, described for a refusal (e.g.

@@ -25,6 +25,7 @@ pub fn plan(text: &str) -> Plan {
 }
 
 /// A device under construction.
+#[derive(Clone)]
 pub struct Disk {
     id: String,
     version: LuksVersion,
@@ -198,9 +199,21 @@ pub fn observed(plan: &Plan, disks: Vec<Disk>, keys: Vec<(&str, KeyState)>) -> O
             .map(crate::observe::examine_enroll_file);
         devices.insert(id, st);
     }
+    // The plan holds every key that exists (it recorded itself when it enrolled them); the
+    // tests of holder records set `holders` themselves afterwards.
+    let me = plan.holder();
+    let keys = keys
+        .into_iter()
+        .map(|(k, mut s)| {
+            if s.current.is_some() && s.holders.is_empty() {
+                s.holders.insert(me.clone(), NOW - DAY);
+            }
+            (k.to_string(), s)
+        })
+        .collect();
     Observed {
         devices,
-        keys: keys.into_iter().map(|(k, s)| (k.to_string(), s)).collect(),
+        keys,
         now: NOW,
         ..Observed::default()
     }

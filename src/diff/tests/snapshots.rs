@@ -411,3 +411,152 @@ devices:
     assert_eq!(d.adoptions(), 2);
     insta::assert_snapshot!(render(&Ok(d)));
 }
+
+/// Holder records (invariant I7), decided from the KMS's `holders`: another plan holds the key.
+fn held_by_other(mut st: crate::kms::KeyState, me: Option<&str>) -> crate::kms::KeyState {
+    st.holders.clear();
+    st.holders.insert(
+        "host-b:/srv/b/.keyplan".into(),
+        scenario::NOW - 3 * scenario::DAY,
+    );
+    if let Some(me) = me {
+        st.holders.insert(me.into(), scenario::NOW - scenario::DAY);
+    }
+    st
+}
+
+/// A rotation due while another plan holds the key is refused, naming that plan; with no
+/// rotation due, this plan joins as a holder (a Hold before its add) and enrolls the key.
+#[test]
+fn a_key_another_plan_holds_is_not_rotated_here() {
+    let p = plan(ROOK);
+    let me = p.holder();
+    let disks = vec![Disk::luks2("block").holds(0, "osd", 1)];
+    // Due for rotation (40 days > 30d): refused, whether or not this plan holds it too.
+    for mine in [None, Some(me.as_str())] {
+        let st = held_by_other(key(Some(1), 40, None, &[], &[]), mine);
+        let obs = observed(&p, disks.clone(), vec![("osd", st)]);
+        let refused = run(&p, &obs, &[]).expect_err("refused");
+        let text = refused[0].message.clone();
+        assert!(text.contains("host-b:/srv/b/.keyplan"), "{text}");
+        assert!(text.contains("Nothing was changed"), "{text}");
+        // --rotate and a pending version to finish are refused as well.
+        let st = held_by_other(key(Some(1), 1, Some(2), &[], &[]), mine);
+        let obs = observed(&p, disks.clone(), vec![("osd", st)]);
+        assert!(run(&p, &obs, &[]).is_err());
+        let st = held_by_other(key(Some(1), 1, None, &[], &[]), mine);
+        let obs = observed(&p, disks.clone(), vec![("osd", st)]);
+        assert!(run(&p, &obs, &["osd"]).is_err());
+    }
+    // Not due, this plan not yet recorded: a Hold before the keyslots it adds.
+    let fresh = vec![
+        Disk::luks2("block").holds(0, "osd", 1),
+        Disk::luks2("db").keyslot(0),
+        Disk::luks2("wal").holds(0, "osd", 1),
+    ];
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pass = dir.path().join("initial.pass");
+    std::fs::write(&pass, b"initial").expect("write");
+    let p = plan(&ROOK.replace(
+        "db: { path: db.img, keys: [osd] }",
+        &format!(
+            "db: {{ path: db.img, keys: [osd], enroll_with: \"{}\" }}",
+            pass.display()
+        ),
+    ));
+    let st = held_by_other(key(Some(1), 1, None, &[], &[]), None);
+    let obs = observed(&p, fresh, vec![("osd", st)]);
+    let d = run(&p, &obs, &[]).expect("a plan");
+    assert_eq!(d.holders.len(), 1, "{d:?}");
+    assert_eq!(d.holders[0].holder, p.holder());
+    let g = &d.graph;
+    let hold = index_of(g, |s| matches!(s, Step::Hold { .. }));
+    assert_eq!(hold.len(), 1);
+    for a in index_of(g, |s| matches!(s, Step::AddKeyslot { .. })) {
+        assert!(before(g, hold[0], a), "the hold comes before add {a}");
+    }
+    assert!(index_of(g, |s| matches!(s, Step::Commit { .. })).is_empty());
+}
+
+/// A plan whose devices held a key before holder records existed records itself first (and
+/// so before its own rotation's commit); one whose devices no longer list a key it holds
+/// removes its record after the kills, and only then.
+#[test]
+fn holder_records_are_written_and_removed() {
+    let p = plan(ROOK);
+    let disks: Vec<Disk> = ["block", "db", "wal"]
+        .iter()
+        .map(|d| Disk::luks2(d).keyslot(0).holds(1, "osd", 1))
+        .collect();
+    let mut st = key(Some(1), 40, None, &[], &[]);
+    st.holders.insert("placeholder".into(), 0);
+    st.holders.clear();
+    // `observed` records the plan as holder of an existing key; undo that for this case.
+    let mut obs = observed(&p, disks.clone(), vec![("osd", st)]);
+    obs.keys.get_mut("osd").expect("osd").holders.clear();
+    let d = run(&p, &obs, &[]).expect("a plan");
+    let g = &d.graph;
+    let hold = index_of(g, |s| matches!(s, Step::Hold { .. }))[0];
+    let stage = index_of(g, |s| matches!(s, Step::Stage { .. }))[0];
+    let commit = index_of(g, |s| matches!(s, Step::Commit { .. }))[0];
+    assert!(before(g, hold, stage) && before(g, hold, commit));
+    let text = crate::render::plan_text(&p, &d);
+    assert!(text.contains("~ key osd: record this plan"), "{text}");
+    assert!(text.contains(", 1 holder record."), "{text}");
+
+    // The key listed by no device any more (they keep another key): its keyslots go first,
+    // and the record only once no device holds the key.
+    let two = ROOK.replace("keys: [osd] }", "keys: [other] }").replace(
+        "osd: { kms: local, rotate_after: 30d }",
+        "osd: { kms: local }\n  other: { kms: local }",
+    );
+    let p2 = plan(&two);
+    let keys = || {
+        vec![
+            ("osd", key(Some(1), 1, None, &[], &[])),
+            ("other", key(Some(1), 1, None, &[], &[])),
+        ]
+    };
+    let both: Vec<Disk> = ["block", "db", "wal"]
+        .iter()
+        .map(|d| Disk::luks2(d).holds(1, "other", 1).holds(2, "osd", 1))
+        .collect();
+    let d = run(&p2, &observed(&p2, both, keys()), &[]).expect("a plan");
+    assert_eq!(d.removes(), 3, "{d:?}");
+    let release = index_of(&d.graph, |s| matches!(s, Step::Release { .. }));
+    assert_eq!(release.len(), 1, "{d:?}");
+    for k in index_of(&d.graph, |s| matches!(s, Step::KillKeyslot { .. })) {
+        assert!(
+            before(&d.graph, k, release[0]),
+            "kill {k} before the release"
+        );
+    }
+    // A device that left the plan still holding the key keeps the record.
+    let mut obs = observed(
+        &p2,
+        ["block", "db", "wal"]
+            .iter()
+            .map(|d| Disk::luks2(d).holds(1, "other", 1))
+            .collect(),
+        keys(),
+    );
+    obs.former.insert(
+        "old".into(),
+        Disk::luks2("old")
+            .holds(0, "osd", 1)
+            .state("/srv/old.img".into()),
+    );
+    let d = run(&p2, &obs, &[]).expect("a plan");
+    assert!(
+        index_of(&d.graph, |s| matches!(s, Step::Release { .. })).is_empty(),
+        "released while a former device holds the key: {d:?}"
+    );
+    let clean: Vec<Disk> = ["block", "db", "wal"]
+        .iter()
+        .map(|d| Disk::luks2(d).holds(1, "other", 1))
+        .collect();
+    let d = run(&p2, &observed(&p2, clean, keys()), &[]).expect("a plan");
+    let release = index_of(&d.graph, |s| matches!(s, Step::Release { .. }));
+    assert_eq!(release.len(), 1, "{d:?}");
+    assert_eq!(d.holders[0].action, crate::diff::HolderAction::Release);
+}
