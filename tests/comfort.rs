@@ -622,3 +622,48 @@ fn systemd_example_units_are_valid() {
     assert!(out.status.success(), "{o}{e}");
     assert!(!e.contains("Unknown key"), "{e}");
 }
+
+/// The fleet GitHub Actions example parses: the pull request job runs `fleet plan` with
+/// `--detailed-exitcode` and fails only on exit 1; the publish job signs before it publishes
+/// the plan and its signature in one ConfigMap update.
+#[test]
+fn github_actions_fleet_example_parses() {
+    let v = yaml("examples/ci/github-actions-fleet.yml");
+    let runs = |job: &str| -> String {
+        v["jobs"][job]["steps"]
+            .as_array()
+            .unwrap_or_else(|| panic!("job {job}"))
+            .iter()
+            .filter_map(|s| s["run"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let plan = runs("fleet-plan");
+    assert!(plan.contains("keyplan validate -f plan.yaml"), "{plan}");
+    assert!(
+        plan.contains("keyplan fleet plan -f plan.yaml") && plan.contains("--detailed-exitcode"),
+        "{plan}"
+    );
+    assert!(
+        plan.contains("if [ \"$code\" -eq 1 ]; then exit 1; fi"),
+        "{plan}"
+    );
+    let publish = runs("publish");
+    let signed = publish
+        .find("keyplan sign plan.yaml --cluster")
+        .expect(&publish);
+    let published = publish.find("--from-file=plan.yaml.sig").expect(&publish);
+    assert!(signed < published, "{publish}");
+    // The signing key comes from a secret, only in the publish job.
+    let sign_step = v["jobs"]["publish"]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "Sign")
+        .unwrap();
+    assert_eq!(
+        sign_step["env"]["KEYPLAN_SIGNING_KEY"],
+        "${{ secrets.KEYPLAN_SIGNING_KEY }}"
+    );
+    assert!(!v["jobs"]["fleet-plan"].to_string().contains("SIGNING_KEY"));
+}

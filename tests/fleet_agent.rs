@@ -13,6 +13,10 @@
 //!   last good one, accepts the second trusted key (signing-key rotation), and after a restart
 //!   runs the kept good plan while the ConfigMap holds a tampered one; each refusal is in the
 //!   report, an Event, `/metrics` and `fleet status`.
+//! - `fleet_plan_of_a_pull_request`: `keyplan fleet plan` from two real agents' published
+//!   observations (one with a drifted device, reported while the rollout is halted): the
+//!   diff names both nodes' changes, a stale observation and an unreported node exit 1, and
+//!   only the reports are read.
 //! - `simulated_fleet` (`KEYPLAN_FLEET_NODES`, default 20): keys in a real OpenBao; an
 //!   enrollment rollout with one agent killed for good mid-run (its slot expires and the
 //!   rollout goes on); a rotation rollout with agents killed (`kill -9`) mid-rotation and
@@ -880,6 +884,211 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+/// `keyplan fleet plan` of a pull request's plan against two real agents' observations: the
+/// fleet halted (another node's failure), so worker-2's agent reports the drift of its device
+/// without repairing it; the diff names worker-1's new keyslot and worker-2's drift, a stale
+/// observation and a node without a report fail the check, and no node or device is touched.
+#[test]
+fn fleet_plan_of_a_pull_request() {
+    let s = Scratch::new();
+    let fake = FakeApiserver::start();
+    let nodes = ["worker-1".to_string(), "worker-2".to_string()];
+    let kubeconfig = agent_kubeconfig(&fake, &nodes);
+    let initial = s.initial_pass();
+    let keys = s.path("keys");
+    let imgs = [
+        s.small_image("d1.img", "luks2"),
+        s.small_image("d2.img", "luks2"),
+    ];
+    let config = s.path("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "kms:\n  local: {{ provider: file, path: {} }}\nenroll_with_dirs: [{}]\n",
+            keys.display(),
+            s.dir.path().display()
+        ),
+    )
+    .expect("config");
+    let plan_text = |d1_keys: &str, extra: &str| {
+        format!(
+            "version: 1\nkms:\n  local: {{ provider: file, path: {} }}\nkeys:\n  k1: {{ kms: local }}\n  k2: {{ kms: local }}\n  k3: {{ kms: local }}\ndevices:\n  d1: {{ path: {}, node: worker-1, keys: [{d1_keys}], enroll_with: {} }}\n  d2: {{ path: {}, node: worker-2, keys: [k2], enroll_with: {} }}\n{extra}{FAST_PBKDF}",
+            keys.display(),
+            imgs[0].display(),
+            initial.display(),
+            imgs[1].display(),
+            initial.display()
+        )
+    };
+    let cm = ConfigMapDir::new(s.path("plan-volume"), &plan_text("k1", ""));
+    let mut agents: Vec<Agent> = nodes
+        .iter()
+        .map(|n| Agent {
+            args: agent_args(
+                n,
+                &cm.plan(),
+                &config,
+                &s.path(&format!("{n}/state")),
+                &kubeconfig,
+                &["--interval", "2s", "--poll", "1s"],
+            ),
+            env: vec![],
+            log: s.path(&format!("{n}.log")),
+            child: None,
+            started: 0,
+        })
+        .collect();
+    for a in agents.iter_mut() {
+        a.spawn();
+    }
+    let logs = || {
+        nodes
+            .iter()
+            .map(|n| std::fs::read_to_string(s.path(&format!("{n}.log"))).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    wait_for(
+        90,
+        "both nodes applied the plan",
+        || {
+            nodes.iter().all(|n| {
+                report(&fake, n).is_some_and(|r| {
+                    r["state"] == "in_sync" && r["last_run"]["outcome"] == "success"
+                })
+            })
+        },
+        logs,
+    );
+
+    // Another node's failed run halts the rollout: the agents observe and report, nothing more.
+    let mut failing = report(&fake, "worker-1").expect("report");
+    failing["node"] = "worker-9".into();
+    failing["failure"] = serde_json::json!({"at": now(), "message": "test: a failed run"});
+    failing["updated_at"] = now().into();
+    fake.put_configmap(
+        NS,
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "keyplan-node-worker-9", "namespace": NS,
+                "labels": {"app.kubernetes.io/name": "keyplan", "app.kubernetes.io/component": "node-report"}},
+            "data": {"report.json": failing.to_string()},
+        }),
+    );
+    // Drift on worker-2: keyplan's keyslot of k2 killed by hand.
+    let recorded: Vec<u32> = keyslots(&imgs[1]).into_iter().filter(|k| *k != 0).collect();
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    let out = Command::new("cryptsetup")
+        .args(["luksKillSlot", "--batch-mode"])
+        .arg(&imgs[1])
+        .arg(recorded[0].to_string())
+        .output()
+        .expect("cryptsetup");
+    assert!(out.status.success(), "{out:?}");
+    wait_for(
+        60,
+        "worker-2 reports its drift, halted",
+        || {
+            report(&fake, "worker-2").is_some_and(|r| {
+                r["state"] == "halted" && r["observation"].to_string().contains("KeyslotGone")
+            })
+        },
+        logs,
+    );
+    let hashes = || {
+        imgs.iter()
+            .map(|i| std::fs::read(i).expect("img"))
+            .collect::<Vec<_>>()
+    };
+    let before = hashes();
+
+    // The pull request: k3 on d1 as well.
+    let pr = s.plan("pr.yaml", &plan_text("k1, k3", ""));
+    let full = fake.kubeconfig(NS, "full");
+    let fleet_plan = |plan: &Path, extra: &[&str]| {
+        let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+            .env("NO_COLOR", "1")
+            .args(["fleet", "plan", "-f"])
+            .arg(plan)
+            .args(["--namespace", NS, "--kubeconfig"])
+            .arg(&full)
+            .args(extra)
+            .output()
+            .expect("fleet plan");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let mark = fake.mark();
+    let (code, text) = fleet_plan(&pr, &["--detailed-exitcode"]);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(text.contains("## node worker-1 (observed"), "{text}");
+    assert!(text.contains("k3 v1"), "worker-1 adds k3: {text}");
+    assert!(text.contains("## node worker-2 (observed"), "{text}");
+    assert!(text.contains("Note: key k3 was not read"), "{text}");
+    assert!(text.contains("Fleet: 2 node(s) to change"), "{text}");
+    let (code, json) = fleet_plan(&pr, &["--json"]);
+    assert_eq!(code, Some(0), "{json}");
+    let doc: Value = serde_json::from_str(&json).expect("json");
+    let node = |n: &str| {
+        doc["nodes"]
+            .as_array()
+            .and_then(|ns| ns.iter().find(|x| x["node"] == n))
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(node("worker-1")["changes_present"], true, "{json}");
+    assert_eq!(node("worker-2")["changes_present"], true, "{json}");
+    let w2 = node("worker-2")["plan"]["keyslots"].to_string();
+    assert!(w2.contains("k2"), "worker-2's drift repair names k2: {w2}");
+    assert_eq!(
+        doc["unplanned_nodes"],
+        serde_json::json!(["worker-9"]),
+        "{json}"
+    );
+    // Nothing but reading the reports.
+    // (the agents' own heartbeats go on meanwhile)
+    let requests: Vec<_> = fake
+        .requests_since(mark)
+        .into_iter()
+        .filter(|r| r.user != AGENT_USER)
+        .collect();
+    assert!(!requests.is_empty());
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.resource == "configmaps" && r.verb == "list"),
+        "{requests:?}"
+    );
+    assert_eq!(hashes(), before, "fleet plan changed a device");
+
+    // A stale observation and a node without any report: flagged, exit 1.
+    for a in agents.iter_mut() {
+        assert_eq!(a.term(30), Some(0));
+    }
+    fake.modify_configmap(NS, "keyplan-node-worker-1", |cm| {
+        let mut r: Value =
+            serde_json::from_str(cm["data"]["report.json"].as_str().unwrap_or("{}")).expect("r");
+        r["observation"]["observed_at"] = (now() - 7200).into();
+        cm["data"]["report.json"] = Value::String(r.to_string());
+    });
+    let (code, text) = fleet_plan(&pr, &["--max-age", "15m"]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("## node worker-1 (observed 2h ago: STALE"),
+        "{text}"
+    );
+    let elsewhere = s.plan(
+        "pr3.yaml",
+        &plan_text("k1", "").replace("node: worker-2", "node: worker-3"),
+    );
+    let (code, text) = fleet_plan(&elsewhere, &[]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("## node worker-3: NOT OBSERVED"), "{text}");
 }
 
 /// The agents' configuration for the OpenBao at `addr` (token from `KP_AGENT_VAULT_TOKEN`;

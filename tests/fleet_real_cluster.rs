@@ -41,6 +41,7 @@ fn report(node: &str, failed: bool) -> NodeReport {
         halted: false,
         refused_plan: None,
         plan_signature: None,
+        observation: None,
     }
 }
 

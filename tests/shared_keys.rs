@@ -287,3 +287,81 @@ fn kmip_kms() {
         },
     );
 }
+
+/// The other plan takes the key out of its plan file altogether (not only off its devices):
+/// its apply kills the keyslot and removes its record through the KMS instance and name its
+/// records named; a plan spelling its state directory differently (`..`) is the same holder.
+#[test]
+fn file_kms_key_removed_from_the_other_plan() {
+    let s = Scratch::new();
+    let p = Provider {
+        kms: format!(
+            "{{ provider: file, path: {} }}",
+            s.path("shared-keys").display()
+        ),
+        env: vec![],
+    };
+    s.initial_pass();
+    let a_img = s.small_image("a.img", "luks2");
+    let b_img = s.small_image("b.img", "luks2");
+    std::fs::create_dir_all(s.path("a")).expect("mkdir");
+    std::fs::create_dir_all(s.path("b")).expect("mkdir");
+    let dev = |id: &str, img: &Path, keys: &str| {
+        format!(
+            "  {id}: {{ path: {}, keys: [{keys}], enroll_with: {} }}",
+            img.display(),
+            s.path("initial.pass").display()
+        )
+    };
+    let plan_a = s.plan("a/keyplan.yaml", &plan_text(&p, &dev("a1", &a_img, "k")));
+    let plan_b = s.plan("b/keyplan.yaml", &plan_text(&p, &dev("b1", &b_img, "k")));
+    run(&s, &p, HOST_A, &plan_a, &["apply", "--auto-approve"], 0);
+    run(&s, &p, HOST_B, &plan_b, &["apply", "--auto-approve"], 0);
+    // The same plan of A through another spelling of its directory: still this plan's record.
+    let dotted = s.path("a/../a/keyplan.yaml");
+    run(&s, &p, HOST_A, &dotted, &["plan", "--detailed-exitcode"], 0);
+    // B drops k from its plan file (keys and device), keeping its own key.
+    let text = plan_text(&p, &dev("b1", &b_img, "mine"))
+        .replace("  k: { kms: shared, name: shared-kek }\n", "");
+    let plan_b = s.plan("b/keyplan.yaml", &text);
+    let out = run(&s, &p, HOST_B, &plan_b, &["apply", "--auto-approve"], 0);
+    assert!(out.contains("remove this plan's holder record"), "{out}");
+    run(&s, &p, HOST_B, &plan_b, &["plan", "--detailed-exitcode"], 0);
+    let holders = run(
+        &s,
+        &p,
+        HOST_A,
+        &plan_a,
+        &["key", "holders", "k", "--json"],
+        0,
+    );
+    let doc: serde_json::Value = serde_json::from_str(&holders).expect("json");
+    assert_eq!(
+        doc["holders"].as_array().map(Vec::len),
+        Some(1),
+        "{holders}"
+    );
+    run(
+        &s,
+        &p,
+        HOST_A,
+        &plan_a,
+        &["apply", "--auto-approve", "--rotate", "k"],
+        0,
+    );
+    let v2 = current(&s, &p, HOST_A, &plan_a);
+    assert!(opens(&a_img, &v2, None));
+    // A wrong holder id is refused, naming the recorded ones.
+    let out = run(
+        &s,
+        &p,
+        HOST_A,
+        &plan_a,
+        &["key", "release", "k", "--holder", "nobody:/x"],
+        1,
+    );
+    assert!(
+        out.contains("has no holder") && out.contains(HOST_A),
+        "{out}"
+    );
+}

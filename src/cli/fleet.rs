@@ -33,6 +33,27 @@ pub enum FleetCommand {
         #[arg(long, value_enum, default_value_t = StatusFormat::Text)]
         format: StatusFormat,
     },
+    /// What every node's agent would do with PLAN (a pull request's plan), computed from the
+    /// observations the agents publish, touching no node and no KMS. Exit 0: no node would
+    /// change anything; 2 (with --detailed-exitcode): some would; 1: a node is not observed,
+    /// its observation is stale, PLAN is refused for it, or PLAN is invalid.
+    Plan {
+        /// The plan file to plan (not the one the agents run).
+        #[arg(short = 'f', long = "file", value_name = "PLAN")]
+        file: PathBuf,
+        #[command(flatten)]
+        target: FleetTarget,
+        /// Exit 2 when some node would change something.
+        #[arg(long)]
+        detailed_exitcode: bool,
+        /// Print one JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Observations older than this are flagged stale (and exit 1), e.g. `15m`; default:
+        /// three of the node agent's intervals, at least 2 minutes.
+        #[arg(long, value_parser = super::agent::parse_duration, value_name = "DURATION")]
+        max_age: Option<std::time::Duration>,
+    },
     /// Clear the failed node runs that halt the rollout (max_failed_nodes), once their cause
     /// is fixed: those nodes retry and the others start again.
     Clear {
@@ -56,6 +77,46 @@ fn client(t: &FleetTarget) -> Result<kube::Client> {
 /// `keyplan fleet ...`.
 pub(super) fn cmd_fleet(command: &FleetCommand) -> Result<Exit> {
     match command {
+        FleetCommand::Plan {
+            file,
+            target,
+            detailed_exitcode,
+            json,
+            max_age,
+        } => {
+            let plan = spec::load(file)?;
+            if !plan.devices.is_empty() && !plan.names_nodes() {
+                return Err(miette!(
+                    "no device of {} names its node: a fleet plan needs `node:` on every device (agents refuse it otherwise)",
+                    file.display()
+                ));
+            }
+            let c = client(target)?;
+            let reports = crate::fleet::report::Reports::new(c, &target.namespace)
+                .list()
+                .map_err(|e| miette!("cannot read the node reports: {e}"))?;
+            let fp = crate::fleet::plan::compute(
+                &plan,
+                &reports,
+                crate::clock::now_unix(),
+                max_age.map(|d| d.as_secs()),
+            );
+            if *json {
+                outln!(
+                    "{}",
+                    render::fleet::plan_json(&fp, &target.namespace).into_diagnostic()?
+                );
+            } else {
+                out!("{}", render::fleet::plan_text(&fp, &target.namespace));
+            }
+            Ok(if fp.doubtful() {
+                Exit::Failure
+            } else if fp.changes() && *detailed_exitcode {
+                Exit::Changes
+            } else {
+                Exit::Success
+            })
+        }
         FleetCommand::Status { target, format } => {
             let c = match crate::fleet::client(
                 target.kubeconfig.as_deref(),

@@ -216,6 +216,7 @@ impl Agent {
             halted: false,
             refused_plan: None,
             plan_signature: None,
+            observation: None,
         };
         Agent {
             opts,
@@ -887,6 +888,13 @@ impl Agent {
             .collect();
         self.report.problems = status.problems.clone();
         self.report.unchecked = status.unchecked.clone();
+        if let Some(o) = observed {
+            self.report.observation = Some(super::report::Observation::of(
+                o,
+                &self.opts.state_dir,
+                self.report.plan_digest.clone(),
+            ));
+        }
         self.health().status = Some(status);
     }
 

@@ -9,6 +9,7 @@
 //! - [`events`]: Kubernetes Events of runs; `endpoint`: the agent's `/metrics` and `/healthz`;
 //! - [`source`]: the plan file of a ConfigMap volume (never a `subPath` mount);
 //! - [`trust`]: the agent's configuration, the allow-list a plan is held to;
+//! - [`plan`]: `keyplan fleet plan`, every node's diff of a plan from the agents' observations;
 //! - [`signature`]: signed plans (`keyplan sign`, the agent's check of a plan's signature);
 //! - [`api`]: the API calls each front end makes (what the RBAC manifests grant).
 
@@ -16,6 +17,7 @@ pub mod agent;
 pub mod api;
 mod endpoint;
 pub mod events;
+pub mod plan;
 pub mod report;
 pub mod signature;
 pub mod slots;

@@ -116,6 +116,51 @@ pub struct NodeReport {
     /// The signature of the plan the agent runs, when the agent requires signed plans.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan_signature: Option<PlanSignature>,
+    /// What the agent last observed on its node, for `keyplan fleet plan`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observation: Option<Observation>,
+}
+
+/// What an agent observed on its node ([`crate::observe::Observed`]): the input of the planner,
+/// published so that `keyplan fleet plan` can plan another plan file for the node without
+/// touching it. No key material: LUKS headers (keyslot numbers, KDF salts and parameters,
+/// token ids, types and keyslots; the tokens' contents are left out), keyplan's records (key
+/// ids, versions, KDF salts), the keys' KMS version metadata and holders, `enroll_with` file
+/// metadata and test outcomes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Observation {
+    /// When it was observed, Unix seconds.
+    pub observed_at: u64,
+    /// The agent's state directory (its holder id is `<node>:<state dir>`).
+    pub state_dir: String,
+    /// SHA-256 of the plan it observed for (its adoption and `enroll_with` tests are that
+    /// plan's).
+    pub plan_digest: Option<String>,
+    /// The observed state.
+    pub state: crate::observe::Observed,
+}
+
+impl Observation {
+    /// The publishable copy of `observed`: the LUKS2 tokens' contents left out (a foreign
+    /// token, such as clevis's or systemd's, may hold wrapped key material).
+    pub fn of(
+        observed: &crate::observe::Observed,
+        state_dir: &std::path::Path,
+        plan_digest: Option<String>,
+    ) -> Observation {
+        let mut state = observed.clone();
+        for d in state.devices.values_mut().chain(state.former.values_mut()) {
+            for t in d.header.tokens.values_mut() {
+                t.json = serde_json::Value::Null;
+            }
+        }
+        Observation {
+            observed_at: observed.now,
+            state_dir: state_dir.display().to_string(),
+            plan_digest,
+            state,
+        }
+    }
 }
 
 /// A plan the agent refused because of its signature ([`super::signature::Refusal`]).

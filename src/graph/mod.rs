@@ -164,12 +164,19 @@ pub enum Step {
     Hold {
         /// Key id.
         key: String,
+        /// The key's current version when planned: the step fails, before any keyslot of the
+        /// key is added, when another plan committed a new one meanwhile (the plan is stale).
+        #[serde(default)]
+        current: Option<u64>,
     },
     /// Remove this plan's holder record of `key` (no device of the plan lists it any more),
     /// after every other step on the key.
     Release {
         /// Key id.
         key: String,
+        /// For a key the plan no longer defines: `(KMS instance, name)` from its records.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        entry: Option<(String, String)>,
     },
     /// Destroy a non-current version in the KMS.
     Retire {
@@ -284,8 +291,8 @@ impl Step {
             Step::Stage { key, .. }
             | Step::Commit { key, .. }
             | Step::Retire { key, .. }
-            | Step::Hold { key }
-            | Step::Release { key }
+            | Step::Hold { key, .. }
+            | Step::Release { key, .. }
             | Step::MigrateCopy { key, .. }
             | Step::DestroyOrigin { key, .. } => Some(key),
             _ => None,
@@ -338,8 +345,8 @@ impl fmt::Display for Step {
                 ..
             } => write!(f, "{device}: adopt keyslot {slot} as {key} v{version}"),
             Step::Retire { key, version } => write!(f, "retire {key} v{version}"),
-            Step::Hold { key } => write!(f, "record this plan as a holder of {key}"),
-            Step::Release { key } => write!(f, "remove this plan's holder record of {key}"),
+            Step::Hold { key, .. } => write!(f, "record this plan as a holder of {key}"),
+            Step::Release { key, .. } => write!(f, "remove this plan's holder record of {key}"),
             Step::MigrateCopy {
                 key,
                 from_kms,

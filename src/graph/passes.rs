@@ -333,7 +333,7 @@ pub fn holders_order(g: &mut StepGraph, intents: &Intents) {
     };
     for (h, step) in &steps {
         match step {
-            Step::Hold { key } => {
+            Step::Hold { key, .. } => {
                 if intents.after_commit.iter().any(|(s, _)| s == h) {
                     continue;
                 }
@@ -350,7 +350,7 @@ pub fn holders_order(g: &mut StepGraph, intents: &Intents) {
                     }
                 }
             }
-            Step::Release { key } => {
+            Step::Release { key, .. } => {
                 for (s, other) in &steps {
                     if on_key(other, key) {
                         g.dep(*s, *h);
@@ -666,7 +666,10 @@ mod tests {
     #[test]
     fn holder_records_come_first_and_go_last() {
         const V1: VersionRef = VersionRef::Version(1);
-        let hold = Step::Hold { key: "k".into() };
+        let hold = Step::Hold {
+            key: "k".into(),
+            current: Some(1),
+        };
         let stage = Step::Stage {
             key: "k".into(),
             at_least: 2,
@@ -710,7 +713,10 @@ mod tests {
             vec![
                 kill(0, V1, 1),
                 verify(1, V1),
-                Step::Release { key: "k".into() },
+                Step::Release {
+                    key: "k".into(),
+                    entry: None,
+                },
             ],
             &Intents::default(),
             &[(0, 2), (1, 2)],

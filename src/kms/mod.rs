@@ -56,7 +56,7 @@ pub struct VersionInfo {
 }
 
 /// What a KMS holds for one key.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KeyState {
     /// The current version, if the key exists.
     pub current: Option<u64>,

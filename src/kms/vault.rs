@@ -370,6 +370,8 @@ struct Live {
     history: Vec<Hist>,
     /// [`FIELD_HOLDERS`]: the plans holding the key, holder id -> since.
     holders: BTreeMap<String, u64>,
+    /// The data has fields keyplan does not write (another writer's `kv patch`).
+    extra_fields: bool,
     passphrase: Zeroizing<String>,
 }
 
@@ -1026,11 +1028,21 @@ impl VaultKms {
             })?,
             Some(_) => return Err(bad(format!("{FIELD_HOLDERS} is not a string"))),
         };
+        let extra_fields = data.keys().any(|k| {
+            ![
+                FIELD_VERSION,
+                FIELD_CREATED_AT,
+                FIELD_HISTORY,
+                FIELD_HOLDERS,
+            ]
+            .contains(&k.as_str())
+        });
         Ok(Live {
             version,
             created_at,
             history,
             holders,
+            extra_fields,
             passphrase,
         })
     }
@@ -1601,12 +1613,21 @@ impl Kms for VaultKms {
             ));
         };
         let cas = main.as_ref().map_or(0, |m| m.kv_version);
-        // Holder records write the main path again with the same current version: that is
-        // not another writer's version.
+        // Holder records write the main path again with the same current version and only
+        // keyplan's fields: that is not another writer's version (a `kv put` without keyplan's
+        // fields, or a `kv patch` adding one, is).
         let same_current = p
             .base_version
             .is_some_and(|bv| live.map_or(0, |l| l.version) == bv)
+            && live.is_some_and(|l| !l.extra_fields)
             && main.as_ref().is_some_and(|m| !m.adopted);
+        // ... and the same material as the KV version the pending version was staged on, when
+        // that one is still readable (a holder record destroys the version it copied).
+        let same_current = same_current
+            && match p.base.filter(|b| *b != cas && *b > 0) {
+                Some(base) => self.same_material(name, base, live)?,
+                None => true,
+            };
         if let Some(base) = p.base.filter(|b| *b != cas && !same_current) {
             return Err(KmsError::conflict(
                 self,
@@ -1861,6 +1882,26 @@ impl VaultKms {
             ));
         }
         Ok(())
+    }
+
+    /// Whether KV version `kv` of `name` holds the same keyplan version and passphrase as
+    /// `live`, or is no longer readable (destroyed or deleted).
+    fn same_material(&self, name: &str, kv: u64, live: Option<&Live>) -> Result<bool, KmsError> {
+        let Some(live) = live else {
+            return Ok(false);
+        };
+        let resp = match self.read_secret(name, Some(kv))? {
+            Read::Found(r) => r,
+            Read::Absent | Read::Deleted(_) => return Ok(true),
+        };
+        let Value::Object(data) = resp.data else {
+            return Ok(false);
+        };
+        let then = self.parse_live(name, kv, &resp.metadata.created_time, data)?;
+        Ok(
+            then.version == live.version
+                && then.passphrase.as_bytes() == live.passphrase.as_bytes(),
+        )
     }
 
     /// [`Kms::hold`] (`add`) and [`Kms::release`]: the current version written again with the

@@ -69,7 +69,7 @@ impl LuksVersion {
 
 /// LUKS2 keyslot priority (cryptsetup(8) `config --priority`): `ignore` keyslots are skipped by
 /// unlocks that do not name a keyslot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Priority {
     /// 0: used only when named with `--key-slot`.
     Ignore,
@@ -80,7 +80,7 @@ pub enum Priority {
 }
 
 /// One occupied keyslot as read from the header (no PBKDF needed).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Keyslot {
     /// True when a digest covering data segment 0 lists this keyslot (LUKS2), always true for
     /// an enabled LUKS1 keyslot. Only bound keyslots open the data.
@@ -100,7 +100,7 @@ pub struct Keyslot {
 }
 
 /// One LUKS2 token (`tokens` object of the JSON metadata).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Token {
     /// Token id (0-31).
     pub id: u32,
@@ -113,7 +113,7 @@ pub struct Token {
 }
 
 /// What `luksDump` says about a device.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Header {
     /// LUKS1 or LUKS2.
     pub version: LuksVersion,

@@ -19,7 +19,7 @@ use crate::spec::{Device, PathSeg, Plan};
 use crate::world::World;
 
 /// A keyslot found to open with a key's current version, to be recorded as holding it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Adoption {
     /// The keyslot.
     pub slot: u32,
@@ -112,7 +112,7 @@ pub(super) fn untested(
 }
 
 /// A possible adoption not tested ([`untested`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Untested {
     /// The key id.
     pub key: String,

@@ -18,7 +18,7 @@ use crate::spec::{Device, PathSeg, Plan};
 use crate::world::{RecordStatus, World};
 
 /// What an `enroll_with` file is, from its metadata alone (`stat(2)`; nothing is read).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum EnrollFile {
     /// A regular file of 1 byte to [`crate::luks::MAX_KEYFILE_BYTES`] (8 MiB): it may hold the
     /// passphrase.
@@ -33,7 +33,7 @@ pub enum EnrollFile {
     /// Not a regular file.
     NotRegular {
         /// `a directory`, or `not a regular file (a device, FIFO or socket)`.
-        kind: &'static str,
+        kind: String,
     },
     /// It cannot be examined (missing, no permission).
     Unreadable {
@@ -51,10 +51,10 @@ pub(crate) fn examine(path: &Path) -> EnrollFile {
         Ok(m) if m.is_file() && m.len() > 0 => EnrollFile::Passphrase,
         Ok(m) if m.is_file() => EnrollFile::Empty,
         Ok(m) if m.is_dir() => EnrollFile::NotRegular {
-            kind: "a directory",
+            kind: "a directory".into(),
         },
         Ok(_) => EnrollFile::NotRegular {
-            kind: "not a regular file (a device, FIFO or socket)",
+            kind: "not a regular file (a device, FIFO or socket)".into(),
         },
         Err(e) => EnrollFile::Unreadable {
             error: e.to_string(),

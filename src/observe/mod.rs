@@ -34,7 +34,7 @@ pub use enroll::EnrollFile;
 pub(crate) use keys::moved_from;
 
 /// One device as observed.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DeviceState {
     /// Device id from the plan.
     pub id: String,
@@ -115,7 +115,7 @@ impl DeviceState {
 }
 
 /// Everything observed for a plan.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Observed {
     /// Devices by id.
     pub devices: BTreeMap<String, DeviceState>,
@@ -138,7 +138,7 @@ pub struct Observed {
 
 /// Where keyslot records say a key's versions lived before the plan moved the key to another
 /// KMS instance or name (migration, see `diff`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Origin {
     /// KMS instance name the records name.
     pub kms: String,

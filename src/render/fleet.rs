@@ -244,3 +244,145 @@ pub fn prometheus(s: &FleetStatus) -> Result<String, std::fmt::Error> {
     ];
     crate::render::status::prometheus_plain(families)
 }
+
+/// `keyplan fleet plan` as text: a header, one block per node of the plan (its observation's
+/// age, then what `keyplan plan` would print on the node, or why it cannot be planned), the
+/// nodes with reports the plan does not name, and a summary line.
+pub fn plan_text(fp: &crate::fleet::plan::FleetPlan, namespace: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Fleet plan of {} from the observations the agents in namespace {namespace} published ({} node(s)); no node was touched.\n",
+        fp.source.display(),
+        fp.nodes.len()
+    );
+    for n in &fp.nodes {
+        let age = n
+            .age_seconds
+            .map(|a| crate::diff::short_duration(std::time::Duration::from_secs(a)))
+            .unwrap_or_default();
+        match (&n.missing, &n.result) {
+            (Some(why), _) => {
+                let _ = writeln!(
+                    out,
+                    "## node {}: NOT OBSERVED: {why}. What it would do is unknown.\n",
+                    clean(&n.node)
+                );
+                continue;
+            }
+            (None, _) if n.stale => {
+                let _ = writeln!(
+                    out,
+                    "## node {} (observed {age} ago: STALE, older than {}; its agent stopped reporting, so this may not be what the node holds now)\n",
+                    clean(&n.node),
+                    crate::diff::short_duration(std::time::Duration::from_secs(n.max_age_seconds))
+                );
+            }
+            _ => {
+                let _ = writeln!(out, "## node {} (observed {age} ago)\n", clean(&n.node));
+            }
+        }
+        for d in &n.unobserved_devices {
+            let _ = writeln!(
+                out,
+                "Note: device {d} was not observed by the node's agent (new in this plan, or its path changed): it is not planned here; the agent plans it after the change is applied.\n"
+            );
+        }
+        for k in &n.unobserved_keys {
+            let _ = writeln!(
+                out,
+                "Note: key {k} was not read by the node's agent (not in the plan it runs): it is planned as not in the KMS.\n"
+            );
+        }
+        match &n.result {
+            Some(Ok(diff)) => out.push_str(&clean_block(&crate::render::plan_text(&n.plan, diff))),
+            Some(Err(refusals)) => {
+                let _ = writeln!(out, "Refused: the node's agent would change nothing:");
+                for r in refusals {
+                    let _ = writeln!(out, "  - {}", clean(r));
+                }
+            }
+            None => {}
+        }
+        out.push('\n');
+    }
+    if !fp.unplanned.is_empty() {
+        let _ = writeln!(
+            out,
+            "Note: node(s) {} report but have no device in this plan: their agents would have nothing to do.\n",
+            fp.unplanned.iter().map(|n| clean(n)).collect::<Vec<_>>().join(", ")
+        );
+    }
+    let count = |f: &dyn Fn(&crate::fleet::plan::NodePlan) -> bool| {
+        fp.nodes.iter().filter(|n| f(n)).count()
+    };
+    let _ = writeln!(
+        out,
+        "Fleet: {} node(s) to change, {} in sync, {} refused, {} stale, {} not observed.",
+        count(&|n| n.changes()),
+        count(&|n| matches!(&n.result, Some(Ok(d)) if d.is_empty())),
+        count(&|n| matches!(&n.result, Some(Err(_)))),
+        count(&|n| n.stale),
+        count(&|n| n.missing.is_some()),
+    );
+    out
+}
+
+/// [`clean`] on every line of a block, keeping its line breaks.
+fn clean_block(text: &str) -> String {
+    text.lines().map(|l| format!("{}\n", clean(l))).collect()
+}
+
+/// `keyplan fleet plan --json`: `{format_version, generated_at, namespace, plan_file,
+/// changes_present, doubtful, nodes: [{node, observed, observed_at, age_seconds, stale,
+/// max_age_seconds, missing, unobserved_devices, unobserved_keys, refused, refusals, plan}],
+/// unplanned_nodes, summary}`; `plan` is the `keyplan plan --json` document of the node.
+///
+/// Errors: encoding failed (it does not for these values).
+pub fn plan_json(
+    fp: &crate::fleet::plan::FleetPlan,
+    namespace: &str,
+) -> Result<String, serde_json::Error> {
+    let nodes: Vec<serde_json::Value> = fp
+        .nodes
+        .iter()
+        .map(|n| {
+            serde_json::json!({
+                "node": n.node,
+                "observed": n.missing.is_none(),
+                "observed_at": n.observed_at,
+                "age_seconds": n.age_seconds,
+                "stale": n.stale,
+                "max_age_seconds": n.max_age_seconds,
+                "missing": n.missing,
+                "unobserved_devices": n.unobserved_devices,
+                "unobserved_keys": n.unobserved_keys,
+                "changes_present": n.changes(),
+                "refused": matches!(&n.result, Some(Err(_))),
+                "refusals": match &n.result { Some(Err(r)) => r.clone(), _ => Vec::new() },
+                "plan": match &n.result {
+                    Some(Ok(d)) => crate::render::plan_json(d),
+                    _ => serde_json::Value::Null,
+                },
+            })
+        })
+        .collect();
+    let doc = serde_json::json!({
+        "format_version": "1.0",
+        "generated_at": fp.generated_at,
+        "namespace": namespace,
+        "plan_file": fp.source.display().to_string(),
+        "changes_present": fp.changes(),
+        "doubtful": fp.doubtful(),
+        "nodes": nodes,
+        "unplanned_nodes": fp.unplanned,
+        "summary": {
+            "nodes": fp.nodes.len(),
+            "with_changes": fp.nodes.iter().filter(|n| n.changes()).count(),
+            "stale": fp.nodes.iter().filter(|n| n.stale).count(),
+            "not_observed": fp.nodes.iter().filter(|n| n.missing.is_some()).count(),
+            "refused": fp.nodes.iter().filter(|n| matches!(&n.result, Some(Err(_)))).count(),
+        },
+    });
+    crate::render::json_text(&doc)
+}

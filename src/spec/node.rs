@@ -79,15 +79,15 @@ impl Plan {
     /// ([`Plan::for_node`]), else the host name (lowercase); the state directory is absolute.
     /// Two plans on one host have distinct state directories (each has its own lock), and a
     /// node's agent keeps its state directory across restarts, so the id names one plan
-    /// stably.
+    /// stably. The directory is canonical (symlinks, `..` and a trailing `/` resolved; for a
+    /// directory not created yet, its parent), so every spelling of it gives the same id.
     pub fn holder(&self) -> String {
         let node = match (&self.node, &self.scope) {
             (Some(n), _) => n.clone(),
             (None, Some(s)) => s.node.clone(),
             (None, None) => this_node(None).unwrap_or_default(),
         };
-        let dir = std::path::absolute(&self.state_dir).unwrap_or_else(|_| self.state_dir.clone());
-        format!("{node}:{}", dir.display())
+        format!("{node}:{}", canonical(&self.state_dir).display())
     }
 
     /// Whether any device names a node (a plan for a cluster rather than one host).
@@ -167,4 +167,28 @@ pub fn this_node(explicit: Option<&str>) -> Result<String, String> {
             .trim()
             .to_ascii_lowercase()),
     }
+}
+
+/// `dir` made absolute and canonical: `fs::canonicalize` of it, else of its nearest existing
+/// ancestor with the rest appended, else [`std::path::absolute`].
+fn canonical(dir: &std::path::Path) -> std::path::PathBuf {
+    let abs = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+    if let Ok(c) = std::fs::canonicalize(&abs) {
+        return c;
+    }
+    let mut rest = Vec::new();
+    let mut at = abs.as_path();
+    while let Some(parent) = at.parent() {
+        if let Some(name) = at.file_name() {
+            rest.push(name.to_os_string());
+        }
+        if let Ok(mut c) = std::fs::canonicalize(parent) {
+            for part in rest.iter().rev() {
+                c.push(part);
+            }
+            return c;
+        }
+        at = parent;
+    }
+    abs
 }

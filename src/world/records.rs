@@ -47,7 +47,7 @@ impl SlotRecord {
 }
 
 /// Whether a record still describes its keyslot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum RecordStatus {
     /// Keyslot present with the recorded salt.
     Valid,
@@ -60,7 +60,7 @@ pub enum RecordStatus {
 }
 
 /// A record as observed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RecordObs {
     /// Keyslot the record names.
     pub slot: u32,

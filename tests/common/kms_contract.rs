@@ -150,10 +150,10 @@ fn holders(kms: &dyn Kms, other: &dyn Kms, b: &str, material: &str) {
     assert!(kms.read(b).unwrap().holders.is_empty());
     // A key without a current version cannot be held; releasing it is a no-op.
     conflict(
-        kms.hold("contract-never-created", A),
+        kms.hold(&format!("{b}-never-created"), A),
         "hold of a missing key",
     );
-    kms.release("contract-never-created", A)
+    kms.release(&format!("{b}-never-created"), A)
         .expect("release of a missing key");
 
     kms.hold(b, A).expect("hold A");

@@ -55,17 +55,47 @@ impl Exec<'_> {
         StepOutcome::done(format!("{key} v{v} is now current"))
     }
 
-    /// `hold`: records this plan as a holder of `key` in its KMS (idempotent).
-    pub(super) fn hold(&self, key: &str) -> Result<StepOutcome, StepError> {
+    /// `hold`: records this plan as a holder of `key` in its KMS (idempotent), then checks
+    /// that the key's current version is still `current`, the one this plan adds: another plan
+    /// may have committed a new one between planning and now (it could, until this record was
+    /// written).
+    pub(super) fn hold(&self, key: &str, current: Option<u64>) -> Result<StepOutcome, StepError> {
         let (kms, name, _) = self.key_ctx(key)?;
         let me = self.plan.holder();
         kms.hold(&name, &me)?;
+        let st = kms.read(&name)?;
+        if current.is_some() && st.current != current {
+            return Err(StepError::Drift(format!(
+                "{}: key {key} was rotated by another plan after this plan was made (current {}, planned v{}); this plan is now recorded as a holder, so no further rotation happens without it, but nothing was added: run keyplan apply again to enroll the current version",
+                kms.describe(),
+                st.current.map(|v| format!("v{v}")).unwrap_or_else(|| "none".into()),
+                current.unwrap_or_default()
+            )));
+        }
         StepOutcome::done(format!("{me} holds {key}"))
     }
 
-    /// `release`: removes this plan's holder record of `key` (idempotent).
-    pub(super) fn release(&self, key: &str) -> Result<StepOutcome, StepError> {
-        let (kms, name, _) = self.key_ctx(key)?;
+    /// `release`: removes this plan's holder record of `key` (idempotent); for a key the plan
+    /// no longer defines, in the KMS instance and under the name `entry` its records named.
+    pub(super) fn release(
+        &self,
+        key: &str,
+        entry: Option<&(String, String)>,
+    ) -> Result<StepOutcome, StepError> {
+        let (kms, name) = match entry {
+            Some((instance, name)) => {
+                let kms = self.world.kms.get(instance).ok_or_else(|| {
+                    StepError::Plan(format!(
+                        "KMS {instance} of key {key} is no longer in the plan"
+                    ))
+                })?;
+                (kms.as_ref(), name.clone())
+            }
+            None => {
+                let (kms, name, _) = self.key_ctx(key)?;
+                (kms, name)
+            }
+        };
         let me = self.plan.holder();
         kms.release(&name, &me)?;
         StepOutcome::done(format!("{me} no longer holds {key}"))

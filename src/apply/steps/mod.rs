@@ -189,8 +189,8 @@ impl<'a> Exec<'a> {
                 salt,
             } => self.adopt(device, *slot, key, *version, salt),
             Step::Retire { key, version } => self.retire(key, *version),
-            Step::Hold { key } => self.hold(key),
-            Step::Release { key } => self.release(key),
+            Step::Hold { key, current } => self.hold(key, *current),
+            Step::Release { key, entry } => self.release(key, entry.as_ref()),
             Step::MigrateCopy { .. } => self.migrate_copy(step),
             Step::DestroyOrigin { .. } => self.destroy_origin(step),
             Step::Rerecord {

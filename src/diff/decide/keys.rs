@@ -43,7 +43,9 @@ impl Planner<'_> {
         }
         match self.rotate_reason(key, opts) {
             Some((action, reason)) => {
-                if self.refuse_shared(key, st, action) {
+                if self.refuse_foreign_creation(key, st, action)
+                    || self.blocked_by_holders(key, st, action, opts)
+                {
                     return;
                 }
                 self.rotate(key, st, &devices, action, reason)
@@ -56,6 +58,91 @@ impl Planner<'_> {
                 }
             }
         }
+    }
+
+    /// A pending version with no current one that no device of this plan holds is another
+    /// plan's creation of the key in progress (this plan's own interrupted creation is finished
+    /// from its journal before planning): finishing it here would commit a version the other
+    /// plan's devices may not have yet, and let this plan rotate a key the other plan is
+    /// about to hold. Refuses and returns true in that case.
+    fn refuse_foreign_creation(
+        &mut self,
+        key: &str,
+        st: &crate::kms::KeyState,
+        action: KeyAction,
+    ) -> bool {
+        let (KeyAction::Finish, None, Some(p)) = (action, st.current, st.pending) else {
+            return false;
+        };
+        let mine = self.obs.devices.values().any(|d| {
+            d.records
+                .iter()
+                .any(|r| r.record.key == key && r.record.version == p)
+        });
+        if mine {
+            return false;
+        }
+        let kms = self.kms_of(key);
+        self.refuse_key(key, format!(
+            "key {key} (KMS {kms}) has a pending v{p} and no current version, and no device of this plan holds v{p}: another plan (another host or state directory) is creating the key right now, or an earlier run of this plan lost its journal. Nothing was changed. Run keyplan again once the key exists (this plan then enrolls its current version); if no other plan is creating it, the pending version is a leftover: remove it in the KMS by hand"
+        ));
+        true
+    }
+
+    /// Other plans hold `key` (invariant I7): no version of it is committed from here. An
+    /// explicit `--rotate` is refused (an error); a rotation that is due (`rotate_after`) or a
+    /// pending one to finish is left alone with a note, so this plan's other changes go on
+    /// (the KMS's current version still opens every device). Returns true when blocked.
+    fn blocked_by_holders(
+        &mut self,
+        key: &str,
+        st: &crate::kms::KeyState,
+        action: KeyAction,
+        opts: &DiffOptions,
+    ) -> bool {
+        let others: Vec<String> = st
+            .holders
+            .iter()
+            .filter(|(h, _)| **h != self.me)
+            .map(|(h, since)| format!("{h} (since {})", crate::clock::rfc3339(*since)))
+            .collect();
+        if others.is_empty() {
+            return false;
+        }
+        let kms = self.kms_of(key);
+        let name = self
+            .plan
+            .keys
+            .get(key)
+            .map(|k| k.name.clone())
+            .unwrap_or_default();
+        let fix = format!(
+            "Rotate the key from one plan that lists every device holding it (fleet mode: one plan for the cluster), or take the key off the other plan's devices and run `keyplan apply` there (that removes its record); for a host gone for good, `keyplan key release {key} --holder HOLDER` removes its record"
+        );
+        if opts.rotate.iter().any(|k| k == key) {
+            self.refuse_key(key, format!(
+                "key {key} (KMS {kms}, {name:?}) is also held by another plan: {}. Rotating it from this plan ({}) would commit a version the other plan's devices do not hold, so the KMS's current version would no longer open them. Nothing was changed. {fix}",
+                others.join(", "),
+                self.me
+            ));
+            return true;
+        }
+        let what = match (action, st.pending) {
+            (KeyAction::Finish, Some(p)) => {
+                format!("its pending v{p} is not committed (it stays pending)")
+            }
+            _ => "its rotation that is due (rotate_after) does not happen".to_string(),
+        };
+        self.notes.push(format!(
+            "key {key} (KMS {kms}, {name:?}) is also held by another plan: {}; {what}, since a version committed from this plan would not be on that plan's devices. The current version stays, and still opens every device. {fix}",
+            others.join(", ")
+        ));
+        if let Some(c) = st.current {
+            for d in self.devices_of(key) {
+                self.converge(key, c, &d);
+            }
+        }
+        true
     }
 
     /// After the removals are decided: this plan's holder record of every key no device of
@@ -74,42 +161,67 @@ impl Planner<'_> {
                 .devices
                 .values()
                 .any(|d| d.keys.iter().any(|k| k.key == key));
-            if held && !listed && self.released_everywhere(&key) {
-                self.holder_step(&key, HolderAction::Release);
+            if held && !listed {
+                if self.released_everywhere(&key) {
+                    self.holder_step(&key, HolderAction::Release);
+                } else {
+                    self.note_kept_record(&key);
+                }
+            }
+        }
+        // Keys the plan no longer defines whose last keyslots on its devices this plan removes:
+        // their records name the KMS instance and name; the release is idempotent (this plan
+        // did not read those keys, so it may not be recorded).
+        let mut gone: std::collections::BTreeMap<String, (String, String)> = Default::default();
+        for d in self.obs.devices.values() {
+            for r in &d.records {
+                if self.plan.keys.contains_key(&r.record.key) {
+                    continue;
+                }
+                if let Some((kms, name)) = &r.record.entry {
+                    if self.plan.kms.contains_key(kms) {
+                        gone.insert(r.record.key.clone(), (kms.clone(), name.clone()));
+                    }
+                }
+            }
+        }
+        for (key, entry) in gone {
+            if self.released_everywhere(&key) {
+                self.holders.push(crate::diff::HolderChange {
+                    key: key.clone(),
+                    kms: entry.0.clone(),
+                    holder: self.me.clone(),
+                    action: HolderAction::Release,
+                });
+                self.g.add(crate::graph::Step::Release {
+                    key,
+                    entry: Some(entry),
+                });
             }
         }
     }
 
-    /// A rotation (or the finish of one) of `key` while other plans hold it would commit a
-    /// version their devices do not hold (invariant I7): refuses and returns true then.
-    fn refuse_shared(&mut self, key: &str, st: &crate::kms::KeyState, action: KeyAction) -> bool {
-        let others: Vec<String> = st
-            .holders
+    /// A note on why this plan keeps its holder record of `key`, which no device of the plan
+    /// lists: a device keyplan knows still holds it.
+    fn note_kept_record(&mut self, key: &str) {
+        let unreadable: Vec<String> = self
+            .obs
+            .former_unreadable
             .iter()
-            .filter(|(h, _)| **h != self.me)
-            .map(|(h, since)| format!("{h} (since {})", crate::clock::rfc3339(*since)))
+            .map(|(id, path, why)| format!("{id} ({}: {why})", path.display()))
             .collect();
-        if others.is_empty() {
-            return false;
-        }
-        let what = match action {
-            KeyAction::Finish => "finishing its pending rotation",
-            KeyAction::Create => "creating it",
-            _ => "rotating it",
+        let why = if unreadable.is_empty() {
+            "a device that left the plan still holds it".to_string()
+        } else {
+            format!(
+                "device(s) that left the plan cannot be read and may hold it: {}",
+                unreadable.join(", ")
+            )
         };
-        let kms = self.kms_of(key);
-        let name = self
-            .plan
-            .keys
-            .get(key)
-            .map(|k| k.name.clone())
-            .unwrap_or_default();
-        self.refuse_key(key, format!(
-            "key {key} (KMS {kms}, {name:?}) is also held by another plan: {}. {what} from this plan ({}) would commit a version the other plan's devices do not hold, so the KMS's current version would no longer open them. Nothing was changed. Rotate the key from one plan that lists every device holding it (fleet mode: one plan for the cluster), or take the key out of the other plan and run `keyplan apply` there (that removes its record); for a host gone for good, `keyplan key release {key} --holder HOLDER` removes its record",
-            others.join(", "),
-            self.me
+        self.notes.push(format!(
+            "key {key}: no device of the plan lists it, but this plan keeps its holder record ({}), since {why}; other plans cannot rotate the key meanwhile. Once that device is gone for good, `keyplan key release {key} --holder {}` removes the record",
+            self.me, self.me
         ));
-        true
     }
 
     /// Whether no device keyplan knows still holds `key` (a device that left the plan keeps

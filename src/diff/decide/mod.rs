@@ -151,9 +151,11 @@ impl<'a> Planner<'a> {
         self.g.add(match action {
             HolderAction::Record => Step::Hold {
                 key: key.to_string(),
+                current: self.obs.keys.get(key).and_then(|st| st.current),
             },
             HolderAction::Release => Step::Release {
                 key: key.to_string(),
+                entry: None,
             },
         })
     }

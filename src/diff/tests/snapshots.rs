@@ -432,22 +432,45 @@ fn a_key_another_plan_holds_is_not_rotated_here() {
     let p = plan(ROOK);
     let me = p.holder();
     let disks = vec![Disk::luks2("block").holds(0, "osd", 1)];
-    // Due for rotation (40 days > 30d): refused, whether or not this plan holds it too.
+    // Due for rotation (40 days > 30d), or a pending version to finish: not rotated, with a
+    // note naming the other plan (the plan's other changes go on); --rotate: refused.
     for mine in [None, Some(me.as_str())] {
-        let st = held_by_other(key(Some(1), 40, None, &[], &[]), mine);
+        for (st, rotate) in [
+            (key(Some(1), 40, None, &[], &[]), &[][..]),
+            (key(Some(1), 1, Some(2), &[], &[]), &[][..]),
+        ] {
+            let obs = observed(&p, disks.clone(), vec![("osd", held_by_other(st, mine))]);
+            let d = run(&p, &obs, rotate).expect("a plan");
+            let g = &d.graph;
+            assert!(
+                index_of(g, |s| matches!(s, Step::Commit { .. } | Step::Stage { .. })).is_empty(),
+                "{d:?}"
+            );
+            assert!(
+                d.notes.iter().any(|n| n.contains("host-b:/srv/b/.keyplan")),
+                "{:?}",
+                d.notes
+            );
+        }
+        let st = held_by_other(key(Some(1), 1, None, &[], &[]), mine);
         let obs = observed(&p, disks.clone(), vec![("osd", st)]);
-        let refused = run(&p, &obs, &[]).expect_err("refused");
+        let refused = run(&p, &obs, &["osd"]).expect_err("refused");
         let text = refused[0].message.clone();
         assert!(text.contains("host-b:/srv/b/.keyplan"), "{text}");
         assert!(text.contains("Nothing was changed"), "{text}");
-        // --rotate and a pending version to finish are refused as well.
-        let st = held_by_other(key(Some(1), 1, Some(2), &[], &[]), mine);
-        let obs = observed(&p, disks.clone(), vec![("osd", st)]);
-        assert!(run(&p, &obs, &[]).is_err());
-        let st = held_by_other(key(Some(1), 1, None, &[], &[]), mine);
-        let obs = observed(&p, disks.clone(), vec![("osd", st)]);
-        assert!(run(&p, &obs, &["osd"]).is_err());
     }
+    // Another plan's creation in progress (pending, no current, no device here holds it):
+    // refused, not finished from here.
+    let mut creating = key(None, 0, Some(1), &[], &[]);
+    creating.holders.clear();
+    let mut obs = observed(
+        &p,
+        vec![Disk::luks2("block").keyslot(0)],
+        vec![("osd", creating)],
+    );
+    obs.keys.get_mut("osd").expect("osd").holders.clear();
+    let refused = run(&p, &obs, &[]).expect_err("refused");
+    assert!(refused[0].message.contains("another plan"), "{:?}", refused);
     // Not due, this plan not yet recorded: a Hold before the keyslots it adds.
     let fresh = vec![
         Disk::luks2("block").holds(0, "osd", 1),
