@@ -98,43 +98,74 @@ fn status_json(s: &Scratch, p: &Provider, host: &str, plan: &Path) -> String {
     String::from_utf8_lossy(&cmd.output().expect("status").stdout).into_owned()
 }
 
-fn scenario(name: &str, p: &Provider) {
-    let s = Scratch::new();
-    s.initial_pass();
-    let a_img = s.small_image("a.img", "luks2");
-    let b_img = s.small_image("b.img", "luks2");
-    // Two hosts: each its own plan file and state directory.
-    std::fs::create_dir_all(s.path("a")).expect("mkdir");
-    std::fs::create_dir_all(s.path("b")).expect("mkdir");
-    let dev = |id: &str, img: &Path, keys: &str| {
+/// Two hosts' directories in one scratch directory: the images `a.img` and `b.img` (LUKS2,
+/// `initial.pass` in keyslot 0) and the plan files `a/keyplan.yaml` and `b/keyplan.yaml`, each
+/// with one device listing `k`.
+struct Hosts {
+    s: Scratch,
+    a_img: PathBuf,
+    b_img: PathBuf,
+    plan_a: PathBuf,
+    plan_b: PathBuf,
+}
+
+impl Hosts {
+    fn new(p: &Provider) -> Hosts {
+        let s = Scratch::new();
+        s.initial_pass();
+        let a_img = s.small_image("a.img", "luks2");
+        let b_img = s.small_image("b.img", "luks2");
+        std::fs::create_dir_all(s.path("a")).expect("mkdir");
+        std::fs::create_dir_all(s.path("b")).expect("mkdir");
+        let mut h = Hosts {
+            plan_a: s.path("a/keyplan.yaml"),
+            plan_b: s.path("b/keyplan.yaml"),
+            s,
+            a_img,
+            b_img,
+        };
+        h.plan_a =
+            h.s.plan("a/keyplan.yaml", &plan_text(p, &h.dev("a1", &h.a_img, "k")));
+        h.plan_b =
+            h.s.plan("b/keyplan.yaml", &plan_text(p, &h.dev("b1", &h.b_img, "k")));
+        h
+    }
+
+    /// A device line of a plan: `id` at `img` with `keys`, enrolled with `initial.pass`.
+    fn dev(&self, id: &str, img: &Path, keys: &str) -> String {
         format!(
             "  {id}: {{ path: {}, keys: [{keys}], enroll_with: {} }}",
             img.display(),
-            s.path("initial.pass").display()
+            self.s.path("initial.pass").display()
         )
-    };
-    let plan_a = s.plan("a/keyplan.yaml", &plan_text(p, &dev("a1", &a_img, "k")));
-    let plan_b = s.plan("b/keyplan.yaml", &plan_text(p, &dev("b1", &b_img, "k")));
+    }
+}
+
+fn scenario(name: &str, p: &Provider) {
+    let h = Hosts::new(p);
+    let (s, a_img, b_img, plan_a) = (&h.s, &h.a_img, &h.b_img, &h.plan_a);
+    let plan_b = h.plan_b.clone();
+    let dev = |id: &str, img: &Path, keys: &str| h.dev(id, img, keys);
     let holder_a = format!("{HOST_A}:{}", s.path("a/.keyplan").display());
     let holder_b = format!("{HOST_B}:{}", s.path("b/.keyplan").display());
 
     // 1. A creates the key.
-    run(&s, p, HOST_A, &plan_a, &["apply", "--auto-approve"], 0);
-    let v1 = current(&s, p, HOST_A, &plan_a);
-    assert!(opens(&a_img, &v1, None), "{name}: a1 opens with v1");
+    run(s, p, HOST_A, plan_a, &["apply", "--auto-approve"], 0);
+    let v1 = current(s, p, HOST_A, &plan_a);
+    assert!(opens(a_img, &v1, None), "{name}: a1 opens with v1");
 
     // 2. B enrolls the same key; its plan says it records itself as a holder.
-    let out = run(&s, p, HOST_B, &plan_b, &["plan", "--detailed-exitcode"], 2);
+    let out = run(s, p, HOST_B, &plan_b, &["plan", "--detailed-exitcode"], 2);
     assert!(
         out.contains("~ key k: record this plan") && out.contains(&holder_b),
         "{name}: {out}"
     );
-    run(&s, p, HOST_B, &plan_b, &["apply", "--auto-approve"], 0);
-    assert!(opens(&b_img, &v1, None), "{name}: b1 opens with v1");
-    run(&s, p, HOST_B, &plan_b, &["plan", "--detailed-exitcode"], 0);
+    run(s, p, HOST_B, &plan_b, &["apply", "--auto-approve"], 0);
+    assert!(opens(b_img, &v1, None), "{name}: b1 opens with v1");
+    run(s, p, HOST_B, &plan_b, &["plan", "--detailed-exitcode"], 0);
 
     // 3. A rotation from either host is refused, naming the other; nothing is staged.
-    for (host, plan, other) in [(HOST_A, &plan_a, &holder_b), (HOST_B, &plan_b, &holder_a)] {
+    for (host, plan, other) in [(HOST_A, plan_a, &holder_b), (HOST_B, &plan_b, &holder_a)] {
         let out = run(
             &s,
             p,
@@ -148,7 +179,7 @@ fn scenario(name: &str, p: &Provider) {
             "{name}: {out}"
         );
         // (exit 0 or 1: PyKMIP's test certificates expire soon, which status reports)
-        let json = status_json(&s, p, host, plan);
+        let json = status_json(s, p, host, plan);
         let doc: serde_json::Value = serde_json::from_str(&json).expect("status json");
         let k = doc["keys"]
             .as_array()
@@ -158,39 +189,39 @@ fn scenario(name: &str, p: &Provider) {
         assert!(k["pending"].is_null(), "{name}: nothing staged: {k}");
     }
     assert_eq!(
-        current(&s, p, HOST_A, &plan_a),
+        current(s, p, HOST_A, &plan_a),
         v1,
         "{name}: v1 still current"
     );
-    assert!(opens(&a_img, &v1, None) && opens(&b_img, &v1, None));
+    assert!(opens(a_img, &v1, None) && opens(b_img, &v1, None));
 
     // 4. B drops the key (keeps its own): the keyslot goes, then B's record.
-    let plan_b = s.plan("b/keyplan.yaml", &plan_text(p, &dev("b1", &b_img, "mine")));
-    let out = run(&s, p, HOST_B, &plan_b, &["apply", "--auto-approve"], 0);
+    let plan_b = s.plan("b/keyplan.yaml", &plan_text(p, &dev("b1", b_img, "mine")));
+    let out = run(s, p, HOST_B, &plan_b, &["apply", "--auto-approve"], 0);
     assert!(
         out.contains("remove this plan's holder record"),
         "{name}: {out}"
     );
     assert!(
-        !opens(&b_img, &v1, None),
+        !opens(b_img, &v1, None),
         "{name}: k's keyslot on b1 is gone"
     );
-    run(&s, p, HOST_B, &plan_b, &["plan", "--detailed-exitcode"], 0);
+    run(s, p, HOST_B, &plan_b, &["plan", "--detailed-exitcode"], 0);
 
     // 5. A's rotation goes through now.
     run(
         &s,
         p,
         HOST_A,
-        &plan_a,
+        plan_a,
         &["apply", "--auto-approve", "--rotate", "k"],
         0,
     );
-    let v2 = current(&s, p, HOST_A, &plan_a);
+    let v2 = current(s, p, HOST_A, &plan_a);
     assert_ne!(v1, v2, "{name}: rotated");
-    assert!(opens(&a_img, &v2, None), "{name}: a1 opens with v2");
+    assert!(opens(a_img, &v2, None), "{name}: a1 opens with v2");
     assert!(
-        !opens(&a_img, &v1, None),
+        !opens(a_img, &v1, None),
         "{name}: v1's keyslot on a1 is gone"
     );
 }
@@ -293,45 +324,34 @@ fn kmip_kms() {
 /// records named; a plan spelling its state directory differently (`..`) is the same holder.
 #[test]
 fn file_kms_key_removed_from_the_other_plan() {
-    let s = Scratch::new();
+    let dir = tempfile::tempdir().expect("tempdir");
     let p = Provider {
         kms: format!(
             "{{ provider: file, path: {} }}",
-            s.path("shared-keys").display()
+            dir.path().join("shared-keys").display()
         ),
         env: vec![],
     };
-    s.initial_pass();
-    let a_img = s.small_image("a.img", "luks2");
-    let b_img = s.small_image("b.img", "luks2");
-    std::fs::create_dir_all(s.path("a")).expect("mkdir");
-    std::fs::create_dir_all(s.path("b")).expect("mkdir");
-    let dev = |id: &str, img: &Path, keys: &str| {
-        format!(
-            "  {id}: {{ path: {}, keys: [{keys}], enroll_with: {} }}",
-            img.display(),
-            s.path("initial.pass").display()
-        )
-    };
-    let plan_a = s.plan("a/keyplan.yaml", &plan_text(&p, &dev("a1", &a_img, "k")));
-    let plan_b = s.plan("b/keyplan.yaml", &plan_text(&p, &dev("b1", &b_img, "k")));
-    run(&s, &p, HOST_A, &plan_a, &["apply", "--auto-approve"], 0);
-    run(&s, &p, HOST_B, &plan_b, &["apply", "--auto-approve"], 0);
+    let h = Hosts::new(&p);
+    let (s, a_img, b_img, plan_a) = (&h.s, &h.a_img, &h.b_img, &h.plan_a);
+    let dev = |id: &str, img: &Path, keys: &str| h.dev(id, img, keys);
+    run(s, &p, HOST_A, plan_a, &["apply", "--auto-approve"], 0);
+    run(s, &p, HOST_B, &h.plan_b, &["apply", "--auto-approve"], 0);
     // The same plan of A through another spelling of its directory: still this plan's record.
     let dotted = s.path("a/../a/keyplan.yaml");
-    run(&s, &p, HOST_A, &dotted, &["plan", "--detailed-exitcode"], 0);
+    run(s, &p, HOST_A, &dotted, &["plan", "--detailed-exitcode"], 0);
     // B drops k from its plan file (keys and device), keeping its own key.
     let text = plan_text(&p, &dev("b1", &b_img, "mine"))
         .replace("  k: { kms: shared, name: shared-kek }\n", "");
     let plan_b = s.plan("b/keyplan.yaml", &text);
-    let out = run(&s, &p, HOST_B, &plan_b, &["apply", "--auto-approve"], 0);
+    let out = run(s, &p, HOST_B, &plan_b, &["apply", "--auto-approve"], 0);
     assert!(out.contains("remove this plan's holder record"), "{out}");
-    run(&s, &p, HOST_B, &plan_b, &["plan", "--detailed-exitcode"], 0);
+    run(s, &p, HOST_B, &plan_b, &["plan", "--detailed-exitcode"], 0);
     let holders = run(
         &s,
         &p,
         HOST_A,
-        &plan_a,
+        plan_a,
         &["key", "holders", "k", "--json"],
         0,
     );
@@ -345,18 +365,18 @@ fn file_kms_key_removed_from_the_other_plan() {
         &s,
         &p,
         HOST_A,
-        &plan_a,
+        plan_a,
         &["apply", "--auto-approve", "--rotate", "k"],
         0,
     );
-    let v2 = current(&s, &p, HOST_A, &plan_a);
-    assert!(opens(&a_img, &v2, None));
+    let v2 = current(s, &p, HOST_A, &plan_a);
+    assert!(opens(a_img, &v2, None));
     // A wrong holder id is refused, naming the recorded ones.
     let out = run(
         &s,
         &p,
         HOST_A,
-        &plan_a,
+        plan_a,
         &["key", "release", "k", "--holder", "nobody:/x"],
         1,
     );

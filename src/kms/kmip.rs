@@ -305,14 +305,22 @@ impl KmipKms {
 
     /// Every object of key `key` that the server lists (Locate by Object Group, then Get
     /// Attributes of each).
-    fn objects(&self, s: &mut Session<'_>, key: &str) -> Result<Vec<Obj>, KmsError> {
+    /// Every object of Object Group `group_name` with its attributes (Locate, then Get
+    /// Attributes of each; an object destroyed in between is skipped). `what` names them for
+    /// messages.
+    fn group_objects(
+        &self,
+        s: &mut Session<'_>,
+        group_name: String,
+        what: &str,
+    ) -> Result<Vec<(String, Vec<kmip_protocol::types::response::Attribute>)>, KmsError> {
         let uids = s
-            .locate(vec![Attribute::ObjectGroup(group(key))])
-            .map_err(|f| self.fail(&format!("locating the versions of {key:?}"), f))?;
-        let mut out: Vec<Obj> = Vec::with_capacity(uids.len());
+            .locate(vec![Attribute::ObjectGroup(group_name)])
+            .map_err(|f| self.fail(&format!("locating {what}"), f))?;
+        let mut out = Vec::with_capacity(uids.len());
         for uid in uids {
-            let attrs = match s.attributes(&uid) {
-                Ok(a) => a,
+            match s.attributes(&uid) {
+                Ok(a) => out.push((uid, a)),
                 // Destroyed between Locate and Get Attributes.
                 Err(Fail::Server {
                     reason: Some(ResultReason::ItemNotFound),
@@ -321,7 +329,15 @@ impl KmipKms {
                 Err(f) => {
                     return Err(self.fail(&format!("reading the attributes of object {uid}"), f))
                 }
-            };
+            }
+        }
+        Ok(out)
+    }
+
+    fn objects(&self, s: &mut Session<'_>, key: &str) -> Result<Vec<Obj>, KmsError> {
+        let found = self.group_objects(s, group(key), &format!("the versions of {key:?}"))?;
+        let mut out: Vec<Obj> = Vec::with_capacity(found.len());
+        for (uid, attrs) in found {
             let mut version = None;
             let mut state = None;
             let mut created_at = 0;
@@ -396,24 +412,14 @@ impl KmipKms {
         s: &mut Session<'_>,
         key: &str,
     ) -> Result<Vec<(String, String, u64)>, KmsError> {
-        let uids = s
-            .locate(vec![Attribute::ObjectGroup(format!(
-                "{HOLDER_GROUP_PREFIX}{key}"
-            ))])
-            .map_err(|f| self.fail(&format!("locating the holders of {key:?}"), f))?;
+        let found = self.group_objects(
+            s,
+            format!("{HOLDER_GROUP_PREFIX}{key}"),
+            &format!("the holders of {key:?}"),
+        )?;
         let prefix = format!("{key}/holder/");
         let mut out = Vec::new();
-        for uid in uids {
-            let attrs = match s.attributes(&uid) {
-                Ok(a) => a,
-                Err(Fail::Server {
-                    reason: Some(ResultReason::ItemNotFound),
-                    ..
-                }) => continue,
-                Err(f) => {
-                    return Err(self.fail(&format!("reading the attributes of object {uid}"), f))
-                }
-            };
+        for (uid, attrs) in found {
             let mut holder = None;
             let mut since = 0;
             for a in attrs {
