@@ -151,7 +151,7 @@ fn scenario(name: &str, p: &Provider) {
 
     // 1. A creates the key.
     run(s, p, HOST_A, plan_a, &["apply", "--auto-approve"], 0);
-    let v1 = current(s, p, HOST_A, &plan_a);
+    let v1 = current(s, p, HOST_A, plan_a);
     assert!(opens(a_img, &v1, None), "{name}: a1 opens with v1");
 
     // 2. B enrolls the same key; its plan says it records itself as a holder.
@@ -167,7 +167,7 @@ fn scenario(name: &str, p: &Provider) {
     // 3. A rotation from either host is refused, naming the other; nothing is staged.
     for (host, plan, other) in [(HOST_A, plan_a, &holder_b), (HOST_B, &plan_b, &holder_a)] {
         let out = run(
-            &s,
+            s,
             p,
             host,
             plan,
@@ -189,7 +189,7 @@ fn scenario(name: &str, p: &Provider) {
         assert!(k["pending"].is_null(), "{name}: nothing staged: {k}");
     }
     assert_eq!(
-        current(s, p, HOST_A, &plan_a),
+        current(s, p, HOST_A, plan_a),
         v1,
         "{name}: v1 still current"
     );
@@ -210,14 +210,14 @@ fn scenario(name: &str, p: &Provider) {
 
     // 5. A's rotation goes through now.
     run(
-        &s,
+        s,
         p,
         HOST_A,
         plan_a,
         &["apply", "--auto-approve", "--rotate", "k"],
         0,
     );
-    let v2 = current(s, p, HOST_A, &plan_a);
+    let v2 = current(s, p, HOST_A, plan_a);
     assert_ne!(v1, v2, "{name}: rotated");
     assert!(opens(a_img, &v2, None), "{name}: a1 opens with v2");
     assert!(
@@ -341,20 +341,13 @@ fn file_kms_key_removed_from_the_other_plan() {
     let dotted = s.path("a/../a/keyplan.yaml");
     run(s, &p, HOST_A, &dotted, &["plan", "--detailed-exitcode"], 0);
     // B drops k from its plan file (keys and device), keeping its own key.
-    let text = plan_text(&p, &dev("b1", &b_img, "mine"))
+    let text = plan_text(&p, &dev("b1", b_img, "mine"))
         .replace("  k: { kms: shared, name: shared-kek }\n", "");
     let plan_b = s.plan("b/keyplan.yaml", &text);
     let out = run(s, &p, HOST_B, &plan_b, &["apply", "--auto-approve"], 0);
     assert!(out.contains("remove this plan's holder record"), "{out}");
     run(s, &p, HOST_B, &plan_b, &["plan", "--detailed-exitcode"], 0);
-    let holders = run(
-        &s,
-        &p,
-        HOST_A,
-        plan_a,
-        &["key", "holders", "k", "--json"],
-        0,
-    );
+    let holders = run(s, &p, HOST_A, plan_a, &["key", "holders", "k", "--json"], 0);
     let doc: serde_json::Value = serde_json::from_str(&holders).expect("json");
     assert_eq!(
         doc["holders"].as_array().map(Vec::len),
@@ -362,18 +355,18 @@ fn file_kms_key_removed_from_the_other_plan() {
         "{holders}"
     );
     run(
-        &s,
+        s,
         &p,
         HOST_A,
         plan_a,
         &["apply", "--auto-approve", "--rotate", "k"],
         0,
     );
-    let v2 = current(s, &p, HOST_A, &plan_a);
+    let v2 = current(s, &p, HOST_A, plan_a);
     assert!(opens(a_img, &v2, None));
     // A wrong holder id is refused, naming the recorded ones.
     let out = run(
-        &s,
+        s,
         &p,
         HOST_A,
         plan_a,
