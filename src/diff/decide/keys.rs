@@ -185,6 +185,31 @@ impl Planner<'_> {
                 }
             }
         }
+        // Keys the plan no longer defines that a device which left the plan still holds: the
+        // record of this plan, if any, stays; say so (the plan reads no state of such a key).
+        let mut kept: std::collections::BTreeMap<String, (String, String, String)> =
+            Default::default();
+        for d in self.obs.former.values() {
+            for r in &d.records {
+                if self.plan.keys.contains_key(&r.record.key) || gone.contains_key(&r.record.key) {
+                    continue;
+                }
+                if let Some((kms, name)) = &r.record.entry {
+                    if self.plan.kms.contains_key(kms) {
+                        kept.insert(
+                            r.record.key.clone(),
+                            (kms.clone(), name.clone(), d.id.clone()),
+                        );
+                    }
+                }
+            }
+        }
+        for (key, (kms, name, device)) in kept {
+            self.notes.push(format!(
+                "key {key} (KMS {kms}, {name:?}) is no longer in the plan file, but device {device}, which left the plan, still holds it: a holder record of this plan ({}) for it, if there is one, stays, and other plans cannot rotate the key meanwhile. Once that device is gone for good, run `keyplan key release {key} --holder {}` from a plan that defines the key",
+                self.me, self.me
+            ));
+        }
         for (key, entry) in gone {
             if self.released_everywhere(&key) {
                 self.holders.push(crate::diff::HolderChange {

@@ -574,6 +574,34 @@ fn holder_records_are_written_and_removed() {
         index_of(&d.graph, |s| matches!(s, Step::Release { .. })).is_empty(),
         "released while a former device holds the key: {d:?}"
     );
+    assert!(
+        d.notes
+            .iter()
+            .any(|n| n.contains("keeps its holder record")),
+        "{:?}",
+        d.notes
+    );
+    // The key taken out of the plan file too: still kept, and noted.
+    let p3 = plan(&two.replace("osd: { kms: local }\n", ""));
+    let obs3 = observed(
+        &p3,
+        ["block", "db", "wal"]
+            .iter()
+            .map(|d| Disk::luks2(d).holds(1, "other", 1))
+            .collect(),
+        vec![("other", key(Some(1), 1, None, &[], &[]))],
+    );
+    let mut obs3 = obs3;
+    obs3.former = obs.former.clone();
+    let d = run(&p3, &obs3, &[]).expect("a plan");
+    assert!(index_of(&d.graph, |s| matches!(s, Step::Release { .. })).is_empty());
+    assert!(
+        d.notes
+            .iter()
+            .any(|n| n.contains("no longer in the plan file") && n.contains("old")),
+        "{:?}",
+        d.notes
+    );
     let clean: Vec<Disk> = ["block", "db", "wal"]
         .iter()
         .map(|d| Disk::luks2(d).holds(1, "other", 1))
