@@ -452,11 +452,7 @@ impl Agent {
             None,
         ) {
             Ok(verified) => {
-                use sha2::Digest as _;
-                let digest: String = sha2::Sha256::digest(stored.plan.as_bytes())
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect();
+                let digest = crate::saved::sha256_hex(stored.plan.as_bytes());
                 tracing::info!(node = %self.opts.node, digest = %digest, "the last good signed plan is kept in {}: it runs while the ConfigMap's plan is refused", path.display());
                 self.report.plan_signature = Some(super::report::PlanSignature {
                     key: verified.key.clone(),

@@ -37,6 +37,8 @@ use base64::Engine as _;
 use openssl::pkey::{Id, PKey, Private, Public};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
+
+use crate::saved::sha256_hex;
 use zeroize::Zeroizing;
 
 /// The signature document's `format`, also the first line of the signed message.
@@ -100,15 +102,11 @@ fn fingerprint(raw: &[u8]) -> String {
     )
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// The message an ed25519 signature covers (see the module documentation).
 fn message(plan: &[u8], cluster: &str, signed_at: u64) -> Vec<u8> {
     let mut m = format!(
         "{FORMAT}\ncluster: {cluster}\nsigned_at: {signed_at}\nplan_sha256: {}\n\n",
-        hex(&Sha256::digest(plan))
+        sha256_hex(plan)
     )
     .into_bytes();
     m.extend_from_slice(plan);
@@ -240,7 +238,7 @@ impl SigningKey {
             format: FORMAT.to_string(),
             cluster: cluster.to_string(),
             signed_at,
-            plan_sha256: hex(&Sha256::digest(plan)),
+            plan_sha256: sha256_hex(plan),
             key: self.fingerprint.clone(),
             signature: base64::engine::general_purpose::STANDARD.encode(sig),
         })
@@ -606,7 +604,7 @@ impl SignaturePolicy {
                 trusted: self.keys.iter().map(|k| k.fingerprint.clone()).collect(),
             });
         };
-        let actual_sha256 = hex(&Sha256::digest(plan));
+        let actual_sha256 = sha256_hex(plan);
         let tampered = || Refusal::Tampered {
             signed_sha256: sig.plan_sha256.clone(),
             actual_sha256: actual_sha256.clone(),

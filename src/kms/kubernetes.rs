@@ -751,6 +751,22 @@ impl KubernetesKms {
             .map_err(|e| self.fail(key, &format!("{what} ({})", self.label(&index_name)), e))
     }
 
+    /// Writes `meta` as the versions annotation of `obj`, the Secret of the mutable layout
+    /// (conditional `PUT` with its `resourceVersion`); `what` names the change for errors.
+    async fn write_single(
+        &self,
+        key: &str,
+        mut obj: SecretObj,
+        meta: &Meta,
+        what: &str,
+    ) -> Result<(), KmsError> {
+        obj.set_annotation(VERSIONS_ANNOTATION, Some(meta.to_json()));
+        self.replace_secret(&obj)
+            .await
+            .map_err(|e| self.fail(key, &format!("{what} in {}", self.label(key)), e))?;
+        Ok(())
+    }
+
     fn read_now(&self, key: &str) -> Result<KeyState, KmsError> {
         self.run(async {
             let view = self.load(key).await?;
@@ -982,11 +998,7 @@ impl KubernetesKms {
                     (meta.current, meta.pending) =
                         book::commit_states(&mut meta.versions, previous, pending);
                     obj.set_label(MANAGED_BY_LABEL, "keyplan");
-                    obj.set_annotation(VERSIONS_ANNOTATION, Some(meta.to_json()));
-                    self.replace_secret(&obj)
-                        .await
-                        .map_err(|e| self.fail(key, &format!("{what} in {}", self.label(key)), e))?;
-                    Ok(())
+                    self.write_single(key, obj, &meta, &what).await
                 }
                 View::Index { index, mut meta } => {
                     (meta.current, meta.pending) =
@@ -1019,31 +1031,25 @@ impl KubernetesKms {
                 "{} holder {holder} of key {key:?}",
                 if add { "recording" } else { "removing" }
             );
+            let edit = |meta: &mut Meta| {
+                if add {
+                    meta.holders
+                        .insert(holder.to_string(), crate::clock::now_unix());
+                } else {
+                    meta.holders.remove(holder);
+                }
+            };
             match view {
                 View::Single { obj, mut meta } => {
                     let Some(mut obj) = obj else {
                         return Ok(());
                     };
-                    if add {
-                        meta.holders
-                            .insert(holder.to_string(), crate::clock::now_unix());
-                    } else {
-                        meta.holders.remove(holder);
-                    }
+                    edit(&mut meta);
                     obj.set_label(MANAGED_BY_LABEL, "keyplan");
-                    obj.set_annotation(VERSIONS_ANNOTATION, Some(meta.to_json()));
-                    self.replace_secret(&obj).await.map_err(|e| {
-                        self.fail(key, &format!("{what} in {}", self.label(key)), e)
-                    })?;
-                    Ok(())
+                    self.write_single(key, obj, &meta, &what).await
                 }
                 View::Index { index, mut meta } => {
-                    if add {
-                        meta.holders
-                            .insert(holder.to_string(), crate::clock::now_unix());
-                    } else {
-                        meta.holders.remove(holder);
-                    }
+                    edit(&mut meta);
                     self.write_index(key, index, &meta, &what).await
                 }
             }
@@ -1074,11 +1080,7 @@ impl KubernetesKms {
                         return Ok(());
                     }
                     book::retire_state(&mut meta.versions, version);
-                    obj.set_annotation(VERSIONS_ANNOTATION, Some(meta.to_json()));
-                    self.replace_secret(&obj).await.map_err(|e| {
-                        self.fail(key, &format!("{what} in {}", self.label(key)), e)
-                    })?;
-                    Ok(())
+                    self.write_single(key, obj, &meta, &what).await
                 }
                 View::Index { index, mut meta } => {
                     let Some(entry) = meta.find(version).cloned() else {
