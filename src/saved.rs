@@ -148,6 +148,8 @@ impl SavedPlan {
             holders,
             graph: StepGraph::from_parts(self.steps.clone(), &self.deps),
             notes,
+            // Not saved: a wait is a fact of the moment of planning, not a change.
+            waiting: Vec::new(),
         })
     }
 }

@@ -25,6 +25,10 @@
 //!   `max_concurrent_nodes`, and every device opens with its key's current version in OpenBao.
 //!   With `KEYPLAN_FLEET_FIGURES=FILE` it writes its figures (JSON) there
 //!   (benches/fleet_rollout.sh).
+//! - `shared_key_on_three_nodes`: one key on devices of three nodes, rotated as one two-phase
+//!   commit through the KMS's holder records: each agent `kill -9`ed at every kind of step,
+//!   a witness polling that the current version opens every device; a node stopped for good
+//!   blocks the commit (reported by name) until it returns, or leaves the plan.
 
 mod common;
 #[path = "common/fake_apiserver.rs"]
@@ -1730,6 +1734,435 @@ fn run_durations(log: &str) -> Vec<f64> {
         }
     }
     out
+}
+
+/// The last JSON log lines of `log` from line `from` on: `(event, message)` of each step event.
+fn step_events(log: &Path, from: usize) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .skip(from)
+        .filter_map(|l| {
+            let v: Value = serde_json::from_str(l).ok()?;
+            let ev = v["fields"]["event"].as_str()?.to_string();
+            let msg = v["fields"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            Some((ev, msg))
+        })
+        .collect()
+}
+
+fn line_count(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+}
+
+/// The file KMS's `meta.json` of key `k` under `root/keys`.
+fn file_meta(root: &Path, key: &str) -> Value {
+    std::fs::read(root.join("keys").join(key).join("meta.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(Value::Null)
+}
+
+/// The kinds of steps of a shared key's rotation, as the agents log them, and a short name.
+const SHARED_STEP_KINDS: [(&str, &str); 7] = [
+    ("stage a new version", "stage"),
+    (" add k ", "add"),
+    (" verify k ", "verify"),
+    ("record that this plan's devices hold", "vote"),
+    ("commit the new version", "commit"),
+    (" kill keyslot", "kill"),
+    ("withdraw this plan's vote", "unvote"),
+];
+
+/// A key shared by three nodes (one file KMS entry, four devices: two on worker-1) rotated as
+/// one two-phase commit: every agent killed (`kill -9`) at every kind of step and restarted,
+/// while a witness checks all along that the KMS's current version opens every device; then
+/// worker-3 stopped for good: the commit is blocked and reported, naming worker-3, with nothing
+/// locked out; it converges when worker-3 returns; and once worker-3 leaves the plan (its
+/// record released), the others rotate without it.
+#[test]
+fn shared_key_on_three_nodes() {
+    let s = Scratch::new();
+    let fake = Arc::new(FakeApiserver::start());
+    let names: Vec<String> = (1..=3).map(|i| format!("worker-{i}")).collect();
+    let kubeconfig = agent_kubeconfig_for(&fake, &names, Some(2));
+    let initial = s.initial_pass();
+    let mut images: Vec<(String, String, PathBuf)> = Vec::new();
+    for n in &names {
+        std::fs::create_dir_all(s.path(n)).expect("mkdir");
+        images.push((
+            format!("{n}-a"),
+            n.clone(),
+            s.small_image(&format!("{n}/a.img"), "luks2"),
+        ));
+    }
+    images.push((
+        "worker-1-b".into(),
+        "worker-1".into(),
+        s.small_image("worker-1/b.img", "luks2"),
+    ));
+    let keys = s.path("keys");
+    let plan = |rotate: Option<&str>, without: Option<&str>| {
+        let mut t = format!(
+            "version: 1\nkms:\n  local: {{ provider: file, path: {} }}\nkeys:\n  k: {{ kms: local{} }}\ndevices:\n",
+            keys.display(),
+            rotate.map(|r| format!(", rotate_after: {r}")).unwrap_or_default()
+        );
+        for (id, node, img) in &images {
+            if Some(node.as_str()) == without {
+                continue;
+            }
+            t += &format!(
+                "  {id}: {{ path: {}, node: {node}, keys: [k], enroll_with: {} }}\n",
+                img.display(),
+                initial.display()
+            );
+        }
+        t + &format!("{FAST_PBKDF}  fleet: {{ max_concurrent_nodes: 2, max_failed_nodes: 3, namespace: {NS} }}\n")
+    };
+    let config = s.path("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "kms:\n  local: {{ provider: file, path: {} }}\nenroll_with_dirs: [{}]\n",
+            keys.display(),
+            s.dir.path().display()
+        ),
+    )
+    .expect("config");
+    let mut cm = ConfigMapDir::new(s.path("plan-volume"), &plan(None, None));
+    let mut agents = vault_agents(
+        &s,
+        &names,
+        &[&cm.plan(), &config, &kubeconfig],
+        &["--interval", "3s", "--poll", "1s", "--slot-duration", "4s"],
+        &[("FAILPOINTS", "step.before_effect=sleep(100)")],
+    );
+    for a in agents.iter_mut() {
+        a.spawn();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let left: Arc<Mutex<BTreeSet<String>>> = Arc::new(Mutex::new(BTreeSet::new()));
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let meta = || file_meta(s.dir.path(), "k");
+    let dump = || {
+        let mut out = String::new();
+        if let Ok(to) = std::env::var("KEYPLAN_FLEET_KEEP_LOGS") {
+            let _ = std::fs::create_dir_all(&to);
+            for n in &names {
+                let _ = std::fs::copy(
+                    s.path(&format!("{n}/agent.log")),
+                    Path::new(&to).join(format!("{n}.log")),
+                );
+            }
+        }
+        for n in &names {
+            let r = report(&fake, n);
+            out += &format!(
+                "{n}: {} {} waiting={}\n",
+                r.as_ref()
+                    .map(|r| r["state"].to_string())
+                    .unwrap_or_default(),
+                r.as_ref()
+                    .map(|r| r["message"].to_string())
+                    .unwrap_or_default(),
+                r.as_ref()
+                    .map(|r| r["commits_waiting"].to_string())
+                    .unwrap_or_default(),
+            );
+        }
+        out += &format!(
+            "meta {}\nviolations {:?}\n",
+            meta(),
+            seen.lock().unwrap().violations
+        );
+        out
+    };
+    let current = || meta()["current"].as_u64().unwrap_or(0);
+    let holder_ids = || -> Vec<String> {
+        meta()["holders"]
+            .as_object()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default()
+    };
+    // Converged: no version pending, no vote left, every node in sync, and every device of
+    // the plan holds exactly its install keyslot and one keyslot of the current version.
+    let converged = |except: &BTreeSet<String>| {
+        let m = meta();
+        let c = m["current"].as_u64().unwrap_or(0);
+        c >= 1
+            && m["pending"].is_null()
+            && holder_ids().iter().all(|h| !h.contains(" verified v"))
+            && names.iter().filter(|n| !except.contains(*n)).all(|n| {
+                report(&fake, n).is_some_and(|r| {
+                    r["state"] == "in_sync"
+                        && r["changes"] == 0
+                        && r["keys"][0]["current_version"].as_u64() == Some(c)
+                })
+            })
+            && images
+                .iter()
+                .filter(|(_, n, _)| !except.contains(n))
+                .all(|(_, _, img)| keyslots(img).len() == 2)
+    };
+
+    // 1. Enrollment: the first node creates the key, the others enroll its current version;
+    //    each records itself as a holder.
+    wait_for(
+        240,
+        "enrollment on three nodes",
+        || converged(&BTreeSet::new()),
+        dump,
+    );
+    let mut ids = holder_ids();
+    ids.sort();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    for (id, n) in ids.iter().zip(&names) {
+        assert!(id.starts_with(&format!("{n}:")), "{ids:?}");
+    }
+    let v_enrolled = current();
+
+    eprintln!("shared key: enrolled at v{v_enrolled}");
+    // The witness, from the enrollment on: the KMS's current version opens every device still
+    // in the plan, at every instant (a failure is re-checked against a fresh read: a commit in between is no
+    // violation, since the old version's keyslots go only after it).
+    let witness = {
+        let (stop, left, seen) = (Arc::clone(&stop), Arc::clone(&left), Arc::clone(&seen));
+        let root = s.dir.path().to_path_buf();
+        let images = images.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                for (id, node, img) in &images {
+                    if left.lock().unwrap().contains(node) {
+                        continue;
+                    }
+                    let (Some(pass), _) = file_kms_state(&root, "k") else {
+                        continue;
+                    };
+                    if opens(img, &pass, None) {
+                        seen.lock().unwrap().checks += 1;
+                        continue;
+                    }
+                    let (again, _) = file_kms_state(&root, "k");
+                    if again.as_deref() != Some(pass.as_slice()) {
+                        continue;
+                    }
+                    if !opens(img, &pass, None) {
+                        seen.lock().unwrap().violations.push(format!(
+                            "{id} ({node}): the KMS's current version of k does not open {}",
+                            img.display()
+                        ));
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    // 2. Rotations (rotate_after: 1s): each agent in turn killed at a step of each kind.
+    cm.write(&plan(Some("1s"), None));
+    let mut killed: BTreeMap<String, BTreeSet<&str>> = BTreeMap::new();
+    let mut kills = 0usize;
+    let t2 = Instant::now();
+    'kills: for round in 0..(SHARED_STEP_KINDS.len() * names.len()) {
+        let i = round % names.len();
+        let (pattern, kind) =
+            SHARED_STEP_KINDS[(round / names.len() + i) % SHARED_STEP_KINDS.len()];
+        let log = s.path(&format!("{}/agent.log", names[i]));
+        let from = line_count(&log);
+        let t = Instant::now();
+        // Wait (up to 30 s) for that agent to start a step of that kind, then kill it at once.
+        loop {
+            if t2.elapsed() > Duration::from_secs(420) {
+                break 'kills;
+            }
+            if t.elapsed() > Duration::from_secs(30) {
+                continue 'kills;
+            }
+            let hit = step_events(&log, from)
+                .iter()
+                .any(|(ev, msg)| ev == "step_started" && msg.contains(pattern));
+            if hit {
+                agents[i].kill9();
+                kills += 1;
+                killed.entry(names[i].clone()).or_default().insert(kind);
+                std::thread::sleep(Duration::from_millis(300));
+                agents[i].spawn();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let kinds: BTreeSet<&str> = killed.values().flatten().copied().collect();
+    for must in ["stage", "add", "verify", "vote", "commit", "kill"] {
+        assert!(
+            kinds.contains(must),
+            "no agent was killed at a {must} step: {killed:?}\n{}",
+            dump()
+        );
+    }
+    for n in &names {
+        assert!(
+            killed.get(n).map_or(0, |k| k.len()) >= 3,
+            "{n} was killed at fewer than 3 kinds of steps: {killed:?}"
+        );
+    }
+    let v_rotated = current();
+    assert!(
+        v_rotated >= v_enrolled + 3,
+        "only {} rotations during the kills\n{}",
+        v_rotated - v_enrolled,
+        dump()
+    );
+    // Rotation stops: everything converges.
+    cm.write(&plan(None, None));
+    wait_for(
+        240,
+        "convergence after the kills",
+        || converged(&BTreeSet::new()),
+        dump,
+    );
+    eprintln!(
+        "shared key: {kills} kills ({killed:?}), {} rotations, {} witness checks",
+        current() - v_enrolled,
+        seen.lock().unwrap().checks
+    );
+
+    eprintln!("shared key: phase 3 at v{}", current());
+    // 3. worker-3 stopped for good: the others stage, add, verify and vote; the commit waits,
+    //    reported by name, and the current version stays (and opens worker-3's device).
+    agents[2].kill9();
+    let before = current();
+    cm.write(&plan(Some("1s"), None));
+    let waits_for_3 = |n: &str| {
+        report(&fake, n).is_some_and(|r| {
+            r["state"] == "waiting"
+                && r["commits_waiting"].as_array().is_some_and(|w| {
+                    w.iter().any(|w| {
+                        w["verified_here"] == true
+                            && w["blocking"].as_array().is_some_and(|b| {
+                                b.len() == 1 && b[0].as_str().unwrap_or("").starts_with("worker-3:")
+                            })
+                    })
+                })
+        })
+    };
+    wait_for(
+        120,
+        "worker-1 and worker-2 waiting for worker-3",
+        || waits_for_3("worker-1") && waits_for_3("worker-2"),
+        dump,
+    );
+    let t3 = Instant::now();
+    while t3.elapsed() < Duration::from_secs(6) {
+        let m = meta();
+        assert_eq!(
+            m["current"].as_u64(),
+            Some(before),
+            "committed without worker-3\n{}",
+            dump()
+        );
+        assert_eq!(m["pending"].as_u64(), Some(before + 1), "{}", dump());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let st = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+        .args(["fleet", "status", "--namespace", NS, "--kubeconfig"])
+        .arg(fake.kubeconfig(NS, "full"))
+        .output()
+        .expect("fleet status");
+    let st_text = String::from_utf8_lossy(&st.stdout).to_string();
+    assert!(
+        st_text.contains(&format!(
+            "key k v{} (KMS local): the commit waits for worker-3 to verify it",
+            before + 1
+        )),
+        "{st_text}"
+    );
+    let pending_waits = fake.objects("events", NS).iter().any(|e| {
+        e["reason"] == "CommitWaiting" && e["message"].as_str().unwrap_or("").contains("worker-3")
+    });
+    assert!(pending_waits, "no CommitWaiting Event naming worker-3");
+    eprintln!("shared key: commit blocked by worker-3 as reported");
+    // It returns: it adds, verifies and votes, and the commit happens.
+    agents[2].spawn();
+    wait_for(
+        120,
+        "the commit once worker-3 is back",
+        || current() > before,
+        dump,
+    );
+    cm.write(&plan(None, None));
+    wait_for(
+        240,
+        "convergence after worker-3 returned",
+        || converged(&BTreeSet::new()),
+        dump,
+    );
+
+    eprintln!("shared key: phase 4 at v{}", current());
+    // 4. worker-3 stopped for good again and taken out of the plan: its record, released by
+    //    an operator (`keyplan key release`), no longer blocks the others' rotation.
+    agents[2].kill9();
+    left.lock().unwrap().insert("worker-3".into());
+    let before = current();
+    cm.write(&plan(Some("1s"), Some("worker-3")));
+    let gone: BTreeSet<String> = ["worker-3".to_string()].into();
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        current(),
+        before,
+        "committed while worker-3's record is there\n{}",
+        dump()
+    );
+    let w3 = holder_ids()
+        .into_iter()
+        .find(|h| h.starts_with("worker-3:") && !h.contains(" verified v"))
+        .expect("worker-3's record");
+    let op_plan = s.plan("operator.yaml", &plan(None, Some("worker-3")));
+    let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+        .args(["key", "release", "k", "--holder", &w3, "-f"])
+        .arg(&op_plan)
+        .args(["--node", "worker-1", "--state-dir"])
+        .arg(s.path("operator-state"))
+        .output()
+        .expect("key release");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for(
+        120,
+        "a rotation without worker-3",
+        || current() > before,
+        dump,
+    );
+    cm.write(&plan(None, Some("worker-3")));
+    wait_for(
+        240,
+        "convergence without worker-3",
+        || converged(&gone),
+        dump,
+    );
+
+    stop.store(true, Ordering::SeqCst);
+    witness.join().expect("witness");
+    let (violations, checks) = {
+        let seen = seen.lock().unwrap();
+        (seen.violations.clone(), seen.checks)
+    };
+    assert!(
+        violations.is_empty(),
+        "I1 broken: {violations:?}\n{}",
+        dump()
+    );
+    assert!(checks > 100, "only {checks} witness checks");
+    for a in agents.iter_mut() {
+        a.term(10);
+    }
 }
 
 /// `benches/fleet_rollout.sh`: `KEYPLAN_FLEET_NODES` (100) agents, `KEYPLAN_FLEET_CONCURRENT`

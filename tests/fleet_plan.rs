@@ -1,7 +1,7 @@
 //! Fleet mode, the plan format (issue 15): devices name their Kubernetes node, `validate`
 //! checks the whole file, `plan`/`apply`/`status` act only on this node's devices (`--node`,
 //! `$NODE_NAME`, else the host name) and say what is left to other nodes; `settings.fleet`;
-//! a key on several nodes is refused for now.
+//! a key on several nodes is valid, and each node's part knows the key's other nodes (peers).
 
 mod common;
 
@@ -96,10 +96,23 @@ fn validate_checks_nodes_keys_and_fleet_settings() {
         Ok(_) => panic!("accepted:\n{text}"),
         Err(e) => assert!(e.contains(phrase), "{phrase:?} not in {e}"),
     };
-    // One key on two nodes, or on a node and on the running host.
-    bad(
-        &cluster(&[("a", Some("n1"), "k"), ("b", Some("n2"), "k")], ""),
-        "key `k` is listed on devices of 2 places: `a` on node n1, `b` on node n2",
+    // One key on two nodes: one two-phase commit across them; each node's part names the
+    // other node as the key's peer.
+    let shared = load(&cluster(
+        &[
+            ("a", Some("n1"), "k"),
+            ("b", Some("n2"), "k"),
+            ("c", Some("n3"), "k"),
+        ],
+        "",
+    ))
+    .expect("a key on three nodes");
+    let n2 = shared.for_node("n2");
+    assert_eq!(
+        n2.peers
+            .get("k")
+            .map(|p| p.iter().cloned().collect::<Vec<_>>()),
+        Some(vec!["n1".to_string(), "n3".to_string()])
     );
     // In a plan for several nodes every device names its node.
     bad(

@@ -40,6 +40,7 @@ fn report(node: &str, failed: bool) -> NodeReport {
         }),
         halted: false,
         refused_plan: None,
+        commits_waiting: Vec::new(),
         plan_signature: None,
         observation: None,
     }

@@ -72,6 +72,13 @@ pub enum HolderAction {
     Record,
     /// No device of the plan lists the key any more: remove the record.
     Release,
+    /// Every device of the plan that lists the key holds its staged version and opened with
+    /// it: record the plan's vote for it (`holder` is then the vote id,
+    /// [`crate::kms::book::vote_id`]; the two-phase commit of a shared key).
+    Vote,
+    /// Remove the plan's vote `holder` (stale: its version is no longer pending; or no longer
+    /// true: a device lost its keyslot of the version).
+    Withdraw,
 }
 
 /// One key-level change.
@@ -194,6 +201,68 @@ pub struct Diff {
     /// Facts worth knowing that are not changes (e.g. a device that left the plan still holds
     /// a key version, which is therefore kept).
     pub notes: Vec<String>,
+    /// Keys whose staged version waits for other holders (nodes) to verify it before it is
+    /// committed (the two-phase commit of a shared key), in key order. Not changes: this plan
+    /// has nothing more to do for them until the others vote.
+    pub waiting: Vec<CommitWait>,
+}
+
+/// A shared key's commit that waits for other holders (docs/fleet.md, "Keys on several
+/// nodes"): `version` is staged (or about to be), and is committed only once every holder in
+/// `blocking` has recorded that its devices hold it and open with it
+/// ([`crate::kms::book::vote_id`]). Until then the current version stays and opens every
+/// device of every holder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitWait {
+    /// Key id.
+    pub key: String,
+    /// KMS instance.
+    pub kms: String,
+    /// The version waiting to be committed.
+    pub version: u64,
+    /// The key's current version meanwhile.
+    pub current: Option<u64>,
+    /// The holders (`<node>:<state directory>`) that have not verified `version`, in id order.
+    pub blocking: Vec<String>,
+    /// Whether this plan's own devices hold and verified `version` already (its vote is
+    /// recorded), or will once this plan's steps ran.
+    pub verified_here: bool,
+}
+
+impl CommitWait {
+    /// The nodes of [`CommitWait::blocking`] (the part of each holder id before `:`).
+    pub fn blocking_nodes(&self) -> Vec<String> {
+        let mut n: Vec<String> = self
+            .blocking
+            .iter()
+            .map(|h| h.split_once(':').map(|(n, _)| n).unwrap_or(h).to_string())
+            .collect();
+        n.dedup();
+        n
+    }
+
+    /// One line for people: e.g. `key k: v3 is verified on this node's devices; its commit
+    /// waits for node(s) worker-2, worker-3 to verify it (v2 stays current and opens every
+    /// device)`.
+    pub fn describe(&self) -> String {
+        let here = if self.verified_here {
+            "is verified on this plan's devices"
+        } else {
+            "is being added on this plan's devices"
+        };
+        let stays = match self.current {
+            Some(c) => format!("v{c} stays current and opens every device meanwhile"),
+            None => "nothing is current yet".to_string(),
+        };
+        format!(
+            "key {}: v{} {here}; its commit waits for {} to verify it ({}); {stays}. A node that is down blocks the commit until it returns; for a node gone for good, `keyplan key release {} --holder HOLDER` removes its record",
+            self.key,
+            self.version,
+            self.blocking_nodes().join(", "),
+            self.blocking.join(", "),
+            self.key
+        )
+    }
 }
 
 impl Diff {
@@ -318,6 +387,7 @@ pub fn diff(plan: &Plan, observed: &Observed, opts: &DiffOptions) -> Result<Diff
         holders,
         refusals,
         mut notes,
+        waiting,
         ..
     } = p;
     if let Some(n) = plan.scope.as_ref().and_then(|s| s.note()) {
@@ -341,5 +411,6 @@ pub fn diff(plan: &Plan, observed: &Observed, opts: &DiffOptions) -> Result<Diff
         holders,
         graph: g,
         notes,
+        waiting,
     })
 }

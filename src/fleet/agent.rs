@@ -215,6 +215,7 @@ impl Agent {
             failure: None,
             halted: false,
             refused_plan: None,
+            commits_waiting: Vec::new(),
             plan_signature: None,
             observation: None,
         };
@@ -525,12 +526,12 @@ impl Agent {
             }
         };
         match work {
-            Work::None(observed) => {
+            Work::None { observed, waiting } => {
                 self.report.changes = 0;
                 // The node matches the plan: a failure of an earlier run no longer counts.
                 self.report.failure = None;
                 self.summarize(&engine, Some(&observed));
-                self.set_state(AgentState::InSync, None);
+                self.set_waiting(waiting);
                 self.publish(false);
             }
             Work::Some { changes, observed } => {
@@ -825,6 +826,11 @@ impl Agent {
             let observed = crate::ops::plan::make(engine, &PlanRequest::default()).ok();
             if let Some(o) = &observed {
                 self.report.changes = change_count(&o.diff);
+                if label == "success" {
+                    self.set_waiting(o.diff.waiting.clone());
+                } else {
+                    self.report.commits_waiting = o.diff.waiting.clone();
+                }
             }
             self.summarize(engine, observed.as_ref().map(|p| &p.observed));
         }
@@ -894,6 +900,26 @@ impl Agent {
         self.health().status = Some(status);
     }
 
+    /// In sync, or (with `waiting`) waiting for other nodes to verify a shared key's new
+    /// version; a new wait is said once in the log and an Event (`CommitWaiting`), naming the
+    /// nodes it waits for.
+    fn set_waiting(&mut self, waiting: Vec<crate::diff::CommitWait>) {
+        if waiting.is_empty() {
+            self.report.commits_waiting.clear();
+            self.set_state(AgentState::InSync, None);
+            return;
+        }
+        let text: Vec<String> = waiting.iter().map(|w| w.describe()).collect();
+        let message = format!("node {}: {}", self.opts.node, text.join("; "));
+        if self.report.commits_waiting != waiting {
+            tracing::info!(node = %self.opts.node, event = "commit_waiting", "{message}");
+            self.events()
+                .emit(EventType::Normal, "CommitWaiting", &message);
+        }
+        self.report.commits_waiting = waiting;
+        self.set_state(AgentState::Waiting, Some(text.join("; ")));
+    }
+
     fn set_state(&mut self, state: AgentState, message: Option<String>) {
         self.report.state = state;
         self.report.message = message;
@@ -959,8 +985,12 @@ impl Agent {
 
 /// What a full cycle found.
 enum Work {
-    /// The node matches the plan.
-    None(crate::observe::Observed),
+    /// The node matches the plan, or did all it can and waits for other nodes' votes on a
+    /// shared key (`waiting`).
+    None {
+        observed: crate::observe::Observed,
+        waiting: Vec<crate::diff::CommitWait>,
+    },
     /// An interrupted run to finish (`observed` is then `None`) or changes.
     Some {
         changes: usize,
@@ -983,7 +1013,10 @@ fn find_work(engine: &Engine) -> Result<Work, Error> {
             changes: change_count(&p.diff),
             observed: Some(p.observed),
         }),
-        Some(p) => Ok(Work::None(p.observed)),
+        Some(p) => Ok(Work::None {
+            observed: p.observed,
+            waiting: p.diff.waiting,
+        }),
         None => Err(Error::request("the apply session planned nothing", None)),
     }
 }

@@ -39,7 +39,9 @@ pub const CLEARED_ANNOTATION: &str = "keyplan.io/failure-cleared";
 pub enum AgentState {
     /// Nothing to do: the node matches the plan.
     InSync,
-    /// Has changes and waits for a rollout slot.
+    /// Has changes and waits for a rollout slot, or did its part of a shared key's rotation
+    /// and waits for other nodes to verify the new version before it is committed
+    /// (`commits_waiting`).
     Waiting,
     /// Applying (holds a rollout slot).
     Running,
@@ -116,6 +118,10 @@ pub struct NodeReport {
     /// The signature of the plan the agent runs, when the agent requires signed plans.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan_signature: Option<PlanSignature>,
+    /// Shared keys whose new version this node's last plan could not commit yet: other
+    /// nodes (holders) have not verified it (docs/fleet.md, "Keys on several nodes").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub commits_waiting: Vec<crate::diff::CommitWait>,
     /// What the agent last observed on its node, for `keyplan fleet plan`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observation: Option<Observation>,

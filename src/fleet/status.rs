@@ -37,6 +37,24 @@ pub struct FleetStatus {
     pub halted: bool,
     /// The rollout slots and who holds them now.
     pub slots: Vec<SlotStatus>,
+    /// Shared keys whose new version waits for nodes to verify it before it is committed, as
+    /// the live nodes report them, by key and version.
+    pub commits_waiting: Vec<FleetCommitWait>,
+}
+
+/// A shared key's commit that waits (docs/fleet.md, "Keys on several nodes"), fleet-wide.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FleetCommitWait {
+    /// Key id.
+    pub key: String,
+    /// KMS instance.
+    pub kms: String,
+    /// The version waiting to be committed.
+    pub version: u64,
+    /// The nodes that have not verified it (they block the commit), by name.
+    pub waiting_for: Vec<String>,
+    /// The nodes that report the wait (they verified it, or are adding it), by name.
+    pub reported_by: Vec<String>,
 }
 
 /// One node.
@@ -184,6 +202,41 @@ pub fn read(client: &kube::Client, namespace: &str) -> Result<FleetStatus, Strin
             halted |= !n.lost && r.halted && r.state == AgentState::Halted;
         }
     }
+    let mut waits: std::collections::BTreeMap<(String, u64), FleetCommitWait> = Default::default();
+    // Nodes whose report says they verified the version: not waited for, whatever an older
+    // report of another node says.
+    let mut verified: std::collections::BTreeSet<(String, u64, String)> = Default::default();
+    for n in nodes.iter().filter(|n| !n.lost && n.state != "invalid") {
+        for w in n.report.iter().flat_map(|r| r.commits_waiting.iter()) {
+            let e = waits
+                .entry((w.key.clone(), w.version))
+                .or_insert_with(|| FleetCommitWait {
+                    key: w.key.clone(),
+                    kms: w.kms.clone(),
+                    version: w.version,
+                    waiting_for: Vec::new(),
+                    reported_by: Vec::new(),
+                });
+            e.reported_by.push(n.node.clone());
+            if w.verified_here {
+                verified.insert((w.key.clone(), w.version, n.node.clone()));
+            }
+            for b in w.blocking_nodes() {
+                if !e.waiting_for.contains(&b) {
+                    e.waiting_for.push(b);
+                }
+            }
+        }
+    }
+    let commits_waiting: Vec<FleetCommitWait> = waits
+        .into_values()
+        .map(|mut w| {
+            w.waiting_for
+                .retain(|n| !verified.contains(&(w.key.clone(), w.version, n.clone())));
+            w.waiting_for.sort();
+            w
+        })
+        .collect();
     let mut slots: Vec<SlotStatus> = leases
         .items
         .iter()
@@ -205,6 +258,7 @@ pub fn read(client: &kube::Client, namespace: &str) -> Result<FleetStatus, Strin
         totals,
         halted,
         slots,
+        commits_waiting,
     })
 }
 

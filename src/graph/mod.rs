@@ -178,6 +178,24 @@ pub enum Step {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         entry: Option<(String, String)>,
     },
+    /// Record this plan's vote for the staged version of `key` in its KMS
+    /// ([`crate::kms::book::vote_id`]): every device of this plan that lists the key holds the
+    /// staged version and opened with it (the verify steps before it). A key several nodes (or
+    /// plans) hold is committed only once every other holder voted for the version (the
+    /// two-phase commit, [`crate::kms::book::check_holders`]).
+    Vote {
+        /// Key id.
+        key: String,
+    },
+    /// Remove this plan's vote for `version` of `key`: a stale one (the version was
+    /// committed or abandoned), or one that no longer holds (a device lost its keyslot of the
+    /// version: the vote goes before the keyslot is added again).
+    Unvote {
+        /// Key id.
+        key: String,
+        /// The version the vote names.
+        version: u64,
+    },
     /// Destroy a non-current version in the KMS.
     Retire {
         /// Key id.
@@ -293,6 +311,8 @@ impl Step {
             | Step::Retire { key, .. }
             | Step::Hold { key, .. }
             | Step::Release { key, .. }
+            | Step::Vote { key }
+            | Step::Unvote { key, .. }
             | Step::MigrateCopy { key, .. }
             | Step::DestroyOrigin { key, .. } => Some(key),
             _ => None,
@@ -347,6 +367,13 @@ impl fmt::Display for Step {
             Step::Retire { key, version } => write!(f, "retire {key} v{version}"),
             Step::Hold { key, .. } => write!(f, "record this plan as a holder of {key}"),
             Step::Release { key, .. } => write!(f, "remove this plan's holder record of {key}"),
+            Step::Vote { key } => write!(
+                f,
+                "record that this plan's devices hold and open with the new version of {key}"
+            ),
+            Step::Unvote { key, version } => {
+                write!(f, "withdraw this plan's vote for {key} v{version}")
+            }
             Step::MigrateCopy {
                 key,
                 from_kms,

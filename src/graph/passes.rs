@@ -313,7 +313,8 @@ pub fn retire_last(g: &mut StepGraph, _: &Intents) {
 
 /// A holder record comes before every keyslot added, adopted or committed for its key (unless
 /// the hold waits for the key's creation: an [`Intents::after_commit`] of the commit), and the
-/// removal of one after every other step on its key.
+/// removal of one after every other step on its key; a vote after the verifies of the staged
+/// version and before the commit, a withdrawn vote before the key's adds.
 pub fn holders_order(g: &mut StepGraph, intents: &Intents) {
     let steps = indexed(g);
     let on_key = |step: &Step, key: &str| -> bool {
@@ -354,6 +355,38 @@ pub fn holders_order(g: &mut StepGraph, intents: &Intents) {
                 for (s, other) in &steps {
                     if on_key(other, key) {
                         g.dep(*s, *h);
+                    }
+                }
+            }
+            // A vote comes after every verify of the staged version on this plan's devices
+            // and before the commit; a withdrawn vote goes before any keyslot of the key is
+            // added (and before a new vote).
+            Step::Vote { key } => {
+                for (s, other) in &steps {
+                    match other {
+                        Step::Verify {
+                            key: k,
+                            version: VersionRef::Staged,
+                            ..
+                        }
+                        | Step::Hold { key: k, .. }
+                        | Step::Stage { key: k, .. }
+                            if k == key =>
+                        {
+                            g.dep(*s, *h)
+                        }
+                        Step::Commit { key: k, .. } if k == key => g.dep(*h, *s),
+                        _ => {}
+                    }
+                }
+            }
+            Step::Unvote { key, .. } => {
+                for (s, other) in &steps {
+                    match other {
+                        Step::AddKeyslot { key: k, .. } | Step::Vote { key: k } if k == key => {
+                            g.dep(*h, *s)
+                        }
+                        _ => {}
                     }
                 }
             }

@@ -28,37 +28,75 @@ use std::fmt;
 
 use super::{KeyState, Kms, KmsError, VersionInfo, VersionState};
 
-/// The holder rule (invariant I7): a commit on behalf of the plan `me` is refused while the
-/// key records another holder (`holders`, as [`super::KeyState::holders`]): that plan's
-/// devices would not hold the new version. `None`: no check. Providers call it inside the
-/// read-check-write of their commit.
+/// The holder rule (invariant I7) with its two-phase commit: a commit of `pending` on behalf
+/// of the plan `me` is refused while the key records another holder (`holders`, as
+/// [`super::KeyState::holders`]) that has not also recorded its vote for `pending`
+/// ([`vote_id`]: its devices hold `pending` and it verified that `pending` opens them). Votes
+/// for other versions count for nothing. `None`: no check. Providers call it inside the
+/// read-check-write of their commit, so a vote withdrawn or a holder recorded concurrently
+/// either comes first and stops the commit, or comes after it and sees the new version.
 ///
-/// Errors: [`KmsError::Conflict`] naming the other holders and what to do.
+/// Errors: [`KmsError::Conflict`] naming the holders that have not verified `pending`.
 pub fn check_holders(
     kms: &dyn Kms,
     name: &str,
     holders: &std::collections::BTreeMap<String, u64>,
     me: Option<&str>,
+    pending: u64,
 ) -> Result<(), KmsError> {
     let Some(me) = me else {
         return Ok(());
     };
-    let others: Vec<String> = holders
-        .iter()
-        .filter(|(h, _)| h.as_str() != me)
-        .map(|(h, since)| format!("{h} (since {})", crate::clock::rfc3339(*since)))
-        .collect();
+    let others = unverified_holders(holders, me, pending);
     if others.is_empty() {
         return Ok(());
     }
+    let shown: Vec<String> = others
+        .iter()
+        .map(|h| {
+            let since = holders.get(*h).copied().unwrap_or_default();
+            format!("{h} (since {})", crate::clock::rfc3339(since))
+        })
+        .collect();
     Err(KmsError::conflict(
         kms,
         name,
         format!(
-            "the key is also held by {}: a new version committed from {me} would not be on that plan's devices; nothing was committed",
-            others.join(", ")
+            "the key is also held by {}, which has not verified v{pending}: a new version committed from {me} would not be on that plan's devices; nothing was committed",
+            shown.join(", ")
         ),
     ))
+}
+
+/// The holders of `holders` other than `me` (and other than votes) that have no vote for
+/// `version` ([`vote_id`]), in id order.
+pub fn unverified_holders<'h>(
+    holders: &'h std::collections::BTreeMap<String, u64>,
+    me: &str,
+    version: u64,
+) -> Vec<&'h str> {
+    holders
+        .keys()
+        .filter(|h| h.as_str() != me && parse_vote(h).is_none())
+        .filter(|h| !holders.contains_key(&vote_id(h, version)))
+        .map(String::as_str)
+        .collect()
+}
+
+/// The id of `holder`'s vote for `version` in the key's holder records: `<holder> verified
+/// v<version>`. A plan records it ([`super::Kms::hold`]) once every one of its devices that
+/// lists the key holds the pending `version` and opened with it; [`check_holders`] lets a
+/// commit of `version` through only when every other holder has voted so (the two-phase
+/// commit of a key shared by several plans or nodes, docs/fleet.md "Keys on several nodes").
+pub fn vote_id(holder: &str, version: u64) -> String {
+    format!("{holder} verified v{version}")
+}
+
+/// `(holder, version)` of a vote id ([`vote_id`]); `None` for a holder record.
+pub fn parse_vote(id: &str) -> Option<(&str, u64)> {
+    let (holder, v) = id.rsplit_once(" verified v")?;
+    let version = v.parse().ok()?;
+    Some((holder, version))
 }
 
 /// What the version rules need to know of a key: its current and pending version and the

@@ -210,7 +210,7 @@ impl Kms for FileKms {
         self.locked(name, |_| {
             let mut meta = self.read_meta(name)?;
             if meta.current != Some(pending) {
-                book::check_holders(self, name, &meta.holders, holder)?;
+                book::check_holders(self, name, &meta.holders, holder, pending)?;
             }
             let decision = meta.book().commit(expected_current, pending);
             let Commit::Go { previous } = decision.map_err(|r| r.conflict(self, name))? else {

@@ -628,7 +628,7 @@ impl Kms for KmipKms {
         let mut s = self.connect()?;
         let (objs, st) = self.read_on(&mut s, name)?;
         if st.current != Some(pending) {
-            super::book::check_holders(self, name, &st.holders, holder)?;
+            super::book::check_holders(self, name, &st.holders, holder, pending)?;
         }
         let decision = VersionBook::of(&st).commit(expected_current, pending);
         if decision == Ok(Commit::AlreadyCurrent) {

@@ -972,7 +972,7 @@ impl KubernetesKms {
         self.run(async {
             let view = self.load(key).await?;
             if view.meta().current != Some(pending) {
-                book::check_holders(self, key, &view.meta().holders, holder)?;
+                book::check_holders(self, key, &view.meta().holders, holder, pending)?;
             }
             let decision = view.meta().book().commit(expected, pending);
             let Commit::Go { previous } = decision.map_err(|r| r.conflict(self, key))? else {

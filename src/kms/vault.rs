@@ -1602,7 +1602,7 @@ impl Kms for VaultKms {
         // The holders are read with the KV version the write below checks-and-sets: a holder
         // recorded after this read makes that write fail.
         if let Some(l) = live {
-            super::book::check_holders(self, name, &l.holders, holder)?;
+            super::book::check_holders(self, name, &l.holders, holder, pending)?;
         }
         let Some(p) = live_pending(live, &staged).filter(|p| p.version == pending) else {
             // The book found `pending` pending, so this is not reached.

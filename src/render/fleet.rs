@@ -166,6 +166,17 @@ pub fn text(s: &FleetStatus) -> String {
             n => format!("; {n} node(s) refuse the plan's signature"),
         }
     );
+    for w in &s.commits_waiting {
+        let _ = writeln!(
+            out,
+            "key {} v{} (KMS {}): the commit waits for {} to verify it (reported by {}); the current version stays and opens every device",
+            clean(&w.key),
+            w.version,
+            clean(&w.kms),
+            clean(&w.waiting_for.join(", ")),
+            clean(&w.reported_by.join(", "))
+        );
+    }
     let held: Vec<String> = s
         .slots
         .iter()

@@ -68,6 +68,9 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
         for n in &diff.notes {
             let _ = writeln!(out, "Note: {n}\n");
         }
+        for w in &diff.waiting {
+            let _ = writeln!(out, "Note: {}\n", w.describe());
+        }
         out.push_str(NO_CHANGES);
         out.push('\n');
         return out;
@@ -81,7 +84,10 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
     for n in &diff.notes {
         let _ = writeln!(out, "Note: {n}");
     }
-    if !diff.notes.is_empty() {
+    for w in &diff.waiting {
+        let _ = writeln!(out, "Note: {}", w.describe());
+    }
+    if !diff.notes.is_empty() || !diff.waiting.is_empty() {
         out.push('\n');
     }
     let migrations = diff
@@ -130,6 +136,14 @@ fn holder_lines(out: &mut String, plan: &Plan, diff: &Diff) {
             ),
             HolderAction::Release => format!(
                 "remove this plan's holder record ({}) from KMS {}{name} (no device of the plan holds it any more)",
+                h.holder, h.kms
+            ),
+            HolderAction::Vote => format!(
+                "record in KMS {}{name} that this plan's devices hold and open with the new version ({}); the commit waits for every holder's vote",
+                h.kms, h.holder
+            ),
+            HolderAction::Withdraw => format!(
+                "withdraw this plan's vote ({}) from KMS {}{name} (its version is no longer pending, or a device lost it)",
                 h.holder, h.kms
             ),
         };
@@ -289,6 +303,10 @@ pub fn plan_json(diff: &Diff) -> serde_json::Value {
     // compare this document).
     if diff.adoptions() > 0 {
         doc["summary"]["adopt"] = diff.adoptions().into();
+    }
+    // Likewise: only a shared key's commit that waits for other nodes adds `waiting`.
+    if !diff.waiting.is_empty() {
+        doc["waiting"] = serde_json::to_value(&diff.waiting).unwrap_or_default();
     }
     if !diff.holders.is_empty() {
         doc["summary"]["holders"] = diff.holders.len().into();

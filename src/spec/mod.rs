@@ -199,6 +199,7 @@ pub fn load_str(
             fleet: r.fleet,
             scope: None,
             node: None,
+            peers: BTreeMap::new(),
             source,
         }),
         Err(issues) => {
@@ -272,6 +273,11 @@ pub struct Plan {
     /// The node (or host) the plan was cut for ([`Plan::for_node`], also for a plan that
     /// names no nodes); `None`: not cut (the host name stands in, [`Plan::holder`]).
     pub node: Option<String>,
+    /// For a plan cut to one node ([`Plan::for_node`]): per key this node's devices list, the
+    /// other nodes whose devices list it too, by name. Their holder records are this plan's
+    /// peers in the key's two-phase commit (docs/fleet.md, "Keys on several nodes"); empty for
+    /// a key of this node alone and for a plan that names no nodes.
+    pub peers: BTreeMap<String, std::collections::BTreeSet<String>>,
     /// The raw text and a span index, for diagnostics.
     source: Source,
 }

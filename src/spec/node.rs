@@ -113,9 +113,16 @@ impl Plan {
             .flat_map(|d| d.keys.iter().map(|k| k.key.clone()))
             .collect();
         let mut elsewhere: BTreeMap<String, usize> = BTreeMap::new();
+        let mut others: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         self.devices.retain(|_, d| match d.node.as_deref() {
             Some(n) if n != node => {
                 *elsewhere.entry(n.to_string()).or_default() += 1;
+                for k in &d.keys {
+                    others
+                        .entry(k.key.clone())
+                        .or_default()
+                        .insert(n.to_string());
+                }
                 false
             }
             _ => true,
@@ -134,6 +141,10 @@ impl Plan {
         for k in &keys_left_out {
             self.keys.remove(k);
         }
+        self.peers = others
+            .into_iter()
+            .filter(|(k, _)| used.contains(k.as_str()))
+            .collect();
         let keys_unused = keys_left_out
             .iter()
             .filter(|k| !listed.contains(*k))

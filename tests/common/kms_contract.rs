@@ -192,6 +192,42 @@ fn holders(kms: &dyn Kms, other: &dyn Kms, b: &str, material: &str) {
         "commit from B while A holds",
     );
 
+    // The two-phase commit: B's vote for another version counts for nothing; its vote for
+    // v2 (B's devices hold v2 and opened with it) lets A's commit through... after B withdraws
+    // it again, it no longer does.
+    other
+        .hold(b, &keyplan::kms::book::vote_id(B, v2 + 1))
+        .expect("vote of B for another version");
+    conflict(
+        kms.commit_as(b, Some(1), v2, Some(A)),
+        "commit while B voted for another version",
+    );
+    other
+        .hold(b, &keyplan::kms::book::vote_id(B, v2))
+        .expect("vote of B for v2");
+    other
+        .release(b, &keyplan::kms::book::vote_id(B, v2))
+        .expect("B withdraws its vote");
+    conflict(
+        kms.commit_as(b, Some(1), v2, Some(A)),
+        "commit after B withdrew its vote",
+    );
+    other
+        .hold(b, &keyplan::kms::book::vote_id(B, v2))
+        .expect("vote of B for v2 again");
+    kms.commit_as(b, Some(1), v2, Some(A))
+        .expect("commit once every other holder voted for v2");
+    let st = other.read(b).unwrap();
+    assert_eq!((st.current, st.pending), (Some(v2), None), "{st:?}");
+    for v in [v2, v2 + 1] {
+        other
+            .release(b, &keyplan::kms::book::vote_id(B, v))
+            .expect("stale vote withdrawn");
+    }
+    // Commit again (a lost reply) is a no-op, also with the votes gone.
+    kms.commit_as(b, Some(1), v2, Some(A))
+        .expect("repeated commit after the votes");
+
     // B drops the key: A's commit goes through, and a repeated one is a no-op.
     other.release(b, B).expect("release B");
     other.release(b, B).expect("release B again (idempotent)");

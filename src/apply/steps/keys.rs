@@ -101,6 +101,34 @@ impl Exec<'_> {
         StepOutcome::done(format!("{me} no longer holds {key}"))
     }
 
+    /// `vote`: records this plan's vote for the staged version of `key`
+    /// ([`crate::kms::book::vote_id`], idempotent), after its verify steps; then checks the
+    /// version is still the pending one (or was committed meanwhile by another holder).
+    pub(super) fn vote(&self, key: &str) -> Result<StepOutcome, StepError> {
+        let v = self.resolve(key, crate::graph::VersionRef::Staged)?;
+        let (kms, name, _) = self.key_ctx(key)?;
+        let me = self.plan.holder();
+        kms.hold(&name, &crate::kms::book::vote_id(&me, v))?;
+        let st = kms.read(&name)?;
+        if st.pending != Some(v) && st.current != Some(v) {
+            return Err(StepError::Drift(format!(
+                "{}: key {key}: v{v}, which this plan's devices now hold, is neither pending nor current any more (current {}, pending {}); run keyplan apply again",
+                kms.describe(),
+                st.current.map(|c| format!("v{c}")).unwrap_or_else(|| "none".into()),
+                st.pending.map(|p| format!("v{p}")).unwrap_or_else(|| "none".into()),
+            )));
+        }
+        StepOutcome::done(format!("{me} verified {key} v{v}"))
+    }
+
+    /// `unvote`: removes this plan's vote for `version` of `key` (idempotent).
+    pub(super) fn unvote(&self, key: &str, version: u64) -> Result<StepOutcome, StepError> {
+        let (kms, name, _) = self.key_ctx(key)?;
+        let me = self.plan.holder();
+        kms.release(&name, &crate::kms::book::vote_id(&me, version))?;
+        StepOutcome::done(format!("{me} no longer votes for {key} v{version}"))
+    }
+
     /// `retire`: destroys the material of a non-current version in the KMS (idempotent).
     pub(super) fn retire(&self, key: &str, version: u64) -> Result<StepOutcome, StepError> {
         let (kms, name, _) = self.key_ctx(key)?;

@@ -191,6 +191,8 @@ impl<'a> Exec<'a> {
             Step::Retire { key, version } => self.retire(key, *version),
             Step::Hold { key, current } => self.hold(key, *current),
             Step::Release { key, entry } => self.release(key, entry.as_ref()),
+            Step::Vote { key } => self.vote(key),
+            Step::Unvote { key, version } => self.unvote(key, *version),
             Step::MigrateCopy { .. } => self.migrate_copy(step),
             Step::DestroyOrigin { .. } => self.destroy_origin(step),
             Step::Rerecord {

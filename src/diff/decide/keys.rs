@@ -39,8 +39,9 @@ impl Planner<'_> {
             .any(|d| d.keys.iter().any(|k| k.key == key));
         if listed && !st.holders.contains_key(&self.me) && st.current.is_some() {
             // Devices of this plan hold the key, or are about to: say so in the KMS first.
-            self.holder_step(key, HolderAction::Record);
+            self.holder_step(key, true);
         }
+        self.stale_votes(key, st);
         match self.rotate_reason(key, opts) {
             Some((action, reason)) => {
                 if self.refuse_foreign_creation(key, st, action)
@@ -83,6 +84,15 @@ impl Planner<'_> {
             return false;
         }
         let kms = self.kms_of(key);
+        if let Some(peers) = self.plan.peers.get(key).filter(|p| !p.is_empty()) {
+            // A key this node shares with others: one of them is creating it. This node
+            // enrolls its current version once it exists.
+            self.notes.push(format!(
+                "key {key} (KMS {kms}) has a pending v{p} and no current version: another node of the plan ({}) is creating it; this node enrolls it once it is committed",
+                peers.iter().cloned().collect::<Vec<_>>().join(", ")
+            ));
+            return true;
+        }
         self.refuse_key(key, format!(
             "key {key} (KMS {kms}) has a pending v{p} and no current version, and no device of this plan holds v{p}: another plan (another host or state directory) is creating the key right now, or an earlier run of this plan lost its journal. Nothing was changed. Run keyplan again once the key exists (this plan then enrolls its current version); if no other plan is creating it, the pending version is a leftover: remove it in the KMS by hand"
         ));
@@ -103,7 +113,8 @@ impl Planner<'_> {
         let others: Vec<String> = st
             .holders
             .iter()
-            .filter(|(h, _)| **h != self.me)
+            .filter(|(h, _)| **h != self.me && !self.is_peer(key, h))
+            .filter(|(h, _)| crate::kms::book::parse_vote(h).is_none())
             .map(|(h, since)| format!("{h} (since {})", crate::clock::rfc3339(*since)))
             .collect();
         if others.is_empty() {
@@ -145,6 +156,44 @@ impl Planner<'_> {
         true
     }
 
+    /// Whether holder id `holder` (`<node>:<state directory>`) is a peer of this plan for
+    /// `key`: a node whose devices the plan file lists with the key ([`crate::spec::Plan::peers`]).
+    /// A peer's record does not block this plan's rotation: the commit waits for its vote.
+    pub(super) fn is_peer(&self, key: &str, holder: &str) -> bool {
+        let node = holder.split_once(':').map(|(n, _)| n).unwrap_or(holder);
+        self.plan.peers.get(key).is_some_and(|p| p.contains(node))
+    }
+
+    /// This plan's votes for versions of `key` that are no longer pending (committed or
+    /// abandoned) are withdrawn: they would count for nothing, and a list of holders is
+    /// read by people.
+    fn stale_votes(&mut self, key: &str, st: &crate::kms::KeyState) {
+        let stale: Vec<u64> = st
+            .holders
+            .keys()
+            .filter_map(|h| crate::kms::book::parse_vote(h))
+            .filter(|(h, v)| *h == self.me && Some(*v) != st.pending)
+            .map(|(_, v)| v)
+            .collect();
+        for version in stale {
+            self.unvote_step(key, version);
+        }
+    }
+
+    /// A step withdrawing this plan's vote for `version` of `key`, and its change.
+    pub(super) fn unvote_step(&mut self, key: &str, version: u64) -> usize {
+        self.holders.push(crate::diff::HolderChange {
+            key: key.to_string(),
+            kms: self.kms_of(key),
+            holder: crate::kms::book::vote_id(&self.me, version),
+            action: HolderAction::Withdraw,
+        });
+        self.g.add(crate::graph::Step::Unvote {
+            key: key.to_string(),
+            version,
+        })
+    }
+
     /// After the removals are decided: this plan's holder record of every key no device of
     /// the plan lists any more goes, once no device keyplan knows still holds the key after
     /// this plan's changes.
@@ -163,7 +212,7 @@ impl Planner<'_> {
                 .any(|d| d.keys.iter().any(|k| k.key == key));
             if held && !listed {
                 if self.released_everywhere(&key) {
-                    self.holder_step(&key, HolderAction::Release);
+                    self.holder_step(&key, false);
                 } else {
                     self.note_kept_record(&key);
                 }

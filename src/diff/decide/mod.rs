@@ -63,6 +63,8 @@ pub(super) struct Planner<'a> {
     pub(super) devs: BTreeMap<String, Dev>,
     pub(super) refusals: Vec<Refusal>,
     pub(super) notes: Vec<String>,
+    /// Shared keys whose commit waits for other holders.
+    pub(super) waiting: Vec<super::CommitWait>,
 }
 
 impl<'a> Planner<'a> {
@@ -85,6 +87,7 @@ impl<'a> Planner<'a> {
             devs,
             refusals: Vec::new(),
             notes: Vec::new(),
+            waiting: Vec::new(),
         }
     }
 
@@ -140,23 +143,30 @@ impl<'a> Planner<'a> {
         self.refusals.push(Refusal::key(id, message));
     }
 
-    /// A holder record step for `key` and its change (`Hold` or `Release`).
-    fn holder_step(&mut self, key: &str, action: HolderAction) -> usize {
+    /// A holder record step for `key` and its change: `record` (a `Hold`), else a `Release`.
+    /// Votes have their own steps (`rotate`, `unvote_step`).
+    fn holder_step(&mut self, key: &str, record: bool) -> usize {
+        let action = if record {
+            HolderAction::Record
+        } else {
+            HolderAction::Release
+        };
         self.holders.push(HolderChange {
             key: key.to_string(),
             kms: self.kms_of(key),
             holder: self.me.clone(),
             action,
         });
-        self.g.add(match action {
-            HolderAction::Record => Step::Hold {
+        self.g.add(if record {
+            Step::Hold {
                 key: key.to_string(),
                 current: self.obs.keys.get(key).and_then(|st| st.current),
-            },
-            HolderAction::Release => Step::Release {
+            }
+        } else {
+            Step::Release {
                 key: key.to_string(),
                 entry: None,
-            },
+            }
         })
     }
 

@@ -10,7 +10,9 @@ use crate::kms::KeyState;
 /// The steps of one rotation that every device's steps hang on.
 #[derive(Clone, Copy)]
 struct Rotation {
-    commit: usize,
+    /// The commit, or `None` when it waits for other holders' votes (the two-phase commit of
+    /// a shared key): the new version is then only added, verified and voted for.
+    commit: Option<usize>,
     /// The version that becomes current (the pending one, or the predicted next number).
     to: u64,
     action: KeyAction,
@@ -32,6 +34,46 @@ impl Planner<'_> {
         let max_known = st.versions.keys().copied().max().unwrap_or(0);
         let at_least = self.max_recorded(key).max(max_known) + 1;
         let to = st.pending.unwrap_or(at_least);
+        // The two-phase commit of a shared key: every other holder (a peer node; other plans
+        // were refused before) must have voted for `to` before it is committed.
+        let blocking: Vec<String> = crate::kms::book::unverified_holders(&st.holders, &self.me, to)
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        let voted = st
+            .holders
+            .contains_key(&crate::kms::book::vote_id(&self.me, to));
+        if !blocking.is_empty() {
+            let held_here = devices.iter().all(|d| {
+                self.state(d)
+                    .is_some_and(|ds| ds.slots_of(key).iter().any(|(_, v)| *v == to))
+            });
+            if voted && st.pending == Some(to) && held_here {
+                // This plan did its part; nothing to do until the others vote but kill the
+                // keyslots of versions older than the current one.
+                for d in devices {
+                    let Some(ds) = self.state(d) else { continue };
+                    let recs = ds.slots_of(key);
+                    if let Some((new_slot, _)) = recs.iter().find(|(_, v)| *v == to).copied() {
+                        self.kill_older_than_current(key, st, d, &recs, new_slot);
+                    }
+                }
+                self.waiting.push(crate::diff::CommitWait {
+                    key: key.to_string(),
+                    kms: self.kms_of(key),
+                    version: to,
+                    current: c,
+                    blocking,
+                    verified_here: true,
+                });
+                return;
+            }
+            if voted {
+                // A device lost its keyslot of `to` (or joined the plan): the vote no longer
+                // holds; withdraw it before adding again.
+                self.unvote_step(key, to);
+            }
+        }
         let change_index = self.keys.len();
         self.keys.push(KeyChange {
             key: key.to_string(),
@@ -48,17 +90,41 @@ impl Planner<'_> {
             key: key.to_string(),
             at_least,
         });
-        let commit = self.g.add(Step::Commit {
-            key: key.to_string(),
-            expected_current: c,
-        });
+        let commit = if blocking.is_empty() {
+            Some(self.g.add(Step::Commit {
+                key: key.to_string(),
+                expected_current: c,
+            }))
+        } else {
+            let vote = crate::kms::book::vote_id(&self.me, to);
+            self.holders.push(crate::diff::HolderChange {
+                key: key.to_string(),
+                kms: self.kms_of(key),
+                holder: vote,
+                action: crate::diff::HolderAction::Vote,
+            });
+            self.g.add(Step::Vote {
+                key: key.to_string(),
+            });
+            self.waiting.push(crate::diff::CommitWait {
+                key: key.to_string(),
+                kms: self.kms_of(key),
+                version: to,
+                current: c,
+                blocking,
+                verified_here: false,
+            });
+            None
+        };
         let r = Rotation { commit, to, action };
         for device in devices {
             self.rotate_device(key, st, device, r);
         }
-        let retired = self.retention(key, st, devices);
-        if let Some(k) = self.keys.get_mut(change_index) {
-            k.retire = retired;
+        if commit.is_some() {
+            let retired = self.retention(key, st, devices);
+            if let Some(k) = self.keys.get_mut(change_index) {
+                k.retire = retired;
+            }
         }
     }
 
@@ -92,11 +158,19 @@ impl Planner<'_> {
                 None => return,
             },
         };
-        self.intents.gates.push((verify, r.commit));
+        let Some(commit) = r.commit else {
+            // The commit waits for other holders: the current version's keyslot stays, and so
+            // does the new one; keyslots of older versions go now, anchored on the current
+            // version's keyslot (a rotation due again before this node killed the last one's
+            // old keyslots).
+            self.kill_older_than_current(key, st, device, &recs, new_slot);
+            return;
+        };
+        self.intents.gates.push((verify, commit));
         let d = self.dev(device);
         if d.anchor.is_none() {
             d.anchor = Some(verify);
-            d.anchor_commit = Some(r.commit);
+            d.anchor_commit = Some(commit);
         }
         let mut pinned_kill = None;
         for (s, v) in recs.iter().copied().filter(|(s, _)| *s != new_slot) {
@@ -105,7 +179,7 @@ impl Planner<'_> {
                 version: VersionRef::Version(v),
             };
             let k = self.kill(device, s, holder, verify);
-            self.intents.after_commit.push((k, r.commit));
+            self.intents.after_commit.push((k, commit));
             self.change(
                 device,
                 s,
@@ -128,6 +202,52 @@ impl Planner<'_> {
             if let Some(k) = pinned_kill {
                 self.move_back_to_pin(key, device, n, new_slot, k, r);
             }
+        }
+    }
+
+    /// While a shared key's commit waits: kills the keyslots of `device` that hold versions of
+    /// `key` other than the current one and the new one (`new_slot`), once the current
+    /// version's keyslot was verified (it stays, and opens the device).
+    fn kill_older_than_current(
+        &mut self,
+        key: &str,
+        st: &KeyState,
+        device: &str,
+        recs: &[(u32, u64)],
+        new_slot: u32,
+    ) {
+        let Some(c) = st.current else {
+            return;
+        };
+        let Some(anchor_slot) = recs.iter().find(|(_, v)| *v == c).map(|(s, _)| *s) else {
+            return;
+        };
+        let older: Vec<(u32, u64)> = recs
+            .iter()
+            .copied()
+            .filter(|(s, v)| *s != new_slot && *s != anchor_slot && *v != c)
+            .collect();
+        if older.is_empty() {
+            return;
+        }
+        let anchor = self.verify_step(device, key, VersionRef::Version(c), anchor_slot);
+        for (s, v) in older {
+            let holder = SlotHolder::Record {
+                key: key.to_string(),
+                version: VersionRef::Version(v),
+            };
+            self.kill(device, s, holder, anchor);
+            self.change(
+                device,
+                s,
+                SlotAction::Remove,
+                Some(key),
+                Some(v),
+                (
+                    ReasonCode::SupersededVersion,
+                    format!("replaced by {key} v{c}"),
+                ),
+            );
         }
     }
 
@@ -189,7 +309,7 @@ impl Planner<'_> {
             return None;
         };
         let k = self.kill(device, n, holder, verify);
-        self.intents.after_commit.push((k, r.commit));
+        self.intents.after_commit.extend(r.commit.map(|c| (k, c)));
         self.change(
             device,
             n,
@@ -252,6 +372,6 @@ impl Planner<'_> {
         );
         let d = self.dev(device);
         d.anchor = Some(v2);
-        d.anchor_commit = Some(r.commit);
+        d.anchor_commit = r.commit;
     }
 }

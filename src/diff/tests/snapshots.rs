@@ -611,3 +611,127 @@ fn holder_records_are_written_and_removed() {
     assert_eq!(release.len(), 1, "{d:?}");
     assert_eq!(d.holders[0].action, crate::diff::HolderAction::Release);
 }
+
+/// A key on devices of two nodes (fleet mode): node n1's part. Its peer's record (n2) does not
+/// refuse the rotation; the commit waits for n2's vote, and happens once n2 voted.
+#[test]
+fn a_shared_key_commits_only_after_every_node_verified() {
+    let p = plan(
+        &ROOK
+            .replace("keys: [osd] }\n  db", "keys: [osd], node: n1 }\n  db")
+            .replace("db.img, keys: [osd] }", "db.img, keys: [osd], node: n1 }")
+            .replace("wal.img, keys: [osd] }", "wal.img, keys: [osd], node: n2 }"),
+    )
+    .for_node("n1");
+    let me = p.holder();
+    let peer = "n2:/var/lib/keyplan".to_string();
+    let vote = |h: &str, v: u64| crate::kms::book::vote_id(h, v);
+    let shared = |mut st: crate::kms::KeyState, extra: &[String]| {
+        st.holders.insert(me.clone(), scenario::NOW - scenario::DAY);
+        st.holders
+            .insert(peer.clone(), scenario::NOW - scenario::DAY);
+        for h in extra {
+            st.holders.insert(h.clone(), scenario::NOW);
+        }
+        st
+    };
+    let v1 = || {
+        vec![
+            Disk::luks2("block").holds(0, "osd", 1),
+            Disk::luks2("db").holds(0, "osd", 1),
+        ]
+    };
+    // Due, n2 has not voted: stage, add, verify, vote; no commit, no kill; the wait names n2.
+    let obs = observed(
+        &p,
+        v1(),
+        vec![("osd", shared(key(Some(1), 40, None, &[], &[]), &[]))],
+    );
+    let d = run(&p, &obs, &[]).expect("a plan");
+    let g = &d.graph;
+    assert!(
+        index_of(g, |s| matches!(
+            s,
+            Step::Commit { .. } | Step::KillKeyslot { .. }
+        ))
+        .is_empty(),
+        "{d:?}"
+    );
+    let votes = index_of(g, |s| matches!(s, Step::Vote { .. }));
+    assert_eq!(votes.len(), 1, "{d:?}");
+    for v in index_of(g, |s| matches!(s, Step::Verify { .. })) {
+        assert!(before(g, v, votes[0]), "the vote comes after verify {v}");
+    }
+    assert_eq!(d.waiting.len(), 1, "{d:?}");
+    assert_eq!(d.waiting[0].blocking, vec![peer.clone()]);
+    assert!(!d.waiting[0].verified_here);
+    assert!(
+        d.waiting[0].describe().contains("waits for n2"),
+        "{}",
+        d.waiting[0].describe()
+    );
+    // This node voted (its devices hold v2), n2 not yet: nothing to do, the wait is reported.
+    let both = || {
+        vec![
+            Disk::luks2("block").holds(0, "osd", 1).holds(1, "osd", 2),
+            Disk::luks2("db").holds(0, "osd", 1).holds(1, "osd", 2),
+        ]
+    };
+    let st = shared(key(Some(1), 1, Some(2), &[], &[]), &[vote(&me, 2)]);
+    let d = run(&p, &observed(&p, both(), vec![("osd", st)]), &[]).expect("a plan");
+    assert!(d.is_empty(), "{d:?}");
+    assert!(d.waiting[0].verified_here, "{d:?}");
+    // n2 voted: commit, then the old keyslots go (after the commit); no vote of our own.
+    let st = shared(
+        key(Some(1), 1, Some(2), &[], &[]),
+        &[vote(&me, 2), vote(&peer, 2)],
+    );
+    let d = run(&p, &observed(&p, both(), vec![("osd", st)]), &[]).expect("a plan");
+    let g = &d.graph;
+    let commit = index_of(g, |s| matches!(s, Step::Commit { .. }));
+    assert_eq!(commit.len(), 1, "{d:?}");
+    let kills = index_of(g, |s| matches!(s, Step::KillKeyslot { .. }));
+    assert_eq!(kills.len(), 2, "{d:?}");
+    for k in kills {
+        assert!(before(g, commit[0], k), "kill {k} after the commit");
+    }
+    assert!(d.waiting.is_empty() && index_of(g, |s| matches!(s, Step::Vote { .. })).is_empty());
+    // This node voted, then a device lost its v2 keyslot: the vote is withdrawn before the add.
+    let lost = vec![
+        Disk::luks2("block").holds(0, "osd", 1).holds(1, "osd", 2),
+        Disk::luks2("db").holds(0, "osd", 1),
+    ];
+    let st = shared(key(Some(1), 1, Some(2), &[], &[]), &[vote(&me, 2)]);
+    let d = run(&p, &observed(&p, lost, vec![("osd", st)]), &[]).expect("a plan");
+    let g = &d.graph;
+    let unvote = index_of(g, |s| matches!(s, Step::Unvote { version: 2, .. }));
+    assert_eq!(unvote.len(), 1, "{d:?}");
+    for a in index_of(g, |s| matches!(s, Step::AddKeyslot { .. })) {
+        assert!(
+            before(g, unvote[0], a),
+            "the withdrawal comes before add {a}"
+        );
+    }
+    // A stale vote (v1 committed, nothing pending) is withdrawn.
+    let st = shared(key(Some(1), 1, None, &[], &[]), &[vote(&me, 1)]);
+    let d = run(&p, &observed(&p, v1(), vec![("osd", st)]), &[]).expect("a plan");
+    assert_eq!(
+        index_of(&d.graph, |s| matches!(s, Step::Unvote { version: 1, .. })).len(),
+        1
+    );
+    // A holder that is not a node of the plan for this key still stops the rotation.
+    let st = shared(
+        key(Some(1), 40, None, &[], &[]),
+        &["host-b:/srv/b/.keyplan".to_string()],
+    );
+    let d = run(&p, &observed(&p, v1(), vec![("osd", st)]), &[]).expect("a plan");
+    assert!(
+        index_of(&d.graph, |s| matches!(s, Step::Stage { .. })).is_empty(),
+        "{d:?}"
+    );
+    assert!(
+        d.notes.iter().any(|n| n.contains("host-b:/srv/b/.keyplan")),
+        "{:?}",
+        d.notes
+    );
+}

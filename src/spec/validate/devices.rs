@@ -99,14 +99,13 @@ fn device_path<'f>(
     Some(abs)
 }
 
-/// The devices' `node` names, and each key on the devices of one node only (part 1 of fleet
-/// mode: a key whose devices sit on several nodes needs the nodes to take turns on one KMS
-/// entry, which is not built yet). A device without `node` counts as its own place (the host
-/// running keyplan), so a key on it and on a named node is refused as well.
+/// The devices' `node` names, and in a plan that names nodes, a `node` on every device. A
+/// key may be listed on devices of several nodes: its rotation is then one two-phase commit
+/// across the nodes (docs/fleet.md, "Keys on several nodes").
 ///
-/// Issues: `keyplan::plan::node` (not a Kubernetes node name), `keyplan::plan::key_on_many_nodes`
-/// (at the key, naming the nodes and one device on each).
-pub(super) fn check_nodes(file: &PlanFile, devices: &BTreeMap<String, Device>, cx: &mut Ctx) {
+/// Issues: `keyplan::plan::node` (not a Kubernetes node name), `keyplan::plan::node_missing`
+/// (a device without `node` in a plan whose other devices name theirs).
+pub(super) fn check_nodes(devices: &BTreeMap<String, Device>, cx: &mut Ctx) {
     for id in cx.in_file_order("devices", devices.keys()) {
         let Some(n) = devices.get(id).and_then(|d| d.node.as_deref()) else {
             continue;
@@ -146,41 +145,6 @@ pub(super) fn check_nodes(file: &PlanFile, devices: &BTreeMap<String, Device>, c
                 });
             }
         }
-    }
-    // Key id -> (node (None: the running host), first device there), in file order.
-    let mut places: BTreeMap<&str, Vec<(Option<&str>, &str)>> = BTreeMap::new();
-    for id in cx.in_file_order("devices", devices.keys()) {
-        let Some(d) = devices.get(id) else { continue };
-        for k in &d.keys {
-            let seen = places.entry(k.key.as_str()).or_default();
-            if !seen.iter().any(|(n, _)| *n == d.node.as_deref()) {
-                seen.push((d.node.as_deref(), id.as_str()));
-            }
-        }
-    }
-    for key in cx.in_file_order("keys", file.keys.keys()) {
-        let Some(nodes) = places.get(key.as_str()).filter(|n| n.len() > 1) else {
-            continue;
-        };
-        let shown: Vec<String> = nodes
-            .iter()
-            .map(|(n, dev)| match n {
-                Some(n) => format!("`{dev}` on node {n}"),
-                None => format!("`{dev}` on the host running keyplan (no `node`)"),
-            })
-            .collect();
-        cx.push(Issue {
-            path: p(&["keys", key]),
-            code: "keyplan::plan::key_on_many_nodes",
-            message: format!(
-                "key `{key}` is listed on devices of {} places: {}",
-                nodes.len(),
-                shown.join(", ")
-            ),
-            label: "devices on more than one node".to_owned(),
-            help: "give each node's devices their own key (e.g. one key per OSD, as Rook does); a key shared across nodes needs the nodes to take turns rotating it, which this version does not do yet".to_owned(),
-            also: Vec::new(),
-        });
     }
 }
 

@@ -169,7 +169,7 @@ pub(crate) fn validate(
     let devices = devices::check_devices(&file, &mut cx);
     let parallelism = settings::check_settings(&file.settings, &mut cx);
     let fleet = settings::check_fleet(file.settings.fleet.as_ref(), &mut cx);
-    devices::check_nodes(&file, &devices, &mut cx);
+    devices::check_nodes(&devices, &mut cx);
     if cx.issues.is_empty() {
         Ok(Resolved {
             state_dir,
