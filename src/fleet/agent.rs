@@ -105,6 +105,9 @@ pub(crate) struct Health {
     /// Whether the plan the agent runs has a verified signature (`None`: signatures are not
     /// required).
     pub plan_signed: Option<bool>,
+    /// Shared keys whose commit waits for other nodes: key id and the number of nodes it
+    /// waits for.
+    pub commits_waiting: Vec<(String, usize)>,
 }
 
 /// Runs the agent until `stop` is set (SIGTERM), then releases what it holds, reports
@@ -904,6 +907,10 @@ impl Agent {
     /// version; a new wait is said once in the log and an Event (`CommitWaiting`), naming the
     /// nodes it waits for.
     fn set_waiting(&mut self, waiting: Vec<crate::diff::CommitWait>) {
+        self.health().commits_waiting = waiting
+            .iter()
+            .map(|w| (w.key.clone(), w.blocking_nodes().len()))
+            .collect();
         if waiting.is_empty() {
             self.report.commits_waiting.clear();
             self.set_state(AgentState::InSync, None);

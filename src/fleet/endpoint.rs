@@ -100,6 +100,14 @@ fn metrics(h: &Health, node: &str) -> Result<String, std::fmt::Error> {
             b(signed),
         ));
     }
+    let mut waiting = ExtraGauge::new(
+        "keyplan_agent_commit_waiting_nodes",
+        "For a key several nodes share whose new version this node added (or is adding): the number of other nodes that have not verified it yet, so its commit waits (docs/fleet.md, Keys on several nodes). Absent when nothing waits.",
+    );
+    for (key, nodes) in &h.commits_waiting {
+        waiting.add(vec![("key", key.clone())], *nodes as u64);
+    }
+    extra.push(waiting);
     if let Some(t) = h.last_cycle_at {
         extra.push(ExtraGauge::single(
             "keyplan_agent_last_cycle_timestamp_seconds",

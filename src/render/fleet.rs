@@ -238,6 +238,16 @@ pub fn prometheus(s: &FleetStatus) -> Result<String, std::fmt::Error> {
         failed.add(vec![("node", n.node.clone())], b(n.failure_counts));
         age.add(vec![("node", n.node.clone())], n.report_age_seconds);
     }
+    let mut waiting = ExtraGauge::new(
+        "keyplan_fleet_commit_waiting_nodes",
+        "For a key several nodes share: the nodes that have not verified its new version, so its commit waits (by key and version).",
+    );
+    for w in &s.commits_waiting {
+        waiting.add(
+            vec![("key", w.key.clone()), ("version", w.version.to_string())],
+            w.waiting_for.len() as u64,
+        );
+    }
     let families = vec![
         ExtraGauge::single("keyplan_fleet_status_generated_timestamp_seconds", "When keyplan fleet status read the reports (Unix seconds).", s.generated_at),
         ExtraGauge::single("keyplan_fleet_healthy", "1 when no node failed, is lost, refused its plan, is in error or halted, and nothing drifted or is overdue, else 0.", b(s.healthy())),
@@ -252,6 +262,7 @@ pub fn prometheus(s: &FleetStatus) -> Result<String, std::fmt::Error> {
         lost,
         failed,
         age,
+        waiting,
     ];
     crate::render::status::prometheus_plain(families)
 }
