@@ -462,3 +462,49 @@ fn the_rook_example_generator_quotes_names_yaml_would_misread() {
         Some(std::time::Duration::from_secs(10 * 86400))
     );
 }
+
+/// A key on two nodes, by hand (`keyplan --node N apply`, one state directory per node): a
+/// rotation started on n1 waits for n2's vote. `keyplan key release` refuses the record of
+/// n2 while the plan file lists n2's device with the key (the next rotation would lock it
+/// out); once n2 is out of the plan, its record and its votes go, and n1 rotates alone.
+#[test]
+fn key_release_refuses_a_node_the_plan_still_lists() {
+    let s = Scratch::new();
+    let a = s.small_image("a.img", "luks2");
+    s.small_image("b.img", "luks2");
+    s.initial_pass();
+    let both = cluster(&[("a", Some("n1"), "k"), ("b", Some("n2"), "k")], "");
+    s.plan("keyplan.yaml", &both);
+    let on = |node: &str, args: &[&str], code: i32| {
+        let dir = format!("st-{node}");
+        let mut all = vec!["--node", node, "--state-dir", dir.as_str()];
+        all.extend_from_slice(args);
+        s.ok(&all, code)
+    };
+    on("n1", &["apply", "--auto-approve"], 0);
+    on("n2", &["apply", "--auto-approve"], 0);
+    let out = on("n1", &["apply", "--auto-approve", "--rotate", "k"], 0);
+    assert!(out.contains("its commit waits for n2"), "{out}");
+    assert!(out.contains("1 commit(s) waiting for other nodes"), "{out}");
+    let holders = on("n1", &["key", "holders", "k"], 0);
+    let n2 = holders
+        .lines()
+        .find_map(|l| l.strip_prefix("n2:").and(l.split_whitespace().next()))
+        .expect("n2's record")
+        .to_string();
+    let out = on("n1", &["key", "release", "k", "--holder", &n2], 1);
+    assert!(out.contains("still lists with key k"), "{out}");
+    assert!(on("n1", &["key", "holders", "k"], 0).contains(&n2));
+
+    // n2 leaves the plan: its record goes, and n1's rotation is committed.
+    s.plan("keyplan.yaml", &cluster(&[("a", Some("n1"), "k")], ""));
+    on("n1", &["key", "release", "k", "--holder", &n2], 0);
+    let holders = on("n1", &["key", "holders", "k"], 0);
+    assert!(!holders.contains("n2:"), "{holders}");
+    let out = on("n1", &["apply", "--auto-approve"], 0);
+    assert!(out.contains("k v2 is now current"), "{out}");
+    let (current, pending) = file_kms_state(s.dir.path(), "k");
+    assert!(!pending);
+    assert!(opens(&a, &current.expect("current"), None));
+    assert_eq!(keyslots(&a).len(), 2, "the install keyslot and k v2");
+}

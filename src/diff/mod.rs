@@ -286,13 +286,15 @@ impl Diff {
         self.count(SlotAction::Adopt)
     }
     /// Keys to rotate (rotations and finished rotations of existing keys; creating a key,
-    /// or finishing its creation, is not a rotation).
+    /// or finishing its creation, is not a rotation; a shared key whose commit waits for other
+    /// nodes, [`Diff::waiting`], is not rotated by this plan yet).
     pub fn rotations(&self) -> usize {
         self.keys
             .iter()
             .filter(|k| {
                 k.action != KeyAction::Create && k.action != KeyAction::Migrate && k.from.is_some()
             })
+            .filter(|k| !self.waiting.iter().any(|w| w.key == k.key))
             .count()
     }
     /// True when a key moves to another KMS in this plan (a rotation that is due then waits

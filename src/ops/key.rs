@@ -111,7 +111,37 @@ pub fn release_holder(engine: &Engine, key: &str, holder: &str) -> Result<(), Er
             None,
         ));
     }
+    // A node the plan file still lists with the key: its devices are meant to hold the key,
+    // so its record must stay (a shared key's commit waits for its vote).
+    let node = holder.split_once(':').map(|(n, _)| n).unwrap_or(holder);
+    let plan = engine.plan();
+    let listed = plan.peers.get(key).is_some_and(|p| p.contains(node))
+        || (plan.node.as_deref() == Some(node)
+            && *holder != plan.holder()
+            && plan
+                .devices
+                .values()
+                .any(|d| d.keys.iter().any(|k| k.key == key)));
+    if listed && crate::kms::book::parse_vote(holder).is_none() {
+        return Err(Error::request(
+            format!(
+                "{}: holder {holder:?} is node {node}, whose devices the plan file {} still lists with key {key}; nothing was changed. Releasing it would let the key be rotated without that node, locking its devices out. If the node is gone for good, take its devices out of the plan file first, then release its record",
+                kms.describe(),
+                plan.source_path.display()
+            ),
+            None,
+        ));
+    }
     kms.release(&spec.name, holder)?;
+    // Its votes go with it: a vote without a holder means nothing, and must not count if the
+    // holder ever comes back with other devices.
+    for vote in st
+        .holders
+        .keys()
+        .filter(|h| crate::kms::book::parse_vote(h).is_some_and(|(of, _)| of == holder))
+    {
+        kms.release(&spec.name, vote)?;
+    }
     Ok(())
 }
 

@@ -98,7 +98,7 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
     let adoptions = diff.adoptions();
     let _ = writeln!(
         out,
-        "Plan: {} to add, {} to remove, {} keys to rotate{}{}{}.",
+        "Plan: {} to add, {} to remove, {} keys to rotate{}{}{}{}.",
         diff.adds(),
         diff.removes(),
         diff.rotations(),
@@ -116,6 +116,10 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
             0 => String::new(),
             1 => ", 1 holder record".to_string(),
             n => format!(", {n} holder records"),
+        },
+        match diff.waiting.len() {
+            0 => String::new(),
+            n => format!(", {n} commit(s) waiting for other nodes"),
         }
     );
     out
@@ -131,7 +135,7 @@ fn holder_lines(out: &mut String, plan: &Plan, diff: &Diff) {
             .unwrap_or_default();
         let what = match h.action {
             HolderAction::Record => format!(
-                "record this plan ({}) as a holder of the key in KMS {}{name} (its devices hold it; another plan's rotation of it is then refused)",
+                "record this plan ({}) as a holder of the key in KMS {}{name} (its devices hold it; another plan's rotation of it is then refused, a rotation on the key's other nodes waits for this one's)",
                 h.holder, h.kms
             ),
             HolderAction::Release => format!(

@@ -159,9 +159,23 @@ impl Planner<'_> {
     /// Whether holder id `holder` (`<node>:<state directory>`) is a peer of this plan for
     /// `key`: a node whose devices the plan file lists with the key ([`crate::spec::Plan::peers`]).
     /// A peer's record does not block this plan's rotation: the commit waits for its vote.
+    ///
+    /// A node with two records (two plans on one node, e.g. another state directory) is no
+    /// peer: which of them is the fleet's cannot be told, so both stop the rotation as other
+    /// plans do, with the note naming them.
     pub(super) fn is_peer(&self, key: &str, holder: &str) -> bool {
-        let node = holder.split_once(':').map(|(n, _)| n).unwrap_or(holder);
-        self.plan.peers.get(key).is_some_and(|p| p.contains(node))
+        let node_of = |h: &str| h.split_once(':').map(|(n, _)| n).unwrap_or(h).to_string();
+        let node = node_of(holder);
+        if !self.plan.peers.get(key).is_some_and(|p| p.contains(&node)) {
+            return false;
+        }
+        let records = self.obs.keys.get(key).map_or(0, |st| {
+            st.holders
+                .keys()
+                .filter(|h| crate::kms::book::parse_vote(h).is_none() && node_of(h) == node)
+                .count()
+        });
+        records <= 1
     }
 
     /// This plan's votes for versions of `key` that are no longer pending (committed or
@@ -361,13 +375,14 @@ impl Planner<'_> {
     ) -> Option<(KeyAction, (ReasonCode, String))> {
         let st = self.obs.keys.get(key)?;
         if let Some(p) = st.pending {
-            return Some((
-                KeyAction::Finish,
-                (
-                    ReasonCode::PendingRotation,
-                    format!("pending v{p} was staged by an earlier run that did not finish; finishing it"),
-                ),
-            ));
+            let why = if self.plan.peers.get(key).is_some_and(|p| !p.is_empty()) {
+                format!("pending v{p} is this key's rotation on all its nodes (staged here or by another node); adding it here")
+            } else {
+                format!(
+                    "pending v{p} was staged by an earlier run that did not finish; finishing it"
+                )
+            };
+            return Some((KeyAction::Finish, (ReasonCode::PendingRotation, why)));
         }
         let Some(cur) = st.current_info() else {
             return Some((
@@ -481,7 +496,13 @@ impl Planner<'_> {
     /// when free): `elsewhere` when the device already holds it in another keyslot (a move to
     /// the pinned keyslot). Returns the keyslot and its verify, which becomes the device's
     /// anchor.
-    fn enroll(&mut self, device: &str, key: &str, c: u64, elsewhere: bool) -> Option<(u32, usize)> {
+    pub(super) fn enroll(
+        &mut self,
+        device: &str,
+        key: &str,
+        c: u64,
+        elsewhere: bool,
+    ) -> Option<(u32, usize)> {
         let target = self.target(device, key, true)?;
         let unlock = self.unlock(device, key, Some(c))?;
         let (_, v) = self.add_step(device, key, VersionRef::Version(c), target, unlock);

@@ -101,7 +101,53 @@ impl<'a> Planner<'a> {
         }
         self.removals();
         self.releases();
+        self.withdraw_killed_votes();
         self.repairs();
+    }
+
+    /// A vote of this plan says its devices hold a version: before any keyslot of that
+    /// version is killed here (the key left the rotation, e.g. another plan's record now
+    /// stops it and the device converges back on the current version), the vote is withdrawn,
+    /// so no other holder commits a version this plan's devices no longer hold.
+    fn withdraw_killed_votes(&mut self) {
+        let steps: Vec<(usize, Step)> = self.g.steps().into_iter().enumerate().collect();
+        let obs = self.obs;
+        for (key, st) in &obs.keys {
+            let mine: Vec<u64> = st
+                .holders
+                .keys()
+                .filter_map(|h| crate::kms::book::parse_vote(h))
+                .filter(|(h, _)| *h == self.me)
+                .map(|(_, v)| v)
+                .collect();
+            for v in mine {
+                let kills: Vec<usize> = steps
+                    .iter()
+                    .filter(|(_, s)| {
+                        matches!(s, Step::KillKeyslot {
+                            holder: SlotHolder::Record { key: k, version },
+                            ..
+                        } if k == key && (*version == VersionRef::Version(v)
+                            || (*version == VersionRef::Staged && st.pending == Some(v))))
+                    })
+                    .map(|(i, _)| *i)
+                    .collect();
+                if kills.is_empty() {
+                    continue;
+                }
+                let existing = steps.iter().find_map(|(i, s)| match s {
+                    Step::Unvote { key: k, version } if k == key && *version == v => Some(*i),
+                    _ => None,
+                });
+                let unvote = match existing {
+                    Some(i) => i,
+                    None => self.unvote_step(key, v),
+                };
+                for k in kills {
+                    self.g.dep(unvote, k);
+                }
+            }
+        }
     }
 
     fn dev(&mut self, id: &str) -> &mut Dev {

@@ -44,9 +44,15 @@ impl Planner<'_> {
             .holders
             .contains_key(&crate::kms::book::vote_id(&self.me, to));
         if !blocking.is_empty() {
+            // Every device holds the new version, and the current one (a device that joined
+            // during the rotation gets the current version too: until the commit, it is the
+            // one the KMS says opens it).
             let held_here = devices.iter().all(|d| {
-                self.state(d)
-                    .is_some_and(|ds| ds.slots_of(key).iter().any(|(_, v)| *v == to))
+                self.state(d).is_some_and(|ds| {
+                    let recs = ds.slots_of(key);
+                    recs.iter().any(|(_, v)| *v == to)
+                        && c.is_none_or(|c| recs.iter().any(|(_, v)| *v == c))
+                })
             });
             if voted && st.pending == Some(to) && held_here {
                 // This plan did its part; nothing to do until the others vote but kill the
@@ -148,6 +154,13 @@ impl Planner<'_> {
         };
         let recs = ds.slots_of(key);
         let pinned = self.pinned(device, key);
+        if r.commit.is_none() {
+            if let Some(c) = st.current.filter(|c| !recs.iter().any(|(_, v)| v == c)) {
+                // A device new to the key while its commit waits for other nodes: it gets the
+                // current version first, which stays the KMS's current one until then.
+                self.enroll(device, key, c, false);
+            }
+        }
         let already = st
             .pending
             .and_then(|p| recs.iter().find(|(_, v)| *v == p).map(|(s, _)| *s));

@@ -734,4 +734,82 @@ fn a_shared_key_commits_only_after_every_node_verified() {
         "{:?}",
         d.notes
     );
+    // ... and when it appears after this node voted, the device converges back on v1: the
+    // vote for v2 is withdrawn before v2's keyslot is killed.
+    let st = shared(
+        key(Some(1), 1, Some(2), &[], &[]),
+        &[vote(&me, 2), "host-b:/srv/b/.keyplan".to_string()],
+    );
+    let d = run(&p, &observed(&p, both(), vec![("osd", st)]), &[]).expect("a plan");
+    let g = &d.graph;
+    let unvote = index_of(g, |s| matches!(s, Step::Unvote { version: 2, .. }));
+    let kills = index_of(g, |s| matches!(s, Step::KillKeyslot { .. }));
+    assert_eq!((unvote.len(), kills.len()), (1, 2), "{d:?}");
+    for k in kills {
+        assert!(before(g, unvote[0], k), "the vote goes before kill {k}");
+    }
+    // A second record on the peer node (another plan there): no peer, the rotation stops.
+    let st = shared(
+        key(Some(1), 40, None, &[], &[]),
+        &["n2:/srv/other/.keyplan".to_string()],
+    );
+    let d = run(&p, &observed(&p, v1(), vec![("osd", st)]), &[]).expect("a plan");
+    assert!(
+        index_of(&d.graph, |s| matches!(s, Step::Stage { .. })).is_empty(),
+        "{d:?}"
+    );
+    assert!(
+        d.notes
+            .iter()
+            .any(|n| n.contains("n2:/srv/other/.keyplan") && n.contains(&peer)),
+        "{:?}",
+        d.notes
+    );
+}
+
+/// A device that joins a shared key while its commit waits for another node gets the current
+/// version too, not only the new one: until the commit, the current version is what the KMS
+/// says opens it.
+#[test]
+fn a_device_joining_a_waiting_rotation_gets_the_current_version() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pass = dir.path().join("initial.pass");
+    std::fs::write(&pass, b"initial").expect("write");
+    let p = plan(
+        &ROOK
+            .replace("keys: [osd] }\n  db", "keys: [osd], node: n1 }\n  db")
+            .replace(
+                "db.img, keys: [osd] }",
+                &format!(
+                    "db.img, keys: [osd], node: n1, enroll_with: \"{}\" }}",
+                    pass.display()
+                ),
+            )
+            .replace("wal.img, keys: [osd] }", "wal.img, keys: [osd], node: n2 }"),
+    )
+    .for_node("n1");
+    let me = p.holder();
+    let mut st = key(Some(1), 1, Some(2), &[], &[]);
+    st.holders.insert(me.clone(), scenario::NOW - scenario::DAY);
+    st.holders
+        .insert("n2:/var/lib/keyplan".into(), scenario::NOW - scenario::DAY);
+    let disks = vec![
+        Disk::luks2("block").holds(0, "osd", 1),
+        Disk::luks2("db").keyslot(0),
+    ];
+    let d = run(&p, &observed(&p, disks, vec![("osd", st)]), &[]).expect("a plan");
+    let adds_on_db: Vec<VersionRef> = d
+        .graph
+        .steps()
+        .into_iter()
+        .filter_map(|s| match s {
+            Step::AddKeyslot {
+                device, version, ..
+            } if device == "db" => Some(version),
+            _ => None,
+        })
+        .collect();
+    assert!(adds_on_db.contains(&VersionRef::Version(1)), "{d:?}");
+    assert!(adds_on_db.contains(&VersionRef::Staged), "{d:?}");
+    assert!(index_of(&d.graph, |s| matches!(s, Step::Commit { .. })).is_empty());
 }
