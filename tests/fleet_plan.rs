@@ -496,11 +496,39 @@ fn key_release_refuses_a_node_the_plan_still_lists() {
     assert!(out.contains("still lists with key k"), "{out}");
     assert!(on("n1", &["key", "holders", "k"], 0).contains(&n2));
 
-    // n2 leaves the plan: its record goes, and n1's rotation is committed.
-    s.plan("keyplan.yaml", &cluster(&[("a", Some("n1"), "k")], ""));
-    on("n1", &["key", "release", "k", "--holder", &n2], 0);
+    // Nor its own record, while its devices list the key.
+    let n1 = holders
+        .lines()
+        .find_map(|l| l.strip_prefix("n1:").and(l.split_whitespace().next()))
+        .expect("n1's record")
+        .to_string();
+    let out = on("n1", &["key", "release", "k", "--holder", &n1], 1);
+    assert!(out.contains("still lists with key k"), "{out}");
+
+    // An operator releases n2 with a plan file without it, while n1 still runs the plan that
+    // lists n2: n1 does not commit (n2 has no record now, and no vote).
+    let without = cluster(&[("a", Some("n1"), "k")], "");
+    std::fs::write(s.path("without-n2.yaml"), &without).expect("write");
+    on(
+        "n1",
+        &[
+            "key",
+            "release",
+            "k",
+            "--holder",
+            &n2,
+            "-f",
+            "without-n2.yaml",
+        ],
+        0,
+    );
     let holders = on("n1", &["key", "holders", "k"], 0);
     assert!(!holders.contains("n2:"), "{holders}");
+    let out = on("n1", &["apply", "--auto-approve"], 0);
+    assert!(out.contains("n2:(no holder record yet)"), "{out}");
+    assert!(!out.contains("is now current"), "{out}");
+    // n2 leaves the plan n1 runs: n1's rotation is committed.
+    s.plan("keyplan.yaml", &without);
     let out = on("n1", &["apply", "--auto-approve"], 0);
     assert!(out.contains("k v2 is now current"), "{out}");
     let (current, pending) = file_kms_state(s.dir.path(), "k");

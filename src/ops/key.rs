@@ -117,7 +117,6 @@ pub fn release_holder(engine: &Engine, key: &str, holder: &str) -> Result<(), Er
     let plan = engine.plan();
     let listed = plan.peers.get(key).is_some_and(|p| p.contains(node))
         || (plan.node.as_deref() == Some(node)
-            && *holder != plan.holder()
             && plan
                 .devices
                 .values()

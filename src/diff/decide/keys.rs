@@ -467,7 +467,13 @@ impl Planner<'_> {
         };
         self.dev(device).anchor.get_or_insert(anchor);
         for (s, v) in extras {
-            let reason = if v != c {
+            let pending = self.obs.keys.get(key).and_then(|k| k.pending) == Some(v);
+            let reason = if v != c && pending {
+                (
+                    ReasonCode::SupersededVersion,
+                    format!("pending v{v} of {key}, whose rotation does not go on here (current is v{c})"),
+                )
+            } else if v != c {
                 (
                     ReasonCode::SupersededVersion,
                     format!("old version v{v} of {key} (current is v{c})"),

@@ -36,10 +36,26 @@ impl Planner<'_> {
         let to = st.pending.unwrap_or(at_least);
         // The two-phase commit of a shared key: every other holder (a peer node; other plans
         // were refused before) must have voted for `to` before it is committed.
-        let blocking: Vec<String> = crate::kms::book::unverified_holders(&st.holders, &self.me, to)
-            .into_iter()
-            .map(str::to_string)
-            .collect();
+        let mut blocking: Vec<String> =
+            crate::kms::book::unverified_holders(&st.holders, &self.me, to)
+                .into_iter()
+                .map(str::to_string)
+                .collect();
+        // A node the plan file lists with the key but that has no holder record (its agent
+        // has not run yet, or its record was released from a plan file without it) blocks
+        // the commit too: this plan says its devices hold the key.
+        if c.is_some() {
+            let node_of = |h: &str| h.split_once(':').map(|(n, _)| n.to_string());
+            for node in self.plan.peers.get(key).into_iter().flatten() {
+                let recorded = st.holders.keys().any(|h| {
+                    crate::kms::book::parse_vote(h).is_none()
+                        && node_of(h).as_deref() == Some(node.as_str())
+                });
+                if !recorded {
+                    blocking.push(format!("{node}:(no holder record yet)"));
+                }
+            }
+        }
         let voted = st
             .holders
             .contains_key(&crate::kms::book::vote_id(&self.me, to));
