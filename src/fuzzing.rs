@@ -170,3 +170,25 @@ fn assert_round_trip(records: &[Record], path: &Path) {
         Err(e) => panic!("written journal records do not read back: {e}"),
     }
 }
+
+/// The `luks_header` target: arbitrary bytes as the start of a device, through the in-process
+/// LUKS header reader ([`crate::luks::ondisk::parse`]). It must never panic; a header it
+/// accepts must be one keyplan can act on: keyslot and token ids below 32, and every token's
+/// keyslots among the header's keyslots or below 32.
+pub fn luks_header(data: &[u8]) {
+    let Ok(h) = crate::luks::ondisk::parse(data) else {
+        return;
+    };
+    let max = h.version.max_keyslots();
+    for n in h.keyslots.keys() {
+        assert!(*n < 32, "keyslot {n} accepted (max {max})");
+    }
+    for (id, t) in &h.tokens {
+        assert!(*id < 32, "token {id} accepted");
+        assert!(
+            t.keyslots.iter().all(|k| *k < 32),
+            "token {id} names a keyslot above 31"
+        );
+    }
+    let _ = h.condition.write_blocker();
+}

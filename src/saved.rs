@@ -52,6 +52,9 @@ pub struct SavedOptions {
     pub rotate: Vec<String>,
     /// `--verify`.
     pub verify: bool,
+    /// `--repair-headers`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub repair_headers: bool,
 }
 
 /// The journal's last run when the plan was made.

@@ -1,4 +1,5 @@
-//! Replays the committed fuzz corpora (`fuzz/corpus/plan_loader/`, `fuzz/corpus/journal_reader/`)
+//! Replays the committed fuzz corpora (`fuzz/corpus/plan_loader/`, `fuzz/corpus/journal_reader/`,
+//! `fuzz/corpus/luks_header/`)
 //! through the same harnesses as the `cargo fuzz` targets, on stable Rust and without
 //! cargo-fuzz: every input that once reached new code (or crashed) must still load, fail
 //! cleanly, or parse without a panic. See docs/fuzzing.md.
@@ -53,6 +54,11 @@ fn plan_loader_corpus_does_not_panic() {
 #[test]
 fn journal_reader_corpus_does_not_panic() {
     replay("journal_reader", 10, fuzzing::journal_reader);
+}
+
+#[test]
+fn luks_header_corpus_does_not_panic() {
+    replay("luks_header", 6, fuzzing::luks_header);
 }
 
 #[test]

@@ -533,10 +533,19 @@ fn not_luks_missing_and_directory() {
 #[test]
 fn missing_program_is_a_spawn_error() {
     let dir = tempfile::tempdir().unwrap();
-    let dev = dir.path().join("x.img");
-    create_image(&dev, 1 << 20).unwrap();
+    let dev = image(
+        &Cryptsetup::new(),
+        dir.path(),
+        LuksVersion::Luks2,
+        "first-pass",
+        None,
+    );
     let cs = Cryptsetup::with_program(PathBuf::from("/nonexistent/cryptsetup"));
-    let err = cs.dump(&dev).unwrap_err();
+    // Headers are read in process: no program needed.
+    assert_eq!(cs.dump(&dev).unwrap().version, LuksVersion::Luks2);
+    let err = cs
+        .test_passphrase(&dev, 0, &pass("first-pass"))
+        .unwrap_err();
     assert!(matches!(err, LuksError::Spawn { .. }), "{err}");
     assert_eq!(cs.pbkdf_runs(), 0);
 }
@@ -559,8 +568,14 @@ fn secrets_travel_only_through_pipes() {
     std::fs::create_dir(&log).unwrap();
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let dev = dir.path().join("dev.img");
-    create_image(&dev, 4096).unwrap();
+    // A real header (read in process before a test), handed to the fake program.
+    let dev = image(
+        &Cryptsetup::new(),
+        dir.path(),
+        LuksVersion::Luks2,
+        "first-pass",
+        None,
+    );
 
     let cs = Cryptsetup::with_program(fake);
     let unlock = Passphrase::new(b"UNLOCK-secret\nwith newline\n".to_vec());
@@ -802,12 +817,12 @@ fn logging_cryptsetup(dir: &Path, log: &Path) -> Cryptsetup {
     Cryptsetup::with_program(script)
 }
 
-/// A LUKS2 header is read with one cryptsetup process (the JSON dump), the UUID and epoch
-/// coming from the binary headers, and they match what `luksDump` prints. When the two binary
-/// headers disagree (here: the secondary's seqid damaged), keyplan falls back to cryptsetup's
-/// text dump and gets the same answer cryptsetup gives.
+/// A LUKS2 header is read in process, with no cryptsetup process at all, and matches what
+/// `luksDump` prints (UUID, epoch, keyslots). When the two copies disagree (here: the
+/// secondary's seqid changed, so its checksum no longer holds), it is still read without a
+/// process, from the intact primary, the damage is reported, and no byte changes.
 #[test]
-fn luks2_dump_uses_one_process_and_falls_back_when_the_copies_differ() {
+fn luks2_headers_are_read_without_a_process_even_when_the_copies_differ() {
     let dir = tempfile::tempdir().unwrap();
     let plain = Cryptsetup::new();
     let dev = image(&plain, dir.path(), LuksVersion::Luks2, "first-pass", None);
@@ -830,17 +845,13 @@ fn luks2_dump_uses_one_process_and_falls_back_when_the_copies_differ() {
         text.lines().map(str::to_owned).collect::<Vec<_>>()
     };
 
-    let fast_header = cs.dump(&dev).unwrap();
+    let header = cs.dump(&dev).unwrap();
     let (uuid, epoch) = text_ids(&dev);
-    assert_eq!(fast_header.uuid, uuid);
-    assert_eq!(fast_header.epoch, Some(epoch));
-    assert_eq!(
-        fast_header.keyslots.keys().copied().collect::<Vec<_>>(),
-        [0, 3]
-    );
-    let c = calls();
-    assert_eq!(c.len(), 1, "{c:?}");
-    assert!(c[0].starts_with("luksDump --dump-json-metadata "), "{c:?}");
+    assert_eq!(header.uuid, uuid);
+    assert_eq!(header.epoch, Some(epoch));
+    assert_eq!(header.keyslots.keys().copied().collect::<Vec<_>>(), [0, 3]);
+    assert!(header.condition.damage.is_empty(), "{:?}", header.condition);
+    assert_eq!(calls(), Vec::<String>::new());
 
     // Damage the secondary header's seqid (u64 at hdr_size + 16; hdr_size is the u64 at 8).
     use std::os::unix::fs::FileExt;
@@ -855,23 +866,28 @@ fn luks2_dump_uses_one_process_and_falls_back_when_the_copies_differ() {
     f.write_all_at(&(epoch + 100).to_be_bytes(), hdr_size + 16)
         .unwrap();
     drop(f);
-    let slow_header = cs.dump(&dev).unwrap();
-    let c = calls();
+    let before = std::fs::read(&dev).unwrap();
+    let damaged = cs.dump(&dev).unwrap();
+    assert_eq!(calls(), Vec::<String>::new());
+    assert!(damaged.condition.copies_disagree);
     assert!(
-        c.iter().any(|l| l.starts_with("luksDump /")) && c.len() >= 2,
-        "no fallback to the text dump: {c:?}"
+        damaged.condition.damage[0].contains("secondary")
+            && damaged.condition.damage[0].contains("checksum"),
+        "{:?}",
+        damaged.condition
     );
-    let (uuid2, epoch2) = text_ids(&dev);
-    assert_eq!(slow_header.uuid, uuid2);
-    assert_eq!(slow_header.epoch, Some(epoch2));
-    assert_eq!(slow_header.keyslots, fast_header.keyslots);
-    assert_eq!(slow_header.tokens, fast_header.tokens);
+    assert_eq!(damaged.keyslots, header.keyslots);
+    assert_eq!(damaged.epoch, Some(epoch));
+    assert!(
+        std::fs::read(&dev).unwrap() == before,
+        "reading changed the device"
+    );
 }
 
-/// LUKS1 and non-LUKS files take the text dump directly (no binary-header fast path), one
-/// process each: the same verdicts as `cryptsetup isLuks` without running it.
+/// LUKS1 and non-LUKS files are judged in process too, with no process: the same verdicts
+/// as `cryptsetup isLuks`.
 #[test]
-fn luks1_and_not_luks_need_one_process() {
+fn luks1_and_not_luks_need_no_process() {
     let dir = tempfile::tempdir().unwrap();
     let plain = Cryptsetup::new();
     let dev = image(&plain, dir.path(), LuksVersion::Luks1, "first-pass", None);
@@ -883,13 +899,7 @@ fn luks1_and_not_luks_need_one_process() {
     let zeros = dir.path().join("zeros.img");
     std::fs::write(&zeros, vec![0u8; 1 << 20]).unwrap();
     assert!(matches!(cs.dump(&zeros), Err(LuksError::NotLuks { .. })));
-    let text = std::fs::read_to_string(&log).unwrap();
-    let calls: Vec<&str> = text.lines().collect();
-    assert_eq!(calls.len(), 2, "{calls:?}");
-    assert!(
-        calls.iter().all(|l| l.starts_with("luksDump /")),
-        "{calls:?}"
-    );
+    assert_eq!(std::fs::read_to_string(&log).unwrap_or_default(), "");
 }
 
 fn text_ids_luks1(dev: &Path) -> String {

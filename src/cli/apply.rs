@@ -43,12 +43,11 @@ pub(super) fn cmd_apply(
     cli: &Cli,
     arg: &PlanArg,
     auto_approve: bool,
-    rotate: &[String],
-    verify: bool,
+    req: PlanRequest,
     parallelism: Option<usize>,
 ) -> Result<Exit> {
     let plan = load_plan(cli, arg)?;
-    ops::check_rotate_keys(&plan, rotate).or_report(&plan)?;
+    ops::check_rotate_keys(&plan, &req.rotate).or_report(&plan)?;
     if !auto_approve && !io::stdin().is_terminal() {
         let pending = match ops::plan::interrupted_run(&plan) {
             Ok(Some(s)) => format!(
@@ -75,10 +74,6 @@ pub(super) fn cmd_apply(
         with_progress(cli, parallelism, |o, p| session.resume(o, p))?.or_report(&plan)?;
         outln!("Interrupted run {} finished.\n", s.run);
     }
-    let req = PlanRequest {
-        rotate: rotate.to_vec(),
-        verify,
-    };
     while let Some(planned) = session.next_plan(&req).or_report(&plan)? {
         let first = session.round() == 1;
         let text = render::plan_text_styled(&plan, &planned.diff, stdout_color(cli));

@@ -188,6 +188,10 @@ pub enum Command {
         /// Also test every managed keyslot with its KMS version (one PBKDF run each).
         #[arg(long)]
         verify: bool,
+        /// Plan changes on devices whose two LUKS2 header copies disagree (one damaged): the
+        /// first cryptsetup write rewrites the damaged copy from the one keyplan read.
+        #[arg(long)]
+        repair_headers: bool,
         /// Print a JSON document instead of text.
         #[arg(long)]
         json: bool,
@@ -200,7 +204,7 @@ pub enum Command {
     /// saved plan, apply exactly its changes, refusing if anything changed since it was made.
     Apply {
         /// A plan saved by `keyplan plan -o SAVED`: applied without a prompt.
-        #[arg(value_name = "SAVED", conflicts_with_all = ["rotate", "verify"])]
+        #[arg(value_name = "SAVED", conflicts_with_all = ["rotate", "verify", "repair_headers"])]
         saved: Option<PathBuf>,
         #[command(flatten)]
         plan: PlanArg,
@@ -214,6 +218,10 @@ pub enum Command {
         /// recorded version does not open them.
         #[arg(long)]
         verify: bool,
+        /// Write to devices whose two LUKS2 header copies disagree (one damaged): the first
+        /// cryptsetup write rewrites the damaged copy from the one keyplan read.
+        #[arg(long)]
+        repair_headers: bool,
         /// Steps (devices) worked on at once, at least 1 (overrides settings.parallelism).
         #[arg(long, value_name = "N", value_parser = parse_parallelism)]
         parallelism: Option<usize>,
@@ -464,14 +472,18 @@ fn run(cli: &Cli) -> Result<Exit> {
             detailed_exitcode,
             rotate,
             verify,
+            repair_headers,
             json,
             out,
         } => cmd_plan(
             cli,
             plan,
             *detailed_exitcode,
-            rotate,
-            *verify,
+            crate::ops::plan::PlanRequest {
+                rotate: rotate.clone(),
+                verify: *verify,
+                repair_headers: *repair_headers,
+            },
             *json,
             out.as_deref(),
         ),
@@ -487,8 +499,19 @@ fn run(cli: &Cli) -> Result<Exit> {
             auto_approve,
             rotate,
             verify,
+            repair_headers,
             parallelism,
-        } => cmd_apply(cli, plan, *auto_approve, rotate, *verify, *parallelism),
+        } => cmd_apply(
+            cli,
+            plan,
+            *auto_approve,
+            crate::ops::plan::PlanRequest {
+                rotate: rotate.clone(),
+                verify: *verify,
+                repair_headers: *repair_headers,
+            },
+            *parallelism,
+        ),
         Command::Show { saved, plan, json } => cmd_show(cli, plan, saved, *json),
         Command::Verify { plan } => cmd_verify(cli, plan),
         Command::Key {

@@ -10,22 +10,17 @@ pub(super) fn cmd_plan(
     cli: &Cli,
     arg: &PlanArg,
     detailed: bool,
-    rotate: &[String],
-    verify: bool,
+    req: PlanRequest,
     json: bool,
     out: Option<&std::path::Path>,
 ) -> Result<Exit> {
     // Read once: a saved plan's digest covers exactly the bytes that were planned.
     let (plan, bytes) = load_plan_with_bytes(cli, arg)?;
-    ops::check_rotate_keys(&plan, rotate).or_report(&plan)?;
+    ops::check_rotate_keys(&plan, &req.rotate).or_report(&plan)?;
     let engine = Engine::open(plan.clone()).or_report(&plan)?;
     if let Some(path) = out {
         ops::saved::check_out_path(path).or_report(&plan)?;
     }
-    let req = PlanRequest {
-        rotate: rotate.to_vec(),
-        verify,
-    };
     let planned = match ops::plan::plan(&engine, &req).or_report(&plan)? {
         PlanOutcome::Planned(p) => p,
         PlanOutcome::Interrupted(s) => {

@@ -312,6 +312,8 @@ impl Diff {
 pub struct DiffOptions {
     /// Keys to rotate regardless of age (`--rotate KEY`).
     pub rotate: Vec<String>,
+    /// Allow changes on devices whose LUKS2 header copies disagree (`--repair-headers`).
+    pub repair_headers: bool,
 }
 
 /// Why the planner refuses: no safe plan exists for a device or key. The message names the
@@ -380,6 +382,7 @@ pub fn diff(plan: &Plan, observed: &Observed, opts: &DiffOptions) -> Result<Diff
     let observed = decide::with_adopted_records(observed);
     let mut p = decide::Planner::new(plan, &observed);
     p.decide(opts);
+    p.repair_headers = opts.repair_headers;
     preflight::check(&mut p);
     let decide::Planner {
         mut g,

@@ -18,11 +18,13 @@ const KEYSLOT_JSON_BYTES: u64 = 512;
 /// "slot":31,"key":"","version":N,"salt":"<44>","kms":"","name":""}` and its id.
 const TOKEN_JSON_BYTES: u64 = 256;
 
-/// Every preflight check, in this order: devices that cannot be written, LUKS2 JSON areas too
-/// full for the new keyslots and tokens (both refusals), then notes: devices left without a
-/// free keyslot, versions the KMS retains.
+/// Every preflight check, in this order: devices that cannot be written, headers cryptsetup
+/// will not change or whose copies disagree, LUKS2 JSON areas too full for the new keyslots and
+/// tokens (refusals), then notes: header damage on devices left unchanged, devices left
+/// without a free keyslot, versions the KMS retains.
 pub(super) fn check(p: &mut Planner<'_>) {
     writable(p);
+    header_state(p);
     metadata_room(p);
     headroom(p);
     retained(p);
@@ -63,6 +65,56 @@ fn writable(p: &mut Planner<'_>) {
             slots.join(", ")
         );
         p.refuse_device(&device, message);
+    }
+}
+
+/// Headers read in process ([`crate::luks::ondisk`]): a device with changes whose header
+/// cryptsetup will not change (mandatory requirements, a reencryption in progress) is refused;
+/// so is one whose copies disagree, unless `--repair-headers` lets cryptsetup rewrite the
+/// damaged copy at its first write. Damage on any device is a note (with what to do).
+fn header_state(p: &mut Planner<'_>) {
+    let changed = changed_devices(p);
+    let ids: Vec<String> = p.obs.devices.keys().cloned().collect();
+    for device in ids {
+        let Some(cond) = p.state(&device).map(|s| s.header.condition.clone()) else {
+            continue;
+        };
+        let writes = changed.contains(&device);
+        let refused = p
+            .refusals
+            .iter()
+            .any(|r| r.device.as_deref() == Some(device.as_str()));
+        if writes || refused {
+            if let Some(why) = cond.write_blocker() {
+                // The root cause: whatever else was refused on this device (e.g. an
+                // `enroll_with` test cryptsetup could not make on such a header) follows from it.
+                p.refusals
+                    .retain(|r| r.device.as_deref() != Some(device.as_str()));
+                let message = format!(
+                    "{}: {why}. Nothing was changed and no key version was staged. Finish or cancel what the requirement stands for with cryptsetup (e.g. `cryptsetup reencrypt --resume-only`), or take the device out of the plan",
+                    p.at(&device)
+                );
+                p.refuse_device(&device, message);
+                continue;
+            }
+            if cond.copies_disagree && !p.repair_headers {
+                let message = format!(
+                    "{}: {}. keyplan does not write to it: cryptsetup's first write would rewrite a header copy silently. Nothing was changed and no key version was staged. Repair it yourself, or run again with `--repair-headers` to let cryptsetup do it at its first write",
+                    p.at(&device),
+                    cond.damage.join("; ")
+                );
+                p.refuse_device(&device, message);
+                continue;
+            }
+        }
+        for d in &cond.damage {
+            let also = if writes {
+                " (--repair-headers: cryptsetup rewrites it at the first write of this apply)"
+            } else {
+                ""
+            };
+            p.notes.push(format!("{}: {d}{also}", p.at(&device)));
+        }
     }
 }
 

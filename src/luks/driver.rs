@@ -104,7 +104,22 @@ impl Cryptsetup {
         Arc::clone(&self.counter)
     }
 
-    /// Reads the LUKS header of `dev` without any key derivation (adds 0 PBKDF runs).
+    /// Reads the LUKS header of `dev` in process, read-only ([`super::ondisk::read`]): no
+    /// child process and no PBKDF run, and nothing written, also on a device whose header
+    /// copies are damaged or disagree ([`Header::condition`] says so).
+    ///
+    /// Errors: [`LuksError::Device`] when `dev` does not exist, is not a block device or
+    /// regular file, cannot be read, or starts with a LUKS signature but has no usable header;
+    /// [`LuksError::NotLuks`] without a LUKS signature; [`LuksError::Parse`] for metadata
+    /// keyplan cannot read.
+    pub fn dump(&self, dev: &Path) -> Result<Header, LuksError> {
+        check_device(dev)?;
+        super::ondisk::read(dev)
+    }
+
+    /// The header of `dev` as `cryptsetup luksDump` reports it, for the differential test of
+    /// [`Cryptsetup::dump`] (tests/luks_ondisk.rs) only: **luksDump rewrites a damaged LUKS2
+    /// header copy on a writable device**, so keyplan never runs it on a device it manages.
     ///
     /// A LUKS2 device whose two binary headers agree takes one process: keyplan reads the UUID
     /// and epoch from the binary headers and the rest from `cryptsetup luksDump
@@ -123,7 +138,7 @@ impl Cryptsetup {
     /// valid LUKS device (exit 1, the same verdict as `cryptsetup isLuks`);
     /// [`LuksError::Spawn`], [`LuksError::Failed`] for other failures; [`LuksError::Parse`] when
     /// the dump is not understood.
-    pub fn dump(&self, dev: &Path) -> Result<Header, LuksError> {
+    pub fn dump_by_luksdump(&self, dev: &Path) -> Result<Header, LuksError> {
         check_device(dev)?;
         if let Some(header) = self.dump_luks2_fast(dev)? {
             return Ok(header);
@@ -175,6 +190,7 @@ impl Cryptsetup {
                     json_area: None,
                     epoch: None,
                     pbkdf2_target: bench::hash_and_key_bits(version, &text.stdout),
+                    condition: Default::default(),
                 })
             }
             LuksVersion::Luks2 => {
@@ -313,6 +329,20 @@ impl Cryptsetup {
         pass: &Passphrase,
     ) -> Result<Outcome, LuksError> {
         check_device(dev)?;
+        // cryptsetup rewrites a damaged LUKS2 header copy when it loads the header of a
+        // writable device, also for `open --test-passphrase` (tried with cryptsetup 2.6): a
+        // test must not be a write, so a header whose copies disagree is not tested.
+        let header = super::ondisk::read(dev)?;
+        if header.condition.copies_disagree {
+            return Err(refused(
+                "open --test-passphrase",
+                dev,
+                &format!(
+                    "{}; testing a passphrase would let cryptsetup rewrite a header copy, so keyplan does not (it tests again once the header is repaired)",
+                    header.condition.damage.join("; ")
+                ),
+            ));
+        }
         let mut argv: Vec<OsString> = Vec::new();
         if slot.is_none() {
             argv.push("-v".into());
@@ -822,6 +852,7 @@ fn luks2_header(
         json_area: Some(json_area),
         epoch,
         pbkdf2_target: (bench::DEFAULT_HASH.to_owned(), dump::luks2_key_bits(json)),
+        condition: Default::default(),
     })
 }
 

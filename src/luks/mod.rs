@@ -23,12 +23,17 @@
 //! more run, uncounted): keyplan passes the parameters measured by its own one benchmark per run
 //! instead, and falls back to that only when its benchmark failed.
 //!
-//! Layout: this file declares the types; `driver` implements [`Cryptsetup`]'s operations, `dump`
-//! parses `luksDump` output and `run` starts the child processes (locale, pipes, capture).
+//! Headers are read in process and read-only ([`ondisk`]: no process, and no tool that may
+//! repair a damaged copy); only writes and PBKDF tests run cryptsetup.
+//!
+//! Layout: this file declares the types; `driver` implements [`Cryptsetup`]'s operations,
+//! `ondisk` reads headers, `dump` parses LUKS2 JSON metadata (and `luksDump` output, for the
+//! differential test) and `run` starts the child processes (locale, pipes, capture).
 
 mod bench;
 mod driver;
 mod dump;
+pub mod ondisk;
 pub(crate) mod run;
 
 pub use bench::DEFAULT_ITER_TIME_MS;
@@ -136,6 +141,10 @@ pub struct Header {
     /// key size in bits (LUKS1: `MK bits:`; LUKS2: the first keyslot's `key_size` × 8), `None`
     /// when the dump shows none.
     pub pbkdf2_target: (String, Option<u32>),
+    /// Damage, and states in which cryptsetup will not change the header, found while reading
+    /// it ([`ondisk`]); default (nothing) for a healthy header.
+    #[serde(default)]
+    pub condition: ondisk::Condition,
 }
 
 /// The device [`Cryptsetup::add_keyslot`] adds to: its LUKS version and, when a header was

@@ -113,7 +113,15 @@ pub fn read(dev: &Path) -> Result<Header, LuksError> {
         file.read_exact_at(&mut buf, offset).ok()?;
         Some(buf)
     };
-    parse_with(&at).map_err(|e| e.at(dev))
+    parse_with(&at).map_err(|e| {
+        let size = file
+            .metadata()
+            .ok()
+            .filter(|m| m.is_file())
+            .map(|m| format!(" (the file is {} bytes)", m.len()))
+            .unwrap_or_default();
+        e.sized(&size).at(dev)
+    })
 }
 
 /// [`read`] of a device whose bytes are `bytes` (from offset 0): for the fuzz target and
@@ -123,9 +131,11 @@ pub fn read(dev: &Path) -> Result<Header, LuksError> {
 pub fn parse(bytes: &[u8]) -> Result<Header, Unreadable> {
     let at = |offset: u64, len: usize| -> Option<Vec<u8>> {
         let start = usize::try_from(offset).ok()?;
-        bytes.get(start..start.checked_add(len)?).map(<[u8]>::to_vec)
+        bytes
+            .get(start..start.checked_add(len)?)
+            .map(<[u8]>::to_vec)
     };
-    parse_with(&at)
+    parse_with(&at).map_err(|e| e.sized(""))
 }
 
 /// Why a header could not be read (without the device, which [`Unreadable::at`] adds).
@@ -139,7 +149,19 @@ pub enum Unreadable {
     Metadata(String),
 }
 
+/// Where a message says how big the device file is.
+const SIZE: &str = "§SIZE§";
+
 impl Unreadable {
+    /// The message with the device file's size (`size`, e.g. ` (the file is 4096 bytes)`, or
+    /// empty) in place.
+    fn sized(self, size: &str) -> Unreadable {
+        match self {
+            Unreadable::Damaged(m) => Unreadable::Damaged(m.replace(SIZE, size)),
+            other => other,
+        }
+    }
+
     /// The [`LuksError`] for device `dev`.
     pub fn at(self, dev: &Path) -> LuksError {
         match self {
@@ -198,7 +220,10 @@ fn luks2(at: At<'_>) -> Result<Header, Unreadable> {
         Err(_) => {
             // The primary is unusable: look at every offset the specification allows, as
             // cryptsetup does, and take the first valid secondary.
-            let mut found = Err("no secondary header at any of the offsets the LUKS2 specification lists".to_string());
+            let mut found = Err(
+                "no secondary header at any of the offsets the LUKS2 specification lists"
+                    .to_string(),
+            );
             for offset in SECONDARY_OFFSETS {
                 if let Ok(c) = copy_at(at, offset, false) {
                     found = Ok(c);
@@ -244,7 +269,7 @@ fn luks2(at: At<'_>) -> Result<Header, Unreadable> {
         }
         (Err(p), Err(s)) => {
             return Err(Unreadable::Damaged(format!(
-                "starts with a LUKS signature, but neither LUKS2 header copy is usable (primary: {p}; secondary: {s}); nothing was changed. Restore the header from a backup (`cryptsetup luksHeaderRestore DEVICE --header-backup-file FILE`) or check that `path` names the whole device"
+                "starts with a LUKS signature, but neither LUKS2 header copy is usable (primary: {p}; secondary: {s}): it is damaged or truncated§SIZE§; nothing was changed. Restore the header from a backup (`cryptsetup luksHeaderRestore DEVICE --header-backup-file FILE`) or check that `path` names the whole device"
             )))
         }
     };
@@ -257,14 +282,21 @@ fn luks2(at: At<'_>) -> Result<Header, Unreadable> {
         .and_then(serde_json::Value::as_array)
         .map(|a| {
             a.iter()
-                .map(|v| v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()))
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| v.to_string())
+                })
                 .collect()
         })
         .unwrap_or_default();
     let typed = |object: &str, kind: &str| {
         root.get(object)
             .and_then(serde_json::Value::as_object)
-            .is_some_and(|m| m.values().any(|v| v.get("type").and_then(|t| t.as_str()) == Some(kind)))
+            .is_some_and(|m| {
+                m.values()
+                    .any(|v| v.get("type").and_then(|t| t.as_str()) == Some(kind))
+            })
     };
     condition.reencryption = typed("segments", "reencrypt") || typed("keyslots", "reencrypt");
     Ok(Header {
@@ -285,7 +317,11 @@ fn luks2(at: At<'_>) -> Result<Header, Unreadable> {
 /// The LUKS2 copy at `offset` (the primary when `primary`), or why it is not usable.
 fn copy_at(at: At<'_>, offset: u64, primary: bool) -> Result<Copy, String> {
     let bin = at(offset, BIN_SIZE).ok_or("the device ends before it")?;
-    let magic: &[u8] = if primary { b"LUKS\xba\xbe" } else { b"SKUL\xba\xbe" };
+    let magic: &[u8] = if primary {
+        b"LUKS\xba\xbe"
+    } else {
+        b"SKUL\xba\xbe"
+    };
     if &bin[..6] != magic {
         return Err("no LUKS2 signature".into());
     }
@@ -316,7 +352,8 @@ fn copy_at(at: At<'_>, offset: u64, primary: bool) -> Result<Copy, String> {
     let alg = text(72..104);
     let uuid = text(168..208);
     let area_len = usize::try_from(hdr_size).map_err(|e| e.to_string())? - BIN_SIZE;
-    let area = at(offset + BIN_SIZE as u64, area_len).ok_or("the device ends inside its JSON area")?;
+    let area =
+        at(offset + BIN_SIZE as u64, area_len).ok_or("the device ends inside its JSON area")?;
     let mut zeroed = bin.clone();
     zeroed[448..512].fill(0);
     let sum: Vec<u8> = match alg.as_str() {
@@ -354,8 +391,8 @@ fn copy_at(at: At<'_>, offset: u64, primary: bool) -> Result<Copy, String> {
     let json = std::str::from_utf8(&area[..end])
         .map_err(|_| "its JSON area is not UTF-8")?
         .to_owned();
-    let value: serde_json::Value =
-        serde_json::from_str(&json).map_err(|e| format!("its JSON metadata does not parse: {e}"))?;
+    let value: serde_json::Value = serde_json::from_str(&json)
+        .map_err(|e| format!("its JSON metadata does not parse: {e}"))?;
     if !value.is_object() {
         return Err("its JSON metadata is not an object".into());
     }
@@ -374,7 +411,7 @@ fn copy_at(at: At<'_>, offset: u64, primary: bool) -> Result<Copy, String> {
 fn luks1(at: At<'_>) -> Result<Header, Unreadable> {
     let damaged = |why: String| {
         Unreadable::Damaged(format!(
-            "starts with a LUKS1 signature, but its header is damaged: {why}; nothing was changed. cryptsetup cannot use it either: restore the header from a backup (`cryptsetup luksHeaderRestore DEVICE --header-backup-file FILE`) or check that `path` names the whole device"
+            "starts with a LUKS1 signature, but its header is damaged or truncated§SIZE§: {why}; nothing was changed. cryptsetup cannot use it either: restore the header from a backup (`cryptsetup luksHeaderRestore DEVICE --header-backup-file FILE`) or check that `path` names the whole device"
         ))
     };
     let h = at(0, LUKS1_PHDR).ok_or_else(|| damaged("the device ends inside the header".into()))?;
@@ -389,7 +426,9 @@ fn luks1(at: At<'_>) -> Result<Header, Unreadable> {
     let key_bytes = be_u32(108);
     let uuid = text(168..208);
     if !matches!(key_bytes, 1..=512) {
-        return Err(damaged(format!("impossible volume key size {key_bytes} bytes")));
+        return Err(damaged(format!(
+            "impossible volume key size {key_bytes} bytes"
+        )));
     }
     // The area a keyslot's key material takes, in 512-byte sectors (cryptsetup
     // AF_split_sectors: key bytes × stripes, rounded up to whole sectors, then aligned to 8).
@@ -459,8 +498,10 @@ fn luks1(at: At<'_>) -> Result<Header, Unreadable> {
 /// `bytes` as lower-case hex.
 fn hex_lower(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }

@@ -46,6 +46,11 @@ pub(super) fn probe(
     origins: &BTreeMap<String, Vec<Origin>>,
 ) -> Result<Vec<Adoption>, Finding> {
     let mut found: Vec<Adoption> = Vec::new();
+    if st.header.condition.copies_disagree {
+        // Testing would let cryptsetup rewrite a header copy (`ondisk`): nothing is adopted
+        // until the header is repaired; the plan reports the damage.
+        return Ok(found);
+    }
     for dk in &dev.keys {
         let Some(c) = to_test(&dk.key, st, keys, origins) else {
             continue;

@@ -167,6 +167,7 @@ impl<'e> ApplySession<'e> {
         let req = PlanRequest {
             rotate: req.rotate.clone(),
             verify: req.verify && round == 0,
+            repair_headers: req.repair_headers,
         };
         let planned = plan::make(self.engine, &req)?;
         if round == 1 && planned.diff.is_empty() {

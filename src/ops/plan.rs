@@ -20,6 +20,9 @@ pub struct PlanRequest {
     /// Also test every managed keyslot with its KMS version (one PBKDF run each); failures
     /// become drift to repair (`--verify`).
     pub verify: bool,
+    /// Allow writes to devices whose LUKS2 header copies disagree (`--repair-headers`):
+    /// cryptsetup's first write rewrites the damaged copy.
+    pub repair_headers: bool,
 }
 
 /// A plan made from an observation.
@@ -85,6 +88,7 @@ pub fn make(engine: &Engine, req: &PlanRequest) -> Result<Planned, Error> {
     }
     let opts = DiffOptions {
         rotate: req.rotate.clone(),
+        repair_headers: req.repair_headers,
     };
     let d = diff::diff(plan, &checked, &opts).map_err(Error::NoSafePlan)?;
     check_kms(engine, &d)?;

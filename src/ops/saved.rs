@@ -98,6 +98,7 @@ pub fn save(
         options: saved::SavedOptions {
             rotate: req.rotate.clone(),
             verify: req.verify,
+            repair_headers: req.repair_headers,
         },
         state: saved::state_digest(plan_bytes, &planned.observed, saved::journal_mark(&journal)),
         changes,
@@ -195,6 +196,7 @@ fn request(saved: &SavedPlan) -> PlanRequest {
     PlanRequest {
         rotate: saved.options.rotate.clone(),
         verify: saved.options.verify,
+        repair_headers: saved.options.repair_headers,
     }
 }
 

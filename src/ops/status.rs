@@ -129,6 +129,10 @@ pub struct DeviceReport {
     pub drifted: bool,
     /// The findings.
     pub drift: Vec<DriftReport>,
+    /// LUKS header damage found while reading the header read-only (a damaged copy, copies
+    /// that disagree), one line each with what to do; empty for a healthy header.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub header_damage: Vec<String>,
 }
 
 /// One drift finding.
@@ -245,6 +249,12 @@ pub fn status(engine: &Engine) -> StatusReport {
         _ => None,
     });
     for d in &mut devices {
+        if let Some(st) = observed.as_ref().and_then(|o| o.devices.get(&d.id)) {
+            d.header_damage = st.header.condition.damage.clone();
+        }
+        for x in &d.header_damage {
+            f.problems.push(format!("device {}: {x}", d.id));
+        }
         d.drifted = !d.drift.is_empty();
         if d.drifted {
             let kinds: BTreeSet<&str> = d.drift.iter().map(|x| x.kind.name()).collect();
@@ -487,6 +497,7 @@ fn observe_devices(engine: &Engine, f: &mut Findings) -> (Option<Observed>, Vec<
             checked: false,
             drifted: false,
             drift: Vec::new(),
+            header_damage: Vec::new(),
         })
         .collect();
     let mut diff_plan = no_rotation_due(plan);

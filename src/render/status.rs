@@ -424,15 +424,21 @@ fn device_families(r: &StatusReport) -> Vec<GaugeFamily> {
         "keyplan_device_drift_findings",
         "Number of drift findings on the device.",
     );
+    let mut damage = GaugeFamily::new(
+        "keyplan_device_header_damage",
+        "Number of LUKS header damage findings on the device (a damaged header copy, copies that disagree), read without writing; 0 for a healthy header.",
+    );
     for d in r.devices.iter().filter(|d| d.checked) {
         let labels = [("device", d.id.as_str())];
         drift.add(&labels, u64::from(d.drifted));
         findings.add(&labels, d.drift.len() as u64);
+        damage.add(&labels, d.header_damage.len() as u64);
     }
     let count = r.devices.iter().filter(|d| d.drifted).count() as u64;
     vec![
         drift,
         findings,
+        damage,
         GaugeFamily::single(
             "keyplan_drift_devices",
             "Number of devices that drifted from the plan.",

@@ -65,6 +65,8 @@ pub(super) struct Planner<'a> {
     pub(super) notes: Vec<String>,
     /// Shared keys whose commit waits for other holders.
     pub(super) waiting: Vec<super::CommitWait>,
+    /// `--repair-headers`: changes on devices whose header copies disagree are allowed.
+    pub(super) repair_headers: bool,
 }
 
 impl<'a> Planner<'a> {
@@ -88,6 +90,7 @@ impl<'a> Planner<'a> {
             refusals: Vec::new(),
             notes: Vec::new(),
             waiting: Vec::new(),
+            repair_headers: false,
         }
     }
 

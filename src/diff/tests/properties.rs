@@ -761,7 +761,14 @@ fn every_plan_of_a_random_state_orders_its_steps_safely() {
             .filter(|_| rng.random_bool(0.2))
             .cloned()
             .collect();
-        match crate::diff::diff(&plan, &obs, &DiffOptions { rotate }) {
+        match crate::diff::diff(
+            &plan,
+            &obs,
+            &DiffOptions {
+                rotate,
+                ..Default::default()
+            },
+        ) {
             Ok(d) if d.is_empty() => stats.0 += 1,
             Ok(d) => {
                 let context = || format!("seed {seed}\n{}", scenario::render(&Ok(d.clone())));

@@ -137,6 +137,7 @@ impl Disk {
             json_area: self.json_area,
             epoch: Some(1),
             pbkdf2_target: ("sha256".into(), Some(512)),
+            condition: Default::default(),
         };
         let mut st = DeviceState::new(&self.id, path, header, self.records);
         st.read_only = self.read_only;
@@ -321,6 +322,7 @@ pub fn render(result: &Result<Diff, Vec<Refusal>>) -> String {
 pub fn run(plan: &Plan, obs: &Observed, rotate: &[&str]) -> Result<Diff, Vec<Refusal>> {
     let opts = DiffOptions {
         rotate: rotate.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
     };
     crate::diff::diff(plan, obs, &opts)
 }
