@@ -1161,6 +1161,30 @@ fn mid_run(log: &Path) -> bool {
     matches!(last.as_deref(), Some("step_started" | "step_finished"))
 }
 
+/// Whether the agent's JSON log at `log` is in a run (its last run event is a step) that has
+/// started a step but not yet the commit of a new version.
+fn before_commit(log: &Path) -> bool {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut steps = 0;
+    for l in text.lines().rev() {
+        let Ok(v) = serde_json::from_str::<Value>(l) else {
+            continue;
+        };
+        let ev = v["fields"]["event"].as_str().unwrap_or_default();
+        let msg = v["fields"]["message"].as_str().unwrap_or_default();
+        match ev {
+            "step_started" | "step_finished" if msg.contains("commit the new version") => {
+                return false
+            }
+            "step_started" | "step_finished" => steps += 1,
+            "run_initiated" | "run_resumed" => return steps > 0,
+            "run_complete" => return false,
+            _ => {}
+        }
+    }
+    false
+}
+
 /// Asserts for `secs` seconds (polling every 100 ms) that no rollout slot is held: the
 /// rollout is halted.
 fn no_slot_taken_for(secs: u64, fake: &FakeApiserver, dump: &dyn Fn(&FakeApiserver) -> String) {
@@ -1477,22 +1501,25 @@ fn simulated_fleet() {
 
     // OpenBao sealed mid-rollout (while both slots are held by running nodes): node runs fail
     // until max_failed_nodes stops the rollout.
-    wait_for(
-        120,
-        "two nodes in the middle of their runs' steps",
-        || {
-            let h = holders(&fake);
-            h.len() == concurrent
-                && h.iter()
-                    .all(|n| mid_run(&s.path(&format!("{n}/agent.log"))))
-        },
-        || dump(&fake),
-    );
     let unseal_key = bao
         .log()
         .lines()
         .find_map(|l| l.trim().strip_prefix("Unseal Key: ").map(str::to_string))
         .expect("unseal key in the dev server's log");
+    // Sealed while a running node has yet to commit (its commit then fails): sealing after
+    // both running nodes passed their last KMS step made no run fail, on a loaded machine.
+    wait_for(
+        120,
+        "two nodes in the middle of their runs' steps, one before its commit",
+        || {
+            let h = holders(&fake);
+            let log = |n: &String| s.path(&format!("{n}/agent.log"));
+            h.len() == concurrent
+                && h.iter().all(|n| mid_run(&log(n)))
+                && h.iter().any(|n| before_commit(&log(n)))
+        },
+        || dump(&fake),
+    );
     let out = bao.cli_as(&bao.root_token.clone(), &["operator", "seal"], b"");
     assert!(
         out.status.success(),
