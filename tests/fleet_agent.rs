@@ -302,16 +302,7 @@ fn agent_refuses_and_reports() {
         )
         .replace("keys:\n  k1: { kms: local }", "keys:\n  k1: { kms: local }\n  k2: { kms: local }")
     };
-    let config = s.path("agent.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "kms:\n  local: {{ provider: file, path: {} }}\nenroll_with_dirs: [{}]\n",
-            keys.display(),
-            s.dir.path().display()
-        ),
-    )
-    .expect("config");
+    let config = file_agent_config(&s, &keys);
 
     // A plain file (what a subPath mount looks like) is refused at start.
     let plain = s.plan("plain.yaml", &plan_text(&keys));
@@ -598,16 +589,7 @@ fn agent_requires_signed_plans() {
     let img = s.small_image("disk.img", "luks2");
     let initial = s.initial_pass();
     let keys = s.path("keys");
-    let config = s.path("agent.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "kms:\n  local: {{ provider: file, path: {} }}\nenroll_with_dirs: [{}]\n",
-            keys.display(),
-            s.dir.path().display()
-        ),
-    )
-    .expect("config");
+    let config = file_agent_config(&s, &keys);
     // One key enrolled (plan 1), then a second one on the same device (plan 2).
     let plan_text = |keys_of_d1: &str| {
         format!(
@@ -906,16 +888,7 @@ fn fleet_plan_of_a_pull_request() {
         s.small_image("d1.img", "luks2"),
         s.small_image("d2.img", "luks2"),
     ];
-    let config = s.path("agent.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "kms:\n  local: {{ provider: file, path: {} }}\nenroll_with_dirs: [{}]\n",
-            keys.display(),
-            s.dir.path().display()
-        ),
-    )
-    .expect("config");
+    let config = file_agent_config(&s, &keys);
     let plan_text = |d1_keys: &str, extra: &str| {
         format!(
             "version: 1\nkms:\n  local: {{ provider: file, path: {} }}\nkeys:\n  k1: {{ kms: local }}\n  k2: {{ kms: local }}\n  k3: {{ kms: local }}\ndevices:\n  d1: {{ path: {}, node: worker-1, keys: [{d1_keys}], enroll_with: {} }}\n  d2: {{ path: {}, node: worker-2, keys: [k2], enroll_with: {} }}\n{extra}{FAST_PBKDF}",
@@ -1097,6 +1070,22 @@ fn fleet_plan_of_a_pull_request() {
 
 /// The agents' configuration for the OpenBao at `addr` (token from `KP_AGENT_VAULT_TOKEN`;
 /// `enroll_with` files from the scratch directory).
+/// The agents' configuration for the file KMS at `keys` (`enroll_with` files anywhere in the
+/// scratch directory).
+fn file_agent_config(s: &Scratch, keys: &Path) -> PathBuf {
+    let config = s.path("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "kms:\n  local: {{ provider: file, path: {} }}\nenroll_with_dirs: [{}]\n",
+            keys.display(),
+            s.dir.path().display()
+        ),
+    )
+    .expect("config");
+    config
+}
+
 fn vault_agent_config(s: &Scratch, addr: &str) -> PathBuf {
     let config = s.path("agent.yaml");
     std::fs::write(
@@ -1851,16 +1840,7 @@ fn shared_key_on_three_nodes() {
         }
         t + &format!("{FAST_PBKDF}  fleet: {{ max_concurrent_nodes: 2, max_failed_nodes: 3, namespace: {NS} }}\n")
     };
-    let config = s.path("agent.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "kms:\n  local: {{ provider: file, path: {} }}\nenroll_with_dirs: [{}]\n",
-            keys.display(),
-            s.dir.path().display()
-        ),
-    )
-    .expect("config");
+    let config = file_agent_config(&s, &keys);
     let mut cm = ConfigMapDir::new(s.path("plan-volume"), &plan(None, None));
     let mut agents = vault_agents(
         &s,

@@ -338,7 +338,8 @@ fn unparsable_benchmark_falls_back_with_a_warning() {
     }
 }
 
-/// `plan` on enrolled, unchanged devices derives nothing; `plan --verify` and `verify` derive
+/// `plan` on enrolled, unchanged devices starts no cryptsetup process (so derives nothing);
+/// `plan --verify` and `verify` derive
 /// once per managed keyslot, naming it.
 #[test]
 fn plan_derives_nothing_and_verify_once_per_keyslot() {
@@ -347,11 +348,10 @@ fn plan_derives_nothing_and_verify_once_per_keyslot() {
     a.clear();
     let out = a.run(&["plan", "--detailed-exitcode"], 0);
     assert!(out.contains("No changes."), "{out}");
+    // Headers are read in process (issue 17): `plan` on unchanged devices starts no
+    // cryptsetup process at all, so it derives nothing.
     let calls = a.calls();
-    assert!(!calls.is_empty(), "the wrapper ran");
-    for act in ["open", "luksAddKey", "benchmark", "luksKillSlot"] {
-        assert!(action(&calls, act).is_empty(), "{act}: {calls:#?}");
-    }
+    assert!(calls.is_empty(), "plan started cryptsetup: {calls:#?}");
     for (args, summary) in [
         (&["plan", "--verify", "--detailed-exitcode"][..], None),
         (&["verify"][..], Some("All keys verified (3 PBKDF runs).")),

@@ -203,23 +203,8 @@ impl Planner<'_> {
         }
         let mut pinned_kill = None;
         for (s, v) in recs.iter().copied().filter(|(s, _)| *s != new_slot) {
-            let holder = SlotHolder::Record {
-                key: key.to_string(),
-                version: VersionRef::Version(v),
-            };
-            let k = self.kill(device, s, holder, verify);
+            let k = self.kill_superseded(key, device, (s, v), verify, r.to);
             self.intents.after_commit.push((k, commit));
-            self.change(
-                device,
-                s,
-                SlotAction::Remove,
-                Some(key),
-                Some(v),
-                (
-                    ReasonCode::SupersededVersion,
-                    format!("replaced by {key} v{}", r.to),
-                ),
-            );
             if Some(s) == pinned {
                 pinned_kill = Some(k);
             }
@@ -260,24 +245,38 @@ impl Planner<'_> {
             return;
         }
         let anchor = self.verify_step(device, key, VersionRef::Version(c), anchor_slot);
-        for (s, v) in older {
-            let holder = SlotHolder::Record {
-                key: key.to_string(),
-                version: VersionRef::Version(v),
-            };
-            self.kill(device, s, holder, anchor);
-            self.change(
-                device,
-                s,
-                SlotAction::Remove,
-                Some(key),
-                Some(v),
-                (
-                    ReasonCode::SupersededVersion,
-                    format!("replaced by {key} v{c}"),
-                ),
-            );
+        for slot in older {
+            self.kill_superseded(key, device, slot, anchor, c);
         }
+    }
+
+    /// Kills keyslot `slot` of `device`, which holds `version` of `key`, once `anchor` was
+    /// verified, listed as replaced by `by`. Returns the kill.
+    fn kill_superseded(
+        &mut self,
+        key: &str,
+        device: &str,
+        (slot, version): (u32, u64),
+        anchor: usize,
+        by: u64,
+    ) -> usize {
+        let holder = SlotHolder::Record {
+            key: key.to_string(),
+            version: VersionRef::Version(version),
+        };
+        let k = self.kill(device, slot, holder, anchor);
+        self.change(
+            device,
+            slot,
+            SlotAction::Remove,
+            Some(key),
+            Some(version),
+            (
+                ReasonCode::SupersededVersion,
+                format!("replaced by {key} v{by}"),
+            ),
+        );
+        k
     }
 
     /// Adds the staged version on `device` (into the pinned keyslot when it is free), unlocking
