@@ -426,3 +426,59 @@ fn kms_path_aliases_are_one_store() {
     let out = s.ok(&["validate"], 1);
     assert!(out.contains("both use `x`"), "{out}");
 }
+
+/// Found by the protocol model (tests/protocol_model.rs, variant `TrustJournaledAnchors`): a
+/// run killed after its commit and before the kill of the old keyslot left the new keyslot
+/// journaled as verified. If that keyslot is damaged before the resume (its key material
+/// area, the header and its salt untouched), a resume that trusted the journal killed the
+/// old keyslot too, and no version the KMS holds opened the device. The resume verifies the
+/// anchor again: it refuses the kill, and the previous version still opens the device.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_resumed_kill_verifies_its_anchor_again() {
+    use std::io::{Seek, SeekFrom, Write};
+    let s = Scratch::new();
+    s.initial_pass();
+    let d1 = s.image("d1.img", "luks2");
+    s.plan("keyplan.yaml", &two_device_plan(&["d1"], "keep"));
+    s.ok(&["apply", "--auto-approve"], 0);
+    let v1 = s.key_get("k1", None);
+    let old_slot = 1;
+    assert!(opens(&d1, &v1, Some(old_slot)));
+    // Steps of the rotation: stage, add, verify, commit, kill: SIGKILL as the kill starts.
+    let out = assert_cmd::Command::cargo_bin("keyplan")
+        .expect("binary")
+        .current_dir(s.path(""))
+        .env("FAILPOINTS", "step.before_effect=4*off->return")
+        .args(["apply", "--auto-approve", "--rotate", "k1"])
+        .output()
+        .expect("run keyplan");
+    assert!(!out.status.success(), "the run was killed");
+    let v2 = s.key_get("k1", None);
+    assert_ne!(v1, v2, "v2 was committed before the crash");
+    let new_slot = keyslots(&d1)
+        .into_iter()
+        .find(|k| *k != 0 && *k != old_slot)
+        .expect("the new keyslot");
+    assert!(opens(&d1, &v2, Some(new_slot)));
+    // Silent damage: zero the new keyslot's key material area.
+    let json = luks2_json(&d1);
+    let area = &json["keyslots"][new_slot.to_string()]["area"];
+    let offset: u64 = area["offset"].as_str().unwrap().parse().unwrap();
+    let size: usize = area["size"].as_str().unwrap().parse().unwrap();
+    let mut f = std::fs::OpenOptions::new().write(true).open(&d1).unwrap();
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    f.write_all(&vec![0u8; size]).unwrap();
+    drop(f);
+    assert!(!opens(&d1, &v2, Some(new_slot)), "the damage took");
+    let out = s.ok(&["apply", "--auto-approve"], 1);
+    assert!(
+        out.contains(&format!("does not open keyslot {new_slot} of device d1")),
+        "{out}"
+    );
+    assert!(
+        opens(&d1, &v1, Some(old_slot)),
+        "the old keyslot was not killed: v1 (retained in the KMS) still opens d1\n{out}"
+    );
+    assert_eq!(s.key_get("k1", Some(1)), v1, "v1 is retained");
+}

@@ -114,6 +114,7 @@ mod tests {
         let stage = g.add(Step::Stage {
             key: "k".into(),
             at_least: 1,
+            planned_current: None,
         });
         let commit = g.add(Step::Commit {
             key: "k".into(),

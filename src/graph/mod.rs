@@ -88,6 +88,11 @@ pub enum Step {
         key: String,
         /// Lowest version number acceptable (above any version a device record names).
         at_least: u64,
+        /// The key's current version when planned (a rotation): with nothing pending, a
+        /// different current version at run time means another run rotated the key since,
+        /// and the stage is refused (docs/verification.md). Absent in older journals.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        planned_current: Option<u64>,
     },
     /// Add `version` of `key` into `slot`, unlocking with `unlock`; then record it.
     AddKeyslot {

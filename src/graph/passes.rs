@@ -512,6 +512,7 @@ mod tests {
             Step::Stage {
                 key: "k".into(),
                 at_least: 1,
+                planned_current: None,
             },
         ];
         // Both stale forgets precede the verify and the failed-verify forget, not each other
@@ -573,6 +574,7 @@ mod tests {
             Step::Stage {
                 key: "k".into(),
                 at_least: 2,
+                planned_current: None,
             },
             add(2, NEW, Some(0)),
             verify(2, NEW),
@@ -585,6 +587,7 @@ mod tests {
             Step::Stage {
                 key: "other".into(),
                 at_least: 1,
+                planned_current: None,
             },
         ];
         adds(
@@ -706,6 +709,7 @@ mod tests {
         let stage = Step::Stage {
             key: "k".into(),
             at_least: 2,
+            planned_current: None,
         };
         let commit = Step::Commit {
             key: "k".into(),
@@ -716,6 +720,7 @@ mod tests {
         let other = Step::Stage {
             key: "j".into(),
             at_least: 1,
+            planned_current: None,
         };
         adds(
             holders_order,

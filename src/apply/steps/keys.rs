@@ -7,13 +7,30 @@ use crate::secret::Passphrase;
 impl Exec<'_> {
     /// `stage`: reuses the pending version if the KMS has one (I3: never a second pending
     /// version), else generates `bytes` random bytes (OS CSPRNG, base64 text) and stores them
-    /// as pending, numbered at least `at_least`.
-    pub(super) fn stage(&self, key: &str, at_least: u64) -> Result<StepOutcome, StepError> {
+    /// as pending, numbered at least `at_least`. Refuses ([`StepError::Drift`]) when nothing is
+    /// pending and the current version is not `planned_current` (when given) or is at least
+    /// `at_least`: the plan is stale.
+    pub(super) fn stage(
+        &self,
+        key: &str,
+        at_least: u64,
+        planned_current: Option<u64>,
+    ) -> Result<StepOutcome, StepError> {
         let (kms, name, bytes) = self.key_ctx(key)?;
         let st = kms.read(&name)?;
-        let (v, what) = match st.pending {
-            Some(p) => (p, format!("reused pending v{p}")),
-            None => {
+        let (v, what) = match (st.pending, st.current) {
+            (Some(p), _) => (p, format!("reused pending v{p}")),
+            // Nothing pending and the current version is not the one planned against (or is
+            // at or above `at_least`, above every version the plan saw): another run
+            // committed a rotation since, so this run's is stale (found by the protocol model
+            // and its review, docs/verification.md).
+            (None, Some(c)) if c >= at_least || planned_current.is_some_and(|p| p != c) => {
+                return Err(StepError::Drift(format!(
+                    "{}: {key} v{c} became current after this run was planned (another run rotated it); nothing was staged. Run `keyplan apply` again to plan from the new state",
+                    kms.describe(),
+                )));
+            }
+            (None, _) => {
                 let material = Passphrase::generate(bytes).map_err(StepError::Internal)?;
                 let v = kms.stage(&name, &material, at_least)?;
                 (v, format!("staged v{v}"))

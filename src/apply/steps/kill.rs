@@ -2,7 +2,7 @@
 //! was verified (its anchor), and dropping records that no longer describe their keyslot.
 
 use super::{failpoint, Exec, StepError, StepOutcome};
-use crate::graph::SlotHolder;
+use crate::graph::{SlotHolder, Step};
 use crate::luks::Header;
 use crate::world::RecordStatus;
 
@@ -10,8 +10,8 @@ impl Exec<'_> {
     /// Kills `slot` of `device` after checking, on the header read now, that it still holds
     /// `holder` and that the `anchor` keyslot this run verified is present, bound and has the
     /// verified salt (invariant I1; the driver also refuses the last bound keyslot). cryptsetup
-    /// runs in batch mode with stdin closed: no PBKDF. A keyslot already gone only loses its
-    /// record.
+    /// runs in batch mode with stdin closed: no PBKDF (one, to verify the anchor again, when
+    /// only an interrupted process verified it). A keyslot already gone only loses its record.
     pub(super) fn kill(
         &self,
         device: &str,
@@ -53,7 +53,8 @@ impl Exec<'_> {
     }
 
     /// The keyslot verify step `anchor` verified in this run, when it is another keyslot of
-    /// `device` that is still present, bound and unchanged in `header`; refuses otherwise.
+    /// `device` that is still present, bound and unchanged in `header`; refuses otherwise. An
+    /// anchor only the interrupted process verified is verified again first.
     fn anchor_holds(
         &self,
         device: &str,
@@ -61,7 +62,22 @@ impl Exec<'_> {
         anchor: usize,
         header: &Header,
     ) -> Result<u32, StepError> {
-        let verified = Self::lock(&self.verified)?.get(&anchor).cloned();
+        let mut verified = Self::lock(&self.verified)?.get(&anchor).cloned();
+        if verified.is_none() {
+            // Verified by the interrupted process: the keyslot may have changed since (found
+            // by the protocol model, tests/protocol_model.rs), so this process verifies it
+            // again (one PBKDF run) before relying on it.
+            if let Some(Step::Verify {
+                device: vdev,
+                key,
+                version,
+                slot: vslot,
+            }) = self.reverify.get(&anchor)
+            {
+                self.verify(anchor, vdev, key, *version, *vslot)?;
+                verified = Self::lock(&self.verified)?.get(&anchor).cloned();
+            }
+        }
         let Some((adev, aslot, asalt)) = verified else {
             return Err(StepError::Refused(format!(
                 "refusing to kill keyslot {slot} of device {device}: no other keyslot was verified in this run"

@@ -104,8 +104,11 @@ pub(super) struct Exec<'a> {
     world: &'a World,
     /// Key id -> staged version.
     staged: Mutex<BTreeMap<String, u64>>,
-    /// Verify step index -> (device id, keyslot, salt) verified in this run.
+    /// Verify step index -> (device id, keyslot, salt) verified by this process.
     verified: Mutex<BTreeMap<usize, (String, u32, String)>>,
+    /// Verify steps an interrupted process journaled as done: a kill anchored on one runs it
+    /// again first (docs/verification.md: silent damage between the crash and the resume).
+    reverify: BTreeMap<usize, Step>,
     /// Steps that a previous process started and did not finish.
     resumed: Vec<bool>,
     /// Memory for the PBKDF runs of steps running at once.
@@ -126,15 +129,15 @@ impl<'a> Exec<'a> {
         enroll_with_keyslots: &'a BTreeMap<String, u32>,
     ) -> Exec<'a> {
         let mut staged = BTreeMap::new();
-        let mut verified = BTreeMap::new();
+        let mut reverify = BTreeMap::new();
         let mut resumed = vec![false; steps];
         if let Some(s) = resume {
             resumed.clone_from(&s.started_not_done);
             resumed.resize(steps, false);
             staged.extend(s.staged.iter().cloned());
-            for (i, salt) in &s.verified {
-                if let Some(Step::Verify { device, slot, .. }) = s.steps.get(*i) {
-                    verified.insert(*i, (device.clone(), *slot, salt.clone()));
+            for (i, _salt) in &s.verified {
+                if let Some(step @ Step::Verify { .. }) = s.steps.get(*i) {
+                    reverify.insert(*i, step.clone());
                 }
             }
         }
@@ -142,7 +145,8 @@ impl<'a> Exec<'a> {
             plan,
             world,
             staged: Mutex::new(staged),
-            verified: Mutex::new(verified),
+            verified: Mutex::new(BTreeMap::new()),
+            reverify,
             resumed,
             memory: memory::MemoryBudget::new(memory_budget_kib),
             enroll_with_keyslots,
@@ -152,7 +156,11 @@ impl<'a> Exec<'a> {
     /// Runs step `idx`, `step`, with its executor.
     pub(super) fn run(&self, idx: usize, step: &Step) -> Result<StepOutcome, StepError> {
         match step {
-            Step::Stage { key, at_least } => self.stage(key, *at_least),
+            Step::Stage {
+                key,
+                at_least,
+                planned_current,
+            } => self.stage(key, *at_least, *planned_current),
             Step::AddKeyslot {
                 device,
                 key,

@@ -34,7 +34,7 @@ impl Exec<'_> {
         drop(mem);
         if !opens {
             return Err(StepError::Refused(format!(
-                "{key} v{v} does not open keyslot {slot} of device {device}; nothing was committed or killed"
+                "{key} v{v} does not open keyslot {slot} of device {device}; the steps that rely on it (commit, kills) were not run. `keyplan apply --verify` re-checks every keyslot and repairs the records"
             )));
         }
         let salt = ks.salt.clone();

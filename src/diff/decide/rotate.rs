@@ -111,6 +111,7 @@ impl Planner<'_> {
         self.g.add(Step::Stage {
             key: key.to_string(),
             at_least,
+            planned_current: c,
         });
         let commit = if blocking.is_empty() {
             Some(self.g.add(Step::Commit {
