@@ -125,6 +125,11 @@ fn damaged_variants(s: &Scratch, base: &Path) -> Vec<(String, PathBuf)> {
     let p = mk("damaged-secondary");
     poke(&p, size + 4096 + 10, b"#");
     out.push(("damaged secondary".to_string(), p));
+    // The primary's first sector zeroed (its signature gone): cryptsetup still opens the
+    // device from the secondary, and so must keyplan read it (found by a new user's trial).
+    let p = mk("wiped-primary-signature");
+    poke(&p, 0, &[0u8; 512]);
+    out.push(("damaged primary signature".to_string(), p));
     // A newer header (one more keyslot): its primary with the older secondary, and the
     // other way round.
     let newer = mk("newer");
@@ -296,6 +301,7 @@ fn the_in_process_reader_agrees_with_cryptsetup() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     for must in [
         "damaged primary",
+        "damaged primary signature",
         "damaged secondary",
         "primary newer",
         "secondary newer",
@@ -402,5 +408,35 @@ fn a_header_with_unmet_requirements_is_refused_at_plan_time() {
     assert!(
         !s.path("keys/k").exists(),
         "a key was staged for a device it cannot be added to"
+    );
+}
+
+/// `verify` checks every device: one whose header copies disagree (so keyplan will not test
+/// passphrases on it) is a FAIL line naming why, and the next device is still verified.
+#[test]
+fn verify_reports_a_damaged_device_and_checks_the_others() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let a = s.small_image("a.img", "luks2");
+    s.small_image("b.img", "luks2");
+    s.plan(
+        "keyplan.yaml",
+        &one_key_plan(
+            "  a: { path: a.img, keys: [k], enroll_with: initial.pass }\n  b: { path: b.img, keys: [k], enroll_with: initial.pass }",
+        ),
+    );
+    s.ok(&["apply", "--auto-approve"], 0);
+    poke(&a, hdr_size(&a) + 4096 + 10, b"#");
+    let before = sha(&a);
+    let out = s.ok(&["verify"], 1);
+    assert!(
+        out.contains("FAIL  a: k v1 in keyslot 1 could not be tested")
+            && out.contains("ok    b: k v1 opens bound keyslot 1"),
+        "{out}"
+    );
+    assert_eq!(
+        sha(&a),
+        before,
+        "verify changed a byte of the damaged device"
     );
 }

@@ -338,7 +338,7 @@ impl Cryptsetup {
                 "open --test-passphrase",
                 dev,
                 &format!(
-                    "{}; testing a passphrase would let cryptsetup rewrite a header copy, so keyplan does not (it tests again once the header is repaired)",
+                    "{}; testing a passphrase would let cryptsetup rewrite a header copy, so keyplan does not. Repair the header first (`cryptsetup repair DEVICE`; `--repair-headers` cannot, as a passphrase is tested before any write), then run again",
                     header.condition.damage.join("; ")
                 ),
             ));

@@ -208,7 +208,7 @@ pub enum LuksError {
         message: String,
     },
     /// The device exists but is not a LUKS container (`cryptsetup luksDump` exit 1, as `isLuks`).
-    #[error("device {path} is not a LUKS device (cryptsetup luksDump: not a valid LUKS device); nothing was changed")]
+    #[error("device {path} is not a LUKS device (no LUKS signature at offset 0, and no valid LUKS2 header copy at the offsets the LUKS2 specification lists); nothing was changed")]
     NotLuks {
         /// Device path.
         path: PathBuf,

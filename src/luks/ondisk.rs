@@ -196,12 +196,26 @@ fn parse_with(at: At<'_>) -> Result<Header, Unreadable> {
             "starts with a LUKS signature but LUKS version {v}, which neither keyplan nor cryptsetup knows; nothing was changed. Check that `path` names the right device"
         ))),
         (b"SKUL\xba\xbe", 2) => luks2(at),
+        // No signature at offset 0, but a valid secondary LUKS2 copy: cryptsetup opens such
+        // a device from the secondary, so it is a LUKS2 device with a damaged primary.
+        _ if SECONDARY_OFFSETS
+            .iter()
+            .any(|o| copy_at(at, *o, false).is_ok()) =>
+        {
+            luks2(at)
+        }
         _ => Err(Unreadable::NotLuks),
     }
 }
 
 /// What to do about a damaged copy, after cryptsetup(8) `repair` and `luksHeaderRestore`.
 const REPAIR_HINT: &str = "back the header up first (`cryptsetup luksHeaderBackup DEVICE --header-backup-file FILE`), then let cryptsetup rewrite the damaged copy from the good one (`cryptsetup repair DEVICE`), or restore a known-good backup (`cryptsetup luksHeaderRestore`)";
+
+/// Why [`copy_at`] found no copy: the device is shorter than the copy's binary header.
+const DEVICE_ENDS: &str = "the device ends before it";
+
+/// Why [`copy_at`] found no copy: the bytes there are not a LUKS2 header at all.
+const NO_SIGNATURE: &str = "no LUKS2 signature";
 
 /// One LUKS2 header copy as found.
 struct Copy {
@@ -219,18 +233,27 @@ fn luks2(at: At<'_>) -> Result<Header, Unreadable> {
         Ok(p) => copy_at(at, p.bytes.len() as u64, false),
         Err(_) => {
             // The primary is unusable: look at every offset the specification allows, as
-            // cryptsetup does, and take the first valid secondary.
-            let mut found = Err(
-                "no secondary header at any of the offsets the LUKS2 specification lists"
-                    .to_string(),
-            );
+            // cryptsetup does, and take the first valid secondary; else say what is wrong
+            // with the first one that has the secondary's signature.
+            let mut first_bad: Option<String> = None;
+            let mut found = None;
             for offset in SECONDARY_OFFSETS {
-                if let Ok(c) = copy_at(at, offset, false) {
-                    found = Ok(c);
-                    break;
+                match copy_at(at, offset, false) {
+                    Ok(c) => {
+                        found = Some(c);
+                        break;
+                    }
+                    Err(why) if first_bad.is_none() && why != NO_SIGNATURE => {
+                        first_bad = Some(format!("the copy at offset {offset}: {why}"));
+                    }
+                    Err(_) => {}
                 }
             }
-            found
+            found.ok_or_else(|| {
+                first_bad.unwrap_or_else(|| {
+                    "no valid copy at any of the offsets the LUKS2 specification lists".to_string()
+                })
+            })
         }
     };
     let mut condition = Condition::default();
@@ -250,6 +273,14 @@ fn luks2(at: At<'_>) -> Result<Header, Unreadable> {
             } else {
                 p
             }
+        }
+        (Ok(p), Err(why)) if why.starts_with("the device ends") => {
+            condition.copies_disagree = true;
+            condition.damage.push(format!(
+                "the device ends before its secondary LUKS2 header (offset {}): it is truncated, and cryptsetup refuses a device this small; nothing was changed. Restore the whole device from a backup, or check that `path` names the whole device",
+                p.bytes.len()
+            ));
+            p
         }
         (Ok(p), Err(why)) => {
             condition.copies_disagree = true;
@@ -316,14 +347,14 @@ fn luks2(at: At<'_>) -> Result<Header, Unreadable> {
 
 /// The LUKS2 copy at `offset` (the primary when `primary`), or why it is not usable.
 fn copy_at(at: At<'_>, offset: u64, primary: bool) -> Result<Copy, String> {
-    let bin = at(offset, BIN_SIZE).ok_or("the device ends before it")?;
+    let bin = at(offset, BIN_SIZE).ok_or(DEVICE_ENDS)?;
     let magic: &[u8] = if primary {
         b"LUKS\xba\xbe"
     } else {
         b"SKUL\xba\xbe"
     };
     if &bin[..6] != magic {
-        return Err("no LUKS2 signature".into());
+        return Err(NO_SIGNATURE.into());
     }
     if u16::from_be_bytes([bin[6], bin[7]]) != 2 {
         return Err("not LUKS version 2".into());

@@ -37,6 +37,16 @@ pub enum Outcome {
         /// The keyslot.
         slot: u32,
     },
+    /// The keyslot could not be tested (e.g. the header copies disagree, so testing could
+    /// make cryptsetup write): why, and what to do. The other devices are still checked.
+    Untestable {
+        /// The current version.
+        version: u64,
+        /// The keyslot.
+        slot: u32,
+        /// The cryptsetup driver's error.
+        reason: String,
+    },
 }
 
 /// One key checked on one device.
@@ -69,8 +79,9 @@ pub struct Summary {
 /// Checks every key listed on every device, in plan order, calling `each` with every check as
 /// it is made.
 ///
-/// Errors: the observation failed ([`Error::Findings`]); a KMS or cryptsetup call failed (the
-/// checks made until then were reported).
+/// Errors: the observation failed ([`Error::Findings`]); a KMS call failed (the checks made
+/// until then were reported). A keyslot cryptsetup could not test is a failed check
+/// ([`Outcome::Untestable`]), and the other devices are still checked.
 pub fn verify(engine: &Engine, each: &mut dyn FnMut(&Check)) -> Result<Summary, Error> {
     let (plan, world) = (engine.plan(), engine.world());
     let observed = observe::observe(plan, world, Testing::Passphrases)?;
@@ -94,10 +105,15 @@ pub fn verify(engine: &Engine, each: &mut dyn FnMut(&Check)) -> Result<Summary, 
                             .map_err(|e| Error::request(e.to_string(), None))?;
                         let pass = kms.get(&key.name, version)?;
                         let bound = st.header.keyslots.get(&slot).is_some_and(|s| s.bound);
-                        match (world.cs.test_passphrase(&dev.path, slot, &pass)?, bound) {
-                            (true, true) => Outcome::Opens { version, slot },
-                            (true, false) => Outcome::Unbound { version, slot },
-                            (false, _) => Outcome::DoesNotOpen { version, slot },
+                        match (world.cs.test_passphrase(&dev.path, slot, &pass), bound) {
+                            (Ok(true), true) => Outcome::Opens { version, slot },
+                            (Ok(true), false) => Outcome::Unbound { version, slot },
+                            (Ok(false), _) => Outcome::DoesNotOpen { version, slot },
+                            (Err(e), _) => Outcome::Untestable {
+                                version,
+                                slot,
+                                reason: e.to_string(),
+                            },
                         }
                     }
                 },

@@ -65,7 +65,7 @@ pub fn apply_complete(t: Totals, pbkdf_runs: u64) -> String {
 /// `verify`'s line for one check (`ok    dev: key v2 opens bound keyslot 1`, `FAIL  ...`).
 pub fn verify_line(c: &Check) -> String {
     let (dev, key) = (&c.device, &c.key);
-    match c.outcome {
+    match c.outcome.clone() {
         Outcome::Opens { version, slot } => {
             format!("ok    {dev}: {key} v{version} opens bound keyslot {slot}")
         }
@@ -78,6 +78,13 @@ pub fn verify_line(c: &Check) -> String {
         }
         Outcome::DoesNotOpen { version, slot } => {
             format!("FAIL  {dev}: {key} v{version} does not open keyslot {slot}")
+        }
+        Outcome::Untestable {
+            version,
+            slot,
+            reason,
+        } => {
+            format!("FAIL  {dev}: {key} v{version} in keyslot {slot} could not be tested: {reason}")
         }
     }
 }
