@@ -1262,9 +1262,13 @@ fn simulated_fleet() {
         &["--interval", "4s", "--poll", "1s", "--slot-duration", "4s"],
         &[
             ("KP_AGENT_VAULT_TOKEN", bao.root_token.as_str()),
+            // Each KMS commit waits 2 s first, so that a node seen before its commit is
+            // still before it when OpenBao is sealed (phase 3): without it, on a loaded
+            // machine both running nodes could commit in the time the seal took, and no run
+            // failed.
             (
                 "FAILPOINTS",
-                &format!("step.before_effect=sleep({step_sleep_ms})"),
+                &format!("step.before_effect=sleep({step_sleep_ms});kms.commit=sleep(2000)"),
             ),
         ],
     );
