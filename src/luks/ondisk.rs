@@ -196,15 +196,12 @@ fn parse_with(at: At<'_>) -> Result<Header, Unreadable> {
             "starts with a LUKS signature but LUKS version {v}, which neither keyplan nor cryptsetup knows; nothing was changed. Check that `path` names the right device"
         ))),
         (b"SKUL\xba\xbe", 2) => luks2(at),
-        // No signature at offset 0, but a valid secondary LUKS2 copy: cryptsetup opens such
-        // a device from the secondary, so it is a LUKS2 device with a damaged primary.
-        _ if SECONDARY_OFFSETS
-            .iter()
-            .any(|o| copy_at(at, *o, false).is_ok()) =>
-        {
-            luks2(at)
-        }
-        _ => Err(Unreadable::NotLuks),
+        // No signature at offset 0: a LUKS2 device with a damaged primary when a secondary
+        // copy is valid (cryptsetup opens it from there), else not LUKS.
+        _ => match luks2(at) {
+            Err(Unreadable::Damaged(_)) => Err(Unreadable::NotLuks),
+            other => other,
+        },
     }
 }
 
