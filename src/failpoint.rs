@@ -24,7 +24,8 @@
 //! - `kms.file.retire.after_meta`: the version is marked retired, its file not yet removed;
 //! - `step.after_effect`: a step's effect is complete, its `step_done` record not yet written;
 //! - `kms.read`, `kms.get`, `kms.stage`, `kms.commit`, `kms.retire`, `kms.check`,
-//!   `kms.destroy_key`: before each KMS call (any provider); `kms.commit.lost_reply`: after a successful commit, as if the reply was lost.
+//!   `kms.destroy_key`: before each KMS call (any provider); `kms.commit.lost_reply` and
+//!   `kms.stage.lost_reply`: after a successful commit or stage, as if the reply was lost.
 
 /// Every injection point keyplan has, for harnesses that enumerate them.
 pub const POINTS: &[&str] = &[
@@ -41,6 +42,7 @@ pub const POINTS: &[&str] = &[
     "kms.stage",
     "kms.commit",
     "kms.commit.lost_reply",
+    "kms.stage.lost_reply",
     "kms.retire",
     "kms.check",
     "kms.destroy_key",

@@ -19,8 +19,9 @@
 //! formats plans, status reports, journal lines for people and programs; [`saved`] is the
 //! saved-plan file format and its state digests.
 //!
-//! **The doors to the world** are [`world::World`]: the cryptsetup driver [`luks`], one client
-//! per KMS instance ([`kms`]: the `Kms` trait, its providers, `kms::book`, the version
+//! **The doors to the world** are [`world::World`]: the LUKS door ([`luks::LuksDoor`], a trait:
+//! the cryptsetup driver [`luks`] in production, an in-memory door in the deterministic
+//! simulation, tests/sim), one client per KMS instance ([`kms`]: the `Kms` trait, its providers, `kms::book`, the version
 //! bookkeeping all providers share, and `kms::expiry`, the expiry of keyplan's own KMS
 //! credentials, which [`ops::credentials`] judges against the rotation schedule; Vault's login
 //! methods are `kms::vault::auth`), and the record store ([`world::records`]: keyplan's

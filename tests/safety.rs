@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use std::path::Path;
 
 fn two_device_plan(devices: &[&str], unmanaged: &str) -> String {
     let mut p = String::from(
@@ -481,4 +482,103 @@ fn a_resumed_kill_verifies_its_anchor_again() {
         "the old keyslot was not killed: v1 (retained in the KMS) still opens d1\n{out}"
     );
     assert_eq!(s.key_get("k1", Some(1)), v1, "v1 is retained");
+}
+
+/// A plan creating key k1 on one new LUKS2 image `d1`, and a first `apply` with `failpoints`
+/// (`FAILPOINTS`) that must fail leaving k1 v1 pending; then the next plain `apply` must finish
+/// the creation: d1 opens with k1's current version and `plan` shows nothing to do.
+fn creation_converges_after(failpoints: &str, failed_step: Option<&str>) {
+    let s = Scratch::new();
+    s.initial_pass();
+    let d1 = s.image("d1.img", "luks2");
+    s.plan("keyplan.yaml", &two_device_plan(&["d1"], "keep"));
+    let out = assert_cmd::Command::cargo_bin("keyplan")
+        .expect("binary")
+        .current_dir(s.path(""))
+        .env("FAILPOINTS", failpoints)
+        .args(["apply", "--auto-approve"])
+        .output()
+        .expect("run keyplan");
+    let text =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "the first apply failed: {text}");
+    if let Some(step) = failed_step {
+        assert!(text.contains(step), "the failed step is {step:?}: {text}");
+    }
+    let meta = std::fs::read_to_string(s.path("keys/k1/meta.json")).expect("meta.json");
+    assert!(meta.contains("\"pending\": 1"), "v1 is pending: {meta}");
+    assert!(
+        !opens(&d1, &s.key_get("k1", Some(1)), None),
+        "d1 does not hold v1 yet"
+    );
+    let out = s.ok(&["apply", "--auto-approve"], 0);
+    let v1 = s.key_get("k1", None);
+    assert!(
+        opens(&d1, &v1, None),
+        "the next apply finished the creation: {out}"
+    );
+    s.ok(&["plan", "--detailed-exitcode"], 0);
+}
+
+/// A new key whose first run failed after its first version was staged (here: the add fails
+/// with an injected error) is finished by the next apply: the pending version is this plan's
+/// own, as its journal shows. Before, the planner took it for another plan's creation and
+/// refused every later apply ("no safe plan exists ... remove it in the KMS by hand"). Found by
+/// the deterministic simulation (tests/simulation.rs, docs/verification.md).
+#[test]
+fn a_new_key_whose_first_run_failed_after_staging_is_finished() {
+    // Steps of the creation: stage v1, then add it to d1: the add fails.
+    creation_converges_after("step.before_effect=1*off->return(error)", Some("add k1"));
+}
+
+/// The same with the stage's reply lost (the KMS holds pending v1, keyplan's journal has the
+/// stage started but not done): the next apply finishes the creation instead of refusing the
+/// pending version as another plan's. Found by the deterministic simulation.
+#[test]
+fn a_new_key_whose_stage_reply_was_lost_is_finished() {
+    creation_converges_after("kms.stage.lost_reply=return(error)", None);
+}
+
+/// cryptsetup adds the keyslot and then fails (here a wrapper exits 1 after a successful
+/// `luksAddKey`; a lost reply looks the same): the keyslot is this run's, so keyplan records
+/// it and the rotation goes on. Before, the run failed saying "nothing was changed on the
+/// device" and left an unrecorded keyslot holding the new version, which no later run removed:
+/// after the next rotation it kept a non-current version working. Found by the deterministic
+/// simulation.
+#[test]
+fn a_keyslot_cryptsetup_added_before_failing_is_recorded() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let d1 = s.image("d1.img", "luks2");
+    s.plan("keyplan.yaml", &two_device_plan(&["d1"], "keep"));
+    s.ok(&["apply", "--auto-approve"], 0);
+    let real = [
+        "/usr/sbin/cryptsetup",
+        "/sbin/cryptsetup",
+        "/usr/bin/cryptsetup",
+    ]
+    .into_iter()
+    .find(|p| Path::new(p).exists())
+    .expect("cryptsetup installed");
+    let wrapper = script(
+        &s.path(""),
+        "cryptsetup-fails-after-add",
+        &format!(
+            "#!/bin/sh\n{real} \"$@\"\nrc=$?\nif [ \"$1\" = luksAddKey ] && [ $rc = 0 ]; then echo 'simulated failure after the write' >&2; exit 1; fi\nexit $rc\n"
+        ),
+    );
+    let out = s.ok_with_env(
+        &["apply", "--auto-approve", "--rotate", "k1"],
+        &[("KEYPLAN_CRYPTSETUP", &wrapper)],
+        0,
+    );
+    assert!(
+        out.contains("cryptsetup reported a failure after writing it"),
+        "{out}"
+    );
+    let v2 = s.key_get("k1", None);
+    assert!(opens(&d1, &v2, None), "d1 opens with v2: {out}");
+    // The install keyslot (kept) and v2's: v1's was killed, and no orphan is left.
+    assert_eq!(keyslots(&d1).len(), 2, "{out}");
+    s.ok(&["plan", "--detailed-exitcode"], 0);
 }

@@ -114,9 +114,24 @@ pub fn new_keyslot_memory_kib(plan: &Plan, version: crate::luks::LuksVersion) ->
     }
 }
 
-/// A new run id: `<unix seconds>-<pid>`.
+/// A new run id: `<unix seconds>-<pid>`, unique within the process: the seconds part is the
+/// start time, moved one second past the previous id's when this process already started a
+/// run in that second (an apply's second round after a migration, the node agent's cycles).
+/// Two runs with one id would mix their records in the journal, which tells runs apart by
+/// id (found by the deterministic simulation, docs/verification.md).
 pub fn new_run_id() -> String {
-    format!("{}-{}", crate::clock::now_unix(), std::process::id())
+    use std::sync::atomic::AtomicU64;
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = crate::clock::now_unix();
+    let mut last = LAST.load(Ordering::SeqCst);
+    let t = loop {
+        let t = now.max(last + 1);
+        match LAST.compare_exchange(last, t, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => break t,
+            Err(seen) => last = seen,
+        }
+    };
+    format!("{t}-{}", std::process::id())
 }
 
 /// What [`run_graph`] runs.
@@ -193,7 +208,7 @@ pub fn run_graph(
         input.enroll_with_keyslots,
     );
     begin(&input, journal).map_err(|e| fail(e.to_string(), Vec::new()))?;
-    let pbkdf_before = input.world.cs.pbkdf_runs();
+    let pbkdf_before = input.world.luks.pbkdf_runs();
     let done = input.resume.map(|s| s.done.clone()).unwrap_or_default();
     let mut sched = schedule::Scheduler::new(input.graph, done, input.parallelism);
     let mut went = Progressed {
@@ -246,7 +261,7 @@ pub fn run_graph(
     Ok(RunReport {
         run: input.run_id.to_string(),
         steps_run: went.steps_run,
-        pbkdf_runs: input.world.cs.pbkdf_runs() - pbkdf_before,
+        pbkdf_runs: input.world.luks.pbkdf_runs() - pbkdf_before,
         log: went.log,
         peak_pbkdf: exec.memory.peak(),
     })
@@ -311,9 +326,19 @@ fn drive(
                 let tx = tx.clone();
                 let step = step.clone();
                 scope.spawn(move || {
-                    let r = steps::failpoint("step.before_effect")
-                        .and_then(|()| exec.run(i, &step))
-                        .and_then(|o| steps::failpoint("step.after_effect").map(|()| o));
+                    // A panicking step fails the run like any failed step: without this, the
+                    // step's result never arrives and the run waits for it forever (the
+                    // channel's sender lives on in this loop).
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        steps::failpoint("step.before_effect")
+                            .and_then(|()| exec.run(i, &step))
+                            .and_then(|o| steps::failpoint("step.after_effect").map(|()| o))
+                    }))
+                    .unwrap_or_else(|_| {
+                        Err(StepError::Internal(
+                            "the step panicked (a keyplan bug); its effect may or may not have happened, and the next apply re-checks it".into(),
+                        ))
+                    });
                     let _ = tx.send((i, r));
                 });
             }
@@ -388,5 +413,20 @@ fn finish_step(
             went.failure.get_or_insert(format!("{desc}: {e}"));
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod run_id_tests {
+    #[test]
+    fn run_ids_of_one_process_differ_within_a_second() {
+        let ids: Vec<String> = (0..50).map(|_| super::new_run_id()).collect();
+        let unique: std::collections::BTreeSet<&String> = ids.iter().collect();
+        assert_eq!(unique.len(), ids.len(), "{ids:?}");
+        let pid = std::process::id().to_string();
+        assert!(
+            ids.iter().all(|id| id.ends_with(&format!("-{pid}"))),
+            "{ids:?}"
+        );
     }
 }

@@ -11,6 +11,7 @@
 //! whole run, so a lock left by a dead process never blocks the next run: the kernel drops it.
 //! The file's content names the holder (pid, host, start time) for the refusal message.
 
+use std::collections::BTreeSet;
 use std::fs;
 use std::io::{self, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -309,7 +310,36 @@ pub fn last_run(records: &[Record]) -> Option<RunSummary> {
     let start = records
         .iter()
         .rposition(|r| matches!(r.event, Event::RunStart { .. }))?;
-    let first = &records[start];
+    summarize(records, start)
+}
+
+/// The versions this state directory's plan staged itself, as its journal shows them:
+/// `(key id, Some(version))` for every `stage` (or migration copy) step of any run journaled
+/// as done with its staged version, also in runs that failed or ended; and `(key id, None)`
+/// for a `stage` step of any run that started but has no done record (its KMS write may have
+/// happened with the reply lost, so a pending version may be its own). Reads each run's
+/// records once per run.
+pub fn staged_versions(records: &[Record]) -> BTreeSet<(String, Option<u64>)> {
+    let mut out = BTreeSet::new();
+    let runs = records
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| matches!(r.event, Event::RunStart { .. }))
+        .filter_map(|(i, _)| summarize(records, i));
+    for run in runs {
+        out.extend(run.staged.iter().map(|(k, v)| (k.clone(), Some(*v))));
+        for (i, step) in run.steps.iter().enumerate() {
+            if let (Step::Stage { key, .. }, true) = (step, run.started_not_done[i]) {
+                out.insert((key.clone(), None));
+            }
+        }
+    }
+    out
+}
+
+/// The summary of the run whose `run_start` is `records[start]`.
+fn summarize(records: &[Record], start: usize) -> Option<RunSummary> {
+    let first = records.get(start)?;
     let Event::RunStart {
         steps,
         deps,

@@ -460,7 +460,9 @@ impl Kms for Injected {
     }
     fn stage(&self, name: &str, material: &Passphrase, at_least: u64) -> Result<u64, KmsError> {
         self.point("kms.stage")?;
-        self.0.stage(name, material, at_least)
+        let v = self.0.stage(name, material, at_least)?;
+        self.point("kms.stage.lost_reply")?;
+        Ok(v)
     }
     fn commit_as(
         &self,

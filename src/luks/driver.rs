@@ -464,28 +464,23 @@ impl Cryptsetup {
     /// range, empty, or the only bound keyslot; errors of [`Self::dump`];
     /// [`LuksError::Failed`] when cryptsetup fails.
     pub fn kill_keyslot(&self, dev: &Path, slot: u32) -> Result<(), LuksError> {
+        let header = self.dump(dev)?;
+        super::door::check_kill(dev, slot, &header)?;
+        self.kill_keyslot_unchecked(dev, slot)
+    }
+
+    /// `cryptsetup luksKillSlot --batch-mode DEV SLOT` with stdin `/dev/null`, **without the
+    /// guard** of [`Self::kill_keyslot`]: cryptsetup 2.6.1 then removes any occupied keyslot,
+    /// even the last one (exit 0), and fails (exit 1) on an empty one. For the differential
+    /// test of the in-memory LUKS door (tests/sim) and [`super::LuksDoor`]; the engine always
+    /// goes through the guarded [`super::LuksDoor::kill_keyslot`]. Adds 0 PBKDF runs.
+    ///
+    /// Errors: [`LuksError::Refused`] for `slot` ≥ 32; [`LuksError::Device`] for a bad device;
+    /// [`LuksError::Failed`] when cryptsetup fails.
+    pub fn kill_keyslot_unchecked(&self, dev: &Path, slot: u32) -> Result<(), LuksError> {
         let operation = format!("luksKillSlot of keyslot {slot}");
         check_slot(&operation, dev, slot, MAX_IDS)?;
-        let header = self.dump(dev)?;
-        check_slot(&operation, dev, slot, header.version.max_keyslots())?;
-        let Some(target) = header.keyslots.get(&slot) else {
-            return Err(refused(
-                &operation,
-                dev,
-                &format!("keyslot {slot} is empty (already removed?)"),
-            ));
-        };
-        let other_bound = header.keyslots.iter().any(|(n, k)| *n != slot && k.bound);
-        if target.bound && !other_bound {
-            return Err(refused(
-                &operation,
-                dev,
-                &format!(
-                    "keyslot {slot} is the only bound keyslot; removing it would make the data \
-                     unopenable, so keyslot {slot} was left untouched"
-                ),
-            ));
-        }
+        check_device(dev)?;
         let mut argv = args(["luksKillSlot", "--batch-mode"], dev);
         argv.push(slot.to_string().into());
         let out = self.exec(argv, None, None)?;
@@ -942,7 +937,12 @@ fn damaged_luks(dev: &Path) -> Option<String> {
 }
 
 /// Refuses keyslot numbers at or above `max`.
-fn check_slot(operation: &str, dev: &Path, slot: u32, max: u32) -> Result<(), LuksError> {
+pub(super) fn check_slot(
+    operation: &str,
+    dev: &Path,
+    slot: u32,
+    max: u32,
+) -> Result<(), LuksError> {
     if slot >= max {
         Err(refused(
             operation,
@@ -957,7 +957,7 @@ fn check_slot(operation: &str, dev: &Path, slot: u32, max: u32) -> Result<(), Lu
     }
 }
 
-fn refused(operation: &str, dev: &Path, reason: &str) -> LuksError {
+pub(super) fn refused(operation: &str, dev: &Path, reason: &str) -> LuksError {
     LuksError::Refused {
         operation: operation.to_owned(),
         path: dev.to_owned(),

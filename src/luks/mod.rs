@@ -31,12 +31,14 @@
 //! differential test) and `run` starts the child processes (locale, pipes, capture).
 
 mod bench;
+mod door;
 mod driver;
 mod dump;
 pub mod ondisk;
 pub(crate) mod run;
 
 pub use bench::DEFAULT_ITER_TIME_MS;
+pub use door::{check_kill, LuksDoor};
 pub use driver::{pbkdf_args, AnyKeyslot, PROGRAM_ENV};
 
 use std::collections::BTreeMap;

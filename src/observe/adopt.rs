@@ -78,7 +78,7 @@ pub(super) fn probe(
             .map_err(|e| failed(e.to_string()).unreachable())?;
         for slot in candidates {
             if world
-                .cs
+                .luks
                 .test_passphrase(&st.path, slot, &pass)
                 .map_err(|e| failed(e.to_string()))?
             {

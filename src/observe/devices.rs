@@ -28,8 +28,8 @@ pub(super) fn read(
 ) -> (BTreeMap<String, DeviceState>, BTreeMap<String, String>) {
     // Reading headers is one or two cryptsetup processes per device (a few ms each, no PBKDF).
     let listed: Vec<&Device> = plan.devices.values().collect();
-    let reads = crate::par::map(&listed, observe_workers(listed.len()), |dev| {
-        let header = world.cs.dump(&dev.path);
+    let reads = crate::par::map(&listed, observe_workers(world, listed.len()), |dev| {
+        let header = world.luks.dump(&dev.path);
         let records = header.as_ref().ok().map(|h| world.records.read(h));
         let read_only = header.as_ref().ok().and_then(|_| cannot_write(&dev.path));
         (header, records, read_only)

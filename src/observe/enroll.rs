@@ -105,7 +105,7 @@ pub(super) fn check(
     let failed = |e: LuksError| -> String {
         format!("{here}: testing the enroll_with passphrase in {shown} failed: {e}")
     };
-    match world.cs.test_any_keyslot(&st.path, &pass).map_err(failed) {
+    match world.luks.test_any_keyslot(&st.path, &pass).map_err(failed) {
         Ok(AnyKeyslot::Keyslot(n)) => {
             st.enroll_with_keyslot = Some(n);
             return None;
@@ -122,7 +122,11 @@ pub(super) fn check(
         .map(|(n, _)| *n)
         .collect();
     for n in ignored {
-        match world.cs.test_passphrase(&st.path, n, &pass).map_err(failed) {
+        match world
+            .luks
+            .test_passphrase(&st.path, n, &pass)
+            .map_err(failed)
+        {
             Ok(true) => {
                 st.enroll_with_keyslot = Some(n);
                 return None;
@@ -194,7 +198,7 @@ fn opens_nothing(
         path.display()
     );
     for (n, _) in st.header.keyslots.iter().filter(|(_, k)| !k.bound) {
-        if let Ok(true) = world.cs.test_passphrase(path, *n, pass) {
+        if let Ok(true) = world.luks.test_passphrase(path, *n, pass) {
             return format!(
                 "{here}: the enroll_with passphrase in {shown} opens only keyslot {n}, which is unbound (not assigned to the data segment: it cannot open the data), so it cannot enroll a key; nothing was changed and no key version was staged. Point enroll_with at the passphrase of a bound keyslot ({}); {check}",
                 if bound.is_empty() { "there is none".to_owned() } else { format!("keyslot {}", list(&bound)) }

@@ -45,8 +45,8 @@ pub(super) fn read(
         .collect();
     let reads = crate::par::map(
         &gone,
-        observe_workers(gone.len()),
-        |(uuid, entry)| match world.cs.dump(&entry.path) {
+        observe_workers(world, gone.len()),
+        |(uuid, entry)| match world.luks.dump(&entry.path) {
             Ok(h) if h.uuid.eq_ignore_ascii_case(uuid) => {
                 let records = world.records.read(&h).map_err(|e| e.to_string());
                 Ok((h, records))

@@ -220,10 +220,14 @@ fn device_path(id: &str) -> Vec<PathSeg> {
 }
 
 /// Threads reading device headers at once: twice the CPUs (each read mostly waits for a
-/// cryptsetup child), at most [`MAX_OBSERVE_WORKERS`], at least 1, never more than `devices`.
-fn observe_workers(devices: usize) -> usize {
+/// cryptsetup child), at most [`MAX_OBSERVE_WORKERS`] and what the LUKS door asks for
+/// ([`crate::luks::LuksDoor::read_parallelism`]), at least 1, never more than `devices`.
+fn observe_workers(world: &World, devices: usize) -> usize {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (cpus * 2).clamp(1, MAX_OBSERVE_WORKERS).min(devices.max(1))
+    (cpus * 2)
+        .clamp(1, MAX_OBSERVE_WORKERS)
+        .min(world.luks.read_parallelism().max(1))
+        .min(devices.max(1))
 }
 
 /// Upper bound on the threads reading device headers at once (each starts cryptsetup children,

@@ -48,6 +48,12 @@ impl Engine {
         Ok(Engine { plan, world })
     }
 
+    /// An engine over doors the caller opened ([`World::with_doors`]): the deterministic
+    /// simulation's in-memory LUKS and KMS doors (tests/sim). The plan is used as given.
+    pub fn with_world(plan: Plan, world: World) -> Engine {
+        Engine { plan, world }
+    }
+
     /// The plan.
     pub fn plan(&self) -> &Plan {
         &self.plan
@@ -60,7 +66,7 @@ impl Engine {
 
     /// PBKDF runs (key derivations) this engine's cryptsetup calls have caused so far.
     pub fn pbkdf_runs(&self) -> u64 {
-        self.world.cs.pbkdf_runs()
+        self.world.luks.pbkdf_runs()
     }
 }
 

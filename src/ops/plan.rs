@@ -86,9 +86,15 @@ pub fn make(engine: &Engine, req: &PlanRequest) -> Result<Planned, Error> {
     if req.verify {
         verify_records(engine, &mut checked)?;
     }
+    // A journal that cannot be read here leaves the set empty: the planner then refuses a
+    // pending creation it cannot prove its own, which is the safe side.
+    let staged_here = crate::journal::read(&plan.state_dir)
+        .map(|records| crate::journal::staged_versions(&records))
+        .unwrap_or_default();
     let opts = DiffOptions {
         rotate: req.rotate.clone(),
         repair_headers: req.repair_headers,
+        staged_here,
     };
     let d = diff::diff(plan, &checked, &opts).map_err(Error::NoSafePlan)?;
     check_kms(engine, &d)?;
@@ -164,7 +170,7 @@ fn verify_records(engine: &Engine, observed: &mut Observed) -> Result<(), Error>
                 continue;
             };
             let bound = dev.header.keyslots.get(&r.slot).is_some_and(|k| k.bound);
-            let opens = world.cs.test_passphrase(&dev.path, r.slot, &p)?;
+            let opens = world.luks.test_passphrase(&dev.path, r.slot, &p)?;
             if !(opens && bound) {
                 r.status = RecordStatus::FailedVerify;
             }

@@ -579,7 +579,7 @@ fn observation_failed(e: crate::error::Error, f: &mut Findings) {
 fn unreadable_devices(engine: &Engine) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for dev in engine.plan().devices.values() {
-        let why = match engine.world().cs.dump(&dev.path) {
+        let why = match engine.world().luks.dump(&dev.path) {
             Err(e) => Some(e.to_string()),
             Ok(h) => match &dev.uuid {
                 Some(want) if !want.eq_ignore_ascii_case(&h.uuid) => Some(format!(

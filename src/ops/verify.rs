@@ -105,7 +105,7 @@ pub fn verify(engine: &Engine, each: &mut dyn FnMut(&Check)) -> Result<Summary, 
                             .map_err(|e| Error::request(e.to_string(), None))?;
                         let pass = kms.get(&key.name, version)?;
                         let bound = st.header.keyslots.get(&slot).is_some_and(|s| s.bound);
-                        match (world.cs.test_passphrase(&dev.path, slot, &pass), bound) {
+                        match (world.luks.test_passphrase(&dev.path, slot, &pass), bound) {
                             (Ok(true), true) => Outcome::Opens { version, slot },
                             (Ok(true), false) => Outcome::Unbound { version, slot },
                             (Ok(false), _) => Outcome::DoesNotOpen { version, slot },

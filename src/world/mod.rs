@@ -11,10 +11,11 @@ pub mod registry;
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use crate::error::{Error, Finding};
 use crate::kms::{self, Kms};
-use crate::luks::Cryptsetup;
+use crate::luks::{Cryptsetup, LuksDoor};
 use crate::spec::{PathSeg, Plan};
 
 pub use records::{RecordError, RecordObs, RecordStatus, RecordStore, SlotRecord, TOKEN_TYPE};
@@ -22,8 +23,9 @@ pub use registry::{Registry, RegistryEntry, RegistryError, REGISTRY_FILE};
 
 /// The doors to the world: cryptsetup, the KMS instances, the record store.
 pub struct World {
-    /// The cryptsetup driver (counts PBKDF runs).
-    pub cs: Cryptsetup,
+    /// The LUKS door: the cryptsetup driver ([`Cryptsetup`], which counts PBKDF runs), or an
+    /// in-memory one in the deterministic simulation (tests/sim).
+    pub luks: Arc<dyn LuksDoor>,
     /// KMS instances by name.
     pub kms: BTreeMap<String, Box<dyn Kms>>,
     /// keyplan's records of keyslots.
@@ -81,12 +83,22 @@ impl World {
             })?;
             map.insert(name.clone(), k);
         }
-        let cs = Cryptsetup::new();
-        Ok(World {
-            records: RecordStore::new(cs.clone(), plan.state_dir.join("luks1")),
-            cs,
-            kms: map,
-        })
+        Ok(World::with_doors(plan, Arc::new(Cryptsetup::new()), map))
+    }
+
+    /// A world over doors the caller made: `luks` for every LUKS operation and `kms`, one
+    /// client per KMS instance name of `plan` (the deterministic simulation passes in-memory
+    /// doors; [`World::open`] passes cryptsetup and the plan's providers). Checks nothing.
+    pub fn with_doors(
+        plan: &Plan,
+        luks: Arc<dyn LuksDoor>,
+        kms: BTreeMap<String, Box<dyn Kms>>,
+    ) -> World {
+        World {
+            records: RecordStore::new(Arc::clone(&luks), plan.state_dir.join("luks1")),
+            luks,
+            kms,
+        }
     }
 
     /// The KMS holding key `key_id` of `plan`.
@@ -110,7 +122,7 @@ impl World {
 impl fmt::Debug for World {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("World")
-            .field("cs", &self.cs)
+            .field("luks", &self.luks)
             .field("kms", &self.kms.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
     }

@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::fsutil;
-use crate::luks::{Cryptsetup, Header, LuksError, LuksVersion};
+use std::sync::Arc;
+
+use crate::luks::{Header, LuksDoor, LuksError, LuksVersion};
 
 /// LUKS2 token type keyplan writes.
 pub const TOKEN_TYPE: &str = "keyplan";
@@ -134,14 +136,14 @@ struct Luks1Records {
 /// the state directory.
 #[derive(Debug, Clone)]
 pub struct RecordStore {
-    cs: Cryptsetup,
+    cs: Arc<dyn LuksDoor>,
     luks1_dir: PathBuf,
 }
 
 impl RecordStore {
     /// A store writing tokens with `cs` and LUKS1 records into `luks1_dir`
     /// (`<state_dir>/luks1`, created 0700 on first write).
-    pub fn new(cs: Cryptsetup, luks1_dir: PathBuf) -> RecordStore {
+    pub fn new(cs: Arc<dyn LuksDoor>, luks1_dir: PathBuf) -> RecordStore {
         RecordStore { cs, luks1_dir }
     }
 

@@ -62,10 +62,37 @@ impl Exec<'_> {
             slot,
             &material,
         );
-        added.map_err(|e| self.add_failed(device, unlock, e))?;
+        if let Err(e) = added {
+            if self.added_anyway(slot, &path, &material) {
+                // cryptsetup wrote the keyslot and still failed (or its reply was lost): the
+                // keyslot is this step's, so it is recorded rather than left as an orphan
+                // that keeps a non-current version (found by the deterministic simulation).
+                tracing::warn!(device = %device, slot, error = %e, "luksAddKey failed, but the new keyslot is there and opens with the version; recording it");
+                self.record_new(device, key, v, slot, &path)?;
+                return StepOutcome::done(format!(
+                    "added keyslot {slot} ({key} v{v}; cryptsetup reported a failure after writing it)"
+                ));
+            }
+            return Err(self.add_failed(device, unlock, e));
+        }
         failpoint("add.after_keyslot")?;
         self.record_new(device, key, v, slot, &path)?;
         StepOutcome::done(format!("added keyslot {slot} ({key} v{v})"))
+    }
+
+    /// After a failed `luksAddKey`: whether keyslot `slot` (free when the step began) is
+    /// occupied now and opens with `material` (one PBKDF run, only on this error path). A
+    /// header that cannot be read, or a test that fails, counts as no.
+    fn added_anyway(&self, slot: u32, path: &Path, material: &Passphrase) -> bool {
+        let Ok(header) = self.header(path) else {
+            return false;
+        };
+        header.keyslots.contains_key(&slot)
+            && self
+                .world
+                .luks
+                .test_passphrase(path, slot, material)
+                .unwrap_or(false)
     }
 
     /// The target keyslot is occupied: done already (recorded with this version), adopted (this
@@ -91,7 +118,7 @@ impl Exec<'_> {
             .any(|r| r.slot == slot && r.status == RecordStatus::Valid);
         if self.resumed.get(idx).copied().unwrap_or(false) && unrecorded && {
             let _mem = self.memory_for(header, &[slot], None);
-            self.world.cs.test_passphrase(path, slot, material)?
+            self.world.luks.test_passphrase(path, slot, material)?
         } {
             let salt = header
                 .keyslots
@@ -183,9 +210,9 @@ impl Exec<'_> {
         material: &Passphrase,
     ) -> Result<(), LuksError> {
         let add = |through: Option<u32>| {
-            self.world.cs.add_keyslot(
+            self.world.luks.add_keyslot(
                 path,
-                header,
+                header.into(),
                 through,
                 unlock_pass,
                 slot,
@@ -232,6 +259,17 @@ impl Exec<'_> {
                 "the enroll_with passphrase in {file} opens no keyslot of device {device} (keyplan uses the file's bytes exactly: a trailing newline counts); nothing was changed on the device ({e})"
             ));
         }
+        if let (LuksError::Failed { code: 2, .. }, Unlock::Key { key, slot, .. }) = (&e, unlock) {
+            // The record says keyslot `slot` holds this version, and the version does not
+            // open it: silent damage (or a keyslot rewritten behind keyplan's back). Planning
+            // trusts records; `--verify` tests them and repairs the ones that fail.
+            return StepError::LuksLeft {
+                source: e,
+                context: format!(
+                    "; nothing was changed on the device. keyplan's record says keyslot {slot} of device {device} holds {key}, but that version does not open it: run `keyplan apply --verify` to test every record and re-enroll the keyslots that fail"
+                ),
+            };
+        }
         StepError::LuksLeft {
             source: e,
             context: "; nothing was changed on the device".to_string(),
@@ -250,7 +288,22 @@ impl Exec<'_> {
         slot: u32,
         path: &Path,
     ) -> Result<(), StepError> {
-        let header = self.header(path)?;
+        let header = match self.header(path) {
+            Ok(h) => h,
+            Err(e) => {
+                // The keyslot was added but cannot be recorded: remove it again (the kill
+                // reads the header itself), so no orphan holding a non-current version stays.
+                return Err(StepError::Refused(match self.world.luks.kill_keyslot(path, slot) {
+                    Ok(()) => format!(
+                        "{e}; keyslot {slot} was added but could not be recorded, so it was removed again: device {device} is as before"
+                    ),
+                    Err(k) => format!(
+                        "{e}; keyslot {slot} was added but could not be recorded, and removing it also failed ({k}): it holds {key} v{v}, not yet current; kill it by hand (cryptsetup luksKillSlot {} {slot})",
+                        path.display()
+                    ),
+                }));
+            }
+        };
         let salt = header
             .keyslots
             .get(&slot)
@@ -269,7 +322,7 @@ impl Exec<'_> {
         let Err(e) = self.world.records.write(path, &header, slot, &record) else {
             return Ok(());
         };
-        Err(StepError::Refused(match self.world.cs.kill_keyslot(path, slot) {
+        Err(StepError::Refused(match self.world.luks.kill_keyslot(path, slot) {
             Ok(()) => format!(
                 "{e}; the new keyslot {slot} was removed again, so device {device} is as before"
             ),

@@ -44,7 +44,7 @@ impl Exec<'_> {
             }
         }
         let aslot = self.anchor_holds(device, slot, anchor, &header)?;
-        self.world.cs.kill_keyslot(&path, slot)?;
+        self.world.luks.kill_keyslot(&path, slot)?;
         failpoint("kill.after_keyslot")?;
         // Killing a keyslot leaves token ids (and the LUKS1 UUID) as they were, so the header
         // read before the kill still finds the record: no second dump needed.

@@ -285,7 +285,7 @@ impl<'a> Exec<'a> {
 
     /// The header of the device at `path`, read now.
     fn header(&self, path: &std::path::Path) -> Result<Header, StepError> {
-        Ok(self.world.cs.dump(path)?)
+        Ok(self.world.luks.dump(path)?)
     }
 
     /// Takes from the run's memory budget what one PBKDF run at a time of the keyslots `slots`

@@ -30,7 +30,7 @@ impl Exec<'_> {
             )));
         }
         let mem = self.memory_for(&header, &[slot], None);
-        let opens = self.world.cs.test_passphrase(&path, slot, &material)?;
+        let opens = self.world.luks.test_passphrase(&path, slot, &material)?;
         drop(mem);
         if !opens {
             return Err(StepError::Refused(format!(

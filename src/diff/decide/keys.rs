@@ -44,7 +44,7 @@ impl Planner<'_> {
         self.stale_votes(key, st);
         match self.rotate_reason(key, opts) {
             Some((action, reason)) => {
-                if self.refuse_foreign_creation(key, st, action)
+                if self.refuse_foreign_creation(key, st, action, opts)
                     || self.blocked_by_holders(key, st, action, opts)
                 {
                     return;
@@ -61,9 +61,10 @@ impl Planner<'_> {
         }
     }
 
-    /// A pending version with no current one that no device of this plan holds is another
-    /// plan's creation of the key in progress (this plan's own interrupted creation is finished
-    /// from its journal before planning): finishing it here would commit a version the other
+    /// A pending version with no current one that no device of this plan holds, and that this
+    /// plan's journal does not show it staged ([`DiffOptions::staged_here`]: an own creation
+    /// whose run failed or was interrupted before any device held it), is another plan's
+    /// creation of the key in progress: finishing it here would commit a version the other
     /// plan's devices may not have yet, and let this plan rotate a key the other plan is
     /// about to hold. Refuses and returns true in that case.
     fn refuse_foreign_creation(
@@ -71,6 +72,7 @@ impl Planner<'_> {
         key: &str,
         st: &crate::kms::KeyState,
         action: KeyAction,
+        opts: &DiffOptions,
     ) -> bool {
         let (KeyAction::Finish, None, Some(p)) = (action, st.current, st.pending) else {
             return false;
@@ -80,7 +82,9 @@ impl Planner<'_> {
                 .iter()
                 .any(|r| r.record.key == key && r.record.version == p)
         });
-        if mine {
+        let staged_here = opts.staged_here.contains(&(key.to_string(), Some(p)))
+            || opts.staged_here.contains(&(key.to_string(), None));
+        if mine || staged_here {
             return false;
         }
         let kms = self.kms_of(key);
