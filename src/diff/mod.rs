@@ -315,10 +315,11 @@ pub struct DiffOptions {
     /// Allow changes on devices whose LUKS2 header copies disagree (`--repair-headers`).
     pub repair_headers: bool,
     /// What this plan's own journal says it staged ([`crate::journal::staged_versions`]):
-    /// `(key id, Some(version))`, or `(key id, None)` for a stage whose reply was lost. A pending version among them (or any pending version of a `None` key: the
-    /// stage would have reused it anyway) is this plan's own creation of the key, to be
-    /// finished, even when its run failed before any device held it (found by the
-    /// deterministic simulation, docs/verification.md).
+    /// `(key id, Some(version))`, or `(key id, None)` for a stage whose reply was lost. A
+    /// pending version among them (or any pending version of a `None` key: the stage would
+    /// have reused it anyway) is this plan's own creation of the key, to be finished, even
+    /// when its run failed before any device held it (found by the deterministic simulation,
+    /// docs/verification.md).
     pub staged_here: std::collections::BTreeSet<(String, Option<u64>)>,
 }
 

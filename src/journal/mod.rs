@@ -305,41 +305,76 @@ pub struct RunSummary {
     pub last_error: Option<String>,
 }
 
+/// The versions this state directory's plan staged itself, as its journal shows them:
+/// `(key id, Some(version))` for every `stage` (or migration copy) step of any run journaled
+/// as done with its staged version, also in runs that failed or ended; and `(key id, None)`
+/// for a `stage` step of any run that started but has no done record (its KMS write may have
+/// happened with the reply lost, so a pending version may be its own). One pass over the
+/// records; a run's records are those after its `run_start` with its id, as for
+/// [`last_run`].
+pub fn staged_versions(records: &[Record]) -> BTreeSet<(String, Option<u64>)> {
+    let mut out = BTreeSet::new();
+    // Per run id: its steps and, per step, (done, started and not done).
+    type Run<'a> = (&'a [Step], Vec<(bool, bool)>);
+    let mut runs: std::collections::HashMap<&str, Run<'_>> = std::collections::HashMap::new();
+    let lost_replies =
+        |out: &mut BTreeSet<(String, Option<u64>)>, steps: &[Step], st: &[(bool, bool)]| {
+            for (step, (_, started)) in steps.iter().zip(st) {
+                if let (Step::Stage { key, .. }, true) = (step, started) {
+                    out.insert((key.clone(), None));
+                }
+            }
+        };
+    for r in records {
+        match &r.event {
+            Event::RunStart { steps, .. } => {
+                if let Some((old, st)) =
+                    runs.insert(&r.run, (steps, vec![(false, false); steps.len()]))
+                {
+                    lost_replies(&mut out, old, &st);
+                }
+            }
+            Event::StepStart { step } => {
+                if let Some(f) = runs
+                    .get_mut(r.run.as_str())
+                    .and_then(|(_, st)| st.get_mut(*step))
+                {
+                    f.1 = !f.0;
+                }
+            }
+            Event::StepDone {
+                step,
+                staged_version,
+                ..
+            } => {
+                if let Some((steps, st)) = runs.get_mut(r.run.as_str()) {
+                    if let Some(f) = st.get_mut(*step) {
+                        *f = (true, false);
+                    }
+                    if let (
+                        Some(v),
+                        Some(Step::Stage { key, .. } | Step::MigrateCopy { key, .. }),
+                    ) = (staged_version, steps.get(*step))
+                    {
+                        out.insert((key.clone(), Some(*v)));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    for (steps, st) in runs.values() {
+        lost_replies(&mut out, steps, st);
+    }
+    out
+}
+
 /// Summarizes the last run found in `records`, if any.
 pub fn last_run(records: &[Record]) -> Option<RunSummary> {
     let start = records
         .iter()
         .rposition(|r| matches!(r.event, Event::RunStart { .. }))?;
-    summarize(records, start)
-}
-
-/// The versions this state directory's plan staged itself, as its journal shows them:
-/// `(key id, Some(version))` for every `stage` (or migration copy) step of any run journaled
-/// as done with its staged version, also in runs that failed or ended; and `(key id, None)`
-/// for a `stage` step of any run that started but has no done record (its KMS write may have
-/// happened with the reply lost, so a pending version may be its own). Reads each run's
-/// records once per run.
-pub fn staged_versions(records: &[Record]) -> BTreeSet<(String, Option<u64>)> {
-    let mut out = BTreeSet::new();
-    let runs = records
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| matches!(r.event, Event::RunStart { .. }))
-        .filter_map(|(i, _)| summarize(records, i));
-    for run in runs {
-        out.extend(run.staged.iter().map(|(k, v)| (k.clone(), Some(*v))));
-        for (i, step) in run.steps.iter().enumerate() {
-            if let (Step::Stage { key, .. }, true) = (step, run.started_not_done[i]) {
-                out.insert((key.clone(), None));
-            }
-        }
-    }
-    out
-}
-
-/// The summary of the run whose `run_start` is `records[start]`.
-fn summarize(records: &[Record], start: usize) -> Option<RunSummary> {
-    let first = records.get(start)?;
+    let first = &records[start];
     let Event::RunStart {
         steps,
         deps,

@@ -290,19 +290,8 @@ impl Exec<'_> {
     ) -> Result<(), StepError> {
         let header = match self.header(path) {
             Ok(h) => h,
-            Err(e) => {
-                // The keyslot was added but cannot be recorded: remove it again (the kill
-                // reads the header itself), so no orphan holding a non-current version stays.
-                return Err(StepError::Refused(match self.world.luks.kill_keyslot(path, slot) {
-                    Ok(()) => format!(
-                        "{e}; keyslot {slot} was added but could not be recorded, so it was removed again: device {device} is as before"
-                    ),
-                    Err(k) => format!(
-                        "{e}; keyslot {slot} was added but could not be recorded, and removing it also failed ({k}): it holds {key} v{v}, not yet current; kill it by hand (cryptsetup luksKillSlot {} {slot})",
-                        path.display()
-                    ),
-                }));
-            }
+            // The keyslot was added but cannot be recorded (the kill reads the header itself).
+            Err(e) => return Err(self.unrecordable(&e.to_string(), device, key, v, slot, path)),
         };
         let salt = header
             .keyslots
@@ -322,14 +311,28 @@ impl Exec<'_> {
         let Err(e) = self.world.records.write(path, &header, slot, &record) else {
             return Ok(());
         };
-        Err(StepError::Refused(match self.world.luks.kill_keyslot(path, slot) {
+        Err(self.unrecordable(&e.to_string(), device, key, v, slot, path))
+    }
+
+    /// Removes keyslot `slot`, added but not recordable because of `why`, so no orphan
+    /// holding a version that is not current yet stays; the error says whether it went.
+    fn unrecordable(
+        &self,
+        why: &str,
+        device: &str,
+        key: &str,
+        v: u64,
+        slot: u32,
+        path: &Path,
+    ) -> StepError {
+        StepError::Refused(match self.world.luks.kill_keyslot(path, slot) {
             Ok(()) => format!(
-                "{e}; the new keyslot {slot} was removed again, so device {device} is as before"
+                "{why}; the new keyslot {slot} was removed again, so device {device} is as before"
             ),
             Err(k) => format!(
-                "{e}; removing the unrecorded keyslot {slot} also failed ({k}): it holds {key} v{v}, not yet current; kill it by hand (cryptsetup luksKillSlot {} {slot})",
+                "{why}; removing the unrecorded keyslot {slot} also failed ({k}): it holds {key} v{v}, not yet current; kill it by hand (cryptsetup luksKillSlot {} {slot})",
                 path.display()
             ),
-        }))
+        })
     }
 }
