@@ -582,3 +582,81 @@ fn a_keyslot_cryptsetup_added_before_failing_is_recorded() {
     assert_eq!(keyslots(&d1).len(), 2, "{out}");
     s.ok(&["plan", "--detailed-exitcode"], 0);
 }
+
+/// Runs `keyplan <args>` in `s` with `FAILPOINTS=failpoints`, expecting it to fail; returns its
+/// stderr and stdout.
+fn failing_apply(s: &Scratch, failpoints: &str, args: &[&str]) -> String {
+    let out = assert_cmd::Command::cargo_bin("keyplan")
+        .expect("binary")
+        .current_dir(s.path(""))
+        .env("NO_COLOR", "1")
+        .env("FAILPOINTS", failpoints)
+        .args(args)
+        .output()
+        .expect("run keyplan");
+    let text =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "keyplan {args:?} failed: {text}");
+    text
+}
+
+/// A rotation killed after `luksAddKey` wrote the new version's keyslot and before keyplan
+/// recorded it, whose resume then failed before the add step ran again: the next plain
+/// `apply` finds the unrecorded keyslot through the journal's unfinished add, tests it with the
+/// pending version (one PBKDF run) and adopts it, instead of adding the version to a second
+/// keyslot. Before, the first keyslot was left unrecorded and kept opening the device with
+/// that version after the next rotation retired it. Found by the deterministic simulation
+/// (seed 3627, docs/verification.md).
+#[test]
+fn a_keyslot_left_by_a_killed_add_whose_resume_failed_is_adopted() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let d1 = s.image("d1.img", "luks2");
+    s.plan("keyplan.yaml", &two_device_plan(&["d1"], "keep"));
+    s.ok(&["apply", "--auto-approve"], 0);
+    let v1 = s.key_get("k1", None);
+    let before = keyslots(&d1);
+    // SIGKILL between luksAddKey and the record.
+    failing_apply(
+        &s,
+        "add.after_keyslot=return",
+        &["apply", "--auto-approve", "--rotate", "k1"],
+    );
+    let v2 = s.key_get("k1", Some(2));
+    let orphan = keyslots(&d1)
+        .into_iter()
+        .find(|k| !before.contains(k))
+        .expect("luksAddKey wrote v2's keyslot before the kill");
+    assert!(opens(&d1, &v2, Some(orphan)));
+    // The resume fails before its first step's effect (an unreachable KMS, say).
+    let out = failing_apply(
+        &s,
+        "step.before_effect=return(error)",
+        &["apply", "--auto-approve"],
+    );
+    assert!(out.contains("injected failure"), "{out}");
+    assert!(opens(&d1, &v2, Some(orphan)), "the keyslot is still there");
+    // The next apply adopts the keyslot as v2's and finishes the rotation with it.
+    let out = s.ok(&["plan", "--detailed-exitcode"], 2);
+    assert!(
+        out.contains("an unfinished add of an earlier run"),
+        "the plan says why it adopts the keyslot: {out}"
+    );
+    let out = s.ok(&["apply", "--auto-approve"], 0);
+    assert_eq!(s.key_get("k1", None), v2, "v2 was committed: {out}");
+    assert!(opens(&d1, &v2, Some(orphan)), "{out}");
+    assert!(!opens(&d1, &v1, None), "v1's keyslot was killed: {out}");
+    assert_eq!(
+        keyslots(&d1).len(),
+        before.len(),
+        "no second v2 keyslot: {out}"
+    );
+    s.ok(&["plan", "--detailed-exitcode"], 0);
+    // The next rotation retires v2: no keyslot opens with it any more.
+    s.ok(&["apply", "--auto-approve", "--rotate", "k1"], 0);
+    assert!(
+        !opens(&d1, &v2, None),
+        "no orphan keyslot keeps opening d1 with the retired v2"
+    );
+    assert!(opens(&d1, &s.key_get("k1", None), None));
+}

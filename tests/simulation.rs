@@ -406,7 +406,7 @@ fn a_kms_without_compare_and_swap_is_caught_in_the_fleet() {
 fn the_seeds_that_found_bugs_pass() {
     let dir = tempfile::tempdir().expect("tempdir");
     let sc = single_host(dir.path());
-    for seed in [17, 197, 218, 1800, 1909] {
+    for seed in [17, 197, 218, 1800, 1909, 3627] {
         let o = sim::run(&sc, seed, None, Variant::Correct);
         assert!(
             o.violation.is_none(),

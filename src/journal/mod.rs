@@ -369,6 +369,124 @@ pub fn staged_versions(records: &[Record]) -> BTreeSet<(String, Option<u64>)> {
     out
 }
 
+/// An `add keyslot` step of some run of this state directory that started and never
+/// finished: its `luksAddKey` may have written the keyslot before the process died or the run
+/// failed, so the keyslot may open with `version` of `key` while no record names it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct UnfinishedAdd {
+    /// Device id in the run's plan.
+    pub device: String,
+    /// Device path in the run's plan.
+    pub path: String,
+    /// Target keyslot.
+    pub slot: u32,
+    /// Key id.
+    pub key: String,
+    /// The version the step was adding (a `new version` step: what the run's `stage` step of
+    /// the key staged).
+    pub version: u64,
+}
+
+/// Every `add keyslot` step of any run in `records` with a `step_start` and no `step_done`
+/// (interrupted, failed, or never resumed), deduplicated and sorted. A step adding the run's
+/// staged version whose run has no done `stage` (or migration copy) of its key is left out:
+/// it cannot have started. One pass over the records; a run's records are those after its
+/// `run_start` with its id, as for [`last_run`].
+pub fn unfinished_adds(records: &[Record]) -> Vec<UnfinishedAdd> {
+    struct Run<'a> {
+        steps: &'a [Step],
+        devices: &'a [(String, String)],
+        done: Vec<bool>,
+        started: Vec<bool>,
+        staged: std::collections::HashMap<&'a str, u64>,
+    }
+    fn finish(run: &Run<'_>, out: &mut BTreeSet<UnfinishedAdd>) {
+        for (i, step) in run.steps.iter().enumerate() {
+            let Step::AddKeyslot {
+                device,
+                key,
+                version,
+                slot,
+                ..
+            } = step
+            else {
+                continue;
+            };
+            if !run.started.get(i).copied().unwrap_or(false)
+                || run.done.get(i).copied().unwrap_or(true)
+            {
+                continue;
+            }
+            let version = match version {
+                crate::graph::VersionRef::Version(v) => Some(*v),
+                crate::graph::VersionRef::Staged => run.staged.get(key.as_str()).copied(),
+            };
+            let path = run
+                .devices
+                .iter()
+                .find(|(id, _)| id == device)
+                .map(|(_, p)| p.clone());
+            if let (Some(version), Some(path)) = (version, path) {
+                out.insert(UnfinishedAdd {
+                    device: device.clone(),
+                    path,
+                    slot: *slot,
+                    key: key.clone(),
+                    version,
+                });
+            }
+        }
+    }
+    let mut out = BTreeSet::new();
+    let mut runs: std::collections::HashMap<&str, Run<'_>> = std::collections::HashMap::new();
+    for r in records {
+        match &r.event {
+            Event::RunStart { steps, devices, .. } => {
+                let run = Run {
+                    steps,
+                    devices,
+                    done: vec![false; steps.len()],
+                    started: vec![false; steps.len()],
+                    staged: std::collections::HashMap::new(),
+                };
+                if let Some(old) = runs.insert(&r.run, run) {
+                    finish(&old, &mut out);
+                }
+            }
+            Event::StepStart { step } => {
+                if let Some(f) = runs
+                    .get_mut(r.run.as_str())
+                    .and_then(|run| run.started.get_mut(*step))
+                {
+                    *f = true;
+                }
+            }
+            Event::StepDone {
+                step,
+                staged_version,
+                ..
+            } => {
+                let Some(run) = runs.get_mut(r.run.as_str()) else {
+                    continue;
+                };
+                if let Some(f) = run.done.get_mut(*step) {
+                    *f = true;
+                }
+                if let (Some(v), Some(Step::Stage { key, .. } | Step::MigrateCopy { key, .. })) =
+                    (staged_version, run.steps.get(*step))
+                {
+                    run.staged.insert(key.as_str(), *v);
+                }
+            }
+            _ => {}
+        }
+    }
+    for run in runs.values() {
+        finish(run, &mut out);
+    }
+    out.into_iter().collect()
+}
+
 /// Summarizes the last run found in `records`, if any.
 pub fn last_run(records: &[Record]) -> Option<RunSummary> {
     let start = records
@@ -514,6 +632,89 @@ mod tests {
 
     fn records(dir: &Path) -> Vec<Record> {
         read(dir).expect("journal reads")
+    }
+
+    /// Adds that started and have no done record in their run are unfinished, whether the run
+    /// was killed or failed; a `new version` add takes its run's staged version; a finished
+    /// add, an add of another run that finished, and an add whose run staged nothing are not.
+    #[test]
+    fn unfinished_adds_are_the_started_and_never_done() {
+        use crate::graph::{Unlock, VersionRef};
+        let add = |slot: u32, version: VersionRef| Step::AddKeyslot {
+            device: "d1".into(),
+            key: "k1".into(),
+            version,
+            slot,
+            unlock: Unlock::EnrollWith,
+        };
+        let stage = Step::Stage {
+            key: "k1".into(),
+            at_least: 1,
+            planned_current: None,
+        };
+        let rec = |run: &str, event: Event| Record {
+            ts: 0,
+            run: run.into(),
+            event,
+        };
+        let start = |steps: Vec<Step>| Event::RunStart {
+            steps,
+            deps: vec![],
+            plan_file: "keyplan.yaml".into(),
+            devices: vec![("d1".into(), "/dev/d1".into())],
+            pid: 1,
+            host: "h".into(),
+        };
+        let done = |step: usize, staged_version: Option<u64>| Event::StepDone {
+            step,
+            outcome: "ok".into(),
+            staged_version,
+            verified_salt: None,
+        };
+        let records = vec![
+            // r1: stage v2, add it to keyslot 1 (killed), resumed, failed before the add ran.
+            rec("r1", start(vec![stage.clone(), add(1, VersionRef::Staged)])),
+            rec("r1", Event::StepStart { step: 0 }),
+            rec("r1", done(0, Some(2))),
+            rec("r1", Event::StepStart { step: 1 }),
+            rec("r1", Event::RunResumed { pid: 2 }),
+            rec(
+                "r1",
+                Event::RunEnd {
+                    outcome: "failed".into(),
+                    message: None,
+                },
+            ),
+            // r2: an add of v1 to keyslot 3 that finished, one to keyslot 4 that failed.
+            rec(
+                "r2",
+                start(vec![
+                    add(3, VersionRef::Version(1)),
+                    add(4, VersionRef::Version(1)),
+                ]),
+            ),
+            rec("r2", Event::StepStart { step: 0 }),
+            rec("r2", done(0, None)),
+            rec("r2", Event::StepStart { step: 1 }),
+            rec(
+                "r2",
+                Event::StepFailed {
+                    step: 1,
+                    error: "cryptsetup failed".into(),
+                },
+            ),
+            // r3: a `new version` add with no staged version in its run.
+            rec("r3", start(vec![stage, add(5, VersionRef::Staged)])),
+            rec("r3", Event::StepStart { step: 1 }),
+        ];
+        let got: Vec<(u32, u64)> = unfinished_adds(&records)
+            .into_iter()
+            .map(|u| {
+                assert_eq!((u.device.as_str(), u.path.as_str()), ("d1", "/dev/d1"));
+                (u.slot, u.version)
+            })
+            .collect();
+        assert_eq!(got, vec![(1, 2), (4, 1)]);
     }
 
     /// A torn last record (a crash mid-write) is cut off by `open`, so the next record does not

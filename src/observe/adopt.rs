@@ -8,11 +8,23 @@
 //! Candidates are bound keyslots (an unbound one opens nothing) whose priority is not `ignore`
 //! (cryptsetup-config(8): such a keyslot is kept out of normal unlocking on purpose), that no
 //! keyplan record names in any state, and that no other key adopts in the same observation.
+//!
+//! Keyplan's own leftovers too: an `add keyslot` step this state directory's journal shows
+//! started and never finished ([`crate::journal::unfinished_adds`]: the process died, or the
+//! run failed before the step could record what `luksAddKey` wrote) may have left its target
+//! keyslot holding the version it was adding, a pending one mid-rotation, with no record. That
+//! keyslot is tested with that version alone (one PBKDF run, only while such a leftover is
+//! unrecorded and the version is still pending or current) and adopted as holding it, so the
+//! rotation finishes with it instead of adding the version a second time and leaving the
+//! first keyslot to open the device with a version the next rotation retires (found by the
+//! deterministic simulation, docs/verification.md).
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use super::{DeviceState, Origin};
 use crate::error::Finding;
+use crate::journal::UnfinishedAdd;
 use crate::kms::KeyState;
 use crate::luks::Priority;
 use crate::spec::{Device, PathSeg, Plan};
@@ -25,15 +37,18 @@ pub struct Adoption {
     pub slot: u32,
     /// The key id.
     pub key: String,
-    /// The KMS version that opened it (the key's current version).
+    /// The KMS version that opened it: the key's current version, or for the leftover of an
+    /// unfinished add ([`crate::journal::unfinished_adds`]) the pending (or current) version it
+    /// was adding.
     pub version: u64,
     /// The keyslot's KDF salt when it was tested (the adopt step checks it is unchanged).
     pub salt: String,
 }
 
 /// The keyslots of `st` (device `dev` of `plan`) that the current KMS versions of its listed
-/// keys open, testing each key whose current version no valid record of the device holds.
-/// Keys that moved to another KMS (their records name an origin) are left to the migration.
+/// keys open, testing each key whose current version no valid record of the device holds;
+/// then the target keyslots of this device's `unfinished` adds ([`leftovers`]). Keys that
+/// moved to another KMS (their records name an origin) are left to the migration.
 ///
 /// Errors: a KMS that cannot give a version's passphrase, or a cryptsetup failure: a finding
 /// naming the device (nothing is adopted then).
@@ -44,6 +59,7 @@ pub(super) fn probe(
     st: &DeviceState,
     keys: &BTreeMap<String, KeyState>,
     origins: &BTreeMap<String, Vec<Origin>>,
+    unfinished: &[UnfinishedAdd],
 ) -> Result<Vec<Adoption>, Finding> {
     let mut found: Vec<Adoption> = Vec::new();
     if st.header.condition.copies_disagree {
@@ -93,7 +109,80 @@ pub(super) fn probe(
             }
         }
     }
+    leftovers(plan, world, dev, st, keys, origins, unfinished, &mut found)?;
     Ok(found)
+}
+
+/// Adds to `found` the target keyslot of each of `unfinished` on device `dev` (same id and
+/// path) that the version it was adding opens, tested with that version and keyslot only (one
+/// PBKDF run each), when: the key is listed on the device and did not move KMS, the version is
+/// the key's pending or current one and no record of the device holds it, and the keyslot is
+/// a candidate ([`candidates`]: bound, unrecorded, not `ignore`, not adopted already).
+///
+/// Errors: as [`probe`].
+#[allow(clippy::too_many_arguments)]
+fn leftovers(
+    plan: &Plan,
+    world: &World,
+    dev: &Device,
+    st: &DeviceState,
+    keys: &BTreeMap<String, KeyState>,
+    origins: &BTreeMap<String, Vec<Origin>>,
+    unfinished: &[UnfinishedAdd],
+    found: &mut Vec<Adoption>,
+) -> Result<(), Finding> {
+    for u in unfinished {
+        if u.device != dev.id || Path::new(&u.path) != st.path {
+            continue;
+        }
+        let live = keys
+            .get(&u.key)
+            .is_some_and(|k| k.pending == Some(u.version) || k.current == Some(u.version));
+        let listed = dev.keys.iter().any(|dk| dk.key == u.key);
+        let held = st.slots_of(&u.key).iter().any(|(_, v)| *v == u.version)
+            || found
+                .iter()
+                .any(|a| a.key == u.key && a.version == u.version);
+        if !live || !listed || held || origins.contains_key(&u.key) {
+            continue;
+        }
+        if !candidates(st, None, found).contains(&u.slot) {
+            continue;
+        }
+        let failed = |e: String| {
+            Finding::at(
+                vec![PathSeg::Key("devices".into()), PathSeg::Key(dev.id.clone())],
+                format!(
+                    "device {}: testing whether {} v{}, which an unfinished add of an earlier run was writing to keyslot {}, opens it failed: {e}",
+                    dev.id, u.key, u.version, u.slot
+                ),
+                None,
+            )
+        };
+        let Some(key) = plan.keys.get(&u.key) else {
+            continue;
+        };
+        let kms = world
+            .kms_for(plan, &u.key)
+            .map_err(|e| failed(e.to_string()))?;
+        let pass = kms
+            .get(&key.name, u.version)
+            .map_err(|e| failed(e.to_string()).unreachable())?;
+        if world
+            .luks
+            .test_passphrase(&st.path, u.slot, &pass)
+            .map_err(|e| failed(e.to_string()))?
+        {
+            tracing::info!(device = %dev.id, key = %u.key, version = u.version, slot = u.slot, "an unfinished add of an earlier run left an unrecorded keyslot that its version opens: adopting it");
+            found.push(Adoption {
+                slot: u.slot,
+                key: u.key.clone(),
+                version: u.version,
+                salt: st.header.keyslots[&u.slot].salt.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// What [`probe`] would test first on device `dev` (`st`), without testing it: the first

@@ -17,7 +17,7 @@ mod enroll;
 mod former;
 mod keys;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use crate::error::{Error, Finding};
@@ -134,6 +134,12 @@ pub struct Observed {
     pub origins: BTreeMap<String, Vec<Origin>>,
     /// Observation time, Unix seconds ([`crate::clock::now_unix`]).
     pub now: u64,
+    /// With [`Testing::Passphrases`]: what this plan's own journal says it staged
+    /// ([`crate::journal::staged_versions`]), for [`crate::diff::DiffOptions::staged_here`].
+    /// Empty with [`Testing::HeadersOnly`], or when the journal cannot be read (the planner
+    /// then refuses a pending creation it cannot prove its own: the safe side).
+    #[serde(default)]
+    pub staged_here: BTreeSet<(String, Option<u64>)>,
 }
 
 /// Where keyslot records say a key's versions lived before the plan moved the key to another
@@ -184,12 +190,19 @@ pub fn observe(plan: &Plan, world: &World, testing: Testing) -> Result<Observed,
             }
         }
     }
+    let mut staged_here = BTreeSet::new();
     if testing == Testing::Passphrases {
+        // One read of the journal: the versions this plan staged, and the adds that started
+        // and never finished (their keyslots may hold a version no record names, `adopt`).
+        // An unreadable journal adopts nothing from it and proves no creation this plan's own.
+        let records = crate::journal::read(&plan.state_dir).unwrap_or_default();
+        staged_here = crate::journal::staged_versions(&records);
+        let unfinished = crate::journal::unfinished_adds(&records);
         for (id, st) in devices.iter_mut() {
             let Some(dev) = plan.devices.get(id) else {
                 continue;
             };
-            match adopt::probe(plan, world, dev, st, &keys, &origins) {
+            match adopt::probe(plan, world, dev, st, &keys, &origins, &unfinished) {
                 Ok(a) => st.adoptable = a,
                 Err(f) => findings.push(f),
             }
@@ -211,6 +224,7 @@ pub fn observe(plan: &Plan, world: &World, testing: Testing) -> Result<Observed,
         former_unreadable,
         origins,
         now: crate::clock::now_unix(),
+        staged_here,
     })
 }
 

@@ -86,15 +86,10 @@ pub fn make(engine: &Engine, req: &PlanRequest) -> Result<Planned, Error> {
     if req.verify {
         verify_records(engine, &mut checked)?;
     }
-    // A journal that cannot be read here leaves the set empty: the planner then refuses a
-    // pending creation it cannot prove its own, which is the safe side.
-    let staged_here = crate::journal::read(&plan.state_dir)
-        .map(|records| crate::journal::staged_versions(&records))
-        .unwrap_or_default();
     let opts = DiffOptions {
         rotate: req.rotate.clone(),
         repair_headers: req.repair_headers,
-        staged_here,
+        staged_here: observed.staged_here.clone(),
     };
     let d = diff::diff(plan, &checked, &opts).map_err(Error::NoSafePlan)?;
     check_kms(engine, &d)?;

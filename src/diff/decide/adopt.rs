@@ -1,5 +1,6 @@
-//! Adoption: a keyslot keyplan did not create that a listed key's current KMS version opens
-//! (observing tested it, see `observe::adopt`) is recorded as holding that version. No new
+//! Adoption: a keyslot keyplan did not create that a listed key's current KMS version opens,
+//! or that an unfinished add of an earlier run left holding the version it was adding
+//! (observing tested it, see `observe::adopt`), is recorded as holding that version. No new
 //! keyslot, no key file; from then on it is managed like a keyslot keyplan added.
 
 use std::borrow::Cow;
@@ -45,6 +46,15 @@ impl Planner<'_> {
         let obs = self.obs;
         for (id, d) in &obs.devices {
             for a in &d.adoptable {
+                let current = obs.keys.get(&a.key).and_then(|k| k.current);
+                let reason = if current == Some(a.version) {
+                    "adopt: the KMS's current key opens it".to_string()
+                } else {
+                    format!(
+                        "adopt: v{} (pending), which an unfinished add of an earlier run was writing here, opens it",
+                        a.version
+                    )
+                };
                 self.g.add(Step::AdoptKeyslot {
                     device: id.clone(),
                     slot: a.slot,
@@ -58,10 +68,7 @@ impl Planner<'_> {
                     SlotAction::Adopt,
                     Some(&a.key),
                     Some(a.version),
-                    (
-                        ReasonCode::Adopt,
-                        "adopt: the KMS's current key opens it".to_string(),
-                    ),
+                    (ReasonCode::Adopt, reason),
                 );
             }
         }
