@@ -20,6 +20,17 @@ fn two_device_plan(devices: &[&str], unmanaged: &str) -> String {
 
 /// A device taken out of the plan keeps every key version it holds: rotations never destroy
 /// them while the device is still there, and the plan says why.
+/// A scratch directory with one LUKS2 image `d1` enrolled by `apply` under
+/// [`two_device_plan`] with `unmanaged_keyslots: <unmanaged>`; returns it and d1's path.
+fn enrolled_d1(unmanaged: &str) -> (Scratch, std::path::PathBuf) {
+    let s = Scratch::new();
+    s.initial_pass();
+    let d1 = s.image("d1.img", "luks2");
+    s.plan("keyplan.yaml", &two_device_plan(&["d1"], unmanaged));
+    s.ok(&["apply", "--auto-approve"], 0);
+    (s, d1)
+}
+
 #[test]
 fn device_removed_from_plan_keeps_its_key_version() {
     let s = Scratch::new();
@@ -95,11 +106,7 @@ fn damaged_kms_metadata_is_refused() {
 /// unmanaged, is removed once the new one is verified.
 #[test]
 fn drift_repair_under_remove() {
-    let s = Scratch::new();
-    s.initial_pass();
-    let d = s.image("d1.img", "luks2");
-    s.plan("keyplan.yaml", &two_device_plan(&["d1"], "remove"));
-    s.ok(&["apply", "--auto-approve"], 0);
+    let (s, d) = enrolled_d1("remove");
     let key = s.key_get("k1", None);
     std::fs::write(s.path("k.cur"), &key).unwrap();
     std::fs::write(s.path("initial.pass"), b"evil").unwrap();
@@ -163,11 +170,7 @@ fn validate_of_a_key_file_does_not_echo_it() {
 /// material was replaced by hand); `apply --verify` repairs it with the KMS as the truth.
 #[test]
 fn verify_failure_is_repaired_by_apply_verify() {
-    let s = Scratch::new();
-    s.initial_pass();
-    let d = s.image("d1.img", "luks2");
-    s.plan("keyplan.yaml", &two_device_plan(&["d1"], "keep"));
-    s.ok(&["apply", "--auto-approve"], 0);
+    let (s, d) = enrolled_d1("keep");
     std::fs::write(s.path("keys/k1/v1.key"), b"replaced-material-0123456789").unwrap();
     let out = s.ok(&["verify"], 1);
     assert!(out.contains("does not open"), "{out}");
@@ -438,11 +441,7 @@ fn kms_path_aliases_are_one_store() {
 #[test]
 fn a_resumed_kill_verifies_its_anchor_again() {
     use std::io::{Seek, SeekFrom, Write};
-    let s = Scratch::new();
-    s.initial_pass();
-    let d1 = s.image("d1.img", "luks2");
-    s.plan("keyplan.yaml", &two_device_plan(&["d1"], "keep"));
-    s.ok(&["apply", "--auto-approve"], 0);
+    let (s, d1) = enrolled_d1("keep");
     let v1 = s.key_get("k1", None);
     let old_slot = 1;
     assert!(opens(&d1, &v1, Some(old_slot)));
@@ -547,11 +546,7 @@ fn a_new_key_whose_stage_reply_was_lost_is_finished() {
 /// simulation.
 #[test]
 fn a_keyslot_cryptsetup_added_before_failing_is_recorded() {
-    let s = Scratch::new();
-    s.initial_pass();
-    let d1 = s.image("d1.img", "luks2");
-    s.plan("keyplan.yaml", &two_device_plan(&["d1"], "keep"));
-    s.ok(&["apply", "--auto-approve"], 0);
+    let (s, d1) = enrolled_d1("keep");
     let real = [
         "/usr/sbin/cryptsetup",
         "/sbin/cryptsetup",
@@ -609,11 +604,7 @@ fn failing_apply(s: &Scratch, failpoints: &str, args: &[&str]) -> String {
 /// (seed 3627, docs/verification.md).
 #[test]
 fn a_keyslot_left_by_a_killed_add_whose_resume_failed_is_adopted() {
-    let s = Scratch::new();
-    s.initial_pass();
-    let d1 = s.image("d1.img", "luks2");
-    s.plan("keyplan.yaml", &two_device_plan(&["d1"], "keep"));
-    s.ok(&["apply", "--auto-approve"], 0);
+    let (s, d1) = enrolled_d1("keep");
     let v1 = s.key_get("k1", None);
     let before = keyslots(&d1);
     // SIGKILL between luksAddKey and the record.
@@ -659,4 +650,116 @@ fn a_keyslot_left_by_a_killed_add_whose_resume_failed_is_adopted() {
         "no orphan keyslot keeps opening d1 with the retired v2"
     );
     assert!(opens(&d1, &s.key_get("k1", None), None));
+}
+
+/// The same for a pinned key's move back: a rotation killed after `luksAddKey` wrote the new
+/// version into the pinned keyslot (its temporary keyslot already records that version), whose
+/// resume then failed. Before, every later `apply` refused for good ("keyslot 2 is pinned for
+/// k but already holds another keyslot that keyplan did not create"); now the pinned keyslot
+/// is adopted and the temporary one removed.
+#[test]
+fn a_pinned_keyslot_left_by_a_killed_move_back_is_adopted() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let d = s.image("d.img", "luks2");
+    s.plan(
+        "keyplan.yaml",
+        &one_key_plan("  d:\n    path: d.img\n    keys:\n      - { key: k, keyslot: 2 }\n    enroll_with: initial.pass"),
+    );
+    s.ok(&["apply", "--auto-approve"], 0);
+    assert_eq!(keyslots(&d), vec![0, 2]);
+    // The first add is v2's into a temporary keyslot, the second the move back into keyslot 2.
+    failing_apply(
+        &s,
+        "add.after_keyslot=1*off->return",
+        &["apply", "--auto-approve", "--rotate", "k"],
+    );
+    let v2 = s.key_get("k", Some(2));
+    assert!(opens(&d, &v2, Some(2)), "the move back wrote keyslot 2");
+    let temporary = keyslots(&d)
+        .into_iter()
+        .find(|k| ![0, 2].contains(k))
+        .expect("the temporary keyslot is still there");
+    let out = failing_apply(
+        &s,
+        "step.before_effect=return(error)",
+        &["apply", "--auto-approve"],
+    );
+    assert!(out.contains("injected failure"), "{out}");
+    let out = s.ok(&["plan", "--detailed-exitcode"], 2);
+    assert!(
+        out.lines()
+            .any(|l| l.contains("= keyslot 2") && l.contains("adopt:")),
+        "the plan adopts the pinned keyslot: {out}"
+    );
+    let out = s.ok(&["apply", "--auto-approve"], 0);
+    assert_eq!(s.key_get("k", None), v2, "{out}");
+    assert!(opens(&d, &v2, Some(2)), "{out}");
+    assert!(
+        !opens(&d, &v2, Some(temporary)),
+        "the temporary keyslot {temporary} was removed: {out}"
+    );
+    assert_eq!(keyslots(&d), vec![0, 2], "{out}");
+    s.ok(&["plan", "--detailed-exitcode"], 0);
+    s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
+    assert!(opens(&d, &s.key_get("k", None), Some(2)));
+    assert!(!opens(&d, &v2, None), "v2 was retired from d");
+}
+
+/// A keyslot left by a killed add on a device that then left the plan, and came back after
+/// the next rotation: the version it holds is no longer pending but previous (the KMS still
+/// holds it). It is adopted as that version and removed with the device's other old keyslots,
+/// instead of staying unrecorded, opening the device with a version the KMS destroys later.
+#[test]
+fn a_leftover_whose_version_became_previous_is_adopted_and_removed() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let d1 = s.image("d1.img", "luks2");
+    let d2 = s.image("d2.img", "luks2");
+    s.plan("keyplan.yaml", &two_device_plan(&["d1", "d2"], "keep"));
+    s.ok(&["apply", "--auto-approve"], 0);
+    let before = [keyslots(&d1), keyslots(&d2)];
+    failing_apply(
+        &s,
+        "add.after_keyslot=return",
+        &["apply", "--auto-approve", "--rotate", "k1"],
+    );
+    let v2 = s.key_get("k1", Some(2));
+    // The device whose keyslot the killed add wrote, and the other one.
+    let (gone, gone_path, stays) = if keyslots(&d1) != before[0] {
+        ("d1", &d1, "d2")
+    } else {
+        ("d2", &d2, "d1")
+    };
+    let leftover = keyslots(gone_path)
+        .into_iter()
+        .find(|k| !before[usize::from(gone == "d2")].contains(k))
+        .expect("luksAddKey wrote v2's keyslot before the kill");
+    assert!(opens(gone_path, &v2, Some(leftover)));
+    failing_apply(
+        &s,
+        "step.before_effect=return(error)",
+        &["apply", "--auto-approve"],
+    );
+    // The device leaves the plan; the rotation finishes without it, and the next one makes
+    // v2 previous.
+    s.plan("keyplan.yaml", &two_device_plan(&[stays], "keep"));
+    s.ok(&["apply", "--auto-approve"], 0);
+    s.ok(&["apply", "--auto-approve", "--rotate", "k1"], 0);
+    let v3 = s.key_get("k1", None);
+    assert_eq!(s.key_get("k1", Some(3)), v3);
+    // It comes back: the leftover is adopted as v2 and removed with v1's keyslot.
+    s.plan("keyplan.yaml", &two_device_plan(&["d1", "d2"], "keep"));
+    let out = s.ok(&["plan", "--detailed-exitcode"], 2);
+    assert!(
+        out.contains("v2 (previous), which an unfinished add"),
+        "{out}"
+    );
+    let out = s.ok(&["apply", "--auto-approve"], 0);
+    assert!(opens(gone_path, &v3, None), "{out}");
+    assert!(
+        !opens(gone_path, &v2, None),
+        "no keyslot of {gone} opens with v2: {out}"
+    );
+    s.ok(&["plan", "--detailed-exitcode"], 0);
 }

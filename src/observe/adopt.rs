@@ -75,38 +75,15 @@ pub(super) fn probe(
         if candidates.is_empty() {
             continue;
         }
-        let failed = |e: String| {
-            Finding::at(
-                vec![PathSeg::Key("devices".into()), PathSeg::Key(dev.id.clone())],
-                format!(
-                    "device {}: testing whether {} v{c} opens one of its keyslots failed: {e}",
-                    dev.id, dk.key
-                ),
-                None,
-            )
-        };
-        let key = &plan.keys[&dk.key];
-        let kms = world
-            .kms_for(plan, &dk.key)
-            .map_err(|e| failed(e.to_string()))?;
-        let pass = kms
-            .get(&key.name, c)
-            .map_err(|e| failed(e.to_string()).unreachable())?;
-        for slot in candidates {
-            if world
-                .luks
-                .test_passphrase(&st.path, slot, &pass)
-                .map_err(|e| failed(e.to_string()))?
-            {
-                tracing::info!(device = %dev.id, key = %dk.key, version = c, slot, "the KMS's current version opens an unrecorded keyslot: adopting it");
-                found.push(Adoption {
-                    slot,
-                    key: dk.key.clone(),
-                    version: c,
-                    salt: st.header.keyslots[&slot].salt.clone(),
-                });
-                break;
-            }
+        let what = format!("{} v{c} opens one of its keyslots", dk.key);
+        if let Some(slot) = first_opening(plan, world, dev, st, &dk.key, c, &candidates, &what)? {
+            tracing::info!(device = %dev.id, key = %dk.key, version = c, slot, "the KMS's current version opens an unrecorded keyslot: adopting it");
+            found.push(Adoption {
+                slot,
+                key: dk.key.clone(),
+                version: c,
+                salt: st.header.keyslots[&slot].salt.clone(),
+            });
         }
     }
     leftovers(plan, world, dev, st, keys, origins, unfinished, &mut found)?;
@@ -115,9 +92,11 @@ pub(super) fn probe(
 
 /// Adds to `found` the target keyslot of each of `unfinished` on device `dev` (same id and
 /// path) that the version it was adding opens, tested with that version and keyslot only (one
-/// PBKDF run each), when: the key is listed on the device and did not move KMS, the version is
-/// the key's pending or current one and no record of the device holds it, and the keyslot is
-/// a candidate ([`candidates`]: bound, unrecorded, not `ignore`, not adopted already).
+/// PBKDF run each), when: the key is listed on the device and did not move KMS; the KMS still
+/// holds the version's material (pending, current or retained previous); no record of the
+/// device holds the version, unless the keyslot is the key's pinned one (the move back of a
+/// pinned rotation, whose temporary keyslot holds it); and the keyslot is a candidate
+/// ([`candidates`]: bound, unrecorded, not `ignore`, not adopted already).
 ///
 /// Errors: as [`probe`].
 #[allow(clippy::too_many_arguments)]
@@ -135,44 +114,37 @@ fn leftovers(
         if u.device != dev.id || Path::new(&u.path) != st.path {
             continue;
         }
-        let live = keys
-            .get(&u.key)
-            .is_some_and(|k| k.pending == Some(u.version) || k.current == Some(u.version));
+        // The KMS must still hold the version's material to test it: pending, current, or a
+        // retained previous version (a device that left the plan mid-rotation and came back).
+        let live = keys.get(&u.key).is_some_and(|k| {
+            k.pending == Some(u.version)
+                || k.current == Some(u.version)
+                || k.retained_previous().contains(&u.version)
+        });
         let listed = dev.keys.iter().any(|dk| dk.key == u.key);
-        let held = st.slots_of(&u.key).iter().any(|(_, v)| *v == u.version)
-            || found
-                .iter()
-                .any(|a| a.key == u.key && a.version == u.version);
+        // A pinned key's move back into its pinned keyslot adds a version that the rotation's
+        // temporary keyslot holds: that leftover is tested even though a record holds the
+        // version (the pin cannot be enrolled while it stays unrecorded).
+        let pin = dev
+            .keys
+            .iter()
+            .any(|dk| dk.key == u.key && dk.keyslot == Some(u.slot));
+        let held = !pin
+            && (st.slots_of(&u.key).iter().any(|(_, v)| *v == u.version)
+                || found
+                    .iter()
+                    .any(|a| a.key == u.key && a.version == u.version));
         if !live || !listed || held || origins.contains_key(&u.key) {
             continue;
         }
         if !candidates(st, None, found).contains(&u.slot) {
             continue;
         }
-        let failed = |e: String| {
-            Finding::at(
-                vec![PathSeg::Key("devices".into()), PathSeg::Key(dev.id.clone())],
-                format!(
-                    "device {}: testing whether {} v{}, which an unfinished add of an earlier run was writing to keyslot {}, opens it failed: {e}",
-                    dev.id, u.key, u.version, u.slot
-                ),
-                None,
-            )
-        };
-        let Some(key) = plan.keys.get(&u.key) else {
-            continue;
-        };
-        let kms = world
-            .kms_for(plan, &u.key)
-            .map_err(|e| failed(e.to_string()))?;
-        let pass = kms
-            .get(&key.name, u.version)
-            .map_err(|e| failed(e.to_string()).unreachable())?;
-        if world
-            .luks
-            .test_passphrase(&st.path, u.slot, &pass)
-            .map_err(|e| failed(e.to_string()))?
-        {
+        let what = format!(
+            "{} v{}, which an unfinished add of an earlier run was writing to keyslot {}, opens it",
+            u.key, u.version, u.slot
+        );
+        if first_opening(plan, world, dev, st, &u.key, u.version, &[u.slot], &what)?.is_some() {
             tracing::info!(device = %dev.id, key = %u.key, version = u.version, slot = u.slot, "an unfinished add of an earlier run left an unrecorded keyslot that its version opens: adopting it");
             found.push(Adoption {
                 slot: u.slot,
@@ -183,6 +155,51 @@ fn leftovers(
         }
     }
     Ok(())
+}
+
+/// The first of `slots` of device `dev` (`st`) that version `version` of key `key` opens,
+/// testing them in order with the passphrase fetched once from the key's KMS (one PBKDF run
+/// per keyslot tested, cryptsetup `open --test-passphrase --key-slot`). `None` when none opens.
+///
+/// Errors: a KMS that cannot give the passphrase, or a cryptsetup failure: a finding naming the
+/// device and saying what was being tested (`what`, "k v2 opens …").
+#[allow(clippy::too_many_arguments)]
+fn first_opening(
+    plan: &Plan,
+    world: &World,
+    dev: &Device,
+    st: &DeviceState,
+    key: &str,
+    version: u64,
+    slots: &[u32],
+    what: &str,
+) -> Result<Option<u32>, Finding> {
+    let failed = |e: String| {
+        Finding::at(
+            vec![PathSeg::Key("devices".into()), PathSeg::Key(dev.id.clone())],
+            format!("device {}: testing whether {what} failed: {e}", dev.id),
+            None,
+        )
+    };
+    let Some(spec) = plan.keys.get(key) else {
+        return Ok(None);
+    };
+    let kms = world
+        .kms_for(plan, key)
+        .map_err(|e| failed(e.to_string()))?;
+    let pass = kms
+        .get(&spec.name, version)
+        .map_err(|e| failed(e.to_string()).unreachable())?;
+    for &slot in slots {
+        if world
+            .luks
+            .test_passphrase(&st.path, slot, &pass)
+            .map_err(|e| failed(e.to_string()))?
+        {
+            return Ok(Some(slot));
+        }
+    }
+    Ok(None)
 }
 
 /// What [`probe`] would test first on device `dev` (`st`), without testing it: the first

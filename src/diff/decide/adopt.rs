@@ -46,12 +46,17 @@ impl Planner<'_> {
         let obs = self.obs;
         for (id, d) in &obs.devices {
             for a in &d.adoptable {
-                let current = obs.keys.get(&a.key).and_then(|k| k.current);
-                let reason = if current == Some(a.version) {
+                let k = obs.keys.get(&a.key);
+                let reason = if k.and_then(|k| k.current) == Some(a.version) {
                     "adopt: the KMS's current key opens it".to_string()
                 } else {
+                    let state = if k.and_then(|k| k.pending) == Some(a.version) {
+                        "pending"
+                    } else {
+                        "previous"
+                    };
                     format!(
-                        "adopt: v{} (pending), which an unfinished add of an earlier run was writing here, opens it",
+                        "adopt: v{} ({state}), which an unfinished add of an earlier run was writing here, opens it",
                         a.version
                     )
                 };
