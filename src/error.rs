@@ -16,7 +16,7 @@ use crate::kms::KmsError;
 use crate::luks::LuksError;
 use crate::saved::SavedError;
 use crate::spec::PathSeg;
-use crate::world::{RecordError, RegistryError};
+use crate::world::{OwnerError, RecordError, RegistryError};
 
 /// One problem found while opening or observing what a plan names (a device that cannot be
 /// read, a KMS that cannot be opened, ...), pointing at the plan file where it can.
@@ -177,6 +177,10 @@ pub enum Error {
     /// The device registry could not be read or written.
     #[error(transparent)]
     Registry(#[from] RegistryError),
+    /// The state directory belongs to another plan, or its owner record cannot be used
+    /// (invariant I5). Nothing was read or changed there.
+    #[error(transparent)]
+    Owner(#[from] OwnerError),
     /// The journal or the state lock could not be read or written, or the lock is taken.
     #[error(transparent)]
     Journal(#[from] JournalError),
@@ -205,6 +209,7 @@ impl Error {
             }
             .to_owned()),
             Error::Request { help, .. } => help.clone(),
+            Error::Owner(e) => e.help(),
             Error::Findings(f) if f.len() == 1 => f[0].help.clone(),
             _ => None,
         }

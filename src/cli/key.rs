@@ -68,9 +68,14 @@ pub(super) fn cmd_key_release(cli: &Cli, arg: &PlanArg, key: &str, holder: &str)
     let plan = load_plan(cli, arg)?;
     ops::key::check_key(&plan, key).or_report(&plan)?;
     let engine = Engine::open(plan.clone()).or_report(&plan)?;
-    ops::key::release_holder(&engine, key, holder).or_report(&plan)?;
-    outln!(
-        "Removed holder {holder} from key {key}. If that plan's devices still hold the key, the next rotation from another plan locks them out: run this only for a host gone for good."
-    );
+    match ops::key::release_holder(&engine, key, holder).or_report(&plan)? {
+        Some(why) => outln!(
+            "Removed holder {holder} from key {key}: it is on this plan's node and {why}. This plan's own record ({}) stands for its devices from now on.",
+            plan.holder()
+        ),
+        None => outln!(
+            "Removed holder {holder} from key {key}. If that plan's devices still hold the key, the next rotation from another plan locks them out: run this only for a host gone for good."
+        ),
+    }
     Ok(Exit::Success)
 }

@@ -1,7 +1,7 @@
 //! `keyplan status`: [`crate::ops::status::status`] rendered as text, JSON or Prometheus
 //! metrics ([`crate::render::status`]), to stdout or atomically to `-o FILE`; the verdict is the
 //! exit status (docs/monitoring.md): 0 healthy, 1 a problem found (or the report could not be
-//! written), 3 something could not be checked (or nothing could: the plan does not load) and no
+//! written, or the state directory belongs to another plan), 3 something could not be checked (or nothing could: the plan does not load) and no
 //! problem found.
 
 use super::*;
@@ -26,9 +26,15 @@ pub(super) fn cmd_status(
         Ok(p) => p,
         Err(e) => return unknown(e),
     };
-    let engine = match Engine::open(plan.clone()).or_report(&plan) {
+    let engine = match Engine::open(plan.clone()) {
         Ok(e) => e,
-        Err(e) => return unknown(e),
+        // Another plan's state directory is a problem of this plan's setup, not something
+        // that could not be looked at.
+        Err(e @ Error::Owner(crate::world::OwnerError::OtherPlan { .. })) => {
+            eprintln!("{:?}", report::report(Some(&plan), e));
+            return Ok(Exit::Failure);
+        }
+        Err(e) => return unknown(report::report(Some(&plan), e)),
     };
     let report = ops::status::status(&engine);
     tracing::debug!(pbkdf_runs = engine.pbkdf_runs(), "status observed");

@@ -22,6 +22,7 @@
 //! It costs no PBKDF run.
 
 mod decide;
+pub use decide::foreign_holders;
 mod preflight;
 #[cfg(test)]
 mod tests;
@@ -62,6 +63,9 @@ pub struct HolderChange {
     pub holder: String,
     /// `record` or `release`.
     pub action: HolderAction,
+    /// For [`HolderAction::ReleaseFormer`]: why the record is this plan's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// What happens to a holder record.
@@ -79,6 +83,10 @@ pub enum HolderAction {
     /// Remove the plan's vote `holder` (stale: its version is no longer pending; or no longer
     /// true: a device lost its keyslot of the version).
     Withdraw,
+    /// Remove `holder`, this plan's own record under the id it had before its state directory
+    /// moved (`reason` says how that is known), with its votes; this plan's record under its
+    /// id now replaces it.
+    ReleaseFormer,
 }
 
 /// One key-level change.
@@ -387,8 +395,12 @@ pub fn diff(plan: &Plan, observed: &Observed, opts: &DiffOptions) -> Result<Diff
     // Adopted keyslots count as recorded from the start: the rest plans as for a keyslot
     // keyplan made (a rotation replaces it, a pin moves it), and the adopt steps come first.
     let observed = decide::with_adopted_records(observed);
+    // This plan's own former holder records (a moved state directory) are not another plan's:
+    // the planner sees them gone, and removes them first.
+    let (observed, former) = decide::without_former_holders(&observed);
     let mut p = decide::Planner::new(plan, &observed);
     p.decide(opts);
+    p.release_former(&former);
     p.repair_headers = opts.repair_headers;
     preflight::check(&mut p);
     let decide::Planner {

@@ -183,6 +183,15 @@ pub enum Step {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         entry: Option<(String, String)>,
     },
+    /// Remove `holder`, this plan's own holder record of `key` under the id it had before its
+    /// state directory moved (`observe::holders`), and that id's votes: after this plan's own
+    /// record (`Hold`) and before anything of the key is staged, added or committed.
+    ReleaseFormer {
+        /// Key id.
+        key: String,
+        /// The former holder id.
+        holder: String,
+    },
     /// Record this plan's vote for the staged version of `key` in its KMS
     /// ([`crate::kms::book::vote_id`]): every device of this plan that lists the key holds the
     /// staged version and opened with it (the verify steps before it). A key several nodes (or
@@ -316,6 +325,7 @@ impl Step {
             | Step::Retire { key, .. }
             | Step::Hold { key, .. }
             | Step::Release { key, .. }
+            | Step::ReleaseFormer { key, .. }
             | Step::Vote { key }
             | Step::Unvote { key, .. }
             | Step::MigrateCopy { key, .. }
@@ -372,6 +382,10 @@ impl fmt::Display for Step {
             Step::Retire { key, version } => write!(f, "retire {key} v{version}"),
             Step::Hold { key, .. } => write!(f, "record this plan as a holder of {key}"),
             Step::Release { key, .. } => write!(f, "remove this plan's holder record of {key}"),
+            Step::ReleaseFormer { key, holder } => write!(
+                f,
+                "remove this plan's former holder record of {key} ({holder})"
+            ),
             Step::Vote { key } => write!(
                 f,
                 "record that this plan's devices hold and open with the new version of {key}"

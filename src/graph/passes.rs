@@ -313,7 +313,8 @@ pub fn retire_last(g: &mut StepGraph, _: &Intents) {
 
 /// A holder record comes before every keyslot added, adopted or committed for its key (unless
 /// the hold waits for the key's creation: an [`Intents::after_commit`] of the commit), and the
-/// removal of one after every other step on its key; a vote after the verifies of the staged
+/// removal of one after every other step on its key; the removal of a former record of this
+/// plan after this plan's record and before the key's writes; a vote after the verifies of the staged
 /// version and before the commit, a withdrawn vote before the key's adds.
 pub fn holders_order(g: &mut StepGraph, intents: &Intents) {
     let steps = indexed(g);
@@ -355,6 +356,29 @@ pub fn holders_order(g: &mut StepGraph, intents: &Intents) {
                 for (s, other) in &steps {
                     if on_key(other, key) {
                         g.dep(*s, *h);
+                    }
+                }
+            }
+            // A former record of this plan goes once this plan's own record is written, and
+            // before the key is written otherwise: a commit must not meet it as another
+            // plan's, and the key is never without a record of this plan.
+            Step::ReleaseFormer { key, .. } => {
+                for (s, other) in &steps {
+                    match other {
+                        Step::Hold { key: k, .. } if k == key => g.dep(*s, *h),
+                        Step::Vote { key: k } if k == key => g.dep(*h, *s),
+                        _ if on_key(other, key)
+                            && matches!(
+                                other,
+                                Step::Stage { .. }
+                                    | Step::AddKeyslot { .. }
+                                    | Step::Commit { .. }
+                                    | Step::AdoptKeyslot { .. }
+                            ) =>
+                        {
+                            g.dep(*h, *s)
+                        }
+                        _ => {}
                     }
                 }
             }

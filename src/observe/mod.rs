@@ -9,12 +9,14 @@
 //!
 //! Layout: `devices` reads and judges the plan's devices, `keys` reads the KMSs and finds
 //! migration origins, `former` reads the registry's devices, `adopt` finds unrecorded keyslots
-//! a key's current version opens, `enroll` tests `enroll_with`.
+//! a key's current version opens, `enroll` tests `enroll_with`, `holders` recognises this
+//! plan's own former KMS holder records.
 
 mod adopt;
 mod devices;
 mod enroll;
 mod former;
+mod holders;
 mod keys;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -30,6 +32,7 @@ pub use adopt::{Adoption, Untested};
 #[cfg(test)]
 pub(crate) use enroll::examine as examine_enroll_file;
 pub use enroll::EnrollFile;
+pub use holders::{former_holder, plan_uuids};
 #[cfg(test)]
 pub(crate) use keys::moved_from;
 
@@ -140,6 +143,11 @@ pub struct Observed {
     /// then refuses a pending creation it cannot prove its own: the safe side).
     #[serde(default)]
     pub staged_here: BTreeSet<(String, Option<u64>)>,
+    /// Holder ids recorded on the plan's keys that are this plan's own former records (its
+    /// state directory moved: [`holders`]), with why each is known to be; the planner replaces
+    /// them with this plan's id instead of taking them for another plan's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub former_holders: BTreeMap<String, String>,
 }
 
 /// Where keyslot records say a key's versions lived before the plan moved the key to another
@@ -217,7 +225,9 @@ pub fn observe(plan: &Plan, world: &World, testing: Testing) -> Result<Observed,
     if !findings.is_empty() {
         return Err(Error::Findings(findings));
     }
+    let former_holders = holders::own_former(plan, &keys, &devices);
     Ok(Observed {
+        former_holders,
         devices,
         keys,
         former,

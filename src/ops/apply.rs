@@ -61,10 +61,12 @@ impl<'e> ApplySession<'e> {
     /// apply, even one with nothing to do, keeps a renewable credential alive.
     ///
     /// Errors: [`Error::Journal`]: another run holds the lock, or the journal cannot be opened
-    /// or read.
+    /// or read; [`Error::Owner`]: the state directory belongs to another plan.
     pub fn open(engine: &'e Engine) -> Result<ApplySession<'e>, Error> {
         let state_dir = &engine.plan().state_dir;
         let lock = StateLock::acquire(state_dir)?;
+        // Under the lock, before anything is written: this plan owns the directory (I5).
+        crate::world::owner::claim(engine.plan())?;
         let journal = Journal::open(state_dir)?;
         let records = crate::journal::read(state_dir)?;
         let interrupted = crate::journal::last_run(&records).filter(|s| s.ended.is_none());

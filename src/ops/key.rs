@@ -88,12 +88,14 @@ pub fn holders(
 }
 
 /// Removes `holder`'s record from `key` in its KMS: for a plan whose host is gone for good,
-/// whose record would otherwise refuse every rotation of the key. Returns whether there was
-/// such a record. Touches no device and no journal.
+/// whose record would otherwise refuse every rotation of the key, or this plan's own record
+/// under the id it had before its state directory moved (on this node: recognised as in
+/// `observe::holders`, or its state directory is gone from this host). Touches no device and
+/// no journal. Returns why the record was taken for this plan's own former one, if it was.
 ///
 /// Errors: [`Error::Request`] when the plan has no such key or no such holder is recorded
 /// (a typo must not look like success); [`Error::Kms`].
-pub fn release_holder(engine: &Engine, key: &str, holder: &str) -> Result<(), Error> {
+pub fn release_holder(engine: &Engine, key: &str, holder: &str) -> Result<Option<String>, Error> {
     let (spec, kms) = key_and_kms(engine, key)?;
     let st = kms.read(&spec.name)?;
     if !st.holders.contains_key(holder) {
@@ -121,6 +123,14 @@ pub fn release_holder(engine: &Engine, key: &str, holder: &str) -> Result<(), Er
                 .devices
                 .values()
                 .any(|d| d.keys.iter().any(|k| k.key == key)));
+    if listed && crate::kms::book::parse_vote(holder).is_none() && holder != plan.holder() {
+        // The same node under another state directory: this plan's own former record (its
+        // state directory moved), or one whose state directory is gone from this host.
+        if let Some(why) = own_former_record(engine, holder) {
+            release_with_votes(kms, &spec.name, holder, &st)?;
+            return Ok(Some(why));
+        }
+    }
     if listed && crate::kms::book::parse_vote(holder).is_none() {
         return Err(Error::request(
             format!(
@@ -131,17 +141,60 @@ pub fn release_holder(engine: &Engine, key: &str, holder: &str) -> Result<(), Er
             None,
         ));
     }
-    kms.release(&spec.name, holder)?;
-    // Its votes go with it: a vote without a holder means nothing, and must not count if the
-    // holder ever comes back with other devices.
+    release_with_votes(kms, &spec.name, holder, &st)?;
+    Ok(None)
+}
+
+/// Removes `holder`'s record of key `name` and its votes (`st`: the key as read): a vote
+/// without a holder means nothing, and must not count if the holder ever comes back with
+/// other devices.
+fn release_with_votes(
+    kms: &dyn crate::kms::Kms,
+    name: &str,
+    holder: &str,
+    st: &crate::kms::KeyState,
+) -> Result<(), Error> {
+    kms.release(name, holder)?;
     for vote in st
         .holders
         .keys()
         .filter(|h| crate::kms::book::parse_vote(h).is_some_and(|(of, _)| of == holder))
     {
-        kms.release(&spec.name, vote)?;
+        kms.release(name, vote)?;
     }
     Ok(())
+}
+
+/// Why `holder`, a record on this plan's own node under another state directory, may be
+/// released from this plan: it is this plan's own former record
+/// ([`crate::observe::former_holder`]: the device headers are read for their LUKS UUIDs, no
+/// PBKDF), or its state directory no longer exists on this host, so no plan here uses it.
+/// `None`: neither is known.
+fn own_former_record(engine: &Engine, holder: &str) -> Option<String> {
+    let plan = engine.plan();
+    let (node, dir) = holder.split_once(':')?;
+    if node != plan.holder_node() {
+        return None;
+    }
+    if !std::path::Path::new(dir).exists() {
+        return Some(format!(
+            "its state directory {dir} no longer exists on this host, so no plan here uses that record (make sure no device outside this plan still needs the key)"
+        ));
+    }
+    let devices: std::collections::BTreeMap<String, crate::observe::DeviceState> = plan
+        .devices
+        .values()
+        .filter_map(|d| {
+            let h = engine.world().luks.dump(&d.path).ok()?;
+            Some((
+                d.id.clone(),
+                crate::observe::DeviceState::new(&d.id, d.path.clone(), h, Vec::new()),
+            ))
+        })
+        .collect();
+    let owner = crate::world::owner::read(&plan.state_dir).ok().flatten();
+    let uuids = crate::observe::plan_uuids(plan, &devices);
+    crate::observe::former_holder(plan, owner.as_ref(), &uuids, holder)
 }
 
 /// The plan's key `key` and its KMS.

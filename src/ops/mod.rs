@@ -41,9 +41,11 @@ pub struct Engine {
 impl Engine {
     /// Opens the doors `plan` needs.
     ///
-    /// Errors: [`Error::Findings`]: the state directory is not a directory, or a KMS instance
-    /// cannot be opened (see [`World::open`]).
+    /// Errors: [`Error::Owner`]: the state directory belongs to another plan (invariant I5,
+    /// [`crate::world::owner::check`]); [`Error::Findings`]: the state directory is not a
+    /// directory, or a KMS instance cannot be opened (see [`World::open`]).
     pub fn open(plan: Plan) -> Result<Engine, Error> {
+        crate::world::owner::check(&plan)?;
         let world = World::open(&plan)?;
         Ok(Engine { plan, world })
     }

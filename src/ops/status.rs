@@ -415,6 +415,7 @@ fn key_report(
                 ));
             }
         }
+        skipped_rotations(plan, observed, id, &st, &kr, f);
     } else if committed.contains(id) {
         kr.missing = true;
         f.problems.push(format!(
@@ -425,6 +426,40 @@ fn key_report(
     kr.pending = st.pending;
     kr.retained = st.retained_previous();
     kr
+}
+
+/// A key that rotates on a schedule (`rotate_after`) but is also held by another plan
+/// (invariant I7; not a peer node, nor this plan's own former record): every scheduled
+/// rotation is skipped (`plan` says so in a note), so that is a problem here, before the key
+/// is overdue.
+fn skipped_rotations(
+    plan: &Plan,
+    observed: Option<&Observed>,
+    id: &str,
+    st: &KeyState,
+    kr: &KeyReport,
+    f: &mut Findings,
+) {
+    let (Some(due), Some(text)) = (kr.rotation_due_at, &plan.keys[id].rotate_after_text) else {
+        return;
+    };
+    let mut st = st.clone();
+    if let Some(o) = observed {
+        st.holders.retain(|h, _| {
+            let of = crate::kms::book::parse_vote(h).map_or(h.as_str(), |(of, _)| of);
+            !o.former_holders.contains_key(of)
+        });
+    }
+    let others = diff::foreign_holders(plan, id, &st);
+    if others.is_empty() {
+        return;
+    }
+    f.problems.push(format!(
+        "key {id}: its scheduled rotation (rotate_after {text}, due {}) is skipped: the key is also held by another plan ({}), and a version committed from this plan ({}) would not be on that plan's devices. Rotate it from one plan that lists every device holding it; for a plan gone for good, `keyplan key release {id} --holder HOLDER` removes its record",
+        crate::clock::rfc3339(due),
+        others.join(", "),
+        plan.holder()
+    ));
 }
 
 /// The journal's last run, with its outcome; `in_progress` when it has no end record and a

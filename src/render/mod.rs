@@ -146,6 +146,13 @@ fn holder_lines(out: &mut String, plan: &Plan, diff: &Diff) {
                 "record in KMS {}{name} that this plan's devices hold and open with the new version ({}); the commit waits for every holder's vote",
                 h.kms, h.holder
             ),
+            HolderAction::ReleaseFormer => format!(
+                "remove {} from KMS {}{name}: it is this plan's own record from before its state directory moved ({}); this plan's record ({}) replaces it",
+                h.holder,
+                h.kms,
+                h.reason.as_deref().unwrap_or("recognised"),
+                plan.holder()
+            ),
             HolderAction::Withdraw => format!(
                 "withdraw this plan's vote ({}) from KMS {}{name} (its version is no longer pending, or a device lost it)",
                 h.holder, h.kms

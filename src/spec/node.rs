@@ -82,12 +82,21 @@ impl Plan {
     /// stably. The directory is canonical (symlinks, `..` and a trailing `/` resolved; for a
     /// directory not created yet, its parent), so every spelling of it gives the same id.
     pub fn holder(&self) -> String {
-        let node = match (&self.node, &self.scope) {
+        format!(
+            "{}:{}",
+            self.holder_node(),
+            canonical(&self.state_dir).display()
+        )
+    }
+
+    /// The node part of [`Plan::holder`]: the node the plan was cut down to, else the host
+    /// name (lowercase).
+    pub fn holder_node(&self) -> String {
+        match (&self.node, &self.scope) {
             (Some(n), _) => n.clone(),
             (None, Some(s)) => s.node.clone(),
             (None, None) => this_node(None).unwrap_or_default(),
-        };
-        format!("{node}:{}", canonical(&self.state_dir).display())
+        }
     }
 
     /// Whether any device names a node (a plan for a cluster rather than one host).

@@ -4,8 +4,9 @@
 //! memory: the cryptsetup driver ([`crate::luks`]), one client per KMS instance of the plan
 //! ([`crate::kms`]) and the [`RecordStore`] (keyplan's per-keyslot records: LUKS2 tokens, or
 //! LUKS1 record files in the state directory). The device registry ([`registry`]) remembers
-//! every device a run touched. The journal and the state lock are in [`crate::journal`].
+//! every device a run touched; [`owner`] records the one plan a state directory belongs to. The journal and the state lock are in [`crate::journal`].
 
+pub mod owner;
 pub mod records;
 pub mod registry;
 
@@ -18,6 +19,7 @@ use crate::kms::{self, Kms};
 use crate::luks::{Cryptsetup, LuksDoor};
 use crate::spec::{PathSeg, Plan};
 
+pub use owner::{Owner, OwnerError, OWNER_FILE};
 pub use records::{RecordError, RecordObs, RecordStatus, RecordStore, SlotRecord, TOKEN_TYPE};
 pub use registry::{Registry, RegistryEntry, RegistryError, REGISTRY_FILE};
 

@@ -118,6 +118,25 @@ impl Exec<'_> {
         StepOutcome::done(format!("{me} no longer holds {key}"))
     }
 
+    /// `release_former`: removes `holder`, this plan's own record of `key` under its former
+    /// id, and that id's votes (idempotent). Runs after this plan's `hold`, so the key is
+    /// never without a record of this plan.
+    pub(super) fn release_former(&self, key: &str, holder: &str) -> Result<StepOutcome, StepError> {
+        let (kms, name, _) = self.key_ctx(key)?;
+        let st = kms.read(&name)?;
+        for id in st
+            .holders
+            .keys()
+            .filter(|h| crate::kms::book::parse_vote(h).map_or(h.as_str(), |(of, _)| of) == holder)
+        {
+            kms.release(&name, id)?;
+        }
+        StepOutcome::done(format!(
+            "{} replaces the former record {holder} of {key}",
+            self.plan.holder()
+        ))
+    }
+
     /// `vote`: records this plan's vote for the staged version of `key`
     /// ([`crate::kms::book::vote_id`], idempotent), after its verify steps; then checks the
     /// version is still the pending one (or was committed meanwhile by another holder).

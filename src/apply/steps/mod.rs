@@ -199,6 +199,7 @@ impl<'a> Exec<'a> {
             Step::Retire { key, version } => self.retire(key, *version),
             Step::Hold { key, current } => self.hold(key, *current),
             Step::Release { key, entry } => self.release(key, entry.as_ref()),
+            Step::ReleaseFormer { key, holder } => self.release_former(key, holder),
             Step::Vote { key } => self.vote(key),
             Step::Unvote { key, version } => self.unvote(key, *version),
             Step::MigrateCopy { .. } => self.migrate_copy(step),

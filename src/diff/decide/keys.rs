@@ -114,13 +114,7 @@ impl Planner<'_> {
         action: KeyAction,
         opts: &DiffOptions,
     ) -> bool {
-        let others: Vec<String> = st
-            .holders
-            .iter()
-            .filter(|(h, _)| **h != self.me && !self.is_peer(key, h))
-            .filter(|(h, _)| crate::kms::book::parse_vote(h).is_none())
-            .map(|(h, since)| format!("{h} (since {})", crate::clock::rfc3339(*since)))
-            .collect();
+        let others = foreign_holders(self.plan, key, st);
         if others.is_empty() {
             return false;
         }
@@ -160,28 +154,6 @@ impl Planner<'_> {
         true
     }
 
-    /// Whether holder id `holder` (`<node>:<state directory>`) is a peer of this plan for
-    /// `key`: a node whose devices the plan file lists with the key ([`crate::spec::Plan::peers`]).
-    /// A peer's record does not block this plan's rotation: the commit waits for its vote.
-    ///
-    /// A node with two records (two plans on one node, e.g. another state directory) is no
-    /// peer: which of them is the fleet's cannot be told, so both stop the rotation as other
-    /// plans do, with the note naming them.
-    pub(super) fn is_peer(&self, key: &str, holder: &str) -> bool {
-        let node_of = |h: &str| h.split_once(':').map(|(n, _)| n).unwrap_or(h).to_string();
-        let node = node_of(holder);
-        if !self.plan.peers.get(key).is_some_and(|p| p.contains(&node)) {
-            return false;
-        }
-        let records = self.obs.keys.get(key).map_or(0, |st| {
-            st.holders
-                .keys()
-                .filter(|h| crate::kms::book::parse_vote(h).is_none() && node_of(h) == node)
-                .count()
-        });
-        records <= 1
-    }
-
     /// This plan's votes for versions of `key` that are no longer pending (committed or
     /// abandoned) are withdrawn: they would count for nothing, and a list of holders is
     /// read by people.
@@ -205,6 +177,7 @@ impl Planner<'_> {
             kms: self.kms_of(key),
             holder: crate::kms::book::vote_id(&self.me, version),
             action: HolderAction::Withdraw,
+            reason: None,
         });
         self.g.add(crate::graph::Step::Unvote {
             key: key.to_string(),
@@ -284,6 +257,7 @@ impl Planner<'_> {
                     kms: entry.0.clone(),
                     holder: self.me.clone(),
                     action: HolderAction::Release,
+                    reason: None,
                 });
                 self.g.add(crate::graph::Step::Release {
                     key,
@@ -541,4 +515,44 @@ impl Planner<'_> {
         );
         self.refuse_device(device, message);
     }
+}
+
+/// The holder records of `key` (state `st`, with this plan's own former records already taken
+/// out, `decide::former`) that stop `plan` from rotating it (invariant I7): every record but
+/// this plan's own, its peers' and votes, as `<holder> (since <time>)`, in id order. Also what
+/// `status` reports as a rotation that will be skipped.
+pub fn foreign_holders(
+    plan: &crate::spec::Plan,
+    key: &str,
+    st: &crate::kms::KeyState,
+) -> Vec<String> {
+    let me = plan.holder();
+    st.holders
+        .iter()
+        .filter(|(h, _)| **h != me && !is_peer(plan, key, st, h))
+        .filter(|(h, _)| crate::kms::book::parse_vote(h).is_none())
+        .map(|(h, since)| format!("{h} (since {})", crate::clock::rfc3339(*since)))
+        .collect()
+}
+
+/// Whether holder id `holder` (`<node>:<state directory>`) is a peer of `plan` for `key`
+/// (state `st`): a node whose devices the plan file lists with the key
+/// ([`crate::spec::Plan::peers`]). A peer's record does not block this plan's rotation: the
+/// commit waits for its vote.
+///
+/// A node with two records (two plans on one node, e.g. another state directory) is no peer:
+/// which of them is the fleet's cannot be told, so both stop the rotation as other plans do,
+/// with the note naming them.
+fn is_peer(plan: &crate::spec::Plan, key: &str, st: &crate::kms::KeyState, holder: &str) -> bool {
+    let node_of = |h: &str| h.split_once(':').map(|(n, _)| n).unwrap_or(h).to_string();
+    let node = node_of(holder);
+    if !plan.peers.get(key).is_some_and(|p| p.contains(&node)) {
+        return false;
+    }
+    let records = st
+        .holders
+        .keys()
+        .filter(|h| crate::kms::book::parse_vote(h).is_none() && node_of(h) == node)
+        .count();
+    records <= 1
 }

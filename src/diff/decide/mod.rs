@@ -9,6 +9,7 @@
 
 mod adopt;
 mod devices;
+mod former;
 mod keys;
 mod migrate;
 mod pins;
@@ -19,6 +20,8 @@ mod unlock;
 use std::collections::{BTreeMap, BTreeSet};
 
 pub(super) use adopt::with_adopted_records;
+pub(super) use former::without_former_holders;
+pub use keys::foreign_holders;
 
 use super::{
     DiffOptions, HolderAction, HolderChange, KeyChange, ReasonCode, Refusal, SlotAction, SlotChange,
@@ -205,6 +208,7 @@ impl<'a> Planner<'a> {
             kms: self.kms_of(key),
             holder: self.me.clone(),
             action,
+            reason: None,
         });
         self.g.add(if record {
             Step::Hold {

@@ -125,6 +125,7 @@ impl Planner<'_> {
                 kms: self.kms_of(key),
                 holder: vote,
                 action: crate::diff::HolderAction::Vote,
+                reason: None,
             });
             self.g.add(Step::Vote {
                 key: key.to_string(),

@@ -1,0 +1,112 @@
+//! This plan's own former holder records: KMS holder records (invariant I7) under another
+//! holder id of the same host that are this plan's, left from before its state directory
+//! moved (a plan tried by hand and moved, a systemd unit given `--state-dir`). The holder id
+//! is `<node>:<state directory>` ([`crate::spec::Plan::holder`]), so a moved state directory
+//! is a new id while the KMS still records the old one; taken for another plan's, that record
+//! would stop every rotation of the key. The same host's same devices are the same holder:
+//!
+//! - the state directory's owner record names the id as one it had before
+//!   ([`crate::world::Owner::former_holders`]: the directory itself moved); or
+//! - the id's state directory still exists on this host, no run holds its lock, its owner
+//!   record (if any) names this plan file or a plan file that no longer exists, and every
+//!   device its registry lists (at least one) is a device of this plan (by LUKS UUID). Then
+//!   every device that record stands for is one this plan verifies before it commits, so
+//!   replacing the record locks no device out.
+//!
+//! A record whose state directory is gone and that this directory does not remember is not
+//! recognised: whose devices it stood for cannot be known. `keyplan key release` removes it
+//! after saying so ([`crate::ops::key::release_holder`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use super::DeviceState;
+use crate::kms::KeyState;
+use crate::spec::Plan;
+use crate::world::Owner;
+
+/// Why holder id `holder` is this plan's own former record, or `None` when it is not known to
+/// be (see the module docs). `owner` is this plan's state directory's owner record; `uuids`
+/// the LUKS UUIDs (lower case) of this plan's devices. Reads the other state directory's owner
+/// record, lock and registry; writes nothing.
+pub fn former_holder(
+    plan: &Plan,
+    owner: Option<&Owner>,
+    uuids: &BTreeSet<String>,
+    holder: &str,
+) -> Option<String> {
+    let me = plan.holder();
+    if holder == me || crate::kms::book::parse_vote(holder).is_some() {
+        return None;
+    }
+    let (node, dir) = holder.split_once(':')?;
+    if node != plan.holder_node() {
+        return None;
+    }
+    // The record claim() writes at the next apply, or one it wrote before.
+    if owner.is_some_and(|o| o.holder == holder || o.former_holders.iter().any(|h| h == holder)) {
+        return Some(format!(
+            "this state directory had that id before it moved to {}",
+            plan.state_dir.display()
+        ));
+    }
+    let dir = Path::new(dir);
+    if !dir.is_dir() || crate::journal::lock_holder(dir).is_some() {
+        return None;
+    }
+    let (file, _) = crate::world::owner::identity(plan);
+    let theirs = crate::world::owner::read(dir).ok()?;
+    if theirs
+        .as_ref()
+        .is_some_and(|o| o.node != node || (o.plan != file && o.plan.exists()))
+    {
+        return None;
+    }
+    let registry = crate::world::registry::read(dir).ok()?;
+    let all_mine = !registry.devices.is_empty()
+        && registry
+            .devices
+            .keys()
+            .all(|u| uuids.contains(&u.to_lowercase()));
+    all_mine.then(|| {
+        format!(
+            "every device its state directory {} worked on ({}) is a device of this plan",
+            dir.display(),
+            registry.devices.len()
+        )
+    })
+}
+
+/// The holder ids recorded on `keys` that are this plan's own former records, with why
+/// ([`former_holder`]); `devices` are the plan's devices as read (their LUKS UUIDs, and the
+/// plan's `uuid:` for those that could not be read).
+pub(super) fn own_former(
+    plan: &Plan,
+    keys: &BTreeMap<String, KeyState>,
+    devices: &BTreeMap<String, DeviceState>,
+) -> BTreeMap<String, String> {
+    let ids: BTreeSet<&String> = keys
+        .values()
+        .flat_map(|st| st.holders.keys())
+        .filter(|h| crate::kms::book::parse_vote(h).is_none())
+        .collect();
+    if ids.is_empty() {
+        return BTreeMap::new();
+    }
+    let owner = crate::world::owner::read(&plan.state_dir).ok().flatten();
+    let uuids = plan_uuids(plan, devices);
+    ids.into_iter()
+        .filter_map(|h| Some((h.clone(), former_holder(plan, owner.as_ref(), &uuids, h)?)))
+        .collect()
+}
+
+/// The LUKS UUIDs (lower case) of `plan`'s devices: as read, else as the plan gives them.
+pub fn plan_uuids(plan: &Plan, devices: &BTreeMap<String, DeviceState>) -> BTreeSet<String> {
+    plan.devices
+        .values()
+        .filter_map(|d| match devices.get(&d.id) {
+            Some(st) => Some(st.header.uuid.to_lowercase()),
+            None => d.uuid.as_ref().map(|u| u.to_lowercase()),
+        })
+        .collect()
+}

@@ -1,0 +1,202 @@
+//! The state directory's owner: `<state_dir>/owner.json`, the one plan (plan file and node)
+//! whose journal, lock, registry and LUKS1 records the directory holds (invariant I5).
+//!
+//! Two plans that name one state directory (two hosts' plans side by side with the default
+//! `.keyplan`, a copied directory, a typo in `state_dir`) would share one journal and, worse,
+//! one KMS holder id (`<node>:<state directory>`, [`crate::spec::Plan::holder`]): a rotation
+//! from one would count the other's devices as its own and commit a version they do not hold.
+//! So the first `apply` records its plan as the owner, and every command of another plan is
+//! refused before it reads or writes anything there ([`check`]).
+//!
+//! A plan file that moved (its recorded path no longer exists) is the same plan, not another
+//! one: the next `apply` takes the directory over ([`claim`]). The owner file also remembers the
+//! holder ids the directory had before ([`Owner::former_holders`]): a state directory moved
+//! with its plan (or the host's directory layout changed) changes the holder id, and the KMS's
+//! record under the old id is this plan's own, not another plan's (`observe`'s former holders).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::fsutil;
+use crate::spec::Plan;
+
+/// File name of the owner record in the state directory.
+pub const OWNER_FILE: &str = "owner.json";
+
+/// `<state_dir>/owner.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Owner {
+    /// Format version (1).
+    pub format: u32,
+    /// The owning plan file: its directory made canonical, its own name kept (a ConfigMap
+    /// volume's file is a symlink whose target changes with every update).
+    pub plan: PathBuf,
+    /// The node (or host) the plan acts for.
+    pub node: String,
+    /// The plan's holder id in KMS holder records when it last claimed the directory.
+    pub holder: String,
+    /// Holder ids this state directory had before (it moved, or its plan was given another
+    /// `--state-dir` layout), oldest first: KMS holder records under them are this plan's own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub former_holders: Vec<String>,
+    /// When the directory was first claimed, Unix seconds.
+    pub since: u64,
+}
+
+/// Why a plan may not use a state directory, or the owner record cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum OwnerError {
+    /// Another plan (another plan file that exists, or another node) owns the directory.
+    #[error("state directory {} belongs to another plan: {} on node {} (since {}), not {} on node {}; nothing was read or changed there", dir.display(), owner.plan.display(), owner.node, crate::clock::rfc3339(owner.since), plan.display(), node)]
+    OtherPlan {
+        /// The state directory.
+        dir: PathBuf,
+        /// Its owner.
+        owner: Box<Owner>,
+        /// The plan that was refused.
+        plan: PathBuf,
+        /// Its node.
+        node: String,
+    },
+    /// The owner file cannot be parsed.
+    #[error("{} is corrupt ({detail}); keyplan will not guess which plan owns this state directory. Restore it, or delete it to let the next `keyplan apply` of the plan that uses this directory claim it", path.display())]
+    Corrupt {
+        /// The owner file.
+        path: PathBuf,
+        /// The parser's message.
+        detail: String,
+    },
+    /// The owner file could not be read or written.
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        /// `reading` or `writing`.
+        what: &'static str,
+        /// The owner file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+impl OwnerError {
+    /// What to do next.
+    pub fn help(&self) -> Option<String> {
+        match self {
+            OwnerError::OtherPlan { dir, owner, .. } => Some(format!(
+                "give this plan a state directory of its own (`state_dir` in the plan file, or `--state-dir`); the default is `.keyplan` beside the plan file, so two plan files in one directory need one set explicitly. If this plan replaces {} for good (same devices), delete that plan file, or {}, and run `keyplan apply` to claim the directory",
+                owner.plan.display(),
+                dir.join(OWNER_FILE).display()
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// The identity of `plan` as an owner: its plan file (directory canonical, name kept) and its
+/// node (or host).
+pub fn identity(plan: &Plan) -> (PathBuf, String) {
+    (plan_file(&plan.source_path), plan.holder_node())
+}
+
+/// `path` with its directory made canonical and its file name kept.
+fn plan_file(path: &Path) -> PathBuf {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    match (abs.parent(), abs.file_name()) {
+        (Some(dir), Some(name)) => std::fs::canonicalize(dir)
+            .map(|d| d.join(name))
+            .unwrap_or(abs.clone()),
+        _ => abs,
+    }
+}
+
+/// Reads `<state_dir>/owner.json`; `None` when there is none (a new directory, or one an older
+/// keyplan made).
+///
+/// Errors: [`OwnerError::Corrupt`], [`OwnerError::Io`].
+pub fn read(state_dir: &Path) -> Result<Option<Owner>, OwnerError> {
+    let path = state_dir.join(OWNER_FILE);
+    match std::fs::read(&path) {
+        Ok(b) => serde_json::from_slice(&b)
+            .map(Some)
+            .map_err(|e| OwnerError::Corrupt {
+                path,
+                detail: e.to_string(),
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(OwnerError::Io {
+            what: "reading",
+            path,
+            source,
+        }),
+    }
+}
+
+/// Whether `plan` may use its state directory: yes when nobody owns it, when `plan` does, or
+/// when the owning plan file no longer exists on the same node (the plan file moved). Reads
+/// one file; writes nothing. Returns the owner record, if any.
+///
+/// Errors: [`OwnerError::OtherPlan`]; the owner file is corrupt or unreadable.
+pub fn check(plan: &Plan) -> Result<Option<Owner>, OwnerError> {
+    let Some(owner) = read(&plan.state_dir)? else {
+        return Ok(None);
+    };
+    let (file, node) = identity(plan);
+    let same_file = owner.plan == file || !owner.plan.exists();
+    if same_file && owner.node == node {
+        return Ok(Some(owner));
+    }
+    Err(OwnerError::OtherPlan {
+        dir: plan.state_dir.clone(),
+        owner: Box::new(owner),
+        plan: file,
+        node,
+    })
+}
+
+/// Records `plan` as its state directory's owner (under the state lock, before a run writes
+/// anything): creates the directory (0700) and `owner.json` (0600, atomically), or updates the
+/// record of a plan file that moved. A holder id the directory had before is kept in
+/// [`Owner::former_holders`]. A no-op when the record already says all this.
+///
+/// Errors: as [`check`]; the file cannot be written.
+pub fn claim(plan: &Plan) -> Result<Owner, OwnerError> {
+    let old = check(plan)?;
+    let (file, node) = identity(plan);
+    let holder = plan.holder();
+    let mut owner = match old.clone() {
+        Some(o) => o,
+        None => Owner {
+            format: 1,
+            plan: file.clone(),
+            node: node.clone(),
+            holder: holder.clone(),
+            former_holders: Vec::new(),
+            since: crate::clock::now_unix(),
+        },
+    };
+    owner.plan = file;
+    owner.node = node;
+    if owner.holder != holder {
+        let was = std::mem::replace(&mut owner.holder, holder);
+        if !owner.former_holders.contains(&was) {
+            owner.former_holders.push(was);
+        }
+    }
+    if old.as_ref() == Some(&owner) {
+        return Ok(owner);
+    }
+    let path = plan.state_dir.join(OWNER_FILE);
+    let io = |source| OwnerError::Io {
+        what: "writing",
+        path: path.clone(),
+        source,
+    };
+    let mut text = serde_json::to_vec_pretty(&owner).map_err(|e| io(std::io::Error::other(e)))?;
+    text.push(b'\n');
+    fsutil::ensure_private_dir(&plan.state_dir)
+        .and_then(|()| fsutil::write_atomic(&path, &text, 0o600))
+        .map_err(io)?;
+    Ok(owner)
+}
