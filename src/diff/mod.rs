@@ -112,6 +112,21 @@ pub struct KeyChange {
     /// For [`KeyAction::Migrate`]: the KMS instance the key moves from.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub from_kms: Option<String>,
+    /// Before the versions of `retire` are destroyed: the keyslots keyplan did not make that
+    /// are tested for copies of them (one PBKDF run each; a copy is reported, `world::copies`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub copy_checks: Vec<CopyCheck>,
+}
+
+/// One keyslot tested for a copy of a version about to be retired ([`KeyChange::copy_checks`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopyCheck {
+    /// Device id.
+    pub device: String,
+    /// The keyslot (no record names it).
+    pub slot: u32,
+    /// The version it is tested with.
+    pub version: u64,
 }
 
 /// Why a key or keyslot changes, as a stable snake_case code (`reason_code` in `plan --json`

@@ -21,13 +21,28 @@ const TOKEN_JSON_BYTES: u64 = 256;
 /// Every preflight check, in this order: devices that cannot be written, headers cryptsetup
 /// will not change or whose copies disagree, LUKS2 JSON areas too full for the new keyslots and
 /// tokens (refusals), then notes: header damage on devices left unchanged, devices left
-/// without a free keyslot, versions the KMS retains.
+/// without a free keyslot, versions the KMS retains, keyslots that still open with a retired
+/// version.
 pub(super) fn check(p: &mut Planner<'_>) {
     writable(p);
     header_state(p);
     metadata_room(p);
     headroom(p);
     retained(p);
+    retired_copies(p);
+}
+
+/// Notes every keyslot that still opens with a key version keyplan retired (found when it
+/// retired the version: `world::copies`), whatever the plan changes: it is there until someone
+/// removes it.
+fn retired_copies(p: &mut Planner<'_>) {
+    let obs = p.obs;
+    for (id, st) in &obs.devices {
+        for c in &st.retired_copies {
+            let note = format!("{}: {}", p.at(id), c.describe(&st.path));
+            p.notes.push(note);
+        }
+    }
 }
 
 /// The devices with a keyslot change, each once, in id order.

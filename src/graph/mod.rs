@@ -210,6 +210,19 @@ pub enum Step {
         /// The version the vote names.
         version: u64,
     },
+    /// Before `version` of `key` is retired: test each of `slots` of `device` (keyslots no
+    /// record names, bound) with it, one PBKDF run each, and record any that opens as a copy
+    /// keyplan did not make (`world::copies`; reported by `status`). Changes no keyslot.
+    FindCopies {
+        /// Device id.
+        device: String,
+        /// Key id.
+        key: String,
+        /// The version about to be retired.
+        version: u64,
+        /// The keyslots to test.
+        slots: Vec<u32>,
+    },
     /// Destroy a non-current version in the KMS.
     Retire {
         /// Key id.
@@ -312,6 +325,7 @@ impl Step {
             | Step::KillKeyslot { device, .. }
             | Step::ForgetRecord { device, .. }
             | Step::AdoptKeyslot { device, .. }
+            | Step::FindCopies { device, .. }
             | Step::Rerecord { device, .. } => Some(device),
             _ => None,
         }
@@ -380,6 +394,21 @@ impl fmt::Display for Step {
                 ..
             } => write!(f, "{device}: adopt keyslot {slot} as {key} v{version}"),
             Step::Retire { key, version } => write!(f, "retire {key} v{version}"),
+            Step::FindCopies {
+                device,
+                key,
+                version,
+                slots,
+            } => write!(
+                f,
+                "{device}: test keyslot{} {} for copies of {key} v{version}",
+                if slots.len() == 1 { "" } else { "s" },
+                slots
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             Step::Hold { key, .. } => write!(f, "record this plan as a holder of {key}"),
             Step::Release { key, .. } => write!(f, "remove this plan's holder record of {key}"),
             Step::ReleaseFormer { key, holder } => write!(

@@ -283,8 +283,9 @@ pub fn repair_after_anchor(g: &mut StepGraph, i: &Intents) {
     }
 }
 
-/// A superseded version is destroyed in the KMS last: after the commit of its key and after
-/// every kill of a keyslot that held it.
+/// A superseded version is destroyed in the KMS last: after the commit of its key, after
+/// every kill of a keyslot that held it, and after every search for copies of it (which needs
+/// its material).
 pub fn retire_last(g: &mut StepGraph, _: &Intents) {
     let steps = indexed(g);
     for (r, retire) in &steps {
@@ -301,6 +302,10 @@ pub fn retire_last(g: &mut StepGraph, _: &Intents) {
                             version: VersionRef::Version(v),
                         },
                     ..
+                } => k == key && v == version,
+                // The version's material is needed to look for its copies.
+                Step::FindCopies {
+                    key: k, version: v, ..
                 } => k == key && v == version,
                 _ => false,
             };

@@ -43,6 +43,11 @@ pub struct Adoption {
     pub version: u64,
     /// The keyslot's KDF salt when it was tested (the adopt step checks it is unchanged).
     pub salt: String,
+    /// True when a record of this keyplan names the keyslot already, with the same key and
+    /// version but an older salt: the keyslot was rewritten with the same passphrase
+    /// (`cryptsetup luksConvertKey`, a KDF upgrade) and is recorded again, not newly adopted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub resalted: bool,
 }
 
 /// The keyslots of `st` (device `dev` of `plan`) that the current KMS versions of its listed
@@ -83,11 +88,74 @@ pub(super) fn probe(
                 key: dk.key.clone(),
                 version: c,
                 salt: st.header.keyslots[&slot].salt.clone(),
+                resalted: false,
             });
         }
     }
+    resalted(plan, world, dev, st, keys, origins, &mut found)?;
     leftovers(plan, world, dev, st, keys, origins, unfinished, &mut found)?;
     Ok(found)
+}
+
+/// Adds to `found` every keyslot of `st` whose record stands but whose KDF salt changed
+/// (`RecordStatus::Rewritten`: `cryptsetup luksConvertKey`, a routine KDF upgrade, rewrites a
+/// keyslot with the same passphrase and a new salt) that the recorded version still opens,
+/// tested with that version and keyslot only (one PBKDF run each, spent only while such a
+/// record stands), to be recorded again with the new salt ([`Adoption::resalted`]): it stays
+/// managed, so the next rotation removes it like any keyslot keyplan made, rather than
+/// leaving it unmanaged and opening the device with a version keyplan retires. The key must
+/// be in the plan and not moving KMS, its KMS must still hold the version's material
+/// (current, pending or a retained previous one), and the keyslot must be bound.
+///
+/// Errors: as [`probe`].
+fn resalted(
+    plan: &Plan,
+    world: &World,
+    dev: &Device,
+    st: &DeviceState,
+    keys: &BTreeMap<String, KeyState>,
+    origins: &BTreeMap<String, Vec<Origin>>,
+    found: &mut Vec<Adoption>,
+) -> Result<(), Finding> {
+    use crate::world::RecordStatus;
+    for r in st
+        .records
+        .iter()
+        .filter(|r| r.status == RecordStatus::Rewritten)
+    {
+        let (key, version) = (&r.record.key, r.record.version);
+        let live = keys.get(key).is_some_and(|k| {
+            k.pending == Some(version)
+                || k.current == Some(version)
+                || k.retained_previous().contains(&version)
+        });
+        let Some(ks) = st.header.keyslots.get(&r.slot) else {
+            continue;
+        };
+        let taken = found.iter().any(|a| a.slot == r.slot)
+            || st
+                .records
+                .iter()
+                .any(|o| o.slot == r.slot && o.status == RecordStatus::Valid);
+        if !live || !ks.bound || taken || origins.contains_key(key) {
+            continue;
+        }
+        let what = format!(
+            "{key} v{version} still opens keyslot {}, rewritten outside keyplan (new salt)",
+            r.slot
+        );
+        if first_opening(plan, world, dev, st, key, version, &[r.slot], &what)?.is_some() {
+            tracing::info!(device = %dev.id, key = %key, version, slot = r.slot, "a managed keyslot was rewritten with the same passphrase (new salt or KDF): recording it again");
+            found.push(Adoption {
+                slot: r.slot,
+                key: key.clone(),
+                version,
+                salt: ks.salt.clone(),
+                resalted: true,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Adds to `found` the target keyslot of each of `unfinished` on device `dev` (same id and
@@ -151,6 +219,7 @@ fn leftovers(
                 key: u.key.clone(),
                 version: u.version,
                 salt: st.header.keyslots[&u.slot].salt.clone(),
+                resalted: false,
             });
         }
     }

@@ -69,6 +69,11 @@ pub struct DeviceState {
     /// With [`Testing::HeadersOnly`]: what [`Testing::Passphrases`] would test for adoption
     /// (no PBKDF run here), so `status` can say a device may be waiting to be adopted.
     pub adoption_untested: Option<Untested>,
+    /// Keyslots keyplan did not make that opened with a key version when it retired that
+    /// version, and that still have the KDF salt they had then (`world::copies`): the retired
+    /// key still opens the device there. From the state directory; no PBKDF run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retired_copies: Vec<crate::world::copies::RetiredCopy>,
 }
 
 impl DeviceState {
@@ -85,6 +90,7 @@ impl DeviceState {
             enroll_with_file: None,
             adoptable: Vec::new(),
             adoption_untested: None,
+            retired_copies: Vec::new(),
         }
     }
 
@@ -191,6 +197,7 @@ pub fn observe(plan: &Plan, world: &World, testing: Testing) -> Result<Observed,
         return Err(Error::Findings(findings));
     }
     let origins = keys::origins(plan, world, &devices).map_err(Error::Findings)?;
+    retired_copies(plan, &mut devices);
     if testing == Testing::HeadersOnly {
         for (id, st) in devices.iter_mut() {
             if let Some(dev) = plan.devices.get(id) {
@@ -236,6 +243,33 @@ pub fn observe(plan: &Plan, world: &World, testing: Testing) -> Result<Observed,
         now: crate::clock::now_unix(),
         staged_here,
     })
+}
+
+/// Attaches to each device the copies of retired versions the state directory recorded
+/// (`world::copies`) whose keyslot is still there with the same salt. An unreadable record is
+/// logged and skipped: it only ever adds a report.
+fn retired_copies(plan: &Plan, devices: &mut BTreeMap<String, DeviceState>) {
+    let copies = match crate::world::copies::read(&plan.state_dir) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!("{e}");
+            return;
+        }
+    };
+    for st in devices.values_mut() {
+        let uuid = st.header.uuid.to_lowercase();
+        st.retired_copies = copies
+            .iter()
+            .filter(|c| c.uuid == uuid)
+            .filter(|c| {
+                st.header
+                    .keyslots
+                    .get(&c.slot)
+                    .is_some_and(|k| k.salt == c.salt)
+            })
+            .cloned()
+            .collect();
+    }
 }
 
 /// `devices.<id>` as a path into the plan document.

@@ -45,8 +45,8 @@ impl Engine {
     /// [`crate::world::owner::check`]); [`Error::Findings`]: the state directory is not a
     /// directory, or a KMS instance cannot be opened (see [`World::open`]).
     pub fn open(plan: Plan) -> Result<Engine, Error> {
-        crate::world::owner::check(&plan)?;
         let world = World::open(&plan)?;
+        crate::world::owner::check(&plan)?;
         Ok(Engine { plan, world })
     }
 

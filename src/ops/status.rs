@@ -21,7 +21,7 @@ use crate::spec::Plan;
 use crate::world::RecordStatus;
 
 /// Version of the JSON document `status --format json` writes (minor versions only add fields).
-pub const FORMAT_VERSION: &str = "1.2";
+pub const FORMAT_VERSION: &str = "1.3";
 
 /// What `status` concludes (its exit status: docs/monitoring.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -133,6 +133,11 @@ pub struct DeviceReport {
     /// that disagree), one line each with what to do; empty for a healthy header.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub header_damage: Vec<String>,
+    /// Keyslots keyplan did not make that still open with a key version it retired (found
+    /// when it retired the version, `world::copies`; kept under `unmanaged_keyslots: keep`),
+    /// one line each with what to do; each is a problem (since format 1.3).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub retired_copies: Vec<String>,
 }
 
 /// One drift finding.
@@ -251,8 +256,13 @@ pub fn status(engine: &Engine) -> StatusReport {
     for d in &mut devices {
         if let Some(st) = observed.as_ref().and_then(|o| o.devices.get(&d.id)) {
             d.header_damage = st.header.condition.damage.clone();
+            d.retired_copies = st
+                .retired_copies
+                .iter()
+                .map(|c| c.describe(&st.path))
+                .collect();
         }
-        for x in &d.header_damage {
+        for x in d.header_damage.iter().chain(&d.retired_copies) {
             f.problems.push(format!("device {}: {x}", d.id));
         }
         d.drifted = !d.drift.is_empty();
@@ -533,6 +543,7 @@ fn observe_devices(engine: &Engine, f: &mut Findings) -> (Option<Observed>, Vec<
             drifted: false,
             drift: Vec::new(),
             header_damage: Vec::new(),
+            retired_copies: Vec::new(),
         })
         .collect();
     let mut diff_plan = no_rotation_due(plan);
@@ -651,7 +662,7 @@ fn record_drift(obs: &Observed, devices: &mut [DeviceReport]) {
                     r.slot, r.record.key, r.record.version
                 ),
                 _ => format!(
-                    "keyslot {} was rewritten outside keyplan; it no longer holds {} v{}",
+                    "keyslot {} was rewritten outside keyplan (a new salt or KDF); `keyplan plan` tests whether it still holds {} v{} (one PBKDF run) and keeps managing it if so",
                     r.slot, r.record.key, r.record.version
                 ),
             };

@@ -208,6 +208,21 @@ fn key_block(out: &mut String, plan: &Plan, k: &KeyChange) {
             "{:<44} (destroyed at the end: older than the previous version; no other device holds it)",
             format!("  - key {} v{v}", k.key)
         );
+        let checks: Vec<String> = k
+            .copy_checks
+            .iter()
+            .filter(|c| c.version == *v)
+            .map(|c| format!("{} keyslot {}", c.device, c.slot))
+            .collect();
+        if !checks.is_empty() {
+            let _ = writeln!(
+                out,
+                "      first tested for copies of it: {} ({} PBKDF run{}; a keyslot that opens is reported, not removed)",
+                checks.join(", "),
+                checks.len(),
+                if checks.len() == 1 { "" } else { "s" }
+            );
+        }
     }
     out.push('\n');
 }

@@ -428,17 +428,23 @@ fn device_families(r: &StatusReport) -> Vec<GaugeFamily> {
         "keyplan_device_header_damage",
         "Number of LUKS header damage findings on the device (a damaged header copy, copies that disagree), read without writing; 0 for a healthy header.",
     );
+    let mut copies = GaugeFamily::new(
+        "keyplan_device_retired_copies",
+        "Number of keyslots on the device, not made by keyplan, that still open with a key version keyplan retired (found when it retired the version); 0 when there are none.",
+    );
     for d in r.devices.iter().filter(|d| d.checked) {
         let labels = [("device", d.id.as_str())];
         drift.add(&labels, u64::from(d.drifted));
         findings.add(&labels, d.drift.len() as u64);
         damage.add(&labels, d.header_damage.len() as u64);
+        copies.add(&labels, d.retired_copies.len() as u64);
     }
     let count = r.devices.iter().filter(|d| d.drifted).count() as u64;
     vec![
         drift,
         findings,
         damage,
+        copies,
         GaugeFamily::single(
             "keyplan_drift_devices",
             "Number of devices that drifted from the plan.",

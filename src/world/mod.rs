@@ -6,6 +6,7 @@
 //! LUKS1 record files in the state directory). The device registry ([`registry`]) remembers
 //! every device a run touched; [`owner`] records the one plan a state directory belongs to. The journal and the state lock are in [`crate::journal`].
 
+pub mod copies;
 pub mod owner;
 pub mod records;
 pub mod registry;

@@ -9,10 +9,12 @@
 //!
 //! Layout: `keys` stage/commit/retire (the KMS side of a rotation), `add` adds a keyslot,
 //! `adopt` records an unrecorded keyslot, `verify`, `kill` kills a keyslot and drops records,
+//! `copies` tests unmanaged keyslots for copies of a version about to be retired,
 //! `migrate` copies a key to another KMS.
 
 mod add;
 mod adopt;
+mod copies;
 mod keys;
 mod kill;
 mod migrate;
@@ -197,6 +199,12 @@ impl<'a> Exec<'a> {
                 salt,
             } => self.adopt(device, *slot, key, *version, salt),
             Step::Retire { key, version } => self.retire(key, *version),
+            Step::FindCopies {
+                device,
+                key,
+                version,
+                slots,
+            } => self.find_copies(device, key, *version, slots),
             Step::Hold { key, current } => self.hold(key, *current),
             Step::Release { key, entry } => self.release(key, entry.as_ref()),
             Step::ReleaseFormer { key, holder } => self.release_former(key, holder),

@@ -47,7 +47,12 @@ impl Planner<'_> {
         for (id, d) in &obs.devices {
             for a in &d.adoptable {
                 let k = obs.keys.get(&a.key);
-                let reason = if k.and_then(|k| k.current) == Some(a.version) {
+                let reason = if a.resalted {
+                    format!(
+                        "re-record: rewritten outside keyplan with the same passphrase (a new salt or KDF, e.g. `cryptsetup luksConvertKey`); {} v{} still opens it, so it stays managed",
+                        a.key, a.version
+                    )
+                } else if k.and_then(|k| k.current) == Some(a.version) {
                     "adopt: the KMS's current key opens it".to_string()
                 } else {
                     let state = if k.and_then(|k| k.pending) == Some(a.version) {

@@ -49,6 +49,15 @@ impl Planner<'_> {
                 if failed_verify {
                     self.dev(id).repairs.push(s);
                 }
+                // A keyslot rewritten with the same passphrase is recorded again (`adopt`):
+                // its stale record goes first, and the adoption's line says it all.
+                let rerecorded = d
+                    .adoptable
+                    .iter()
+                    .any(|a| a.resalted && a.slot == r.slot && r.status == RecordStatus::Rewritten);
+                if rerecorded {
+                    continue;
+                }
                 self.change(
                     id,
                     r.slot,

@@ -69,6 +69,7 @@ impl Planner<'_> {
             ),
             retire: Vec::new(),
             from_kms: Some(o.kms.clone()),
+            copy_checks: Vec::new(),
         });
         let dest = (to_kms.clone(), to_name);
         self.migration_steps(key, o, (from, copy, to), &dest, &holders);

@@ -301,7 +301,7 @@ impl<'a> Planner<'a> {
     }
 
     /// True when `device` says `unmanaged_keyslots: remove`.
-    fn removes_unmanaged(&self, device: &str) -> bool {
+    pub(super) fn removes_unmanaged(&self, device: &str) -> bool {
         self.plan
             .devices
             .get(device)

@@ -56,6 +56,7 @@ impl Planner<'_> {
                 key: key.to_string(),
                 version: v,
             });
+            self.find_copies(key, v, devices);
             retired.push(v);
         }
         if let Some(c) = st.current {
@@ -68,6 +69,50 @@ impl Planner<'_> {
             }
         }
         retired
+    }
+
+    /// Before `version` of `key` is retired: a `find copies` step per device of `devices`
+    /// that keeps unmanaged keyslots (`unmanaged_keyslots: keep`; under `remove` this run kills
+    /// them all), testing its bound keyslots no record names and this run does not kill, and
+    /// the cost listed on the key's change (one PBKDF run per keyslot, `KeyChange::copy_checks`).
+    fn find_copies(&mut self, key: &str, version: u64, devices: &[String]) {
+        for device in devices {
+            if self.removes_unmanaged(device) {
+                continue;
+            }
+            let Some(st) = self.state(device) else {
+                continue;
+            };
+            let killed = self
+                .devs
+                .get(device)
+                .map(|d| d.kills.clone())
+                .unwrap_or_default();
+            let slots: Vec<u32> = st
+                .header
+                .keyslots
+                .iter()
+                .filter(|(n, k)| k.bound && st.record(**n).is_none() && !killed.contains_key(n))
+                .map(|(n, _)| *n)
+                .collect();
+            if slots.is_empty() {
+                continue;
+            }
+            if let Some(k) = self.keys.iter_mut().rev().find(|k| k.key == key) {
+                k.copy_checks
+                    .extend(slots.iter().map(|s| crate::diff::CopyCheck {
+                        device: device.clone(),
+                        slot: *s,
+                        version,
+                    }));
+            }
+            self.g.add(Step::FindCopies {
+                device: device.clone(),
+                key: key.to_string(),
+                version,
+                slots,
+            });
+        }
     }
 
     /// Versions of `key`'s KMS entry that keyslots outside this rotation hold, with where:

@@ -107,6 +107,7 @@ impl Planner<'_> {
             reason_code,
             retire: Vec::new(),
             from_kms: None,
+            copy_checks: Vec::new(),
         });
         self.g.add(Step::Stage {
             key: key.to_string(),

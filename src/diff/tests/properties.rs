@@ -298,6 +298,7 @@ fn adoptions(rng: &mut StdRng, plan: &Plan, obs: &mut Observed) {
                     key: dk.key.clone(),
                     version: c,
                     salt,
+                    resalted: false,
                 });
             }
         }

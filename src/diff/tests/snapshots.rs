@@ -396,6 +396,7 @@ devices:
             key: "osd".into(),
             version: 1,
             salt,
+            resalted: false,
         });
     }
     let d = run(&p, &obs, &[]).expect("a plan");
