@@ -153,6 +153,7 @@ impl SavedPlan {
             notes,
             // Not saved: a wait is a fact of the moment of planning, not a change.
             waiting: Vec::new(),
+            unavailable: Default::default(),
         })
     }
 }
@@ -305,6 +306,12 @@ pub fn state_digest(plan_bytes: &[u8], observed: &Observed, journal: JournalMark
     }
     for (id, d) in &observed.former {
         devices.insert(format!("former:{id}"), digest_json(&device_json(d)));
+    }
+    for (id, u) in &observed.unavailable {
+        devices.insert(
+            id.clone(),
+            digest_json(&serde_json::json!({"path": u.path, "unavailable": u.why})),
+        );
     }
     for (id, path, why) in &observed.former_unreadable {
         devices.insert(

@@ -237,8 +237,21 @@ fn commands_act_on_this_nodes_devices_only() {
     assert_eq!(out["devices"].as_array().map(Vec::len), Some(2));
     assert_eq!(out["healthy"], true, "{out:#}");
 
-    // On n2 the device file is missing: that is n2's problem, reported there only.
-    let (out, code) = status(&s, "n2");
+    // On n2 the device file is missing: that is n2's problem, reported there only. (n2 is
+    // another host: its state directory is its own, not n1's, which n1's plan owns.)
+    let out = s.keyplan(&[
+        "--node",
+        "n2",
+        "--state-dir",
+        "st-n2",
+        "status",
+        "--format",
+        "json",
+    ]);
+    let (out, code): (serde_json::Value, _) = (
+        serde_json::from_slice(&out.stdout).expect("status JSON"),
+        out.status.code(),
+    );
     assert_eq!(code, Some(1), "{out:#}");
     assert_eq!(out["devices"][0]["id"], "b");
     let text = s.ok(&["--node", "n1", "status"], 0);
@@ -507,11 +520,15 @@ fn key_release_refuses_a_node_the_plan_still_lists() {
 
     // An operator releases n2 with a plan file without it, while n1 still runs the plan that
     // lists n2: n1 does not commit (n2 has no record now, and no vote).
+    // (That plan file is another plan: a state directory of its own, not n1's.)
     let without = cluster(&[("a", Some("n1"), "k")], "");
     std::fs::write(s.path("without-n2.yaml"), &without).expect("write");
-    on(
-        "n1",
+    s.ok(
         &[
+            "--node",
+            "n1",
+            "--state-dir",
+            "st-operator",
             "key",
             "release",
             "k",

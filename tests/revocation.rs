@@ -191,6 +191,76 @@ fn a_keyslot_rewritten_with_another_passphrase_is_unmanaged() {
     assert!(!out.contains("re-record"), "{out}");
 }
 
+/// Adds `pass` to `img` by hand (as an operator would), into keyslot `slot`, unlocking with
+/// `unlock`.
+fn add_by_hand(s: &Scratch, img: &Path, slot: u32, unlock: &[u8], pass: &[u8]) {
+    std::fs::write(s.path("unlock.pass"), unlock).expect("write");
+    std::fs::write(s.path("hand.pass"), pass).expect("write");
+    let out = Command::new("cryptsetup")
+        .env("LC_ALL", "C")
+        .args([
+            "luksAddKey",
+            "--batch-mode",
+            "--pbkdf",
+            "pbkdf2",
+            "--pbkdf-force-iterations",
+            "1000",
+            "--new-key-slot",
+            &slot.to_string(),
+            "--key-file",
+        ])
+        .arg(s.path("unlock.pass"))
+        .arg(img)
+        .arg(s.path("hand.pass"))
+        .output()
+        .expect("luksAddKey");
+    std::fs::remove_file(s.path("hand.pass")).expect("rm");
+    std::fs::remove_file(s.path("unlock.pass")).expect("rm");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A run killed right before it retires a version, after it searched for copies; a copy made
+/// by hand while no keyplan runs; the resumed run searches again before the version's
+/// material is gone (found by the protocol model, docs/verification.md).
+#[test]
+#[cfg(feature = "failpoints")]
+fn a_resumed_retire_searches_for_copies_again() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let img = s.small_image("d1.img", "luks2");
+    s.plan(
+        "keyplan.yaml",
+        &one_key_plan(&format!(
+            "  d1: {{ path: {}, keys: [k], enroll_with: initial.pass }}",
+            img.display()
+        )),
+    );
+    s.ok(&["apply", "--auto-approve"], 0);
+    let v1 = s.key_get("k", None);
+    s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
+    let out = assert_cmd::Command::cargo_bin("keyplan")
+        .expect("binary")
+        .current_dir(s.path(""))
+        .env("FAILPOINTS", "kms.retire=return")
+        .args(["apply", "--auto-approve", "--rotate", "k"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), None, "killed right before the retire");
+    assert_eq!(s.key_get("k", Some(1)), v1, "v1 not retired yet");
+    add_by_hand(&s, &img, 6, &s.key_get("k", None), &v1);
+    let out = s.ok(&["apply", "--auto-approve"], 0);
+    assert!(
+        out.contains("first searched again for copies: d1: keyslot 6 opens with k v1"),
+        "{out}"
+    );
+    let text = s.ok(&["status"], 1);
+    assert!(text.contains("keyslot 6 still opens with k v1"), "{text}");
+}
+
 #[test]
 fn a_copy_of_a_retired_version_is_found_and_reported() {
     let s = Scratch::new();

@@ -501,11 +501,13 @@ fn saved_plan_is_bound_to_the_operators_plan_file() {
     let s = Scratch::new();
     let devs = enrolled_with_saved_rotation(&s);
     let text = std::fs::read_to_string(s.path("keyplan.yaml")).expect("read");
+    // Another plan file: a state directory of its own (invariant I5).
     let evil = text.replace(
         "enroll_with: initial.pass }",
         "enroll_with: initial.pass, unmanaged_keyslots: remove }",
     );
     assert_ne!(evil, text);
+    let evil = format!("state_dir: .keyplan-other\n{evil}");
     std::fs::write(s.path("other.yaml"), evil).expect("write");
     s.ok(&["plan", "-f", "other.yaml", "-o", "other.json"], 0);
     let before = Snapshot::take(&[devs[0].clone(), devs[1].clone(), s.path("keys")]);

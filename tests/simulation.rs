@@ -139,6 +139,7 @@ fn single_host(dir: &Path) -> Scenario {
             ("/sim/c".into(), true),
         ],
         dir: dir.to_path_buf(),
+        operator: false,
     }
 }
 
@@ -185,6 +186,74 @@ fn fleet(dir: &Path) -> Scenario {
             .map(|d| (PathBuf::from(format!("/sim/{d}")), true))
             .collect(),
         dir: dir.to_path_buf(),
+        operator: false,
+    }
+}
+
+const K_V2: &[u8] = b"k v2: the current version before the simulation (v1 is previous)";
+
+/// Key `k` at v2 with v1 retained as previous (so the first rotation retires v1); device a
+/// holds v2 in keyslot 2 (unrecorded: adopted), device b (LUKS1) enrolls.
+fn revocation_world() -> World {
+    let mut w = World::default();
+    let mut a = sim::luks2("00000000-0000-4000-8000-0000000000a8", INITIAL, 1);
+    a.slots.insert(
+        2,
+        sim::doors::MemSlot {
+            pass: K_V2.to_vec(),
+            bound: true,
+            salt: "initial-2".into(),
+            priority: keyplan::luks::Priority::Normal,
+            seq: 0,
+        },
+    );
+    w.devices.insert("/sim/a".into(), a);
+    w.devices.insert(
+        "/sim/b".into(),
+        sim::luks1("00000000-0000-4000-8000-0000000000b8", INITIAL, 2),
+    );
+    let mut k = key_v1("k", K_V1);
+    k.versions[0].state = keyplan::kms::VersionState::Previous;
+    k.versions.push(keyplan::kms::VersionInfo {
+        version: 2,
+        created_at: 1_700_000_100,
+        state: keyplan::kms::VersionState::Current,
+    });
+    k.current = Some(2);
+    k.material.insert(2, K_V2.to_vec());
+    w.keys.insert("k".into(), k);
+    w
+}
+
+/// Invariant I8 under crashes and faults: the operator re-salts managed keyslots
+/// (`luksConvertKey`) and copies key versions by hand between rounds; the rotation retires v1.
+fn revocation(dir: &Path) -> Scenario {
+    let mut plan = write_plan(
+        dir,
+        &["k"],
+        &[
+            "a: { path: /sim/a, keys: [k], enroll_with: initial.pass }",
+            "b: { path: /sim/b, keys: [k], enroll_with: initial.pass }",
+        ],
+    );
+    plan.state_dir = dir.join("state");
+    Scenario {
+        name: "revocation: rotate k (retiring v1) while the operator re-salts managed keyslots and copies versions by hand",
+        nodes: vec![Node {
+            name: "host".into(),
+            plan,
+        }],
+        world: revocation_world,
+        rotate: vec!["k".into()],
+        concurrent_runs: false,
+        listing: vec![
+            ("/sim/a".into(), "k".into(), dir.join("state/luks1")),
+            ("/sim/b".into(), "k".into(), dir.join("state/luks1")),
+        ],
+        initial_pass: INITIAL.to_vec(),
+        install_keyslot: vec![("/sim/a".into(), true), ("/sim/b".into(), true)],
+        dir: dir.to_path_buf(),
+        operator: true,
     }
 }
 
@@ -204,6 +273,7 @@ fn add(total: &mut Stats, s: &Stats) {
     total.applies += s.applies;
     total.lock_refusals += s.lock_refusals;
     total.rounds += s.rounds;
+    total.operator += s.operator;
 }
 
 fn report_failure(sc: &Scenario, test: &str, seed: u64, o: &Outcome, variant: Variant) -> String {
@@ -264,8 +334,8 @@ fn explore(
 
 fn figures(name: &str, n: u64, s: &Stats, secs: f64) {
     eprintln!(
-        "simulation: {name}\n  {n} schedules in {secs:.1} s: {} door calls, {} applies in {} rounds, {} crashes, {} injected errors, {} torn or damaged keyslots, {} other-writer writes, {} applies refused by the state lock",
-        s.door_calls, s.applies, s.rounds, s.crashes, s.errors, s.torn, s.other_writes, s.lock_refusals
+        "simulation: {name}\n  {n} schedules in {secs:.1} s: {} door calls, {} applies in {} rounds, {} crashes, {} injected errors, {} torn or damaged keyslots, {} other-writer writes, {} applies refused by the state lock, {} operator changes",
+        s.door_calls, s.applies, s.rounds, s.crashes, s.errors, s.torn, s.other_writes, s.lock_refusals, s.operator
     );
 }
 
@@ -297,6 +367,10 @@ fn one_seed_or_all(make: fn(&Path) -> Scenario, test: &str) {
                 s.crashes > 0 && s.errors > 0 && s.torn > 0 && s.other_writes > 0,
                 "the schedules injected every kind of fault: {s:?}"
             );
+            assert!(
+                !sc.operator || s.operator > 0,
+                "the operator changed keyslots: {s:?}"
+            );
         }
         Err(e) => panic!("{e}"),
     }
@@ -310,6 +384,11 @@ fn single_host_schedules_keep_i1_and_converge() {
 #[test]
 fn fleet_schedules_keep_i1_and_converge() {
     one_seed_or_all(fleet, "fleet");
+}
+
+#[test]
+fn revocation_schedules_keep_i8() {
+    one_seed_or_all(revocation, "revocation");
 }
 
 #[test]
@@ -377,7 +456,9 @@ fn broken_variant_is_caught(
                 "the minimised trace keeps the {core}: {faults:?}"
             );
         }
-        assert!(faults.len() <= 3, "minimised to a short trace: {faults:?}");
+        // Four at most: since a device that cannot be read is gone around rather than
+        // stopping the run (issue 29), the first schedule found may need one fault more.
+        assert!(faults.len() <= 4, "minimised to a short trace: {faults:?}");
         return;
     }
     panic!("2000 schedules of the broken variant {variant:?} found no violation of {want:?} ({other} failed otherwise)");

@@ -74,12 +74,14 @@ pub(super) fn cmd_apply(
         with_progress(cli, parallelism, |o, p| session.resume(o, p))?.or_report(&plan)?;
         outln!("Interrupted run {} finished.\n", s.run);
     }
+    let mut unavailable = std::collections::BTreeSet::new();
     while let Some(planned) = session.next_plan(&req).or_report(&plan)? {
         let first = session.round() == 1;
+        unavailable.extend(planned.diff.unavailable.keys().cloned());
         let text = render::plan_text_styled(&plan, &planned.diff, stdout_color(cli));
         if planned.diff.is_empty() {
             out!("{text}");
-            return Ok(Exit::Success);
+            return Ok(unavailable_exit(&unavailable));
         }
         if !first {
             outln!("\nThe migration is done; planning again with the keys in their new KMS:\n");
@@ -101,7 +103,21 @@ pub(super) fn cmd_apply(
         "\n{}",
         apply_complete(session.totals(), engine.pbkdf_runs())
     );
-    Ok(Exit::Success)
+    Ok(unavailable_exit(&unavailable))
+}
+
+/// Exit status 1, with an error naming them, when devices of the plan could not be used (the
+/// run went around them: a person has to act), else success.
+fn unavailable_exit(devices: &std::collections::BTreeSet<String>) -> Exit {
+    if devices.is_empty() {
+        return Exit::Success;
+    }
+    eprintln!(
+        "Error: {} device(s) of the plan cannot be used: {}. keyplan changed nothing on them and rotated no key they list; every other change was made. Replace them or take them out of the plan",
+        devices.len(),
+        devices.iter().cloned().collect::<Vec<_>>().join(", ")
+    );
+    Exit::Failure
 }
 
 /// `keyplan apply SAVED`: applies exactly the steps of a saved plan, without a prompt, after
@@ -151,9 +167,10 @@ pub(super) fn cmd_apply_saved(
     // Equal to the saved steps and changes: shown and run as keyplan planned them just now
     // (reasons and notes from keyplan itself, not texts from the file).
     let d = &planned.diff;
+    let unavailable = d.unavailable.keys().cloned().collect();
     out!("{}", render::plan_text_styled(&plan, d, stdout_color(cli)));
     if d.is_empty() {
-        return Ok(Exit::Success);
+        return Ok(unavailable_exit(&unavailable));
     }
     outln!();
     with_progress(cli, parallelism, |o, p| session.run(&planned, o, p))?.or_report(&plan)?;
@@ -166,5 +183,5 @@ pub(super) fn cmd_apply_saved(
             "Note: this saved plan moved keys to another KMS and stops there; a rotation that is due runs only after a new plan: run `keyplan plan` again."
         );
     }
-    Ok(Exit::Success)
+    Ok(unavailable_exit(&unavailable))
 }

@@ -65,5 +65,14 @@ pub(super) fn cmd_plan(
             outln!("\n{note}");
         }
     }
+    if !d.unavailable.is_empty() {
+        // The plan went around them; a person has to act (replace the disk, or edit the plan).
+        eprintln!(
+            "Error: {} device(s) of the plan cannot be used: {}. Nothing is planned on them, and no key they list is rotated; replace them or take them out of the plan",
+            d.unavailable.len(),
+            d.unavailable.keys().cloned().collect::<Vec<_>>().join(", ")
+        );
+        return Ok(Exit::Failure);
+    }
     Ok(Exit::changes(detailed, !d.is_empty()))
 }

@@ -228,6 +228,10 @@ pub struct Diff {
     /// committed (the two-phase commit of a shared key), in key order. Not changes: this plan
     /// has nothing more to do for them until the others vote.
     pub waiting: Vec<CommitWait>,
+    /// Devices of the plan that cannot be used now, by id (from the observation): the plan
+    /// goes around them, and the command that made it ends with exit status 1, because
+    /// something needs a person (a failed disk to replace, a device to take out of the plan).
+    pub unavailable: std::collections::BTreeMap<String, crate::observe::Unavailable>,
 }
 
 /// A shared key's commit that waits for other holders (docs/fleet.md, "Keys on several
@@ -451,5 +455,6 @@ pub fn diff(plan: &Plan, observed: &Observed, opts: &DiffOptions) -> Result<Diff
         graph: g,
         notes,
         waiting,
+        unavailable: observed.unavailable.clone(),
     })
 }

@@ -1,5 +1,6 @@
 //! Reading and judging the plan's devices: header, records, writability, and the checks that
-//! need the header (UUID, duplicates, pinned keyslots in range).
+//! need the header (UUID, duplicates, pinned keyslots in range); devices that cannot be used
+//! now ([`Unavailable`]).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -11,21 +12,26 @@ use crate::spec::{Device, PathSeg, Plan};
 use crate::world::{RecordError, RecordObs, World};
 
 /// What one device read gave: the header, the records, and why it cannot be written.
-type Read = (
+type DeviceRead = (
     Result<Header, LuksError>,
     Option<Result<Vec<RecordObs>, RecordError>>,
     Option<String>,
 );
 
+/// What [`read`] found: the devices that could be read and judged, the devices that cannot be
+/// used (gone, unreadable, not LUKS, another LUKS UUID than the plan's), and every LUKS UUID
+/// seen (lower case) with its device id.
+pub(super) struct Read {
+    pub devices: BTreeMap<String, DeviceState>,
+    pub unavailable: BTreeMap<String, Unavailable>,
+    pub uuids: BTreeMap<String, String>,
+}
+
 /// Reads every plan device (on several threads; judged in plan order, so the outcome and the
-/// order of findings do not depend on timing). Returns the devices that could be read and
-/// judged, and every LUKS UUID seen (lower case) with its device id; problems land in
-/// `findings`.
-pub(super) fn read(
-    plan: &Plan,
-    world: &World,
-    findings: &mut Vec<Finding>,
-) -> (BTreeMap<String, DeviceState>, BTreeMap<String, String>) {
+/// order of findings do not depend on timing). A device that cannot be used is
+/// [`Unavailable`]: the rest of the plan goes on without it. Problems of the plan itself (a
+/// device listed twice, a pinned keyslot out of range, corrupt records) land in `findings`.
+pub(super) fn read(plan: &Plan, world: &World, findings: &mut Vec<Finding>) -> Read {
     // Reading headers is one or two cryptsetup processes per device (a few ms each, no PBKDF).
     let listed: Vec<&Device> = plan.devices.values().collect();
     let reads = crate::par::map(&listed, observe_workers(world, listed.len()), |dev| {
@@ -34,49 +40,86 @@ pub(super) fn read(
         let read_only = header.as_ref().ok().and_then(|_| cannot_write(&dev.path));
         (header, records, read_only)
     });
-    let mut devices = BTreeMap::new();
-    let mut uuids: BTreeMap<String, String> = BTreeMap::new();
+    let mut out = Read {
+        devices: BTreeMap::new(),
+        unavailable: BTreeMap::new(),
+        uuids: BTreeMap::new(),
+    };
     for (dev, read) in listed.into_iter().zip(reads) {
-        if let Some(st) = judge(dev, read, &mut uuids, findings) {
-            devices.insert(dev.id.clone(), st);
+        match judge(dev, read, &mut out.uuids, findings) {
+            Judged::Usable(st) => {
+                out.devices.insert(dev.id.clone(), *st);
+            }
+            Judged::Unavailable(u) => {
+                tracing::info!(device = %dev.id, "device cannot be used, the plan goes on without it: {}", u.why);
+                out.unavailable.insert(dev.id.clone(), u);
+            }
+            Judged::Wrong => {}
         }
     }
-    (devices, uuids)
+    out
 }
 
-/// Judges one device's read: `None` (with findings) when it cannot be used.
+/// A device of the plan that cannot be used now: gone (a dead or pulled disk, a wrong path),
+/// unreadable (I/O errors, both LUKS2 header copies damaged), not a LUKS container (a blank
+/// replacement disk), or a LUKS container with another UUID than the plan's. keyplan never
+/// touches it; every change that does not involve it goes ahead; a key it lists is neither
+/// created nor rotated until it is back or out of the plan (its devices' commit needs it), and
+/// no key version is destroyed meanwhile (it may hold one).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Unavailable {
+    /// The device path from the plan.
+    pub path: std::path::PathBuf,
+    /// Why it cannot be used (cryptsetup's or keyplan's words; no key material).
+    pub why: String,
+    /// What to do about it.
+    pub help: String,
+}
+
+/// How [`judge`] found one device.
+enum Judged {
+    /// Read and judged.
+    Usable(Box<DeviceState>),
+    /// Cannot be used now (see [`Unavailable`]).
+    Unavailable(Unavailable),
+    /// A problem of the plan or the state directory (a finding was filed).
+    Wrong,
+}
+
+/// Judges one device's read.
 fn judge(
     dev: &Device,
-    (header, records, read_only): Read,
+    (header, records, read_only): DeviceRead,
     uuids: &mut BTreeMap<String, String>,
     findings: &mut Vec<Finding>,
-) -> Option<DeviceState> {
+) -> Judged {
     let id = &dev.id;
-    let at = |field: &str| {
-        let mut p = device_path(id);
-        p.push(PathSeg::Key(field.into()));
-        p
+    let gone = |why: String, fix: &str| {
+        Judged::Unavailable(Unavailable {
+            path: dev.path.clone(),
+            why,
+            help: format!(
+                "{fix}; if the disk failed, replace it and enroll the new one (`enroll_with`), or take device {id} out of the plan. Until then keyplan leaves it alone, rotates no key it lists and destroys no key version"
+            ),
+        })
     };
     let header = match header {
         Ok(h) => h,
         Err(e) => {
             let (message, help) = dump_error(id, &e);
-            findings.push(Finding::at(at("path"), message, Some(help)));
-            return None;
+            return gone(message, &help);
         }
     };
     if let Some(want) = &dev.uuid {
         if !want.eq_ignore_ascii_case(&header.uuid) {
-            findings.push(Finding::at(
-                at("uuid"),
+            return gone(
                 format!(
                     "device {id} ({}) has LUKS UUID {}, not {want}: refusing to touch it",
                     dev.path.display(),
                     header.uuid
                 ),
-                Some("is the path pointing at the wrong disk? fix `path` or `uuid`".into()),
-            ));
-            return None;
+                "is the path pointing at the wrong disk (a replaced disk)? fix `path` or `uuid`",
+            );
         }
     }
     if let Some(other) = uuids.insert(header.uuid.to_lowercase(), id.clone()) {
@@ -88,16 +131,16 @@ fn judge(
             ),
             Some("list each device once".into()),
         ));
-        return None;
+        return Judged::Wrong;
     }
     pins_in_range(dev, &header, findings);
     let records = match records {
         Some(Ok(r)) => r,
         Some(Err(e)) => {
             findings.push(Finding::bare(format!("device {id}: {e}"), None));
-            return None;
+            return Judged::Wrong;
         }
-        None => return None,
+        None => return Judged::Wrong,
     };
     tracing::debug!(
         device = %id,
@@ -110,7 +153,7 @@ fn judge(
     let mut st = DeviceState::new(id, dev.path.clone(), header, records);
     st.read_only = read_only;
     st.enroll_with_file = dev.enroll_with.as_deref().map(super::enroll::examine);
-    Some(st)
+    Judged::Usable(Box::new(st))
 }
 
 /// A finding for every keyslot `dev` pins that its LUKS version does not have (LUKS1: 0-7).

@@ -6,7 +6,8 @@
 //! would stop every rotation of the key. The same host's same devices are the same holder:
 //!
 //! - the state directory's owner record names the id as one it had before
-//!   ([`crate::world::Owner::former_holders`]: the directory itself moved); or
+//!   ([`crate::world::Owner::former_holders`]) and that directory is gone (the directory
+//!   itself moved; a copy leaves the original, whose record is the original's); or
 //! - the id's state directory still exists on this host, no run holds its lock, its owner
 //!   record (if any) names this plan file or a plan file that no longer exists, and every
 //!   device its registry lists (at least one) is a device of this plan (by LUKS UUID). Then
@@ -43,14 +44,17 @@ pub fn former_holder(
     if node != plan.holder_node() {
         return None;
     }
-    // The record claim() writes at the next apply, or one it wrote before.
-    if owner.is_some_and(|o| o.holder == holder || o.former_holders.iter().any(|h| h == holder)) {
+    let dir = Path::new(dir);
+    // The record claim() writes at the next apply, or one it wrote before: this directory
+    // was there, and moved (a copy leaves the original there, whose record is its own).
+    let had =
+        owner.is_some_and(|o| o.holder == holder || o.former_holders.iter().any(|h| h == holder));
+    if had && !dir.exists() {
         return Some(format!(
             "this state directory had that id before it moved to {}",
             plan.state_dir.display()
         ));
     }
-    let dir = Path::new(dir);
     if !dir.is_dir() || crate::journal::lock_holder(dir).is_some() {
         return None;
     }

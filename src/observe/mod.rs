@@ -29,6 +29,7 @@ use crate::spec::{PathSeg, Plan};
 use crate::world::{RecordObs, RecordStatus, SlotRecord, World};
 
 pub use adopt::{Adoption, Untested};
+pub use devices::Unavailable;
 #[cfg(test)]
 pub(crate) use enroll::examine as examine_enroll_file;
 pub use enroll::EnrollFile;
@@ -149,11 +150,30 @@ pub struct Observed {
     /// then refuses a pending creation it cannot prove its own: the safe side).
     #[serde(default)]
     pub staged_here: BTreeSet<(String, Option<u64>)>,
+    /// Devices of the plan that cannot be used now (gone, unreadable, not LUKS, another LUKS
+    /// UUID), by id: left out of `devices`; the planner plans around them
+    /// ([`devices::Unavailable`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unavailable: BTreeMap<String, Unavailable>,
     /// Holder ids recorded on the plan's keys that are this plan's own former records (its
     /// state directory moved: [`holders`]), with why each is known to be; the planner replaces
     /// them with this plan's id instead of taking them for another plan's.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub former_holders: BTreeMap<String, String>,
+}
+
+impl Observed {
+    /// Devices keyplan knows of whose keyslots cannot be read now, so nobody knows which key
+    /// versions they hold: former devices that cannot be read, and plan devices that cannot be
+    /// used ([`Observed::unavailable`]), as `(id, path, why)`. While there is one, no version
+    /// of any key is destroyed and no holder record released.
+    pub fn unknown_holders(&self) -> Vec<(String, PathBuf, String)> {
+        self.unavailable
+            .iter()
+            .map(|(id, u)| (id.clone(), u.path.clone(), u.why.clone()))
+            .chain(self.former_unreadable.iter().cloned())
+            .collect()
+    }
 }
 
 /// Where keyslot records say a key's versions lived before the plan moved the key to another
@@ -191,7 +211,11 @@ pub enum Testing {
 /// cannot be read; a corrupt registry.
 pub fn observe(plan: &Plan, world: &World, testing: Testing) -> Result<Observed, Error> {
     let mut findings: Vec<Finding> = Vec::new();
-    let (mut devices, uuids) = devices::read(plan, world, &mut findings);
+    let devices::Read {
+        mut devices,
+        unavailable,
+        uuids,
+    } = devices::read(plan, world, &mut findings);
     let keys = keys::read(plan, world, &mut findings);
     if !findings.is_empty() {
         return Err(Error::Findings(findings));
@@ -235,6 +259,7 @@ pub fn observe(plan: &Plan, world: &World, testing: Testing) -> Result<Observed,
     let former_holders = holders::own_former(plan, &keys, &devices);
     Ok(Observed {
         former_holders,
+        unavailable,
         devices,
         keys,
         former,

@@ -529,8 +529,9 @@ fn no_rotation_due(plan: &Plan) -> Plan {
 /// diffing against the plan without `rotate_after`; `enroll_with` passphrases are not tested
 /// (no PBKDF run), though the diff still sees them, so it plans as `apply` would.
 ///
-/// Unreadable devices become drift of their own and are left out of the diff. What stops the
-/// observation lands in `unchecked`, with the devices marked unchecked.
+/// Devices that cannot be used ([`observe::Unavailable`]) become drift of their own (the
+/// observation and the diff go around them). What stops the observation lands in `unchecked`
+/// (or `problems`), with the devices marked unchecked.
 fn observe_devices(engine: &Engine, f: &mut Findings) -> (Option<Observed>, Vec<DeviceReport>) {
     let plan = engine.plan();
     let mut devices: Vec<DeviceReport> = plan
@@ -546,35 +547,26 @@ fn observe_devices(engine: &Engine, f: &mut Findings) -> (Option<Observed>, Vec<
             retired_copies: Vec::new(),
         })
         .collect();
-    let mut diff_plan = no_rotation_due(plan);
+    let diff_plan = no_rotation_due(plan);
     let world = engine.world();
-    let observed = match observe::observe(&diff_plan, world, Testing::HeadersOnly) {
-        Ok(o) => Some(o),
-        Err(_) => {
-            // Find the devices that cannot be read, report them, and observe the rest.
-            for (id, why) in unreadable_devices(engine) {
-                diff_plan.devices.remove(&id);
-                if let Some(d) = devices.iter_mut().find(|d| d.id == id) {
-                    d.checked = true;
-                    d.drift.push(DriftReport {
-                        keyslot: None,
-                        kind: DriftKind::Unreadable,
-                        detail: why,
-                    });
-                }
-            }
-            match observe::observe(&diff_plan, world, Testing::HeadersOnly) {
-                Ok(o) => Some(o),
-                Err(e) => {
-                    observation_failed(e, f);
-                    None
-                }
-            }
+    let obs = match observe::observe(&diff_plan, world, Testing::HeadersOnly) {
+        Ok(o) => o,
+        Err(e) => {
+            observation_failed(e, f);
+            return (None, devices);
         }
     };
-    let Some(obs) = observed else {
-        return (None, devices);
-    };
+    // Devices that cannot be used: drift of their own, with what to do; the rest is observed.
+    for (id, u) in &obs.unavailable {
+        if let Some(d) = devices.iter_mut().find(|d| d.id == *id) {
+            d.checked = true;
+            d.drift.push(DriftReport {
+                keyslot: None,
+                kind: DriftKind::Unreadable,
+                detail: format!("{}; {}", u.why, u.help),
+            });
+        }
+    }
     record_drift(&obs, &mut devices);
     match diff::diff(&diff_plan, &obs, &DiffOptions::default()) {
         Err(refusals) => {
@@ -618,28 +610,6 @@ fn observation_failed(e: crate::error::Error, f: &mut Findings) {
         }
         other => f.unchecked.push(line(&other.to_string())),
     }
-}
-
-/// The plan's devices whose header cannot be read (one luksDump each, no PBKDF), or whose LUKS
-/// UUID is not the plan's, with why.
-fn unreadable_devices(engine: &Engine) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    for dev in engine.plan().devices.values() {
-        let why = match engine.world().luks.dump(&dev.path) {
-            Err(e) => Some(e.to_string()),
-            Ok(h) => match &dev.uuid {
-                Some(want) if !want.eq_ignore_ascii_case(&h.uuid) => Some(format!(
-                    "it has LUKS UUID {}, not the plan's {want}",
-                    h.uuid
-                )),
-                _ => None,
-            },
-        };
-        if let Some(why) = why {
-            out.push((dev.id.clone(), why));
-        }
-    }
-    out
 }
 
 /// Marks the observed devices checked and reports their records that drift made stale.

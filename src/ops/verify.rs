@@ -47,6 +47,12 @@ pub enum Outcome {
         /// The cryptsetup driver's error.
         reason: String,
     },
+    /// The device cannot be used now (gone, unreadable, not LUKS, another LUKS UUID:
+    /// [`crate::observe::Unavailable`]); the other devices are still checked.
+    DeviceUnavailable {
+        /// Why, and what to do.
+        reason: String,
+    },
 }
 
 /// One key checked on one device.
@@ -87,6 +93,20 @@ pub fn verify(engine: &Engine, each: &mut dyn FnMut(&Check)) -> Result<Summary, 
     let observed = observe::observe(plan, world, Testing::Passphrases)?;
     let mut failures = 0usize;
     for dev in plan.devices.values() {
+        if let Some(u) = observed.unavailable.get(&dev.id) {
+            for k in &dev.keys {
+                let check = Check {
+                    device: dev.id.clone(),
+                    key: k.key.clone(),
+                    outcome: Outcome::DeviceUnavailable {
+                        reason: format!("{}; {}", u.why, u.help),
+                    },
+                };
+                failures += 1;
+                each(&check);
+            }
+            continue;
+        }
         let Some(st) = observed.devices.get(&dev.id) else {
             continue;
         };

@@ -36,7 +36,7 @@ fn colorize(text: &str) -> String {
         let trimmed = body.trim_start();
         let style = if trimmed.starts_with("+ ") {
             Some(Style::new().fg_color(Some(AnsiColor::Green.into())))
-        } else if trimmed.starts_with("- ") {
+        } else if trimmed.starts_with("- ") || body.starts_with("! ") {
             Some(Style::new().fg_color(Some(AnsiColor::Red.into())))
         } else if trimmed.starts_with("~ ") {
             Some(Style::new().fg_color(Some(AnsiColor::Yellow.into())))
@@ -64,6 +64,7 @@ fn colorize(text: &str) -> String {
 /// summary line `Plan: N to add, M to remove, K keys to rotate.`
 pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
     let mut out = String::new();
+    unavailable_lines(&mut out, diff);
     if diff.is_empty() {
         for n in &diff.notes {
             let _ = writeln!(out, "Note: {n}\n");
@@ -71,7 +72,11 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
         for w in &diff.waiting {
             let _ = writeln!(out, "Note: {}\n", w.describe());
         }
-        out.push_str(NO_CHANGES);
+        if diff.unavailable.is_empty() {
+            out.push_str(NO_CHANGES);
+        } else {
+            out.push_str("No changes on the devices that could be read.");
+        }
         out.push('\n');
         return out;
     }
@@ -123,6 +128,20 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
         }
     );
     out
+}
+
+/// One block per device of the plan that cannot be used now (`! device ...`), first: the
+/// rest of the plan goes around it.
+fn unavailable_lines(out: &mut String, diff: &Diff) {
+    for (id, u) in &diff.unavailable {
+        let _ = writeln!(
+            out,
+            "! device {id} ({}) cannot be used, so nothing is planned on it: {}\n    {}\n",
+            u.path.display(),
+            u.why,
+            u.help
+        );
+    }
 }
 
 /// One line per holder record change (`~ key k1: record this plan as a holder ...`).
@@ -337,6 +356,17 @@ pub fn plan_json(diff: &Diff) -> serde_json::Value {
     if !diff.holders.is_empty() {
         doc["summary"]["holders"] = diff.holders.len().into();
         doc["holders"] = serde_json::to_value(&diff.holders).unwrap_or_default();
+    }
+    // Only when a device cannot be used: `unavailable_devices`, each with its id, path, why
+    // and what to do (the command then exits 1).
+    if !diff.unavailable.is_empty() {
+        doc["unavailable_devices"] = diff
+            .unavailable
+            .iter()
+            .map(|(id, u)| {
+                serde_json::json!({"device": id, "path": u.path, "error": u.why, "help": u.help})
+            })
+            .collect();
     }
     doc
 }

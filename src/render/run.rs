@@ -86,6 +86,9 @@ pub fn verify_line(c: &Check) -> String {
         } => {
             format!("FAIL  {dev}: {key} v{version} in keyslot {slot} could not be tested: {reason}")
         }
+        Outcome::DeviceUnavailable { reason } => {
+            format!("FAIL  {dev}: {key} could not be checked: the device cannot be used: {reason}")
+        }
     }
 }
 

@@ -8,8 +8,9 @@
 //! So the first `apply` records its plan as the owner, and every command of another plan is
 //! refused before it reads or writes anything there ([`check`]).
 //!
-//! A plan file that moved (its recorded path no longer exists) is the same plan, not another
-//! one: the next `apply` takes the directory over ([`claim`]). The owner file also remembers the
+//! A plan file that moved (its recorded path no longer exists), or that was moved or copied
+//! together with its state directory, is the same plan, not another one: the next `apply` takes
+//! the directory over ([`claim`]). The owner file also remembers the
 //! holder ids the directory had before ([`Owner::former_holders`]): a state directory moved
 //! with its plan (or the host's directory layout changed) changes the holder id, and the KMS's
 //! record under the old id is this plan's own, not another plan's (`observe`'s former holders).
@@ -35,6 +36,11 @@ pub struct Owner {
     pub plan: PathBuf,
     /// The node (or host) the plan acts for.
     pub node: String,
+    /// This state directory, canonical, when it was last claimed: a directory moved or copied
+    /// together with its plan file (the same place relative to each other) is still that
+    /// plan's.
+    #[serde(default)]
+    pub state_dir: PathBuf,
     /// The plan's holder id in KMS holder records when it last claimed the directory.
     pub holder: String,
     /// Holder ids this state directory had before (it moved, or its plan was given another
@@ -143,7 +149,10 @@ pub fn check(plan: &Plan) -> Result<Option<Owner>, OwnerError> {
         return Ok(None);
     };
     let (file, node) = identity(plan);
-    let same_file = owner.plan == file || !owner.plan.exists();
+    let dir = canonical_dir(&plan.state_dir);
+    let same_file = owner.plan == file
+        || !owner.plan.exists()
+        || (owner.state_dir != dir && moved_together(&owner, &file, &dir));
     if same_file && owner.node == node {
         return Ok(Some(owner));
     }
@@ -153,6 +162,26 @@ pub fn check(plan: &Plan) -> Result<Option<Owner>, OwnerError> {
         plan: file,
         node,
     })
+}
+
+/// Whether the plan file `file` and the state directory `dir` stand as `owner`'s plan file and
+/// state directory did (the same file name, the directory at the same place under the plan
+/// file's directory): the two were moved or copied together, so this is that plan.
+fn moved_together(owner: &Owner, file: &Path, dir: &Path) -> bool {
+    let (Some(was), Some(now)) = (owner.plan.parent(), file.parent()) else {
+        return false;
+    };
+    owner.plan.file_name() == file.file_name()
+        && matches!(
+            (owner.state_dir.strip_prefix(was), dir.strip_prefix(now)),
+            (Ok(a), Ok(b)) if a == b
+        )
+}
+
+/// `dir` made absolute and canonical as far as it exists (a state directory not created yet).
+fn canonical_dir(dir: &Path) -> PathBuf {
+    let abs = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+    std::fs::canonicalize(&abs).unwrap_or(abs)
 }
 
 /// Records `plan` as its state directory's owner (under the state lock, before a run writes
@@ -171,6 +200,7 @@ pub fn claim(plan: &Plan) -> Result<Owner, OwnerError> {
             format: 1,
             plan: file.clone(),
             node: node.clone(),
+            state_dir: PathBuf::new(),
             holder: holder.clone(),
             former_holders: Vec::new(),
             since: crate::clock::now_unix(),
@@ -178,6 +208,8 @@ pub fn claim(plan: &Plan) -> Result<Owner, OwnerError> {
     };
     owner.plan = file;
     owner.node = node;
+    // Created by now (the state lock is in it), so canonical.
+    owner.state_dir = canonical_dir(&plan.state_dir);
     if owner.holder != holder {
         let was = std::mem::replace(&mut owner.holder, holder);
         if !owner.former_holders.contains(&was) {

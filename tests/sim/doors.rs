@@ -189,6 +189,9 @@ pub struct MemKey {
     pub holders: BTreeMap<String, u64>,
     /// Material by version (dropped when retired).
     pub material: BTreeMap<u64, Vec<u8>>,
+    /// The material of versions retired or destroyed since: the test's own memory (the engine
+    /// cannot read it), for invariant I8 (a retired version opens no keyslot unnoticed).
+    pub retired: BTreeMap<u64, Vec<u8>>,
     /// Raised by every write.
     pub revision: u64,
 }
@@ -667,7 +670,9 @@ impl Kms for SimKms {
                 .retire(version)
                 .map_err(|r| r.conflict(&this, &key))?;
             book::retire_state(&mut k.versions, version);
-            k.material.remove(&version);
+            if let Some(m) = k.material.remove(&version) {
+                k.retired.insert(version, m);
+            }
             Ok(())
         })
     }
@@ -681,7 +686,8 @@ impl Kms for SimKms {
                 return Ok(());
             }
             (k.current, k.pending) = book::destroy_states(&mut k.versions);
-            k.material.clear();
+            let gone = std::mem::take(&mut k.material);
+            k.retired.extend(gone);
             Ok(())
         })
     }

@@ -52,6 +52,10 @@ pub const MAX_ROUNDS: usize = 14;
 pub const FAULT_ROUNDS: usize = 5;
 /// Chance of silent damage to one keyslot keyplan added, at the start of a round, in per mille.
 const DAMAGE_PER_MILLE: u32 = 150;
+/// Chance of an operator's change at the start of a round in scenarios that allow them
+/// ([`Scenario::operator`]), in per mille: `cryptsetup luksConvertKey` of a managed keyslot
+/// (same passphrase, new salt), or a copy of a key version added by hand into a free keyslot.
+const OPERATOR_PER_MILLE: u32 = 300;
 /// Chance of a fault at one reading door call, in per mille (writes: three times this), while
 /// the schedule's budget lasts.
 const FAULT_PER_MILLE: u32 = 40;
@@ -238,6 +242,8 @@ pub struct Stats {
     pub lock_refusals: u64,
     /// Rounds run.
     pub rounds: u64,
+    /// Operator changes (a managed keyslot re-salted, a key version copied by hand).
+    pub operator: u64,
 }
 
 struct State {
@@ -267,6 +273,12 @@ struct State {
     variant: Variant,
     stats: Stats,
     snapshots: PathBuf,
+    /// Managed keyslots the operator re-salted (`luksConvertKey`): (device, keyslot, new salt).
+    /// Invariant I8: such a keyslot stays managed.
+    converted: Vec<(PathBuf, u32, String)>,
+    /// Keyslots the operator added by hand with a key version: (device, keyslot, salt). Kept
+    /// under `unmanaged_keyslots: keep` (I4); reported once their version is retired (I8).
+    copied: Vec<(PathBuf, u32, String)>,
 }
 
 /// The simulation shared by every door of every process.
@@ -664,6 +676,158 @@ impl Sim {
     }
 }
 
+/// At the start of a round, with the schedule's chance: the operator re-salts a keyslot
+/// keyplan manages (`luksConvertKey`: same passphrase, new salt and KDF), or copies a key
+/// version by hand (the previous one, else the current one) into a free keyslot of a device
+/// whose plan keeps unmanaged keyslots. Takes three choices either way.
+fn operator_change(st: &mut State, sc: &Scenario) {
+    let roll = st.choices.choose(1000);
+    let what = st.choices.choose(2);
+    let pick = st.choices.choose(1000) as usize;
+    if !st.faults_on || roll < 1000 - OPERATOR_PER_MILLE {
+        return;
+    }
+    if what == 0 {
+        let mut managed: Vec<(PathBuf, u32)> = Vec::new();
+        for (dev, key, luks1_dir) in &sc.listing {
+            let (Some(d), Some(k)) = (st.world.devices.get(dev), st.world.keys.get(key)) else {
+                continue;
+            };
+            for (slot, rk, v) in records(d, luks1_dir) {
+                let real = d.slots.get(&slot).zip(k.material.get(&v));
+                if rk == *key && real.is_some_and(|(s, m)| s.pass == *m) {
+                    managed.push((dev.clone(), slot));
+                }
+            }
+        }
+        let Some((dev, slot)) = managed.get(pick % managed.len().max(1)).cloned() else {
+            return;
+        };
+        st.world.salts += 1;
+        let salt = format!("converted-{}", st.world.salts);
+        if let Some(d) = st.world.devices.get_mut(&dev) {
+            if let Some(s) = d.slots.get_mut(&slot) {
+                s.salt = salt.clone();
+            }
+            d.epoch += 1;
+        }
+        st.trace.push(format!(
+            "    <- operator: luksConvertKey {} keyslot {slot}",
+            dev.display()
+        ));
+        st.converted.push((dev, slot, salt));
+    } else {
+        let keep: Vec<&PathBuf> = sc
+            .install_keyslot
+            .iter()
+            .filter(|(_, keep)| *keep)
+            .map(|(d, _)| d)
+            .collect();
+        let mut options: Vec<(PathBuf, String, u64, Vec<u8>)> = Vec::new();
+        for (dev, key, _) in sc.listing.iter().filter(|(d, _, _)| keep.contains(&d)) {
+            let Some(k) = st.world.keys.get(key) else {
+                continue;
+            };
+            let previous = k
+                .versions
+                .iter()
+                .find(|v| v.state == keyplan::kms::VersionState::Previous)
+                .map(|v| v.version);
+            if let Some(v) = previous.or(k.current) {
+                if let Some(m) = k.material.get(&v) {
+                    options.push((dev.clone(), key.clone(), v, m.clone()));
+                }
+            }
+        }
+        let Some((dev, key, v, m)) = options.get(pick % options.len().max(1)).cloned() else {
+            return;
+        };
+        st.world.salts += 1;
+        let salt = format!("copy-{}", st.world.salts);
+        let Some(d) = st.world.devices.get_mut(&dev) else {
+            return;
+        };
+        let max = if d.version == LuksVersion::Luks1 {
+            8
+        } else {
+            32
+        };
+        let Some(free) = (0..max).find(|n| !d.slots.contains_key(n)) else {
+            return;
+        };
+        let seq = d.slots.values().map(|s| s.seq).max().unwrap_or(0) + 1;
+        d.slots.insert(
+            free,
+            doors::MemSlot {
+                pass: m,
+                bound: true,
+                salt: salt.clone(),
+                priority: keyplan::luks::Priority::Normal,
+                seq,
+            },
+        );
+        st.copied.push((dev.clone(), free, salt));
+        d.epoch += 1;
+        st.trace.push(format!(
+            "    <- operator: copies {key} v{v} into {} keyslot {free}",
+            dev.display()
+        ));
+    }
+    st.stats.operator += 1;
+}
+
+/// Invariant I8 at the end of a schedule: no keyslot of a listed device opens with a version
+/// the KMS retired, unless keyplan reported it as a copy it did not make (the node's
+/// `copies.json`, by LUKS UUID, keyslot and salt); and every managed keyslot the operator
+/// re-salted is still managed (recorded) or gone.
+fn revoked(sc: &Scenario, st: &State) -> Result<(), String> {
+    for (dev, key, luks1_dir) in &sc.listing {
+        let (Some(d), Some(k)) = (st.world.devices.get(dev), st.world.keys.get(key)) else {
+            continue;
+        };
+        let state_dir = luks1_dir.parent().unwrap_or(luks1_dir);
+        let reported = keyplan::world::copies::read(state_dir).unwrap_or_default();
+        for (n, s) in &d.slots {
+            let Some((v, _)) = k.retired.iter().find(|(_, m)| **m == s.pass) else {
+                continue;
+            };
+            let known = reported
+                .iter()
+                .any(|c| c.uuid.eq_ignore_ascii_case(&d.uuid) && c.slot == *n && c.salt == s.salt);
+            if s.bound && !known {
+                return Err(format!(
+                    "I8 broken: {} keyslot {n} still opens with {key} v{v}, which the KMS retired, and keyplan did not report it",
+                    dev.display()
+                ));
+            }
+        }
+    }
+    for (dev, slot, salt) in &st.converted {
+        let Some(d) = st.world.devices.get(dev) else {
+            continue;
+        };
+        if st.torn.contains(&(dev.clone(), *slot)) {
+            continue; // damaged since: it opens with nothing keyplan knows
+        }
+        if !d.slots.get(slot).is_some_and(|s| s.salt == *salt) {
+            continue;
+        }
+        let luks1_dir = sc
+            .listing
+            .iter()
+            .find(|(d, _, _)| d == dev)
+            .map(|(_, _, l)| l.clone())
+            .unwrap_or_default();
+        if !records(d, &luks1_dir).iter().any(|(n, _, _)| n == slot) {
+            return Err(format!(
+                "I8 broken: {} keyslot {slot}, which keyplan managed and the operator re-salted (luksConvertKey, same passphrase), is no longer managed",
+                dev.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Whether `d` opens with any version material the KMS holds, or with `initial`.
 fn openable(w: &World, initial: &[u8], d: &MemDev) -> bool {
     d.opens(initial)
@@ -736,6 +900,10 @@ pub struct Scenario {
     pub install_keyslot: Vec<(PathBuf, bool)>,
     /// The scratch directory (state directories, snapshots).
     pub dir: PathBuf,
+    /// Whether the operator changes keyslots between rounds (invariant I8): re-salts a managed
+    /// keyslot (`luksConvertKey`), or copies a key version (the previous one when there is
+    /// one) by hand into a free keyslot of a device that keeps unmanaged keyslots.
+    pub operator: bool,
 }
 
 /// What one schedule did.
@@ -768,11 +936,20 @@ fn apply_once(
         verify,
         ..PlanRequest::default()
     };
+    let mut unavailable = Vec::new();
     while let Some(planned) = session.next_plan(&req)? {
+        unavailable.extend(planned.diff.unavailable.keys().cloned());
         if planned.diff.is_empty() {
             break;
         }
         session.run(&planned, opts, &mut |_| {})?;
+    }
+    // The CLI exits 1 when it had to go around a device: not a successful apply.
+    if !unavailable.is_empty() {
+        return Err(keyplan::error::Error::request(
+            format!("device(s) {} could not be used", unavailable.join(", ")),
+            None,
+        ));
     }
     Ok(())
 }
@@ -842,6 +1019,8 @@ pub fn run(sc: &Scenario, seed: u64, script: Option<Vec<u32>>, variant: Variant)
             variant,
             stats: Stats::default(),
             snapshots,
+            converted: Vec::new(),
+            copied: Vec::new(),
         }),
         cv: Condvar::new(),
         pbkdf: AtomicU64::new(0),
@@ -897,6 +1076,9 @@ pub fn run(sc: &Scenario, seed: u64, script: Option<Vec<u32>>, variant: Variant)
                     st.torn.insert((dev.clone(), slot));
                     st.damaged.insert(dev);
                 }
+            }
+            if sc.operator {
+                operator_change(&mut st, sc);
             }
             let mut started = Vec::new();
             for (i, n) in sc.nodes.iter().enumerate() {
@@ -1055,6 +1237,7 @@ fn converged(sim: &Arc<Sim>, sc: &Scenario) -> Result<(), String> {
 
 /// The independent half of [`converged`].
 fn world_at_plan(sc: &Scenario, st: &State) -> Result<(), String> {
+    revoked(sc, st)?;
     for (dev, key, _) in &sc.listing {
         let k = st
             .world
@@ -1074,8 +1257,18 @@ fn world_at_plan(sc: &Scenario, st: &State) -> Result<(), String> {
                 dev.display()
             ));
         }
+        // The operator's own copies are not keyplan's (kept: I4; reported once retired: I8).
+        let operators = |n: &u32, s: &doors::MemSlot| {
+            st.copied
+                .iter()
+                .any(|(p, c, salt)| p == dev && c == n && *salt == s.salt)
+        };
         for (v, other) in &k.material {
-            if Some(*v) != k.current && d.slots.values().any(|s| s.pass == *other) {
+            if Some(*v) != k.current
+                && d.slots
+                    .iter()
+                    .any(|(n, s)| s.pass == *other && !operators(n, s))
+            {
                 return Err(format!(
                     "{} still has a keyslot of {key} v{v}",
                     dev.display()
@@ -1252,6 +1445,8 @@ pub fn standalone(version: LuksVersion, uuid: &str, pass: &[u8], path: &Path) ->
             variant: Variant::Correct,
             stats: Stats::default(),
             snapshots: PathBuf::new(),
+            converted: Vec::new(),
+            copied: Vec::new(),
         }),
         cv: Condvar::new(),
         pbkdf: AtomicU64::new(0),

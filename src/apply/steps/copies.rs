@@ -10,31 +10,47 @@ use crate::graph::VersionRef;
 use crate::world::copies::{self, RetiredCopy};
 
 impl Exec<'_> {
-    /// Tests `version` of `key` against each of `slots` of `device` that is still bound and
-    /// named by no record (one PBKDF run each, named keyslot); records what opens in the state
-    /// directory's copies record, which `status` and `plan` report, and says so in the outcome.
-    /// Changes no keyslot (under `unmanaged_keyslots: keep` they are not keyplan's to kill).
-    /// Idempotent: run again, it tests again and records the same.
+    /// Tests `version` of `key` against every keyslot of `device` that is bound and named by
+    /// no valid record now (one PBKDF run each, named keyslot): the `planned` ones, and any
+    /// made since planning (a run interrupted before this step may resume after an operator
+    /// added one; found by the deterministic simulation). Records what opens in the state
+    /// directory's copies record, which `status` and `plan` report, and says so in the
+    /// outcome. Changes no keyslot (under `unmanaged_keyslots: keep` they are not keyplan's to
+    /// kill). Idempotent: run again, it tests again and records the same.
     pub(super) fn find_copies(
         &self,
         device: &str,
         key: &str,
         version: u64,
-        slots: &[u32],
+        planned: &[u32],
     ) -> Result<StepOutcome, StepError> {
         let path = self.device_path(device)?;
         let (v, material) = self.material(key, VersionRef::Version(version))?;
         let header = self.header(&path)?;
         let recs = self.world.records.read(&header)?;
+        let managed = |slot: u32| {
+            recs.iter()
+                .any(|r| r.slot == slot && r.status == crate::world::RecordStatus::Valid)
+        };
+        let slots: Vec<u32> = header
+            .keyslots
+            .iter()
+            .filter(|(n, k)| k.bound && !managed(**n))
+            .map(|(n, _)| *n)
+            .collect();
+        if slots.iter().any(|s| !planned.contains(s)) {
+            tracing::info!(
+                device,
+                key,
+                "testing keyslots made since planning for copies too"
+            );
+        }
         let mut found = Vec::new();
         let mut tested = Vec::new();
-        for &slot in slots {
-            let Some(ks) = header.keyslots.get(&slot).filter(|k| k.bound) else {
+        for &slot in &slots {
+            let Some(ks) = header.keyslots.get(&slot) else {
                 continue;
             };
-            if recs.iter().any(|r| r.slot == slot) {
-                continue;
-            }
             let mem = self.memory_for(&header, &[slot], None);
             let opens = self.world.luks.test_passphrase(&path, slot, &material)?;
             drop(mem);

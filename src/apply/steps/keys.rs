@@ -165,10 +165,36 @@ impl Exec<'_> {
         StepOutcome::done(format!("{me} no longer votes for {key} v{version}"))
     }
 
-    /// `retire`: destroys the material of a non-current version in the KMS (idempotent).
+    /// `retire`: destroys the material of a non-current version in the KMS (idempotent). In a
+    /// resumed run, the searches for copies of the version that the interrupted process made
+    /// are made again first (its material is gone afterwards).
     pub(super) fn retire(&self, key: &str, version: u64) -> Result<StepOutcome, StepError> {
+        let mut found = Vec::new();
+        for step in &self.recheck_copies {
+            if let crate::graph::Step::FindCopies {
+                device,
+                key: k,
+                version: v,
+                slots,
+            } = step
+            {
+                if k == key && *v == version {
+                    let o = self.find_copies(device, key, version, slots)?;
+                    if !o.outcome.starts_with("no copy") {
+                        found.push(format!("{device}: {}", o.outcome));
+                    }
+                }
+            }
+        }
         let (kms, name, _) = self.key_ctx(key)?;
         kms.retire(&name, version)?;
-        StepOutcome::done(format!("retired {key} v{version}"))
+        StepOutcome::done(if found.is_empty() {
+            format!("retired {key} v{version}")
+        } else {
+            format!(
+                "retired {key} v{version}; first searched again for copies: {}",
+                found.join("; ")
+            )
+        })
     }
 }

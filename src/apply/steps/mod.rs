@@ -111,6 +111,10 @@ pub(super) struct Exec<'a> {
     /// Verify steps an interrupted process journaled as done: a kill anchored on one runs it
     /// again first (docs/verification.md: silent damage between the crash and the resume).
     reverify: BTreeMap<usize, Step>,
+    /// `find copies` steps an interrupted process journaled as done: a retire of their version
+    /// runs them again first (an operator may have added a keyslot while no keyplan ran;
+    /// found by the protocol model, docs/verification.md).
+    recheck_copies: Vec<Step>,
     /// Steps that a previous process started and did not finish.
     resumed: Vec<bool>,
     /// Memory for the PBKDF runs of steps running at once.
@@ -132,6 +136,7 @@ impl<'a> Exec<'a> {
     ) -> Exec<'a> {
         let mut staged = BTreeMap::new();
         let mut reverify = BTreeMap::new();
+        let mut recheck_copies = Vec::new();
         let mut resumed = vec![false; steps];
         if let Some(s) = resume {
             resumed.clone_from(&s.started_not_done);
@@ -142,6 +147,13 @@ impl<'a> Exec<'a> {
                     reverify.insert(*i, step.clone());
                 }
             }
+            recheck_copies = s
+                .steps
+                .iter()
+                .zip(&s.done)
+                .filter(|(step, done)| **done && matches!(step, Step::FindCopies { .. }))
+                .map(|(step, _)| step.clone())
+                .collect();
         }
         Exec {
             plan,
@@ -149,6 +161,7 @@ impl<'a> Exec<'a> {
             staged: Mutex::new(staged),
             verified: Mutex::new(BTreeMap::new()),
             reverify,
+            recheck_copies,
             resumed,
             memory: memory::MemoryBudget::new(memory_budget_kib),
             enroll_with_keyslots,

@@ -44,7 +44,8 @@ impl Planner<'_> {
         self.stale_votes(key, st);
         match self.rotate_reason(key, opts) {
             Some((action, reason)) => {
-                if self.refuse_foreign_creation(key, st, action, opts)
+                if self.blocked_by_unavailable(key, st, action)
+                    || self.refuse_foreign_creation(key, st, action, opts)
                     || self.blocked_by_holders(key, st, action, opts)
                 {
                     return;
@@ -100,6 +101,47 @@ impl Planner<'_> {
         self.refuse_key(key, format!(
             "key {key} (KMS {kms}) has a pending v{p} and no current version, and no device of this plan holds v{p}: another plan (another host or state directory) is creating the key right now, or an earlier run of this plan lost its journal. Nothing was changed. Run keyplan again once the key exists (this plan then enrolls its current version); if no other plan is creating it, the pending version is a leftover: remove it in the KMS by hand"
         ));
+        true
+    }
+
+    /// A device of the plan that lists `key` cannot be used now ([`crate::observe::Unavailable`]):
+    /// a new version could not be verified there before its commit, so the key is neither
+    /// created nor rotated (a pending version stays pending) until the device is back or out
+    /// of the plan; the other devices converge on the current version, and every other change
+    /// goes ahead. Returns true when blocked, with a note.
+    fn blocked_by_unavailable(
+        &mut self,
+        key: &str,
+        st: &crate::kms::KeyState,
+        action: KeyAction,
+    ) -> bool {
+        let missing: Vec<&str> = self
+            .plan
+            .devices
+            .values()
+            .filter(|d| d.keys.iter().any(|k| k.key == key))
+            .filter(|d| self.obs.unavailable.contains_key(&d.id))
+            .map(|d| d.id.as_str())
+            .collect();
+        if missing.is_empty() {
+            return false;
+        }
+        let what = match (action, st.pending) {
+            (KeyAction::Create, _) => "is not created".to_string(),
+            (KeyAction::Finish, Some(p)) => format!("keeps v{p} pending, uncommitted"),
+            _ => "is not rotated".to_string(),
+        };
+        self.notes.push(format!(
+            "key {key} {what}: device{} {} that list{} it cannot be read now, and a new version is committed only once every device listing the key holds it. The key's current version stays and still opens every other device; replace the device or take it out of the plan",
+            if missing.len() == 1 { "" } else { "s" },
+            missing.join(", "),
+            if missing.len() == 1 { "s" } else { "" },
+        ));
+        if let Some(c) = st.current {
+            for d in self.devices_of(key) {
+                self.converge(key, c, &d);
+            }
+        }
         true
     }
 
@@ -272,7 +314,7 @@ impl Planner<'_> {
     fn note_kept_record(&mut self, key: &str) {
         let unreadable: Vec<String> = self
             .obs
-            .former_unreadable
+            .unknown_holders()
             .iter()
             .map(|(id, path, why)| format!("{id} ({}: {why})", path.display()))
             .collect();
@@ -312,7 +354,7 @@ impl Planner<'_> {
             .former
             .values()
             .any(|d| d.records.iter().any(|r| r.record.key == key));
-        self.obs.former_unreadable.is_empty() && !kept_here && !kept_elsewhere
+        self.obs.unknown_holders().is_empty() && !kept_here && !kept_elsewhere
     }
 
     /// A KMS that holds no version of `key` while device records name it was lost (or its path

@@ -27,13 +27,11 @@ impl Planner<'_> {
             .map(|v| v.version)
             .collect();
         let mut retired = Vec::new();
-        if !self.obs.former_unreadable.is_empty() && !old.is_empty() {
+        let unknown = self.obs.unknown_holders();
+        if !unknown.is_empty() && !old.is_empty() {
             self.note_unknown_holders(key, &old);
         }
-        for v in old
-            .into_iter()
-            .filter(|_| self.obs.former_unreadable.is_empty())
-        {
+        for v in old.into_iter().filter(|_| unknown.is_empty()) {
             if let Some(where_) = held.get(&v) {
                 let former = self
                     .obs
@@ -136,16 +134,17 @@ impl Planner<'_> {
         held
     }
 
-    /// Notes that versions `old` of `key` are kept because former devices cannot be read.
+    /// Notes that versions `old` of `key` are kept because devices keyplan knows cannot be
+    /// read ([`crate::observe::Observed::unknown_holders`]).
     fn note_unknown_holders(&mut self, key: &str, old: &[u64]) {
         let list: Vec<String> = self
             .obs
-            .former_unreadable
+            .unknown_holders()
             .iter()
             .map(|(id, path, why)| format!("{id} ({}: {why})", path.display()))
             .collect();
         self.notes.push(format!(
-            "{key} v{} {} kept in the KMS: device(s) keyplan worked on before cannot be read now, so nobody knows which versions they hold: {}. Once such a device is gone for good, delete its entry from {}",
+            "{key} v{} {} kept in the KMS: device(s) keyplan knows cannot be read now, so nobody knows which versions they hold: {}. Once such a device is gone for good, take it out of the plan file if it is listed there, and delete its entry from {}",
             old.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", v"),
             if old.len() == 1 { "is" } else { "are" },
             list.join("; "),
