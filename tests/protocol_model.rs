@@ -26,6 +26,7 @@ fn base(name: &'static str) -> Scenario {
         lose_node: false,
         max_concurrent_nodes: 1,
         migrate: false,
+        operator: false,
     }
 }
 
@@ -44,6 +45,16 @@ fn single_host_damage() -> Scenario {
         rotations: 2,
         silent_damage: true,
         ..base("single host: two rotations, 2 crashes, one silently damaged keyslot")
+    }
+}
+
+fn revocation() -> Scenario {
+    Scenario {
+        devices: vec![(0, Enrolled), (0, Enrolled)],
+        rotations: 2,
+        max_crashes: 1,
+        operator: true,
+        ..base("single host: two rotations, 1 crash, the operator re-salts a managed keyslot and copies a version by hand")
     }
 }
 
@@ -108,6 +119,11 @@ fn single_host_rotation_adoption_and_enrollment_hold_in_every_state() {
 #[test]
 fn two_rotations_with_silent_damage_hold_in_every_state() {
     check(single_host_damage());
+}
+
+#[test]
+fn a_retired_version_opens_nothing_unreported_in_every_state() {
+    check(revocation());
 }
 
 #[test]
@@ -223,5 +239,40 @@ fn trusting_the_anchors_an_interrupted_run_verified_can_lock_a_device_out() {
             ..single_host_damage()
         },
         "no kill locks a device out",
+    );
+}
+
+#[test]
+fn forgetting_a_resalted_keyslot_leaves_it_unmanaged() {
+    must_break(
+        Scenario {
+            variant: Variant::ForgetResalted,
+            max_crashes: 0,
+            ..revocation()
+        },
+        "converges",
+    );
+}
+
+#[test]
+fn no_search_for_copies_leaves_a_retired_version_opening_a_device() {
+    must_break(
+        Scenario {
+            variant: Variant::NoCopySearch,
+            max_crashes: 0,
+            ..revocation()
+        },
+        "I8 a retired version opens nothing unreported",
+    );
+}
+
+#[test]
+fn trusting_the_copy_search_of_an_interrupted_run_misses_a_copy() {
+    must_break(
+        Scenario {
+            variant: Variant::TrustJournaledCopySearch,
+            ..revocation()
+        },
+        "I8 a retired version opens nothing unreported",
     );
 }

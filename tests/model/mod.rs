@@ -63,6 +63,14 @@ pub enum Variant {
     /// A resumed run trusts the anchors the interrupted run verified (keyplan before the fix
     /// this model found).
     TrustJournaledAnchors,
+    /// A managed keyslot re-salted with the same passphrase (`luksConvertKey`) is forgotten
+    /// as "rewritten" and left unmanaged (keyplan before issue 29).
+    ForgetResalted,
+    /// No keyslot is searched for copies of a version before it is retired.
+    NoCopySearch,
+    /// A resumed run trusts the copy search the interrupted run made, though the operator may
+    /// have added a keyslot since (keyplan before the fix this model found).
+    TrustJournaledCopySearch,
 }
 
 /// How a device starts.
@@ -105,6 +113,13 @@ pub struct Scenario {
     pub max_concurrent_nodes: u8,
     /// The key moves from KMS "origin" to KMS "dest" (migration) instead of rotating.
     pub migrate: bool,
+    /// The operator may, while no run is live on the device's node, re-salt one managed
+    /// keyslot (`luksConvertKey`: the same passphrase) and add the current or the previous
+    /// version by hand into one free keyslot (a copy keyplan did not make), once each
+    /// (invariant I8). Single-host scenarios only: in a fleet, a copy of the previous version
+    /// made by hand on a node after its vote and before another node's commit retires it is
+    /// not searched for (docs/verification.md).
+    pub operator: bool,
 }
 
 /// A version of the key: (version number, material).
@@ -124,6 +139,13 @@ pub struct Slot {
     /// A verify found that the recorded version does not open it (the next plan forgets the
     /// record).
     pub failed: bool,
+    /// The record's salt is not the keyslot's any more: the operator rewrote it with the same
+    /// passphrase (`luksConvertKey`).
+    pub resalted: bool,
+    /// Added by the operator (not keyplan's; kept under `unmanaged_keyslots: keep`).
+    pub by_hand: bool,
+    /// keyplan reported it as a copy of a version it retires (`world::copies`).
+    pub reported: bool,
 }
 
 /// One KMS instance's copy of the key.
@@ -170,6 +192,11 @@ pub enum MStep {
     },
     /// Record an unrecorded keyslot the current version opens (adoption).
     Adopt { dev: u8, slot: u8 },
+    /// Record again a keyslot whose salt changed and that its recorded version still opens
+    /// (the engine: forget the stale record, adopt the keyslot with its new salt).
+    Resalt { dev: u8, slot: u8 },
+    /// Before `ver` is retired: report every unrecorded bound keyslot of `dev` it opens.
+    FindCopies { dev: u8, ver: u8 },
     /// Drop a record that does not describe its keyslot.
     Forget { dev: u8, slot: u8 },
     /// Copy the origin's current version to the destination KMS (migration).
@@ -259,6 +286,12 @@ pub struct State {
     pub lockout_by_kill: bool,
     /// A kill removed a keyslot keyplan cannot attribute, or the last bound one (I4).
     pub collateral: bool,
+    /// Materials of versions the KMS retired (destroyed).
+    pub retired: BTreeSet<u8>,
+    /// The operator re-salted a managed keyslot.
+    pub converted: bool,
+    /// The operator added a copy by hand.
+    pub copied: bool,
     /// A stage needed a material beyond [`MATERIALS`] (more versions than any scenario asks
     /// for: a protocol that rotates more than asked).
     pub bound_hit: bool,
@@ -297,6 +330,11 @@ pub enum Action {
     Damage(u8, u8),
     /// Another writer stages a pending version.
     ExternalStage,
+    /// The operator re-salts keyslot `slot` of device `dev` (same passphrase).
+    Convert(u8, u8),
+    /// The operator adds the current version (`false`) or the previous one (`true`) into a
+    /// free keyslot of device `dev`.
+    Copy(u8, bool),
 }
 
 /// Why a step failed (the run ends; the journal marks it ended).
@@ -371,6 +409,9 @@ impl ProtocolModel {
                 rec,
                 rec_dest: false,
                 failed: false,
+                resalted: false,
+                by_hand: false,
+                reported: false,
             })
         };
         let mut devs = Vec::new();
@@ -419,6 +460,9 @@ impl ProtocolModel {
             lockout_by_kill: false,
             collateral: false,
             bound_hit: false,
+            retired: BTreeSet::new(),
+            converted: false,
+            copied: false,
         }
     }
 
@@ -446,15 +490,41 @@ impl ProtocolModel {
                         dev: d as u8,
                         slot: i as u8,
                     }),
-                    Some(ver) => recs.push((i as u8, ver)),
-                    None if sl.bound && sl.mat == cur.1 => {
-                        steps.push(MStep::Adopt {
+                    // A re-salted keyslot: tested with its recorded version (the engine's one
+                    // PBKDF run) and recorded again when that still opens it.
+                    Some(ver)
+                        if sl.resalted
+                            && v != Variant::ForgetResalted
+                            && sl.bound
+                            && Self::material_of(k, ver) == Some(sl.mat) =>
+                    {
+                        steps.push(MStep::Resalt {
                             dev: d as u8,
                             slot: i as u8,
                         });
-                        recs.push((i as u8, cur.0));
+                        recs.push((i as u8, ver));
                     }
+                    Some(_) if sl.resalted => steps.push(MStep::Forget {
+                        dev: d as u8,
+                        slot: i as u8,
+                    }),
+                    Some(ver) => recs.push((i as u8, ver)),
                     None => {}
+                }
+            }
+            // Adoption: the first unrecorded keyslot the current version opens, when no record
+            // of the device holds it (observe::adopt).
+            if !recs.iter().any(|r| r.1 == cur.0) {
+                let first = s.devs[d].iter().enumerate().find_map(|(i, sl)| {
+                    let sl = sl.as_ref()?;
+                    (sl.rec.is_none() && sl.bound && sl.mat == cur.1).then_some(i)
+                });
+                if let Some(i) = first {
+                    steps.push(MStep::Adopt {
+                        dev: d as u8,
+                        slot: i as u8,
+                    });
+                    recs.push((i as u8, cur.0));
                 }
             }
             rec_of.push(recs);
@@ -580,7 +650,21 @@ impl ProtocolModel {
                     ver: target,
                 });
             }
+            // Before the version the commit retires (the previous one) is gone: this node's
+            // devices are searched for copies of it, before its vote (a peer's commit may
+            // retire it) and before its own commit.
+            let search = |steps: &mut Vec<MStep>| {
+                if let (Some(prev), true) = (k.previous, v != Variant::NoCopySearch) {
+                    for &d in &devs {
+                        steps.push(MStep::FindCopies {
+                            dev: d as u8,
+                            ver: prev.0,
+                        });
+                    }
+                }
+            };
             if !peers.is_empty() && !k.votes.contains(&(node, target)) {
+                search(&mut steps);
                 steps.push(MStep::Vote { ver: target });
             }
             let all_voted = peers.iter().all(|p| k.votes.contains(&(*p, target)));
@@ -616,6 +700,9 @@ impl ProtocolModel {
                             });
                         }
                     }
+                }
+                if peers.is_empty() {
+                    search(&mut steps);
                 }
                 let commit = MStep::Commit {
                     expected: cur.0,
@@ -746,6 +833,9 @@ impl ProtocolModel {
                             rec: None,
                             rec_dest: false,
                             failed: false,
+                            resalted: false,
+                            by_hand: false,
+                            reported: false,
                         });
                         s.runs[r].half = Some(None);
                         Ok(false)
@@ -801,6 +891,9 @@ impl ProtocolModel {
                             if k.current.map(|c| c.0) != Some(*expected) {
                                 s.lost_update = true;
                             }
+                            if let Some(old) = k.previous {
+                                s.retired.insert(old.1);
+                            }
                             k.previous = k.current;
                             k.current = Some(p);
                             k.pending = None;
@@ -823,6 +916,33 @@ impl ProtocolModel {
                     && !peers.iter().all(|n| k.votes.contains(&(*n, *ver)))
                 {
                     return Err(Fail);
+                }
+                // The commit retires the previous version (the engine: the retire step after
+                // it). A search for its copies that only the interrupted process made is made
+                // again first: the operator may have added a keyslot since.
+                if v != Variant::TrustJournaledCopySearch {
+                    let again: Vec<MStep> = s.journal[node as usize]
+                        .as_ref()
+                        .map(|j| {
+                            j.steps
+                                .iter()
+                                .enumerate()
+                                .filter(|(i, st)| {
+                                    matches!(st, MStep::FindCopies { .. })
+                                        && j.done[*i]
+                                        && !s.runs[r].verified_here.contains(&(*i as u8))
+                                })
+                                .map(|(_, st)| st.clone())
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    for st in again {
+                        self.exec(s, r, &st)?;
+                    }
+                }
+                let k = &mut s.kms;
+                if let Some(old) = k.previous {
+                    s.retired.insert(old.1);
                 }
                 k.previous = k.current;
                 k.current = Some(p);
@@ -919,7 +1039,34 @@ impl ProtocolModel {
                 if let Some(k) = &mut s.devs[*dev as usize][*slot as usize] {
                     k.rec = None;
                     k.failed = false;
+                    k.resalted = false;
                 }
+                Ok(true)
+            }
+            MStep::Resalt { dev, slot } => {
+                let key = Self::key_view(s).clone();
+                match &mut s.devs[*dev as usize][*slot as usize] {
+                    Some(k) if !k.resalted => Ok(true),
+                    Some(k)
+                        if k.bound
+                            && k.rec
+                                .is_some_and(|ver| Self::material_of(&key, ver) == Some(k.mat)) =>
+                    {
+                        k.resalted = false;
+                        Ok(true)
+                    }
+                    _ => Err(Fail),
+                }
+            }
+            MStep::FindCopies { dev, ver } => {
+                if let Some(mat) = Self::material_of(&s.kms, *ver) {
+                    for k in s.devs[*dev as usize].iter_mut().flatten() {
+                        if k.rec.is_none() && k.bound && k.mat == mat {
+                            k.reported = true;
+                        }
+                    }
+                }
+                s.runs[r].verified_here.insert(idx);
                 Ok(true)
             }
             MStep::MigrateCopy => {
@@ -1137,6 +1284,50 @@ impl ProtocolModel {
                 sl.mat = GARBAGE;
                 s.damaged = Some(*d);
             }
+            Action::Convert(d, i) => {
+                let node = self.dev_node(*d as usize);
+                let live = s
+                    .runs
+                    .iter()
+                    .any(|r| r.node == node && r.phase != Phase::Start);
+                if !self.sc.operator || s.converted || live {
+                    return None;
+                }
+                let mats = Self::kms_materials(&s);
+                let sl = s.devs[*d as usize][*i as usize].as_mut()?;
+                if sl.rec.is_none() || sl.resalted || !mats.contains(&sl.mat) {
+                    return None;
+                }
+                sl.resalted = true;
+                s.converted = true;
+            }
+            Action::Copy(d, previous) => {
+                let node = self.dev_node(*d as usize);
+                let live = s
+                    .runs
+                    .iter()
+                    .any(|r| r.node == node && r.phase != Phase::Start);
+                if !self.sc.operator || s.copied || live {
+                    return None;
+                }
+                let version = if *previous {
+                    s.kms.previous?
+                } else {
+                    s.kms.current?
+                };
+                let free = Self::free_slot(&s.devs[*d as usize], &[])?;
+                s.devs[*d as usize][free as usize] = Some(Slot {
+                    mat: version.1,
+                    bound: true,
+                    rec: None,
+                    rec_dest: false,
+                    failed: false,
+                    resalted: false,
+                    by_hand: true,
+                    reported: false,
+                });
+                s.copied = true;
+            }
             Action::ExternalStage => {
                 if !self.sc.external_stage || s.external_done || s.kms.pending.is_some() {
                     return None;
@@ -1178,6 +1369,19 @@ impl ProtocolModel {
             // During a migration both KMS hold the same material; otherwise one current.
             currents.iter().all(|m| Self::opens(slots, *m)) && !currents.is_empty()
         })
+    }
+
+    /// I8: no bound keyslot of a device of the plan opens with a version the KMS retired,
+    /// unless keyplan reported it as a copy it did not make.
+    pub fn i8(&self, s: &State) -> bool {
+        (0..self.sc.devices.len())
+            .filter(|d| !s.released.contains(&self.dev_node(*d)))
+            .all(|d| {
+                s.devs[d]
+                    .iter()
+                    .flatten()
+                    .all(|k| !(k.bound && s.retired.contains(&k.mat)) || k.reported)
+            })
     }
 
     /// I4: the install and foreign keyslots are never killed, and no device is left without a
@@ -1292,10 +1496,12 @@ impl ProtocolModel {
             let slots = &s.devs[d];
             let recs: Vec<&Slot> = slots.iter().flatten().filter(|k| k.rec.is_some()).collect();
             let ok = recs.len() == 1 && recs[0].rec == Some(cur.0) && recs[0].mat == cur.1;
-            let extra = slots
-                .iter()
-                .flatten()
-                .any(|k| k.rec.is_none() && ![INSTALL, FOREIGN, GARBAGE].contains(&k.mat));
+            let extra = slots.iter().flatten().any(|k| {
+                k.rec.is_none() && !k.by_hand && ![INSTALL, FOREIGN, GARBAGE].contains(&k.mat)
+            });
+            if slots.iter().flatten().any(|k| k.resalted) {
+                return Err(format!("device {d}: a re-salted record stands: {slots:?}"));
+            }
             if !ok || extra {
                 return Err(format!("device {d}: {slots:?}"));
             }
@@ -1342,6 +1548,19 @@ impl Model for ProtocolModel {
         if self.sc.external_stage {
             out.push(Action::ExternalStage);
         }
+        if self.sc.operator {
+            for d in 0..s.devs.len() {
+                if !s.copied {
+                    out.push(Action::Copy(d as u8, false));
+                    out.push(Action::Copy(d as u8, true));
+                }
+                if !s.converted {
+                    for i in 0..SLOTS {
+                        out.push(Action::Convert(d as u8, i as u8));
+                    }
+                }
+            }
+        }
     }
 
     fn next_state(&self, s: &State, a: Action) -> Option<State> {
@@ -1380,6 +1599,10 @@ impl Model for ProtocolModel {
                 !m.fleet() || writing.len() <= m.sc.max_concurrent_nodes as usize
             }),
             Property::always("converges", |m: &Self, s: &State| m.converges(s)),
+            Property::always(
+                "I8 a retired version opens nothing unreported",
+                |m: &Self, s: &State| m.i8(s),
+            ),
             Property::always("no unasked-for version", |_, s: &State| !s.bound_hit),
             Property::sometimes("a rotation commits", |m: &Self, s: &State| {
                 s.kms.current.is_some_and(|c| c.0 > 1) || (m.sc.migrate && s.origin.is_none())
