@@ -809,7 +809,7 @@ fn revoked(sc: &Scenario, st: &State) -> Result<(), String> {
         if st.torn.contains(&(dev.clone(), *slot)) {
             continue; // damaged since: it opens with nothing keyplan knows
         }
-        if !d.slots.get(slot).is_some_and(|s| s.salt == *salt) {
+        if d.slots.get(slot).is_none_or(|s| s.salt != *salt) {
             continue;
         }
         let luks1_dir = sc
