@@ -276,31 +276,7 @@ fn a_copy_of_a_retired_version_is_found_and_reported() {
     s.ok(&["apply", "--auto-approve"], 0);
     let v1 = s.key_get("k", None);
     // An operator adds v1 into keyslot 5 by hand (a "backup" of the KMS's passphrase).
-    std::fs::write(s.path("v1.pass"), &v1).expect("write");
-    let out = Command::new("cryptsetup")
-        .env("LC_ALL", "C")
-        .args([
-            "luksAddKey",
-            "--batch-mode",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            "--new-key-slot",
-            "5",
-            "--key-file",
-        ])
-        .arg(s.path("v1.pass"))
-        .arg(&img)
-        .arg(s.path("v1.pass"))
-        .output()
-        .expect("luksAddKey");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::remove_file(s.path("v1.pass")).expect("rm");
+    add_by_hand(&s, &img, 5, &v1, &v1);
 
     // First rotation: v1 becomes previous (kept), nothing retired yet.
     s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
