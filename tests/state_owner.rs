@@ -113,12 +113,6 @@ fn two_plans_one_state_dir(kms: &str, env: &[(String, String)]) {
     let (a, b) = (plan_a.display().to_string(), plan_b.display().to_string());
 
     run(&dir, env, &["apply", "--auto-approve", "-f", &a], 0);
-    let owner: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(s.path(".keyplan/owner.json")).expect("owner.json after the first apply"),
-    )
-    .expect("owner json");
-    assert_eq!(owner["plan"].as_str(), Some(a.as_str()), "{owner}");
-    assert_eq!(owner["node"].as_str(), Some(HOST), "{owner}");
 
     // Every command of the other plan is refused, naming the owner; nothing is written.
     let refused = |context: &str| {
@@ -148,6 +142,12 @@ fn two_plans_one_state_dir(kms: &str, env: &[(String, String)]) {
         );
     };
     refused("after a's first apply");
+    let owner: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(s.path(".keyplan/owner.json")).expect("owner.json after the first apply"),
+    )
+    .expect("owner json");
+    assert_eq!(owner["plan"].as_str(), Some(a.as_str()), "{owner}");
+    assert_eq!(owner["node"].as_str(), Some(HOST), "{owner}");
 
     // A rotation of a killed at each of its steps: b stays refused, a's current version
     // opens a1 at every instant, and a's next apply finishes.
