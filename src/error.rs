@@ -183,6 +183,25 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether the operation stopped, before changing anything, only because something could
+    /// not be looked at: every finding of the observation is [`FindingKind::Unreachable`] (a
+    /// KMS that could not be read), or the KMS check or call failed because the KMS could not
+    /// be reached or did not answer in time ([`KmsError::Unavailable`], [`KmsError::Timeout`]).
+    /// A run that started (a step ran) is [`Error::Run`], never this. The node agent does not
+    /// count such a stop towards `max_failed_nodes` (docs/fleet.md).
+    pub fn could_not_look(&self) -> bool {
+        let unreachable =
+            |e: &KmsError| matches!(e, KmsError::Unavailable { .. } | KmsError::Timeout { .. });
+        match self {
+            Error::Findings(f) => {
+                !f.is_empty() && f.iter().all(|x| x.kind == FindingKind::Unreachable)
+            }
+            Error::KmsCheck(errors) => !errors.is_empty() && errors.iter().all(unreachable),
+            Error::Kms(e) => unreachable(e),
+            _ => false,
+        }
+    }
+
     /// What to do next, when the message itself does not say it.
     pub fn help(&self) -> Option<String> {
         match self {
