@@ -2155,6 +2155,7 @@ mod tests {
             auth: None,
             namespace: None,
             ca_cert: None,
+            timeout: None,
         }
     }
 
@@ -2193,6 +2194,7 @@ mod tests {
             auth: None,
             namespace: None,
             ca_cert: None,
+            timeout: None,
         };
         match open("v", &c) {
             Err(KmsError::Config { detail, .. }) => {
