@@ -920,7 +920,7 @@ fn a_kubernetes_kms_that_never_answers_is_bounded() {
 }
 
 /// `keyplan fleet status` against an API server that never answers ends within its bound
-/// (`fleet::status::READ_TIMEOUT`, 30 s, with slack) with exit 3, saying the API server did
+/// (`fleet::status::READ_TIMEOUT`, 20 s, with slack) with exit 3, saying the API server did
 /// not answer in time, instead of waiting for the client's per-read timeouts list after list.
 #[test]
 fn fleet_status_against_a_silent_api_server_is_bounded() {

@@ -852,6 +852,7 @@ impl Agent {
                 // No step ran (a run that started is `Error::Run`): it could not plan.
                 run.outcome = "not_started".into();
                 run.error = Some(e.to_string());
+                tracing::warn!(node = %self.opts.node, event = "run_complete", outcome = "not_started", "node {}: the run could not plan, nothing was changed: {e}", self.opts.node);
                 self.could_not_look(&e, true);
                 "not_started"
             }

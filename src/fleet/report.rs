@@ -234,7 +234,9 @@ pub struct AgentRun {
     pub started_at: u64,
     /// Unix seconds; `None` while it runs.
     pub ended_at: Option<u64>,
-    /// `running`, `success`, `failed` or `stopped`.
+    /// `running`, `success`, `failed`, `stopped`, or `not_started` (it could not plan because
+    /// a KMS could not be asked: nothing changed, and it does not count towards
+    /// `max_failed_nodes`).
     pub outcome: String,
     /// Steps this agent ran.
     pub steps: usize,

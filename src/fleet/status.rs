@@ -20,8 +20,9 @@ pub const LOST_INTERVALS: u64 = 3;
 /// The least age, in seconds, at which a report counts as lost.
 pub const LOST_MIN_SECONDS: u64 = 120;
 /// How long [`read`] waits for the API server in all (its two lists together): what does not
-/// answer by then makes `fleet status` exit 3, naming it (docs/fleet.md).
-pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// answer by then makes `fleet status` exit 3, naming it (docs/fleet.md). Shorter than the
+/// fleet client's own 30 s per-read timeout ([`crate::kms::REQUEST_TIMEOUT`]), a backstop.
+pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// The whole fleet.
 #[derive(Debug, Clone, Serialize)]

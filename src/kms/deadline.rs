@@ -187,7 +187,7 @@ impl Guarded {
                 let left = self.timeout.saturating_sub(st.spent);
                 if left.is_zero() {
                     let why = format!(
-                        "this command may wait {} for it in all (its `timeout`), and that time is used up",
+                        "the {} this command may wait for it in all (its `timeout`) are used up",
                         seconds(self.timeout)
                     );
                     st.silent = Some(why.clone());

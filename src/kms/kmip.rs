@@ -27,10 +27,11 @@
 //! Transport: one TLS connection (TLS 1.2 or later, server verified against `ca_cert` only,
 //! client certificate `client_cert`/`client_key`) per KMS call; connecting, the handshake
 //! and every read and write end by the call's deadline ([`super::deadline`]: the instance's
-//! `timeout`, default [`super::REQUEST_TIMEOUT`]), however slowly a server trickles bytes. Requests are built from `kmip-protocol`'s request
-//! types and serialized with `kmip-ttlv`; only the Register request has its own small serde
-//! mirror, because `kmip-protocol` 0.4.3 has no HMAC-SHA256 algorithm value and would copy the
-//! key material into a buffer that is never zeroized. keyplan does not use
+//! `timeout`, default [`super::REQUEST_TIMEOUT`]), however slowly a server trickles bytes.
+//! Requests are built from `kmip-protocol`'s request types and serialized with `kmip-ttlv`;
+//! only the Register request has its own small serde mirror, because `kmip-protocol` 0.4.3
+//! has no HMAC-SHA256 algorithm value and would copy the key material into a buffer that is
+//! never zeroized. keyplan does not use
 //! `kmip_protocol::client::Client`: with its TLS helpers it logs every request and response
 //! (key material included) as hex at `trace` level through the `log` crate, which keyplan's
 //! `KEYPLAN_LOG=trace` would print.

@@ -120,6 +120,9 @@ pub fn open(name: &str, config: &KmsConfig) -> Result<Box<dyn Kms>, KmsError> {
     }
 }
 
+/// How much longer than a call's deadline the kube client's own timeouts are (backstops).
+const CLIENT_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A Kubernetes namespace as a key store (see the module documentation for the layout).
 ///
 /// Safe to share between threads; every call runs on keyplan's shared runtime
@@ -265,8 +268,9 @@ impl KubernetesKms {
     }
 
     /// [`KubernetesKms::new`] for an instance whose calls may take up to `timeout` (its
-    /// `timeout` in the plan): the client's own connect, read and write timeouts are that
-    /// long, so they never cut a call its deadline still allows.
+    /// `timeout` in the plan): the client's own connect, read and write timeouts are a few
+    /// seconds longer ([`CLIENT_GRACE`]), backstops only, so the call's own deadline
+    /// ([`super::deadline`]) ends a silent request first and says so.
     ///
     /// Errors: as [`KubernetesKms::new`].
     pub fn with_timeout(
@@ -297,7 +301,10 @@ impl KubernetesKms {
         // rustls is built with two crypto providers here (kube's ring, vaultrs' aws-lc-rs), so
         // it cannot pick one by itself: name kube's. A provider installed earlier stays.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let loaded = block_on(&pre, load_client(kubeconfig, context, timeout))?;
+        let loaded = block_on(
+            &pre,
+            load_client(kubeconfig, context, timeout + CLIENT_GRACE),
+        )?;
         let (url, client, auth) =
             loaded.map_err(|e| config_err(format!("cannot use {what}: {e}")))?;
         Ok(KubernetesKms {

@@ -141,6 +141,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn kms_timeouts() {
+        assert_eq!(parse_kms_timeout("90s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_kms_timeout(" 2m ").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_kms_timeout("1h").unwrap(), Duration::from_secs(3600));
+        for bad in ["0s", "2h", "1d"] {
+            let e = parse_kms_timeout(bad).unwrap_err();
+            assert!(e.contains("outside 1s to 1h"), "{bad}: {e}");
+        }
+        let e = parse_kms_timeout("soon").unwrap_err();
+        assert!(e.starts_with("`timeout: soon`"), "{e}");
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(
             parse_rotate_after("90d").unwrap(),
