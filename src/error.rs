@@ -187,6 +187,31 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether the operation stopped, before changing anything, only because something could
+    /// not be looked at: every finding of the observation is [`FindingKind::Unreachable`] (a
+    /// KMS that could not be read), or the KMS check or call failed because the KMS could not
+    /// be reached, did not answer in time or refused keyplan's credentials
+    /// ([`KmsError::Unavailable`], [`KmsError::Timeout`], [`KmsError::Denied`]: the same KMS
+    /// errors the observation files as unreachable). A run that started (a step ran) is
+    /// [`Error::Run`], never this. The node agent does not count such a stop towards
+    /// `max_failed_nodes` (docs/fleet.md).
+    pub fn could_not_look(&self) -> bool {
+        let unreachable = |e: &KmsError| {
+            matches!(
+                e,
+                KmsError::Unavailable { .. } | KmsError::Timeout { .. } | KmsError::Denied { .. }
+            )
+        };
+        match self {
+            Error::Findings(f) => {
+                !f.is_empty() && f.iter().all(|x| x.kind == FindingKind::Unreachable)
+            }
+            Error::KmsCheck(errors) => !errors.is_empty() && errors.iter().all(unreachable),
+            Error::Kms(e) => unreachable(e),
+            _ => false,
+        }
+    }
+
     /// What to do next, when the message itself does not say it.
     pub fn help(&self) -> Option<String> {
         match self {
@@ -267,5 +292,33 @@ fn run_text(f: &RunFailure, resumed: bool) -> String {
             f.error,
             f.completed.len()
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn could_not_look_is_only_what_could_not_be_looked_at() {
+        let kms = |detail: &str| KmsError::Timeout {
+            kms: "vault KMS \"v\"".into(),
+            detail: detail.into(),
+        };
+        let unreachable = Finding::bare("key k: KMS v unreadable", None).unreachable();
+        assert!(Error::Findings(vec![unreachable.clone()]).could_not_look());
+        assert!(Error::Kms(kms("reading")).could_not_look());
+        assert!(Error::KmsCheck(vec![kms("checking")]).could_not_look());
+        // Something wrong, or a refused plan, is not "could not look".
+        let wrong = Finding::bare("device a is not LUKS", None);
+        assert!(!Error::Findings(vec![unreachable, wrong]).could_not_look());
+        assert!(!Error::Findings(Vec::new()).could_not_look());
+        assert!(!Error::Kms(KmsError::Corrupt {
+            kms: "k".into(),
+            key: "k".into(),
+            detail: "bad".into()
+        })
+        .could_not_look());
+        assert!(!Error::NoSafePlan(Vec::new()).could_not_look());
     }
 }

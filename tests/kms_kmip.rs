@@ -727,3 +727,36 @@ fn status_warns_about_a_client_certificate_expiring_before_the_next_rotation() {
     assert_eq!(j["kms"][0]["credentials"][0]["expiring"], false);
     w.assert_no_leaks();
 }
+
+/// A KMIP server that accepts the TCP connection and never answers (not even the TLS
+/// handshake), holding three keys (issue 29): `status` ends within the KMS's `timeout` (2 s
+/// here, with generous slack) with exit 3 naming the KMS and the deadline, `plan` and `verify`
+/// with exit 1 and an error naming both. The handshake and every read and write are bounded
+/// by the call's deadline, so a silent server costs one `timeout`.
+#[test]
+fn a_kmip_server_that_never_answers_is_bounded() {
+    let Some(certs) = certs_dir() else {
+        return;
+    };
+    let (_silent, addr) = silent_listener();
+    let s = Scratch::new();
+    s.initial_pass();
+    s.small_image("a.img", "luks2");
+    let f = |n: &str| certs.path().join(n).display().to_string();
+    s.plan(
+        "keyplan.yaml",
+        &format!(
+            "version: 1\nkms:\n  hsm: {{ provider: kmip, endpoint: \"{addr}\", ca_cert: {}, client_cert: {}, client_key: {}, timeout: 2s }}\nkeys:\n  a: {{ kms: hsm }}\n  b: {{ kms: hsm }}\n  c: {{ kms: hsm }}\ndevices:\n  d: {{ path: a.img, keys: [a], enroll_with: initial.pass }}\n{FAST_PBKDF}",
+            f("ca.crt"),
+            f("client.crt"),
+            f("client.key")
+        ),
+    );
+    assert_silent_kms_bounded(
+        s.dir.path(),
+        &[],
+        r#"kmip KMS "hsm""#,
+        2,
+        Duration::from_secs(12),
+    );
+}

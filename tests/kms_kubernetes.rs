@@ -877,3 +877,70 @@ fn status_warns_about_a_service_account_token_that_expires_before_the_next_rotat
     );
     w.assert_no_leaks();
 }
+
+/// A kubeconfig (outside the scratch directory's scans: beside it) whose cluster is `addr`, an
+/// API server that accepts connections and never answers.
+fn silent_kubeconfig(dir: &Path, addr: &str) -> PathBuf {
+    let path = dir.join("silent-kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: silent\n  cluster:\n    server: http://{addr}\ncontexts:\n- name: silent\n  context:\n    cluster: silent\n    user: u\n    namespace: {NS}\nusers:\n- name: u\n  user:\n    token: kp-silent-token\ncurrent-context: silent\n"
+        ),
+    )
+    .expect("write kubeconfig");
+    path
+}
+
+/// An API server that accepts connections and never answers, holding three keys (issue 29):
+/// `status` ends within the KMS's `timeout` (2 s here, with generous slack) with exit 3 naming
+/// the KMS and the deadline, `plan` and `verify` with exit 1 and an error naming both.
+#[test]
+fn a_kubernetes_kms_that_never_answers_is_bounded() {
+    let (_silent, addr) = silent_listener();
+    let kube_dir = tempfile::tempdir().expect("tempdir");
+    let kc = silent_kubeconfig(kube_dir.path(), &addr);
+    let s = Scratch::new();
+    s.initial_pass();
+    s.small_image("a.img", "luks2");
+    s.plan(
+        "keyplan.yaml",
+        &format!(
+            "version: 1\nkms:\n  k8s: {{ provider: kubernetes, namespace: {NS}, timeout: 2s }}\nkeys:\n  a: {{ kms: k8s }}\n  b: {{ kms: k8s }}\n  c: {{ kms: k8s }}\ndevices:\n  d: {{ path: a.img, keys: [a], enroll_with: initial.pass }}\n{FAST_PBKDF}"
+        ),
+    );
+    let kc_text = kc.display().to_string();
+    assert_silent_kms_bounded(
+        s.dir.path(),
+        &[("KUBECONFIG", kc_text.as_str())],
+        r#"kubernetes KMS "k8s""#,
+        2,
+        std::time::Duration::from_secs(12),
+    );
+}
+
+/// `keyplan fleet status` against an API server that never answers ends within its bound
+/// (`fleet::status::READ_TIMEOUT`, 20 s, with slack) with exit 3, saying the API server did
+/// not answer in time, instead of waiting for the client's per-read timeouts list after list.
+#[test]
+fn fleet_status_against_a_silent_api_server_is_bounded() {
+    let (_silent, addr) = silent_listener();
+    let kube_dir = tempfile::tempdir().expect("tempdir");
+    let kc = silent_kubeconfig(kube_dir.path(), &addr);
+    let (out, took) = keyplan_timed(
+        kube_dir.path(),
+        &[
+            "fleet",
+            "status",
+            "--namespace",
+            NS,
+            "--kubeconfig",
+            &kc.display().to_string(),
+        ],
+        &[],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(took < std::time::Duration::from_secs(45), "took {took:?}");
+    assert!(err.contains("did not answer in time"), "{err}");
+}

@@ -45,6 +45,7 @@ fn config(addr: &str, mount: &str) -> KmsConfig {
         auth: None,
         namespace: None,
         ca_cert: None,
+        timeout: None,
     }
 }
 
@@ -506,6 +507,7 @@ fn tls_with_ca_cert_and_namespace() {
         auth: None,
         namespace: Some("team-a".to_string()),
         ca_cert: Some(ca.display().to_string()),
+        timeout: None,
     };
     let kms = VaultKms::new("tls", &cfg, &bao.root_token, "VAULT_TOKEN").unwrap();
     kms.check(&["k".to_string()]).expect("check over TLS");
@@ -524,6 +526,7 @@ fn tls_with_ca_cert_and_namespace() {
         auth: None,
         namespace: Some("team-a".to_string()),
         ca_cert: None,
+        timeout: None,
     };
     let kms = VaultKms::new("tls", &untrusted, &bao.root_token, "VAULT_TOKEN").unwrap();
     match kms.read("k") {
@@ -540,6 +543,7 @@ fn tls_with_ca_cert_and_namespace() {
         auth: None,
         namespace: None,
         ca_cert: Some("/nonexistent/ca.pem".to_string()),
+        timeout: None,
     };
     match VaultKms::new("tls", &missing_ca, &bao.root_token, "VAULT_TOKEN") {
         Err(KmsError::Config { detail, .. }) => {
@@ -906,4 +910,65 @@ fn cli_lost_commit_reply_converges() {
     kp(&w, &token, &["plan", "--detailed-exitcode"], 0);
     w.assert_no_leaks();
     done("cli_lost_commit_reply_converges", t0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// A Vault that never answers (issue 29).
+
+/// A plan whose three keys live in a vault KMS at `addr` (with `extra`, e.g. `timeout: 2s`),
+/// one of them enrolled on a LUKS2 image.
+fn silent_vault_plan(s: &Scratch, addr: &str, extra: &str) {
+    s.initial_pass();
+    s.small_image("a.img", "luks2");
+    s.plan(
+        "keyplan.yaml",
+        &format!(
+            "version: 1\nkms:\n  v: {{ provider: vault, address: \"http://{addr}\"{extra} }}\nkeys:\n  a: {{ kms: v }}\n  b: {{ kms: v }}\n  c: {{ kms: v }}\ndevices:\n  d: {{ path: a.img, keys: [a], enroll_with: initial.pass }}\n{FAST_PBKDF}"
+        ),
+    );
+}
+
+/// A Vault that accepts connections and never answers, holding three keys: `status` ends
+/// within the KMS's `timeout` (2 s here; the bound asserted leaves generous slack) with exit 3
+/// and the KMS and deadline under `unchecked`; `plan` and `verify` end as soon with exit 1 and
+/// an error naming both. Before issue 29 the same status took 370 s (every key read four
+/// times, 30 s each), and `timeout` was not a plan field.
+#[test]
+fn a_vault_that_never_answers_is_bounded() {
+    let (_silent, addr) = silent_listener();
+    let s = Scratch::new();
+    silent_vault_plan(&s, &addr, ", timeout: 2s");
+    assert_silent_kms_bounded(
+        s.dir.path(),
+        &[("VAULT_TOKEN", "t")],
+        r#"vault KMS "v""#,
+        2,
+        std::time::Duration::from_secs(12),
+    );
+}
+
+/// The same without `timeout` in the plan: the default, 30 s, bounds `status` (one silent
+/// KMS costs it one timeout, not one per key and retry).
+#[test]
+fn a_silent_vault_costs_status_one_default_timeout() {
+    let (_silent, addr) = silent_listener();
+    let s = Scratch::new();
+    silent_vault_plan(&s, &addr, "");
+    let (out, took) = keyplan_timed(
+        s.dir.path(),
+        &["status", "--format", "json"],
+        &[("VAULT_TOKEN", "t")],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        took < std::time::Duration::from_secs(45),
+        "status took {took:?} with a silent KMS and the default 30 s timeout"
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    assert!(j["unchecked"].to_string().contains("within 30 s"), "{j}");
 }

@@ -903,3 +903,146 @@ fn a_kms_with_damaged_data_is_a_problem() {
         "{j}"
     );
 }
+
+/// The bytes of `img` from `offset`, `len` of them.
+fn bytes_at(img: &std::path::Path, offset: u64, len: usize) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(img).expect("open image");
+    let mut b = vec![0u8; len];
+    f.read_exact_at(&mut b, offset).expect("read image");
+    b
+}
+
+/// Writes `bytes` at `offset` of `img`.
+fn put_at(img: &std::path::Path, offset: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(img)
+        .expect("open image for writing");
+    f.write_all_at(bytes, offset).expect("write image");
+}
+
+/// `status` during a run that is writing a LUKS2 header (issue 29): cryptsetup writes the
+/// primary copy, then the secondary, each first without its checksum, so a read between its
+/// writes sees copies that disagree. The in-between states are built directly from two real
+/// header states (before and after a `cryptsetup config --label` write) while the test holds
+/// the state lock as a run does: the primary one seqid ahead of the secondary, the secondary
+/// written without its checksum yet, the primary written without its checksum yet. Each is a
+/// write in progress (exit 0, `header_write_in_progress` naming the lock holder, no
+/// `header_damage`); the same images without the lock held are damage (exit 1). Copies that
+/// no write leaves (the secondary ahead of the primary, a flipped byte) are damage even under
+/// the lock.
+#[test]
+fn a_header_write_in_progress_is_not_damage() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let img = s.small_image("a.img", "luks2");
+    s.plan("keyplan.yaml", &plan_text("30d", ""));
+    s.ok(&["apply", "--auto-approve"], 0);
+    status_json(&s, 0);
+    let hdr_size = u64::from_be_bytes(bytes_at(&img, 8, 8).try_into().expect("8 bytes"));
+    let len = hdr_size as usize;
+    let before = std::fs::read(&img).expect("read image");
+    let out = std::process::Command::new("cryptsetup")
+        .args(["config", "--label", "being-written"])
+        .arg(&img)
+        .output()
+        .expect("cryptsetup config");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after = std::fs::read(&img).expect("read image");
+    let (old_primary, old_secondary) = (&before[..len], &before[len..2 * len]);
+    let (new_primary, new_secondary) = (&after[..len], &after[len..2 * len]);
+    let unsummed = |copy: &[u8]| {
+        let mut c = copy.to_vec();
+        c[448..512].fill(0);
+        c
+    };
+    let writes: [(&str, Vec<u8>, Vec<u8>); 3] = [
+        (
+            "between the two copies",
+            new_primary.to_vec(),
+            old_secondary.to_vec(),
+        ),
+        (
+            "writing the secondary",
+            new_primary.to_vec(),
+            unsummed(new_secondary),
+        ),
+        (
+            "writing the primary",
+            unsummed(new_primary),
+            old_secondary.to_vec(),
+        ),
+    ];
+    let state_dir = s.path(".keyplan");
+    for (name, primary, secondary) in &writes {
+        put_at(&img, 0, primary);
+        put_at(&img, hdr_size, secondary);
+        let lock = keyplan::journal::StateLock::acquire(&state_dir).expect("take the state lock");
+        let j = status_json(&s, 0);
+        assert!(
+            j["devices"][0].get("header_damage").is_none(),
+            "{name}: {j}"
+        );
+        let w = j["devices"][0]["header_write_in_progress"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: no write in progress reported: {j}"));
+        assert!(
+            w.contains(&format!("pid {} on host", std::process::id())),
+            "{name}: {w}"
+        );
+        let text = s.ok(&["status"], 0);
+        assert!(
+            text.contains("header: the LUKS2 header copies differ"),
+            "{name}: {text}"
+        );
+        let m = prometheus(&s, 0);
+        assert_eq!(
+            m[r#"keyplan_device_header_damage{device="a"}"#], 0.0,
+            "{name}"
+        );
+        drop(lock);
+        let j = status_json(&s, 1);
+        assert!(
+            j["devices"][0]["header_damage"]
+                .as_array()
+                .is_some_and(|a| !a.is_empty()),
+            "{name} without the lock: {j}"
+        );
+        assert!(
+            j["devices"][0].get("header_write_in_progress").is_none(),
+            "{j}"
+        );
+    }
+    // Shapes no write leaves: damage, lock or not.
+    let mut flipped = new_secondary.to_vec();
+    flipped[4096 + 10] ^= 0x20;
+    let damaged: [(&str, &[u8], &[u8]); 2] = [
+        ("secondary ahead of the primary", old_primary, new_secondary),
+        (
+            "a flipped byte in the secondary's JSON",
+            new_primary,
+            &flipped,
+        ),
+    ];
+    for (name, primary, secondary) in damaged {
+        put_at(&img, 0, primary);
+        put_at(&img, hdr_size, secondary);
+        let _lock = keyplan::journal::StateLock::acquire(&state_dir).expect("take the state lock");
+        let j = status_json(&s, 1);
+        assert!(
+            j["devices"][0]["header_damage"]
+                .as_array()
+                .is_some_and(|a| !a.is_empty()),
+            "{name}: {j}"
+        );
+    }
+    // The header as the write left it: healthy.
+    std::fs::write(&img, &after).expect("restore the image");
+    status_json(&s, 0);
+}

@@ -108,6 +108,10 @@ pub(crate) struct Health {
     /// Shared keys whose commit waits for other nodes: key id and the number of nodes it
     /// waits for.
     pub commits_waiting: Vec<(String, usize)>,
+    /// Cycles and runs that stopped before changing anything because something could not be
+    /// looked at (a KMS unreachable, sealed or silent): [`Agent::could_not_look`]. They do not
+    /// count towards `max_failed_nodes`.
+    pub observation_failures: u64,
 }
 
 /// Runs the agent until `stop` is set (SIGTERM), then releases what it holds, reports
@@ -477,9 +481,11 @@ impl Agent {
 
     /// Loads the plan, finds whether there is work, and starts on it.
     fn full_cycle(&mut self, text: &str) {
-        // Work known from an earlier cycle stays known when this cycle cannot observe (a KMS
-        // outage): the node still takes its turn, and a run that cannot plan fails and counts
-        // towards max_failed_nodes, so an outage mid-rollout halts it.
+        // Work known from an earlier cycle stays known when this cycle cannot observe for a
+        // reason of the node's own (a device gone): the node still takes its turn, and a run
+        // that fails counts towards max_failed_nodes. When it cannot observe because a KMS
+        // cannot be asked (an outage), it waits for its next full cycle instead: taking a slot
+        // could only fail before changing anything (docs/fleet.md, "A KMS outage").
         let known = self.pending.take().map(|p| p.changes);
         let plan = match self.load(text) {
             Ok(p) => p,
@@ -520,6 +526,12 @@ impl Agent {
         };
         let work = match find_work(&engine) {
             Ok(w) => w,
+            Err(e) if e.could_not_look() => {
+                self.summarize(&engine, None);
+                drop(engine);
+                self.could_not_look(&e, false);
+                return;
+            }
             Err(e) => {
                 self.summarize(&engine, None);
                 self.cannot_check(&e);
@@ -608,6 +620,38 @@ impl Agent {
             self.adopt_previous();
         }
         Ok(plan)
+    }
+
+    /// A cycle (or, `in_run`, a run before its first step) stopped because something could not
+    /// be looked at: a KMS unreachable, sealed, refusing or silent ([`Error::could_not_look`]).
+    /// Nothing was changed, so it is not a failed rotation and does not count towards
+    /// `max_failed_nodes`: a KMS outage every node sees before any change must not halt the
+    /// fleet until an operator clears it. It is reported (`error` state, the message), said
+    /// in the log and an `ObservationFailed` Event once per message, and counted in
+    /// `keyplan_agent_observation_failures`; the node looks again at its next full cycle.
+    fn could_not_look(&mut self, e: &Error, in_run: bool) {
+        let message = format!(
+            "could not {} (nothing was changed; this does not count towards max_failed_nodes, and the node looks again at its next cycle): {e}",
+            if in_run {
+                "plan its run"
+            } else {
+                "observe or plan"
+            }
+        );
+        self.health().observation_failures += 1;
+        let first = self.report.state != AgentState::Error
+            || self.report.message.as_deref() != Some(message.as_str());
+        if first {
+            tracing::error!(node = %self.opts.node, event = "observation_failed", "{message}");
+            self.events().emit(
+                EventType::Warning,
+                "ObservationFailed",
+                &format!("node {}: {message}", self.opts.node),
+            );
+        }
+        self.pending = None;
+        self.set_state(AgentState::Error, Some(message));
+        self.publish(false);
     }
 
     fn cannot_check(&mut self, e: &Error) {
@@ -803,6 +847,14 @@ impl Agent {
                 tracing::warn!(node = %self.opts.node, event = "run_complete", outcome = "stopped", "{message}");
                 self.set_state(AgentState::Stopped, Some(message));
                 "stopped"
+            }
+            Err(e) if e.could_not_look() => {
+                // No step ran (a run that started is `Error::Run`): it could not plan.
+                run.outcome = "not_started".into();
+                run.error = Some(e.to_string());
+                tracing::warn!(node = %self.opts.node, event = "run_complete", outcome = "not_started", "node {}: the run could not plan, nothing was changed: {e}", self.opts.node);
+                self.could_not_look(&e, true);
+                "not_started"
             }
             Err(e) => {
                 if let Error::Run { failure, .. } = &e {

@@ -117,15 +117,21 @@ fn metrics(h: &Health, node: &str) -> Result<String, std::fmt::Error> {
     }
     let mut runs = ExtraGauge::counter(
         "keyplan_agent_runs",
-        "Node runs this agent process started, by outcome (success, failed, stopped).",
+        "Node runs this agent process started, by outcome (success, failed, stopped, not_started: it could not plan because a KMS could not be asked, and changed nothing).",
     );
-    for outcome in ["success", "failed", "stopped"] {
+    for outcome in ["success", "failed", "stopped", "not_started"] {
         runs.add(
             vec![("outcome", outcome.to_string())],
             h.runs.get(outcome).copied().unwrap_or(0),
         );
     }
     extra.push(runs);
+    let mut observation = ExtraGauge::counter(
+        "keyplan_agent_observation_failures",
+        "Cycles and runs of this agent process that stopped before changing anything because something could not be looked at (a KMS unreachable, sealed or not answering in time); they do not count towards max_failed_nodes.",
+    );
+    observation.add(Vec::new(), h.observation_failures);
+    extra.push(observation);
     if let Some(state) = h.state {
         let mut st = ExtraGauge::new(
             "keyplan_agent_state",

@@ -40,7 +40,7 @@ pub fn client(
     let _ = rustls::crypto::ring::default_provider().install_default();
     crate::kms::block_on(
         "fleet",
-        crate::kms::kubernetes::load_client(kubeconfig, context),
+        crate::kms::kubernetes::load_client(kubeconfig, context, crate::kms::REQUEST_TIMEOUT),
     )
     .map_err(|e| e.to_string())?
     .map(|(_, client, _)| client)

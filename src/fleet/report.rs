@@ -234,7 +234,9 @@ pub struct AgentRun {
     pub started_at: u64,
     /// Unix seconds; `None` while it runs.
     pub ended_at: Option<u64>,
-    /// `running`, `success`, `failed` or `stopped`.
+    /// `running`, `success`, `failed`, `stopped`, or `not_started` (it could not plan because
+    /// a KMS could not be asked: nothing changed, and it does not count towards
+    /// `max_failed_nodes`).
     pub outcome: String,
     /// Steps this agent ran.
     pub steps: usize,
@@ -323,6 +325,9 @@ impl std::fmt::Display for ReportError {
 pub struct Reports {
     api: Api<ConfigMap>,
     namespace: String,
+    /// When every request must have its answer ([`Reports::until`]); `None`: the client's own
+    /// timeouts only.
+    until: Option<std::time::Instant>,
 }
 
 impl Reports {
@@ -331,7 +336,15 @@ impl Reports {
         Reports {
             api: Api::namespaced(client, namespace),
             namespace: namespace.to_string(),
+            until: None,
         }
+    }
+
+    /// The same reports, every request of which must be answered by `until` (`fleet status`'s
+    /// bound); one that is not fails with a message saying so.
+    pub fn until(mut self, until: std::time::Instant) -> Reports {
+        self.until = Some(until);
+        self
     }
 
     /// Runs one request: `what` names it in the error (with the HTTP status, when there was
@@ -341,12 +354,31 @@ impl Reports {
         what: &str,
         fut: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, ReportError> {
-        block_on("fleet", fut)
-            .map_err(|e| ReportError {
-                message: format!("{what}: {e}"),
-                code: None,
-            })?
-            .map_err(|e| self.err(what, e))
+        let Some(until) = self.until else {
+            return block_on("fleet", fut)
+                .map_err(|e| ReportError {
+                    message: format!("{what}: {e}"),
+                    code: None,
+                })?
+                .map_err(|e| self.err(what, e));
+        };
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        block_on(
+            "fleet",
+            async move { tokio::time::timeout(left, fut).await },
+        )
+        .map_err(|e| ReportError {
+            message: format!("{what}: {e}"),
+            code: None,
+        })?
+        .map_err(|_| ReportError {
+            message: format!(
+                "{what}: the API server did not answer in time (`fleet status` waits {} in all)",
+                crate::kms::deadline::seconds(super::status::READ_TIMEOUT)
+            ),
+            code: None,
+        })?
+        .map_err(|e| self.err(what, e))
     }
 
     fn err(&self, what: &str, e: kube::Error) -> ReportError {

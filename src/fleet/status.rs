@@ -19,6 +19,10 @@ pub const FORMAT_VERSION: &str = "1.0";
 pub const LOST_INTERVALS: u64 = 3;
 /// The least age, in seconds, at which a report counts as lost.
 pub const LOST_MIN_SECONDS: u64 = 120;
+/// How long [`read`] waits for the API server in all (its two lists together): what does not
+/// answer by then makes `fleet status` exit 3, naming it (docs/fleet.md). Shorter than the
+/// fleet client's own 30 s per-read timeout ([`crate::kms::REQUEST_TIMEOUT`]), a backstop.
+pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// The whole fleet.
 #[derive(Debug, Clone, Serialize)]
@@ -127,18 +131,31 @@ impl FleetStatus {
     }
 }
 
-/// Reads every node report and slot Lease of `namespace` (two `list` requests).
+/// Reads every node report and slot Lease of `namespace` (two `list` requests), both answered
+/// within [`READ_TIMEOUT`] of the call.
 ///
-/// Errors: a text saying which list failed and why.
+/// Errors: a text saying which list failed and why (one the API server did not answer in
+/// time included).
 pub fn read(client: &kube::Client, namespace: &str) -> Result<FleetStatus, String> {
     let now = now_unix();
+    let until = std::time::Instant::now() + READ_TIMEOUT;
     let stored = Reports::new(client.clone(), namespace)
+        .until(until)
         .list()
         .map_err(|e| e.to_string())?;
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
     let lp = ListParams::default().labels("app.kubernetes.io/name=keyplan");
-    let leases = block_on("fleet", leases.list(&lp))
-        .map_err(|e| e.to_string())?
+    let left = until.saturating_duration_since(std::time::Instant::now());
+    let leases = block_on("fleet", async move {
+        tokio::time::timeout(left, leases.list(&lp)).await
+    })
+    .map_err(|e| e.to_string())?
+    .map_err(|_| {
+        format!(
+            "listing Leases in namespace {namespace}: the API server did not answer in time (`fleet status` waits {} in all)",
+            crate::kms::deadline::seconds(READ_TIMEOUT)
+        )
+    })?
         .map_err(|e| {
             format!(
                 "listing Leases in namespace {namespace}: {}",

@@ -236,7 +236,7 @@ fn endpoint_differences(
         (KmsConfig::Kmip { endpoint: a, .. }, KmsConfig::Kmip { endpoint: b, .. }) => {
             cmp("endpoint", format!("{a:?}"), format!("{b:?}"))
         }
-        (KmsConfig::Exec { command: a }, KmsConfig::Exec { command: b }) => {
+        (KmsConfig::Exec { command: a, .. }, KmsConfig::Exec { command: b, .. }) => {
             cmp("command", format!("{a:?}"), format!("{b:?}"))
         }
         _ => {}
@@ -284,7 +284,7 @@ fn relative_path(kms: &KmsConfig) -> Option<String> {
             client_key,
             ..
         } => paths.extend([ca_cert.as_str(), client_cert, client_key]),
-        KmsConfig::Exec { command } => {
+        KmsConfig::Exec { command, .. } => {
             if let Some(program) = command.first().filter(|p| p.contains('/')) {
                 paths.push(program);
             }

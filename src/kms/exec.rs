@@ -26,9 +26,11 @@
 //! (missing, not executable) is a [`KmsError::Config`]; one that cannot be started for another
 //! reason (no processes left, the file still busy after the retries), exits non-zero, is killed
 //! by a signal, prints nothing, invalid JSON or a response that does not follow the protocol,
-//! or takes longer than the timeout ([`crate::kms::REQUEST_TIMEOUT`], or [`TIMEOUT_ENV`]
-//! seconds), is [`KmsError::Unavailable`] naming the command; on a timeout its whole process
-//! group is killed. `read`, `get`, `retire`, `destroy_key` and `check` are
+//! is [`KmsError::Unavailable`] naming the command; one that takes longer than the time limit
+//! ([`timeout_of`]: the plan's `timeout`, [`TIMEOUT_ENV`] seconds, or
+//! [`crate::kms::REQUEST_TIMEOUT`]; less when the call's deadline, retries included, ends
+//! earlier: [`crate::kms::deadline`]) is [`KmsError::Timeout`], and its whole process group is
+//! killed. `read`, `get`, `retire`, `destroy_key` and `check` are
 //! retried through [`crate::kms::with_retries`]; `stage` and `commit` never are.
 
 use std::io::{pipe, PipeReader, PipeWriter, Write as _};
@@ -71,20 +73,26 @@ const STDERR_KEPT_BYTES: usize = 8192;
 const KILL_GRACE: Duration = Duration::from_secs(1);
 
 /// Opens the `exec` KMS instance `name` configured as `config` ([`KmsConfig::Exec`]). Starts
-/// nothing: the helper runs once per operation. Reads [`TIMEOUT_ENV`].
+/// nothing: the helper runs once per operation. Its time limit is [`timeout_of`].
 ///
 /// Errors: [`KmsError::Config`] for another provider's configuration, an empty `command`, or
-/// an invalid [`TIMEOUT_ENV`] value.
+/// an invalid `timeout` or [`TIMEOUT_ENV`] value.
 pub fn open(name: &str, config: &KmsConfig) -> Result<Box<dyn Kms>, KmsError> {
-    let KmsConfig::Exec { command } = config else {
+    let KmsConfig::Exec { command, .. } = config else {
         return Err(KmsError::misrouted(name, config, "exec"));
     };
-    let timeout = timeout_from_env(name)?;
+    let timeout = timeout_of(name, config)?;
     Ok(Box::new(ExecKms::new(name, command.clone(), timeout)?))
 }
 
-/// The time limit [`TIMEOUT_ENV`] sets, or [`crate::kms::REQUEST_TIMEOUT`] when it is unset.
-fn timeout_from_env(name: &str) -> Result<Duration, KmsError> {
+/// The time limit of one operation of exec KMS instance `name`: the plan's `timeout`, else
+/// the one [`TIMEOUT_ENV`] sets, else [`crate::kms::REQUEST_TIMEOUT`].
+///
+/// Errors: [`KmsError::Config`] for an invalid `timeout` or [`TIMEOUT_ENV`] value.
+pub fn timeout_of(name: &str, config: &KmsConfig) -> Result<Duration, KmsError> {
+    if config.timeout().is_some() {
+        return super::timeout_of(name, config);
+    }
     let bad = |value: &str| {
         KmsError::Config {
         kms: format!("exec KMS {name:?}"),
@@ -182,8 +190,23 @@ impl ExecKms {
     /// helper and waits for it with the deadline; the pipes are keyplan's own, served by
     /// threads ([`Served`]), so that key material only ever sits in zeroizing buffers.
     fn run(&self, ctx: &Ctx<'_>, request: Zeroizing<Vec<u8>>) -> Result<Finished, KmsError> {
+        // One run's limit, or less when the call's deadline (its retries included, set by
+        // `deadline::Guarded`) ends earlier.
+        let limit = self.timeout;
+        super::deadline::within(Instant::now() + limit, limit, || {
+            let deadline = Instant::now() + super::deadline::remaining();
+            self.run_until(ctx, request, deadline)
+        })
+    }
+
+    /// [`ExecKms::run`] with the deadline `deadline`.
+    fn run_until(
+        &self,
+        ctx: &Ctx<'_>,
+        request: Zeroizing<Vec<u8>>,
+        deadline: Instant,
+    ) -> Result<Finished, KmsError> {
         let (handle, mut served) = self.start(ctx, request)?;
-        let deadline = Instant::now() + self.timeout;
         let status = match handle.wait_deadline(deadline) {
             Ok(Some(output)) => output.status,
             Ok(None) => return Err(self.timed_out(ctx, &handle, &mut served, false)),
@@ -263,11 +286,15 @@ impl ExecKms {
         } else {
             ""
         };
-        ctx.unavailable(format!(
-            "no answer within {} s{lingering}; the helper and its process group were killed (raise {TIMEOUT_ENV} if the KMS is slow){}",
-            self.timeout.as_secs(),
-            ctx.stderr_note(served.stderr.as_deref().map_or(&[], |t| &t[..]))
-        ))
+        KmsError::Timeout {
+            kms: ctx.kms.describe(),
+            detail: ctx.redact(format!(
+                "operation {}: no answer within {}{lingering}; the helper and its process group were killed (a slow KMS needs a longer `timeout` in the plan, or {TIMEOUT_ENV}){}",
+                ctx.what(),
+                super::deadline::limit_text(),
+                ctx.stderr_note(served.stderr.as_deref().map_or(&[], |t| &t[..]))
+            )),
+        }
     }
 }
 

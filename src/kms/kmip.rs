@@ -25,11 +25,13 @@
 //! later version; `read` lists them as `Retired`.
 //!
 //! Transport: one TLS connection (TLS 1.2 or later, server verified against `ca_cert` only,
-//! client certificate `client_cert`/`client_key`) per KMS call, [`super::REQUEST_TIMEOUT`] for
-//! connecting and for each read and write. Requests are built from `kmip-protocol`'s request
-//! types and serialized with `kmip-ttlv`; only the Register request has its own small serde
-//! mirror, because `kmip-protocol` 0.4.3 has no HMAC-SHA256 algorithm value and would copy the
-//! key material into a buffer that is never zeroized. keyplan does not use
+//! client certificate `client_cert`/`client_key`) per KMS call; connecting, the handshake
+//! and every read and write end by the call's deadline ([`super::deadline`]: the instance's
+//! `timeout`, default [`super::REQUEST_TIMEOUT`]), however slowly a server trickles bytes.
+//! Requests are built from `kmip-protocol`'s request types and serialized with `kmip-ttlv`;
+//! only the Register request has its own small serde mirror, because `kmip-protocol` 0.4.3
+//! has no HMAC-SHA256 algorithm value and would copy the key material into a buffer that is
+//! never zeroized. keyplan does not use
 //! `kmip_protocol::client::Client`: with its TLS helpers it logs every request and response
 //! (key material included) as hex at `trace` level through the `log` crate, which keyplan's
 //! `KEYPLAN_LOG=trace` would print.
@@ -55,7 +57,7 @@ use openssl::x509::{X509VerifyResult, X509};
 use zeroize::{Zeroize, Zeroizing};
 
 use super::book::{show, Commit, Destroy, VersionBook};
-use super::{Credential, KeyState, Kms, KmsError, VersionInfo, VersionState, REQUEST_TIMEOUT};
+use super::{Credential, KeyState, Kms, KmsError, VersionInfo, VersionState};
 use crate::secret::Passphrase;
 use crate::spec::KmsConfig;
 
@@ -99,6 +101,7 @@ pub fn open(name: &str, config: &KmsConfig) -> Result<Box<dyn Kms>, KmsError> {
             ca_cert,
             client_cert,
             client_key,
+            ..
         } => Ok(Box::new(KmipKms::new(
             name,
             endpoint,
@@ -164,6 +167,15 @@ impl KmipKms {
         })
     }
 
+    /// The error for `what` (an exchange with the server) that got no answer before the
+    /// call's deadline ([`super::deadline`]).
+    fn timed_out(&self, what: String) -> KmsError {
+        KmsError::Timeout {
+            kms: self.describe(),
+            detail: format!("{what}: no answer within {}", super::deadline::limit_text()),
+        }
+    }
+
     fn unavailable(&self, detail: String) -> KmsError {
         KmsError::Unavailable {
             kms: self.describe(),
@@ -173,7 +185,8 @@ impl KmipKms {
 
     /// Opens a TLS session to the server.
     ///
-    /// Errors: [`KmsError::Unavailable`] (name resolution, refused, timeout, reset),
+    /// Errors: [`KmsError::Unavailable`] (name resolution, refused, reset),
+    /// [`KmsError::Timeout`] (no connection or handshake before the call's deadline),
     /// [`KmsError::Config`] (the server's certificate is not trusted by `ca_cert` or does not
     /// name the endpoint's host), [`KmsError::Denied`] (the server rejected the handshake:
     /// keyplan's client certificate is not accepted).
@@ -182,10 +195,15 @@ impl KmipKms {
             .to_socket_addrs()
             .map_err(|e| self.unavailable(format!("cannot resolve {}: {e}", self.host)))?
             .collect();
+        let until = std::time::Instant::now() + super::deadline::remaining();
         let mut last = None;
         let mut tcp = None;
         for addr in &addrs {
-            match TcpStream::connect_timeout(addr, REQUEST_TIMEOUT) {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match TcpStream::connect_timeout(addr, left) {
                 Ok(s) => {
                     tcp = Some(s);
                     break;
@@ -193,35 +211,41 @@ impl KmipKms {
                 Err(e) => last = Some(e),
             }
         }
-        let tcp = tcp.ok_or_else(|| {
-            self.unavailable(match last {
-                Some(e) if e.kind() == std::io::ErrorKind::TimedOut => format!(
-                    "cannot connect to {}: no answer within {} s",
-                    self.endpoint,
-                    REQUEST_TIMEOUT.as_secs()
-                ),
-                Some(e) => format!("cannot connect to {}: {e}", self.endpoint),
-                None => format!("{} resolves to no address", self.host),
-            })
-        })?;
-        let timeouts = tcp
-            .set_read_timeout(Some(REQUEST_TIMEOUT))
-            .and_then(|()| tcp.set_write_timeout(Some(REQUEST_TIMEOUT)))
-            .and_then(|()| tcp.set_nodelay(true));
-        if let Err(e) = timeouts {
+        let tcp = match tcp {
+            Some(t) => t,
+            None => {
+                return Err(match last {
+                    Some(e)
+                        if e.kind() == std::io::ErrorKind::TimedOut
+                            || std::time::Instant::now() >= until =>
+                    {
+                        self.timed_out(format!("connecting to {}", self.endpoint))
+                    }
+                    Some(e) => {
+                        self.unavailable(format!("cannot connect to {}: {e}", self.endpoint))
+                    }
+                    None if !addrs.is_empty() => {
+                        self.timed_out(format!("connecting to {}", self.endpoint))
+                    }
+                    None => self.unavailable(format!("{} resolves to no address", self.host)),
+                })
+            }
+        };
+        if let Err(e) = tcp.set_nodelay(true) {
             return Err(self.unavailable(format!("cannot set up the connection: {e}")));
         }
-        match self.connector.connect(&self.host, tcp) {
+        match self
+            .connector
+            .connect(&self.host, DeadlineStream { tcp, until })
+        {
             Ok(tls) => Ok(Session { kms: self, tls }),
             Err(HandshakeError::SetupFailure(e)) => Err(KmsError::Config {
                 kms: self.describe(),
                 detail: format!("cannot start TLS: {e}"),
             }),
-            Err(HandshakeError::WouldBlock(_)) => Err(self.unavailable(format!(
-                "TLS handshake with {}: no answer within {} s",
-                self.endpoint,
-                REQUEST_TIMEOUT.as_secs()
-            ))),
+            Err(HandshakeError::WouldBlock(_)) => {
+                Err(self.timed_out(format!("TLS handshake with {}", self.endpoint)))
+            }
             Err(HandshakeError::Failure(mid)) => {
                 let verify = mid.ssl().verify_result();
                 if verify != X509VerifyResult::OK {
@@ -252,11 +276,9 @@ impl KmipKms {
             };
         }
         let detail = match e.io_error() {
-            Some(io) if is_timeout(io) => format!(
-                "{what} with {}: no answer within {} s",
-                self.endpoint,
-                REQUEST_TIMEOUT.as_secs()
-            ),
+            Some(io) if is_timeout(io) => {
+                return self.timed_out(format!("{what} with {}", self.endpoint))
+            }
             Some(io) => format!("{what} with {}: {io}", self.endpoint),
             None if e.code() == openssl::ssl::ErrorCode::ZERO_RETURN => {
                 format!("{what}: {} closed the connection", self.endpoint)
@@ -1033,6 +1055,54 @@ fn split_endpoint(endpoint: &str) -> Option<(String, u16)> {
     Some((host.to_string(), port))
 }
 
+/// A TCP connection whose every read and write ends by `until` (the KMS call's deadline): the
+/// socket's timeout is set to what is left before each one, so a server that trickles its
+/// answer a byte at a time cannot stretch a call; past `until` a read or write fails at once
+/// with [`std::io::ErrorKind::TimedOut`].
+#[derive(Debug)]
+struct DeadlineStream {
+    tcp: TcpStream,
+    until: std::time::Instant,
+}
+
+impl DeadlineStream {
+    /// What is left before the deadline.
+    ///
+    /// Errors: [`std::io::ErrorKind::TimedOut`] when nothing is.
+    fn left(&self) -> std::io::Result<std::time::Duration> {
+        let left = self
+            .until
+            .saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the KMS call's deadline passed",
+            ))
+        } else {
+            Ok(left)
+        }
+    }
+}
+
+impl std::io::Read for DeadlineStream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.left()?;
+        self.tcp.set_read_timeout(Some(left))?;
+        self.tcp.read(buf)
+    }
+}
+
+impl std::io::Write for DeadlineStream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let left = self.left()?;
+        self.tcp.set_write_timeout(Some(left))?;
+        self.tcp.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.tcp.flush()
+    }
+}
+
 fn is_timeout(e: &std::io::Error) -> bool {
     matches!(
         e.kind(),
@@ -1079,7 +1149,7 @@ enum Fail {
 /// One TLS connection to the server.
 struct Session<'a> {
     kms: &'a KmipKms,
-    tls: SslStream<TcpStream>,
+    tls: SslStream<DeadlineStream>,
 }
 
 impl Session<'_> {
@@ -1156,11 +1226,10 @@ impl Session<'_> {
             return Fail::Transport(self.kms.transport_error("KMIP request", ssl));
         }
         let detail = if is_timeout(&e) {
-            format!(
-                "KMIP request to {}: no answer within {} s",
-                self.kms.endpoint,
-                REQUEST_TIMEOUT.as_secs()
-            )
+            return Fail::Transport(
+                self.kms
+                    .timed_out(format!("KMIP request to {}", self.kms.endpoint)),
+            );
         } else if e.kind() == std::io::ErrorKind::UnexpectedEof {
             format!(
                 "KMIP request: {} closed the connection without answering",

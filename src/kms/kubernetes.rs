@@ -107,21 +107,27 @@ pub fn open(name: &str, config: &KmsConfig) -> Result<Box<dyn Kms>, KmsError> {
             namespace,
             context,
             data_key,
-        } => Ok(Box::new(KubernetesKms::new(
+            ..
+        } => Ok(Box::new(KubernetesKms::with_timeout(
             name,
             namespace,
             data_key.as_deref(),
             None,
             context.as_deref(),
+            super::timeout_of(name, config)?,
         )?)),
         other => Err(KmsError::misrouted(name, other, "kubernetes")),
     }
 }
 
+/// How much longer than a call's deadline the kube client's own timeouts are (backstops).
+const CLIENT_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A Kubernetes namespace as a key store (see the module documentation for the layout).
 ///
 /// Safe to share between threads; every call runs on keyplan's shared runtime
-/// ([`super::block_on`]) and is bounded by [`super::REQUEST_TIMEOUT`] per request.
+/// ([`super::block_on`]) and each request is bounded by what is left of its call's deadline
+/// ([`super::deadline`]).
 pub struct KubernetesKms {
     name: String,
     namespace: String,
@@ -251,6 +257,30 @@ impl KubernetesKms {
         kubeconfig: Option<&Path>,
         context: Option<&str>,
     ) -> Result<KubernetesKms, KmsError> {
+        Self::with_timeout(
+            name,
+            namespace,
+            data_key,
+            kubeconfig,
+            context,
+            REQUEST_TIMEOUT,
+        )
+    }
+
+    /// [`KubernetesKms::new`] for an instance whose calls may take up to `timeout` (its
+    /// `timeout` in the plan): the client's own connect, read and write timeouts are a few
+    /// seconds longer ([`CLIENT_GRACE`]), backstops only, so the call's own deadline
+    /// ([`super::deadline`]) ends a silent request first and says so.
+    ///
+    /// Errors: as [`KubernetesKms::new`].
+    pub fn with_timeout(
+        name: &str,
+        namespace: &str,
+        data_key: Option<&str>,
+        kubeconfig: Option<&Path>,
+        context: Option<&str>,
+        timeout: std::time::Duration,
+    ) -> Result<KubernetesKms, KmsError> {
         let pre = format!("kubernetes KMS {name:?} (namespace {namespace})");
         let config_err = |detail: String| KmsError::Config {
             kms: pre.clone(),
@@ -271,7 +301,10 @@ impl KubernetesKms {
         // rustls is built with two crypto providers here (kube's ring, vaultrs' aws-lc-rs), so
         // it cannot pick one by itself: name kube's. A provider installed earlier stays.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let loaded = block_on(&pre, load_client(kubeconfig, context))?;
+        let loaded = block_on(
+            &pre,
+            load_client(kubeconfig, context, timeout + CLIENT_GRACE),
+        )?;
         let (url, client, auth) =
             loaded.map_err(|e| config_err(format!("cannot use {what}: {e}")))?;
         Ok(KubernetesKms {
@@ -296,7 +329,8 @@ impl KubernetesKms {
     }
 
     /// Sends one request (body `body` replacing the request's own when given), bounded by
-    /// [`REQUEST_TIMEOUT`]; returns the 2xx answer's body in a zeroizing buffer.
+    /// what is left of its call's deadline ([`super::deadline::remaining`]); returns the 2xx
+    /// answer's body in a zeroizing buffer.
     async fn send(
         &self,
         req: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
@@ -334,7 +368,7 @@ impl KubernetesKms {
                 Err(CallError::Api(Box::new(st)))
             }
         };
-        match tokio::time::timeout(REQUEST_TIMEOUT, call).await {
+        match tokio::time::timeout(super::deadline::remaining(), call).await {
             Ok(r) => r,
             Err(_) => Err(CallError::Timeout),
         }
@@ -440,12 +474,12 @@ impl KubernetesKms {
     fn fail(&self, key: &str, what: &str, e: CallError) -> KmsError {
         let kms = self.describe();
         match e {
-            CallError::Timeout => KmsError::Unavailable {
+            CallError::Timeout => KmsError::Timeout {
                 kms,
                 detail: format!(
-                    "{what}: no answer from {} within {} s",
+                    "{what}: no answer from {} within {}",
                     self.cluster_url,
-                    REQUEST_TIMEOUT.as_secs()
+                    super::deadline::limit_text()
                 ),
             },
             CallError::Transport(t) => KmsError::Unavailable {
@@ -1315,12 +1349,13 @@ fn config_source(kubeconfig: Option<&Path>, context: Option<&str>) -> String {
 }
 
 /// Loads the connection settings (see [`KubernetesKms::new`]) and builds a client with
-/// client-side retries off and [`REQUEST_TIMEOUT`] for connecting, reading and writing.
+/// client-side retries off and `timeout` for connecting and for each read and write.
 /// Returns the cluster URL, the client and where its credential comes from. Errors: why the
 /// kubeconfig or the in-cluster configuration cannot be used (never its content).
 pub(crate) async fn load_client(
     kubeconfig: Option<&Path>,
     context: Option<&str>,
+    timeout: std::time::Duration,
 ) -> Result<(String, kube::Client, AuthSource), String> {
     let options = KubeConfigOptions {
         context: context.map(str::to_string),
@@ -1348,9 +1383,9 @@ pub(crate) async fn load_client(
     };
     let mut config = config?;
     config.default_retry = false;
-    config.connect_timeout = Some(REQUEST_TIMEOUT);
-    config.read_timeout = Some(REQUEST_TIMEOUT);
-    config.write_timeout = Some(REQUEST_TIMEOUT);
+    config.connect_timeout = Some(timeout);
+    config.read_timeout = Some(timeout);
+    config.write_timeout = Some(timeout);
     config.reset_reader_on_write = true;
     let url = config.cluster_url.to_string();
     let auth = AuthSource::of(&config.auth_info);
@@ -1367,7 +1402,7 @@ enum CallError {
     Transport(String),
     /// The answer is not a Secret (text without material).
     Decode(String),
-    /// No answer within [`REQUEST_TIMEOUT`].
+    /// No answer before the call's deadline ([`super::deadline`]).
     Timeout,
 }
 
@@ -1376,7 +1411,7 @@ impl fmt::Display for CallError {
         match self {
             CallError::Api(st) => write!(f, "{} {}: {}", st.code, st.reason, st.message),
             CallError::Transport(t) | CallError::Decode(t) => f.write_str(t),
-            CallError::Timeout => write!(f, "no answer within {} s", REQUEST_TIMEOUT.as_secs()),
+            CallError::Timeout => write!(f, "no answer within {}", super::deadline::limit_text()),
         }
     }
 }

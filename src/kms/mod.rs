@@ -10,11 +10,15 @@
 //! commit, retire and destroy, the conflict messages) live in [`book`].
 //!
 //! Network providers share [`block_on`] (one small tokio runtime for the async client crates),
-//! [`REQUEST_TIMEOUT`] and [`with_retries`], which retries only idempotent operations (reads,
-//! gets, retires) with bounded exponential backoff; `stage` and `commit` are never retried
-//! blindly: after a failed write keyplan re-reads the key before acting again.
+//! [`deadline`] (every call ends within its KMS instance's `timeout`, default
+//! [`REQUEST_TIMEOUT`]; a KMS that let a call time out is not asked again by the same
+//! command) and [`with_retries`], which retries only idempotent operations (reads, gets,
+//! retires) with bounded exponential backoff, while the call's deadline leaves room; `stage`
+//! and `commit` are never retried blindly: after a failed write keyplan re-reads the key
+//! before acting again.
 
 pub mod book;
+pub mod deadline;
 pub mod exec;
 pub mod expiry;
 pub mod file;
@@ -172,6 +176,16 @@ pub enum KmsError {
         /// KMS description.
         kms: String,
         /// What failed (no material).
+        detail: String,
+    },
+    /// The store did not answer within the call's deadline (its KMS instance's `timeout`,
+    /// [`deadline`]), or an earlier call of this command did not and it was not asked again.
+    /// Whether a write took effect is unknown; keyplan re-reads before acting again.
+    #[error("{kms} did not answer in time: {detail}. keyplan stopped waiting and asks it nothing more in this command (the next run reads the KMS before it writes again); once the KMS answers, run keyplan again, or raise the KMS's `timeout` in the plan (docs/monitoring.md, \"Deadlines\")")]
+    Timeout {
+        /// KMS description.
+        kms: String,
+        /// What was asked and the deadline it missed (no material).
         detail: String,
     },
     /// The store answered but refused the operation (authentication or authorization).
@@ -349,14 +363,20 @@ pub trait Kms: Send + Sync {
     }
 }
 
-/// Opens the KMS instance `name` configured as `config` (paths already absolute).
+/// Opens the KMS instance `name` configured as `config` (paths already absolute), its calls
+/// limited to the instance's `timeout` ([`timeout_of`]) and budgeted by `policy`
+/// ([`deadline::Guarded`]).
 ///
 /// Opening contacts nothing; credentials named in the configuration (token variable,
 /// certificate files, kubeconfig) are read here.
 ///
 /// Errors: [`KmsError::Config`] for unusable settings, [`KmsError::Unsupported`] for
 /// providers not built yet.
-pub fn open(name: &str, config: &KmsConfig) -> Result<Box<dyn Kms>, KmsError> {
+pub fn open(
+    name: &str,
+    config: &KmsConfig,
+    policy: &std::sync::Arc<deadline::WaitPolicy>,
+) -> Result<Box<dyn Kms>, KmsError> {
     let kms: Box<dyn Kms> = match config {
         KmsConfig::File { path } => Box::new(file::FileKms::new(name, PathBuf::from(path))),
         KmsConfig::Vault { .. } => vault::open(name, config)?,
@@ -364,11 +384,35 @@ pub fn open(name: &str, config: &KmsConfig) -> Result<Box<dyn Kms>, KmsError> {
         KmsConfig::Kmip { .. } => kmip::open(name, config)?,
         KmsConfig::Exec { .. } => exec::open(name, config)?,
     };
-    Ok(injected(kms))
+    let timeout = match config {
+        KmsConfig::Exec { .. } => exec::timeout_of(name, config)?,
+        _ => timeout_of(name, config)?,
+    };
+    Ok(Box::new(deadline::Guarded::new(
+        injected(kms),
+        timeout,
+        std::sync::Arc::clone(policy),
+    )))
 }
 
-/// Time limit of one request to a network KMS (connect + answer): 30 seconds.
+/// Default time limit of one KMS call, all its requests and retries included (connect and
+/// answer), for an instance without `timeout` in the plan: 30 seconds.
 pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The `timeout` of KMS instance `name` (validated by `keyplan validate`: 1 s to 1 h), or
+/// [`REQUEST_TIMEOUT`] when the plan gives none.
+///
+/// Errors: [`KmsError::Config`] when the text is not such a duration (a plan that skipped
+/// validation).
+pub fn timeout_of(name: &str, config: &KmsConfig) -> Result<std::time::Duration, KmsError> {
+    match config.timeout() {
+        None => Ok(REQUEST_TIMEOUT),
+        Some(text) => crate::spec::parse_kms_timeout(text).map_err(|detail| KmsError::Config {
+            kms: format!("{} KMS {name:?}", config.provider()),
+            detail,
+        }),
+    }
+}
 
 /// Runs `future` to completion on keyplan's shared tokio runtime (2 worker threads, started
 /// on first use) from synchronous engine code. Used by the providers built on async client
@@ -398,8 +442,10 @@ pub fn block_on<F: std::future::Future>(kms: &str, future: F) -> Result<F::Outpu
 
 /// Runs the idempotent KMS operation `op` (a read, get, retire or destroy; never a stage or
 /// commit), retrying it when it fails with [`KmsError::Unavailable`]: at most 3 retries,
-/// exponential backoff from 200 ms to 2 s with jitter (the `backon` crate). Each retry is
-/// logged at `warn` with `what` (operation and key, no material). Other errors return at once.
+/// exponential backoff from 200 ms to 2 s with jitter (the `backon` crate), and only while the
+/// call's deadline ([`deadline`]) leaves more than the longest pause. Each retry is logged at
+/// `warn` with `what` (operation and key, no material). Other errors (a
+/// [`KmsError::Timeout`] among them: the deadline is spent) return at once.
 pub fn with_retries<T>(what: &str, op: impl FnMut() -> Result<T, KmsError>) -> Result<T, KmsError> {
     use backon::{BlockingRetryable, ExponentialBuilder};
     let policy = ExponentialBuilder::default()
@@ -409,7 +455,10 @@ pub fn with_retries<T>(what: &str, op: impl FnMut() -> Result<T, KmsError>) -> R
         .with_jitter();
     op.retry(policy)
         .sleep(std::thread::sleep)
-        .when(|e| matches!(e, KmsError::Unavailable { .. }))
+        .when(|e| {
+            matches!(e, KmsError::Unavailable { .. })
+                && deadline::leaves(std::time::Duration::from_secs(2))
+        })
         .notify(|e, after| {
             tracing::warn!(operation = what, retry_in = ?after, "KMS unavailable; retrying");
             tracing::debug!(operation = what, error = %e, "KMS error before the retry")

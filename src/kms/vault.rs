@@ -33,7 +33,8 @@
 //! check-and-set, then deletes the metadata (all versions) of both paths.
 //!
 //! All HTTP goes through `vaultrs` (with `rustify` for two endpoints vaultrs lacks) on the
-//! shared runtime ([`super::block_on`]), each request limited to [`REQUEST_TIMEOUT`]. The
+//! shared runtime ([`super::block_on`]), each request limited to what is left of its call's
+//! deadline ([`super::deadline`]: the instance's `timeout`, default [`super::REQUEST_TIMEOUT`]). The
 //! client crates' own tracing is silenced (they log expected 404s as errors); this module logs
 //! each request at `debug` with the path only, never a token or passphrase. The HTTP buffers
 //! inside `vaultrs`/`reqwest` are not zeroized (the crates offer no hook); keyplan's own copies
@@ -56,7 +57,6 @@ use zeroize::Zeroizing;
 use super::book::{Commit, Destroy, VersionBook};
 use super::{
     block_on, with_retries, Credential, KeyState, Kms, KmsError, VersionInfo, VersionState,
-    REQUEST_TIMEOUT,
 };
 use crate::secret::Passphrase;
 use crate::spec::KmsConfig;
@@ -183,8 +183,9 @@ struct Endpoint {
     identity: Option<reqwest::Identity>,
 }
 
-/// The vaultrs client for `ep` with `token` (empty: none, for a login request),
-/// [`REQUEST_TIMEOUT`], TLS always verified (trusting `ca_cert`, a PEM file, when given;
+/// The vaultrs client for `ep` with `token` (empty: none, for a login request), a backstop
+/// timeout of [`super::deadline::MAX_TIMEOUT`] (requests are bounded by their call's
+/// deadline), TLS always verified (trusting `ca_cert`, a PEM file, when given;
 /// presenting the client identity when there is one) and `namespace` unless blank. Its
 /// construction logs nothing. Errors: the settings or the HTTP client cannot be built (an
 /// unreadable CA file, say).
@@ -195,7 +196,8 @@ fn build_client(ep: &Endpoint, token: &str) -> Result<VaultClient, String> {
         // Already parsed, so vaultrs's own parse (which panics on failure) succeeds.
         .address(url.as_str())
         .token(token)
-        .timeout(Some(REQUEST_TIMEOUT))
+        // A backstop only: every request is bounded by its call's deadline (`request`).
+        .timeout(Some(super::deadline::MAX_TIMEOUT))
         .ca_certs(ca_cert.iter().map(|c| c.to_string()).collect())
         .identity(ep.identity.clone())
         .verify(true)
@@ -598,12 +600,15 @@ impl VaultKms {
     fn log_in(&self, client: &VaultClient) -> Result<Zeroizing<String>, KmsError> {
         let what = self.auth.login_what();
         tracing::debug!(kms = %self.instance, "vault request: {what}");
-        let answer = block_on(
-            &self.describe(),
-            self.auth
-                .login(client)
-                .with_subscriber(tracing::subscriber::NoSubscriber::default()),
-        )?
+        let left = super::deadline::remaining();
+        let login = self
+            .auth
+            .login(client)
+            .with_subscriber(tracing::subscriber::NoSubscriber::default());
+        let answer = block_on(&self.describe(), async move {
+            tokio::time::timeout(left, login).await
+        })?
+        .map_err(|_| self.timed_out(&what))?
         .map_err(|detail| KmsError::Config {
             kms: self.describe(),
             detail: format!("{what}: {detail}. Nothing was changed"),
@@ -661,6 +666,16 @@ impl VaultKms {
         }
     }
 
+    /// The error for request `what` that got no answer before the call's deadline
+    /// ([`super::deadline`]).
+    fn timed_out(&self, what: &str) -> KmsError {
+        tracing::debug!(kms = %self.instance, "vault request timed out: {what}");
+        KmsError::Timeout {
+            kms: self.describe(),
+            detail: format!("{what}: no answer within {}", super::deadline::limit_text()),
+        }
+    }
+
     /// `<mount>/data/<path>`, for messages.
     fn data_path(&self, path: &str) -> String {
         format!("{}/data/{path}", self.mount)
@@ -675,10 +690,12 @@ impl VaultKms {
         fut: impl Future<Output = Result<T, ClientError>>,
     ) -> Result<Answer<T>, KmsError> {
         tracing::debug!(kms = %self.instance, "vault request: {what}");
-        let out = block_on(
-            &self.describe(),
-            fut.with_subscriber(tracing::subscriber::NoSubscriber::default()),
-        )?;
+        let left = super::deadline::remaining();
+        let fut = fut.with_subscriber(tracing::subscriber::NoSubscriber::default());
+        let out = block_on(&self.describe(), async move {
+            tokio::time::timeout(left, fut).await
+        })?
+        .map_err(|_| self.timed_out(what))?;
         match out {
             Ok(v) => Ok(Answer::Ok(v)),
             Err(e) => {
@@ -2138,6 +2155,7 @@ mod tests {
             auth: None,
             namespace: None,
             ca_cert: None,
+            timeout: None,
         }
     }
 
@@ -2176,6 +2194,7 @@ mod tests {
             auth: None,
             namespace: None,
             ca_cert: None,
+            timeout: None,
         };
         match open("v", &c) {
             Err(KmsError::Config { detail, .. }) => {

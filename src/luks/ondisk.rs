@@ -61,6 +61,16 @@ pub struct Condition {
     /// rewrites one from the other at its next write to the device.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub copies_disagree: bool,
+    /// Whether the copies differ exactly as cryptsetup leaves them in the middle of one header
+    /// write (`LUKS2_disk_hdr_write` in cryptsetup's `lib/luks2/luks2_disk_metadata.c` writes
+    /// the primary copy, then the secondary, each first without its checksum and with the new
+    /// seqid, then its JSON area, then the checksum): the primary one seqid ahead of an intact
+    /// secondary, or one copy intact and the other carrying an all-zero checksum field and the
+    /// seqid of that write. Still damage for a header nobody is writing: `status` reads the
+    /// header again and asks the state lock before it calls it a write in progress
+    /// (docs/monitoring.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mid_write: bool,
     /// LUKS2 `config.requirements.mandatory`: flags cryptsetup must understand before it
     /// changes the header (an unknown one, or a reencryption in progress, makes every keyslot
     /// write fail with "Unmet LUKS2 requirements detected").
@@ -258,6 +268,7 @@ fn luks2(at: At<'_>) -> Result<Header, Unreadable> {
         (Ok(p), Ok(s)) => {
             if p.seqid != s.seqid || p.json != s.json || p.uuid != s.uuid {
                 condition.copies_disagree = true;
+                condition.mid_write = p.uuid == s.uuid && p.seqid == s.seqid.wrapping_add(1);
                 condition.damage.push(format!(
                     "the two LUKS2 header copies disagree (primary seqid {}, secondary seqid {}{}): cryptsetup would rewrite the older from the newer at its next write; {REPAIR_HINT}",
                     p.seqid,
@@ -281,6 +292,9 @@ fn luks2(at: At<'_>) -> Result<Header, Unreadable> {
         }
         (Ok(p), Err(why)) => {
             condition.copies_disagree = true;
+            // The secondary being written (same seqid as the primary, without its checksum).
+            condition.mid_write =
+                unsummed_seqid(at, p.bytes.len() as u64, false) == Some(p.seqid);
             condition.damage.push(format!(
                 "the secondary LUKS2 header (offset {}) is damaged: {why}; cryptsetup would rewrite it from the primary at its next write; {REPAIR_HINT}",
                 p.bytes.len()
@@ -289,6 +303,10 @@ fn luks2(at: At<'_>) -> Result<Header, Unreadable> {
         }
         (Err(why), Ok(s)) => {
             condition.copies_disagree = true;
+            // The primary being written: the next seqid (an update), or the secondary's own (a
+            // repair rewriting the primary from it).
+            condition.mid_write = unsummed_seqid(at, 0, true)
+                .is_some_and(|q| q == s.seqid || q == s.seqid.wrapping_add(1));
             condition.damage.push(format!(
                 "the primary LUKS2 header (offset 0) is damaged: {why}; the secondary copy (offset {}) is intact and used; cryptsetup would rewrite the primary from it at its next write; {REPAIR_HINT}",
                 s.offset
@@ -340,6 +358,29 @@ fn luks2(at: At<'_>) -> Result<Header, Unreadable> {
         ),
         condition,
     })
+}
+
+/// The seqid of the LUKS2 binary header at `offset` (the primary's when `primary`) when it is
+/// one cryptsetup is writing: its signature, version and `hdr_offset` are right and its
+/// checksum field is all zeros (`hdr_write_disk` writes it so before the JSON area, and the
+/// checksum last). `None` for anything else.
+fn unsummed_seqid(at: At<'_>, offset: u64, primary: bool) -> Option<u64> {
+    let bin = at(offset, BIN_SIZE)?;
+    let magic: &[u8] = if primary {
+        b"LUKS\xba\xbe"
+    } else {
+        b"SKUL\xba\xbe"
+    };
+    let be_u64 = |at: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&bin[at..at + 8]);
+        u64::from_be_bytes(b)
+    };
+    let unsummed = &bin[..6] == magic
+        && u16::from_be_bytes([bin[6], bin[7]]) == 2
+        && be_u64(256) == offset
+        && bin[448..512].iter().all(|b| *b == 0);
+    unsummed.then(|| be_u64(16))
 }
 
 /// The LUKS2 copy at `offset` (the primary when `primary`), or why it is not usable.

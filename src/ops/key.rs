@@ -34,11 +34,14 @@ pub fn check_key(plan: &crate::spec::Plan, key: &str) -> Result<(), Error> {
     ))
 }
 
-/// The version `key get` means: `version`, or the key's current version in its KMS.
+/// The version `key get` means: `version`, or the key's current version in its KMS. Starts
+/// the command's KMS budget ([`crate::world::World::bound_kms_waits`]).
 ///
 /// Errors: [`Error::Request`] when the plan has no such key, or the key has no current
 /// version yet; [`Error::Kms`].
 pub fn resolve_version(engine: &Engine, key: &str, version: Option<u64>) -> Result<u64, Error> {
+    // `key get` starts here: a read-only command, bounded as `status` is.
+    engine.world().bound_kms_waits();
     let (spec, kms) = key_and_kms(engine, key)?;
     match version {
         Some(v) => Ok(v),

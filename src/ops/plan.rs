@@ -46,11 +46,13 @@ pub enum PlanOutcome {
 }
 
 /// `keyplan plan`: the interrupted run, if there is one; else observes, diffs and checks the
-/// KMSs the steps would write to.
+/// KMSs the steps would write to. A read-only command: each KMS instance's calls together
+/// wait at most its `timeout` ([`crate::world::World::bound_kms_waits`]).
 ///
 /// Errors: a run holds the state lock right now ([`Error::InProgress`]); the journal cannot be
 /// read; see [`make`].
 pub fn plan(engine: &Engine, req: &PlanRequest) -> Result<PlanOutcome, Error> {
+    engine.world().bound_kms_waits();
     if let Some(s) = interrupted_run(engine.plan())? {
         return Ok(PlanOutcome::Interrupted(s));
     }

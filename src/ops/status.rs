@@ -23,6 +23,10 @@ use crate::world::RecordStatus;
 /// Version of the JSON document `status --format json` writes (minor versions only add fields).
 pub const FORMAT_VERSION: &str = "1.3";
 
+/// How many times `status` reads a header again after a read that found damage, before it
+/// reports it (each read is a few dozen microseconds; nothing else is waited for).
+pub const HEADER_REREADS: usize = 3;
+
 /// What `status` concludes (its exit status: docs/monitoring.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -133,6 +137,11 @@ pub struct DeviceReport {
     /// that disagree), one line each with what to do; empty for a healthy header.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub header_damage: Vec<String>,
+    /// Set instead of `header_damage` when the header copies differ as a header write leaves
+    /// them while a keyplan run holds the state lock, on every read ([`HEADER_REREADS`] more):
+    /// a write in progress, not damage (since format 1.3). What was seen and who writes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub header_write_in_progress: Option<String>,
     /// Keyslots keyplan did not make that still open with a key version it retired (found
     /// when it retired the version, `world::copies`; kept under `unmanaged_keyslots: keep`),
     /// one line each with what to do; each is a problem (since format 1.3).
@@ -222,6 +231,10 @@ struct Findings {
 /// what cannot be read becomes an `unchecked` line of the report.
 pub fn status(engine: &Engine) -> StatusReport {
     let plan = engine.plan();
+    // Each KMS instance's calls together wait at most its `timeout` from here on: a KMS that
+    // never answers costs one `timeout` and is reported under `unchecked` (docs/monitoring.md,
+    // "Deadlines").
+    engine.world().bound_kms_waits();
     let now = crate::clock::now_unix();
     let mut f = Findings::default();
     let records = match crate::journal::read(&plan.state_dir) {
@@ -255,7 +268,11 @@ pub fn status(engine: &Engine) -> StatusReport {
     });
     for d in &mut devices {
         if let Some(st) = observed.as_ref().and_then(|o| o.devices.get(&d.id)) {
-            d.header_damage = st.header.condition.damage.clone();
+            match judge_header(engine, st) {
+                HeaderSeen::Healthy => {}
+                HeaderSeen::Writing(what) => d.header_write_in_progress = Some(what),
+                HeaderSeen::Damaged(damage) => d.header_damage = damage,
+            }
             d.retired_copies = st
                 .retired_copies
                 .iter()
@@ -301,6 +318,54 @@ pub fn status(engine: &Engine) -> StatusReport {
         last_success_at,
         last_over_success,
     }
+}
+
+/// What `status` concludes about one device's header ([`judge_header`]).
+enum HeaderSeen {
+    /// No damage (on the first read, or on a read again: a write ended meanwhile).
+    Healthy,
+    /// A header write in progress, not damage: what was seen and who holds the state lock.
+    Writing(String),
+    /// Damage, one line each with what to do (the last read's).
+    Damaged(Vec<String>),
+}
+
+/// Tells a header write in progress from damage (docs/monitoring.md, "A run writing a
+/// header"): cryptsetup writes the two LUKS2 copies one after the other, so a read between
+/// its writes sees copies that disagree. A header whose observed read found damage is read
+/// again, up to [`HEADER_REREADS`] times, waiting on nothing but the reads: a read without
+/// damage means a write ended meanwhile (healthy). Damage seen on every read is a write in
+/// progress only when every read showed the shape a write leaves
+/// ([`crate::luks::ondisk::Condition::mid_write`]) and a keyplan run holds the state lock now
+/// (keyplan's runs write headers only under it); otherwise it is damage. A device that cannot
+/// be read again is judged by the reads made.
+fn judge_header(engine: &Engine, st: &observe::DeviceState) -> HeaderSeen {
+    let first = &st.header.condition;
+    if first.damage.is_empty() {
+        return HeaderSeen::Healthy;
+    }
+    let mut last = first.clone();
+    let mut writing = first.mid_write;
+    let mut reads = 1;
+    for _ in 0..HEADER_REREADS {
+        match engine.world().luks.dump(&st.path) {
+            Ok(h) if h.condition.damage.is_empty() => return HeaderSeen::Healthy,
+            Ok(h) => {
+                reads += 1;
+                writing &= h.condition.mid_write;
+                last = h.condition;
+            }
+            Err(_) => break,
+        }
+    }
+    if writing {
+        if let Some(holder) = crate::journal::lock_holder(&engine.plan().state_dir) {
+            return HeaderSeen::Writing(format!(
+                "the LUKS2 header copies differ as cryptsetup leaves them between its two writes of one header update, on each of {reads} reads, while a keyplan run holds the state lock ({holder}): a write in progress, not damage"
+            ));
+        }
+    }
+    HeaderSeen::Damaged(last.damage)
 }
 
 /// The node a status report is about (fleet mode, docs/fleet.md).
@@ -544,6 +609,7 @@ fn observe_devices(engine: &Engine, f: &mut Findings) -> (Option<Observed>, Vec<
             drifted: false,
             drift: Vec::new(),
             header_damage: Vec::new(),
+            header_write_in_progress: None,
             retired_copies: Vec::new(),
         })
         .collect();

@@ -83,13 +83,15 @@ pub struct Summary {
 }
 
 /// Checks every key listed on every device, in plan order, calling `each` with every check as
-/// it is made.
+/// it is made. Each KMS instance's calls together wait at most its `timeout`
+/// ([`crate::world::World::bound_kms_waits`]); PBKDF runs do not count.
 ///
 /// Errors: the observation failed ([`Error::Findings`]); a KMS call failed (the checks made
 /// until then were reported). A keyslot cryptsetup could not test is a failed check
 /// ([`Outcome::Untestable`]), and the other devices are still checked.
 pub fn verify(engine: &Engine, each: &mut dyn FnMut(&Check)) -> Result<Summary, Error> {
     let (plan, world) = (engine.plan(), engine.world());
+    world.bound_kms_waits();
     let observed = observe::observe(plan, world, Testing::Passphrases)?;
     let mut failures = 0usize;
     for dev in plan.devices.values() {

@@ -62,6 +62,9 @@ pub fn text(r: &StatusReport) -> String {
                 let _ = writeln!(s, "  {}: {}", f.kind.name(), f.detail);
             }
         }
+        if let Some(w) = &d.header_write_in_progress {
+            let _ = writeln!(s, "  header: {w}");
+        }
     }
     match &r.last_run {
         None => {

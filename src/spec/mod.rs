@@ -32,6 +32,7 @@ use std::time::Duration;
 
 pub use diag::{json_diagnostics, JsonDiagnostic, Position, Range, Severity};
 pub use model::{KmsConfig, PbkdfSettings, PbkdfType, UnmanagedKeyslots, VaultAuth};
+pub use validate::parse_kms_timeout;
 
 use diag::{Label, PlanError, SourceFile};
 use locate::Located;

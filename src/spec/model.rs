@@ -68,6 +68,13 @@ pub enum KmsConfig {
         /// CA certificate file (PEM) for TLS.
         #[serde(default)]
         ca_cert: Option<String>,
+        /// How long keyplan waits for this KMS, e.g. `30s` or `2m` (1s to 1h; default `30s`):
+        /// one call, all its requests and retries included; a KMS that did not answer in time
+        /// is not asked again by the same command; and `plan`, `status`, `verify` and `key
+        /// get` wait for it this long in all (docs/monitoring.md, "Deadlines").
+        #[serde(default)]
+        #[schemars(regex(pattern = DURATION_PATTERN))]
+        timeout: Option<String>,
     },
     /// Kubernetes core/v1 Secrets.
     Kubernetes {
@@ -80,6 +87,13 @@ pub enum KmsConfig {
         /// Secret data key holding the passphrase; default `dmcrypt-key` (Rook's).
         #[serde(default)]
         data_key: Option<String>,
+        /// How long keyplan waits for this KMS, e.g. `30s` or `2m` (1s to 1h; default `30s`):
+        /// one call, all its requests and retries included; a KMS that did not answer in time
+        /// is not asked again by the same command; and `plan`, `status`, `verify` and `key
+        /// get` wait for it this long in all (docs/monitoring.md, "Deadlines").
+        #[serde(default)]
+        #[schemars(regex(pattern = DURATION_PATTERN))]
+        timeout: Option<String>,
     },
     /// KMIP server over mutual TLS.
     Kmip {
@@ -92,6 +106,13 @@ pub enum KmsConfig {
         client_cert: String,
         /// Client private key (PEM).
         client_key: String,
+        /// How long keyplan waits for this KMS, e.g. `30s` or `2m` (1s to 1h; default `30s`):
+        /// one call, all its requests and retries included; a KMS that did not answer in time
+        /// is not asked again by the same command; and `plan`, `status`, `verify` and `key
+        /// get` wait for it this long in all (docs/monitoring.md, "Deadlines").
+        #[serde(default)]
+        #[schemars(regex(pattern = DURATION_PATTERN))]
+        timeout: Option<String>,
     },
     /// External program speaking a JSON protocol on stdin/stdout (`kms::exec`,
     /// docs/kms/exec.md).
@@ -100,6 +121,13 @@ pub enum KmsConfig {
         /// file; a bare name is looked up in `PATH`. Arguments are passed unchanged.
         #[schemars(length(min = 1))]
         command: Vec<String>,
+        /// How long keyplan waits for this KMS, e.g. `30s` or `2m` (1s to 1h; default `30s`, or `KEYPLAN_EXEC_TIMEOUT_SECS`):
+        /// one call, all its requests and retries included; a KMS that did not answer in time
+        /// is not asked again by the same command; and `plan`, `status`, `verify` and `key
+        /// get` wait for it this long in all (docs/monitoring.md, "Deadlines").
+        #[serde(default)]
+        #[schemars(regex(pattern = DURATION_PATTERN))]
+        timeout: Option<String>,
     },
 }
 
@@ -169,6 +197,17 @@ impl KmsConfig {
             KmsConfig::Kubernetes { .. } => "kubernetes",
             KmsConfig::Kmip { .. } => "kmip",
             KmsConfig::Exec { .. } => "exec",
+        }
+    }
+
+    /// The `timeout` as written, if the plan gives one (never for the file KMS).
+    pub fn timeout(&self) -> Option<&str> {
+        match self {
+            KmsConfig::File { .. } => None,
+            KmsConfig::Vault { timeout, .. }
+            | KmsConfig::Kubernetes { timeout, .. }
+            | KmsConfig::Kmip { timeout, .. }
+            | KmsConfig::Exec { timeout, .. } => timeout.as_deref(),
         }
     }
 }

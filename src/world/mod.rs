@@ -33,6 +33,9 @@ pub struct World {
     pub kms: BTreeMap<String, Box<dyn Kms>>,
     /// keyplan's records of keyslots.
     pub records: RecordStore,
+    /// How long this world's commands may wait for their KMSs (shared by the clients
+    /// [`World::open`] made: [`kms::deadline`]).
+    pub kms_waits: Arc<kms::deadline::WaitPolicy>,
 }
 
 /// A key or KMS instance a caller named is not in the plan (cannot happen for a validated
@@ -76,8 +79,9 @@ impl World {
             }
         }
         let mut map = BTreeMap::new();
+        let waits = Arc::new(kms::deadline::WaitPolicy::default());
         for (name, cfg) in &plan.kms {
-            let k = kms::open(name, cfg).map_err(|e| {
+            let k = kms::open(name, cfg, &waits).map_err(|e| {
                 Error::Findings(vec![Finding::at(
                     vec![PathSeg::Key("kms".into()), PathSeg::Key(name.clone())],
                     e.to_string(),
@@ -86,7 +90,17 @@ impl World {
             })?;
             map.insert(name.clone(), k);
         }
-        Ok(World::with_doors(plan, Arc::new(Cryptsetup::new()), map))
+        let mut world = World::with_doors(plan, Arc::new(Cryptsetup::new()), map);
+        world.kms_waits = waits;
+        Ok(world)
+    }
+
+    /// From now on, each KMS instance's calls together wait at most its `timeout`: called at
+    /// the start of the read-only commands (`plan`, `status`, `verify`, `key get`), so they
+    /// finish within a known bound ([`kms::deadline`], docs/monitoring.md "Deadlines").
+    /// Clients not opened by [`World::open`] (the simulation's doors) are not bounded.
+    pub fn bound_kms_waits(&self) {
+        self.kms_waits.bound();
     }
 
     /// A world over doors the caller made: `luks` for every LUKS operation and `kms`, one
@@ -101,6 +115,7 @@ impl World {
             records: RecordStore::new(Arc::clone(&luks), plan.state_dir.join("luks1")),
             luks,
             kms,
+            kms_waits: Arc::default(),
         }
     }
 

@@ -586,3 +586,82 @@ pub fn file_kms_put(root: &Path, key: &str, material: &[u8]) {
     });
     std::fs::write(dir.join("meta.json"), meta.to_string()).expect("write meta.json");
 }
+
+/// A TCP port on 127.0.0.1 that accepts connections and never answers (issue 29): a listener
+/// nobody accepts from, so the kernel completes the handshakes (up to its backlog) and what a
+/// client sends is never read. Held until the listener is dropped. Returns it and its
+/// `127.0.0.1:PORT`.
+pub fn silent_listener() -> (std::net::TcpListener, String) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a silent listener");
+    let addr = l.local_addr().expect("its address").to_string();
+    (l, addr)
+}
+
+/// Runs keyplan in `dir` with `args` and extra environment `env`; its output and how long it
+/// took.
+pub fn keyplan_timed(
+    dir: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Output, std::time::Duration) {
+    let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("keyplan"));
+    cmd.current_dir(dir).env("NO_COLOR", "1").args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let started = std::time::Instant::now();
+    let out = cmd.output().expect("run keyplan");
+    (out, started.elapsed())
+}
+
+/// Asserts what `status`, `plan` and `verify` do with a plan (in `dir`) whose KMS `kms` never
+/// answers within `timeout_secs` (issue 29): `status` ends within `bound` with exit 3 and its
+/// JSON names the KMS and the deadline under `unchecked`; `plan` and `verify` end within
+/// `bound` with exit 1 and an error naming both; `describe` is how messages name the KMS.
+pub fn assert_silent_kms_bounded(
+    dir: &Path,
+    env: &[(&str, &str)],
+    describe: &str,
+    timeout_secs: u64,
+    bound: std::time::Duration,
+) {
+    // "within 2 s" (the call that timed out) or "the 2 s ... are used up" (the budget).
+    let within = format!("{timeout_secs} s");
+    let (out, took) = keyplan_timed(dir, &["status", "--format", "json"], env);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "status: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(took < bound, "status took {took:?} (bound {bound:?})");
+    let j: serde_json::Value = serde_json::from_str(&text).expect("status JSON");
+    assert_eq!(j["verdict"], "unknown", "{j}");
+    let unchecked: String = j["unchecked"]
+        .as_array()
+        .expect("unchecked lines")
+        .iter()
+        .filter_map(|l| l.as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        unchecked.contains(describe) && unchecked.contains(&within),
+        "the unchecked lines name neither {describe} nor the deadline: {unchecked}"
+    );
+    assert_eq!(j["keys"][0]["readable"], false, "{j}");
+    for cmd in ["plan", "verify"] {
+        let (out, took) = keyplan_timed(dir, &[cmd], env);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(1), "{cmd}: {text}");
+        assert!(took < bound, "{cmd} took {took:?} (bound {bound:?})");
+        assert!(
+            text.contains(describe) && text.contains(&within) && text.contains("did not answer"),
+            "{cmd} names neither {describe} nor the deadline: {text}"
+        );
+    }
+}

@@ -8,8 +8,9 @@ use super::{empty_issue, name_issue, p, Ctx, Issue, KmsConfig, PathSeg, VaultAut
 
 /// Checks every KMS instance, in name order, and returns them with their paths resolved.
 ///
-/// Issues per instance, in this order: `keyplan::plan::name` (the name is not an id), then
-/// those of its provider (see [`resolve_kms`]).
+/// Issues per instance, in this order: `keyplan::plan::name` (the name is not an id),
+/// `keyplan::plan::duration` (a `timeout` that is not a duration from 1s to 1h), then those
+/// of its provider (see [`resolve_kms`]).
 pub(super) fn check_kms(
     instances: &BTreeMap<String, KmsConfig>,
     cx: &mut Ctx,
@@ -23,6 +24,19 @@ pub(super) fn check_kms(
                 "KMS instance name",
                 "invalid name",
             ));
+        }
+        if let Some(text) = cfg.timeout() {
+            if let Err(message) = super::syntax::parse_kms_timeout(text) {
+                cx.push(Issue {
+                    path: p(&["kms", name, "timeout"]),
+                    code: "keyplan::plan::duration",
+                    message: format!("KMS `{name}`: {message}"),
+                    label: "not a valid timeout".to_owned(),
+                    help: "write a number and a unit from 1s to 1h, e.g. `30s`, `90s` or `2m`"
+                        .to_owned(),
+                    also: Vec::new(),
+                });
+            }
         }
         kms.insert(name.clone(), resolve_kms(name, cfg, cx));
     }
@@ -99,6 +113,7 @@ fn resolve_kms(name: &str, cfg: &KmsConfig, cx: &mut Ctx) -> KmsConfig {
             ca_cert,
             client_cert,
             client_key,
+            ..
         } => {
             if endpoint.trim().is_empty() {
                 cx.push(empty_issue(
@@ -111,7 +126,7 @@ fn resolve_kms(name: &str, cfg: &KmsConfig, cx: &mut Ctx) -> KmsConfig {
             *client_cert = cx.resolve_string(client_cert, at("client_cert"));
             *client_key = cx.resolve_string(client_key, at("client_key"));
         }
-        KmsConfig::Exec { command } => resolve_exec(command, at, cx),
+        KmsConfig::Exec { command, .. } => resolve_exec(command, at, cx),
     }
     resolved
 }

@@ -21,6 +21,8 @@ mod paths;
 mod settings;
 mod syntax;
 
+pub use syntax::parse_kms_timeout;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

@@ -30,9 +30,37 @@ pub(crate) fn is_safe_file_name(s: &str) -> bool {
 /// Parses `rotate_after`: humantime syntax restricted to units s, m, h, d, w; more than zero.
 /// Errors carry a message (the help is [`DURATION_HELP`]).
 pub(crate) fn parse_rotate_after(text: &str) -> Result<Duration, String> {
+    let d = parse_duration("rotate_after", text)?;
+    if d.is_zero() {
+        return Err(format!(
+            "`rotate_after: {}` is zero; keys would rotate on every run",
+            text.trim()
+        ));
+    }
+    Ok(d)
+}
+
+/// Parses a KMS instance's `timeout` (the syntax of `rotate_after`), from
+/// [`crate::kms::deadline::MIN_TIMEOUT`] to [`crate::kms::deadline::MAX_TIMEOUT`]. Errors
+/// carry a message saying what is accepted.
+pub fn parse_kms_timeout(text: &str) -> Result<Duration, String> {
+    use crate::kms::deadline::{MAX_TIMEOUT, MIN_TIMEOUT};
+    let d = parse_duration("timeout", text)?;
+    if !(MIN_TIMEOUT..=MAX_TIMEOUT).contains(&d) {
+        return Err(format!(
+            "`timeout: {}` is outside 1s to 1h: keyplan waits at least a second and at most an hour for one KMS call",
+            text.trim()
+        ));
+    }
+    Ok(d)
+}
+
+/// Parses duration `text` of plan field `field`: humantime syntax restricted to units s, m,
+/// h, d, w. Errors carry a message naming the field.
+fn parse_duration(field: &str, text: &str) -> Result<Duration, String> {
     let t = text.trim();
     if t.is_empty() {
-        return Err("`rotate_after` is empty".to_owned());
+        return Err(format!("`{field}` is empty"));
     }
     let chars: Vec<char> = t.chars().collect();
     let mut i = 0;
@@ -49,7 +77,7 @@ pub(crate) fn parse_rotate_after(text: &str) -> Result<Duration, String> {
         }
         if i == num_start {
             return Err(format!(
-                "`rotate_after: {t}` is not a duration (expected a number at `{}`)",
+                "`{field}: {t}` is not a duration (expected a number at `{}`)",
                 chars[num_start..].iter().collect::<String>()
             ));
         }
@@ -63,10 +91,10 @@ pub(crate) fn parse_rotate_after(text: &str) -> Result<Duration, String> {
         }
         if i == unit_start {
             return Err(if i >= chars.len() {
-                format!("`rotate_after: {t}` has no unit after `{number}`")
+                format!("`{field}: {t}` has no unit after `{number}`")
             } else {
                 format!(
-                    "`rotate_after: {t}` is not a duration (unexpected `{}`)",
+                    "`{field}: {t}` is not a duration (unexpected `{}`)",
                     chars[i]
                 )
             });
@@ -74,17 +102,12 @@ pub(crate) fn parse_rotate_after(text: &str) -> Result<Duration, String> {
         let unit: String = chars[unit_start..i].iter().collect();
         if !DURATION_UNITS.contains(&unit.as_str()) {
             return Err(format!(
-                "`rotate_after: {t}` uses the unit `{unit}`, which is not accepted"
+                "`{field}: {t}` uses the unit `{unit}`, which is not accepted"
             ));
         }
     }
     let d = humantime::parse_duration(t)
-        .map_err(|e| format!("`rotate_after: {t}` is not a duration: {e}"))?;
-    if d.is_zero() {
-        return Err(format!(
-            "`rotate_after: {t}` is zero; keys would rotate on every run"
-        ));
-    }
+        .map_err(|e| format!("`{field}: {t}` is not a duration: {e}"))?;
     Ok(d)
 }
 
@@ -116,6 +139,19 @@ pub(crate) fn is_dns_subdomain(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kms_timeouts() {
+        assert_eq!(parse_kms_timeout("90s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_kms_timeout(" 2m ").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_kms_timeout("1h").unwrap(), Duration::from_secs(3600));
+        for bad in ["0s", "2h", "1d"] {
+            let e = parse_kms_timeout(bad).unwrap_err();
+            assert!(e.contains("outside 1s to 1h"), "{bad}: {e}");
+        }
+        let e = parse_kms_timeout("soon").unwrap_err();
+        assert!(e.starts_with("`timeout: soon`"), "{e}");
+    }
 
     #[test]
     fn durations() {
