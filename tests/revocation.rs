@@ -331,3 +331,78 @@ fn a_copy_of_a_retired_version_is_found_and_reported() {
         "{prom}"
     );
 }
+
+/// A key on two nodes (fleet mode, one state directory each): the node that votes searches its
+/// own devices for copies of the previous version before its vote, since the other node's
+/// commit retires that version; the plan says so, and the copy is reported.
+#[test]
+fn a_voting_node_searches_its_devices_for_copies_before_it_votes() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let a = s.small_image("a.img", "luks2");
+    let b = s.small_image("b.img", "luks2");
+    let dev = |id: &str, img: &Path, node: &str| {
+        format!(
+            "  {id}: {{ path: {}, keys: [k], enroll_with: initial.pass, node: {node} }}",
+            img.display()
+        )
+    };
+    s.plan(
+        "keyplan.yaml",
+        &one_key_plan(&format!("{}\n{}", dev("a", &a, "n1"), dev("b", &b, "n2"))),
+    );
+    let on = |node: &str, args: &[&str], code: i32| {
+        let dir = format!("st-{node}");
+        let mut all = vec!["--node", node, "--state-dir", dir.as_str()];
+        all.extend_from_slice(args);
+        s.ok(&all, code)
+    };
+    // Both nodes enroll, then one rotation (the last voter commits).
+    on("n1", &["apply", "--auto-approve"], 0);
+    on("n2", &["apply", "--auto-approve"], 0);
+    on("n1", &["apply", "--auto-approve", "--rotate", "k"], 0);
+    on("n2", &["apply", "--auto-approve"], 0);
+    on("n1", &["apply", "--auto-approve"], 0);
+    let v1 = s.key_get_as(&["--node", "n1", "--state-dir", "st-n1"], "k", Some(1));
+    let v2 = s.key_get_as(&["--node", "n1", "--state-dir", "st-n1"], "k", None);
+    assert_ne!(v1, v2, "rotated once");
+    // An operator copies v1 into keyslot 6 of n1's device.
+    add_by_hand(&s, &a, 6, &v2, &v1);
+    // The second rotation: n1 searches a, then votes and waits for n2, whose commit retires
+    // v1 (n2 searches its own device b before that).
+    let out = on("n1", &["plan", "--rotate", "k"], 0);
+    assert!(
+        out.contains("before this node votes, tested for copies of versions the commit may retire: a keyslot 0 (v1), a keyslot 6 (v1) (2 PBKDF runs"),
+        "{out}"
+    );
+    let out = on("n1", &["apply", "--auto-approve", "--rotate", "k"], 0);
+    assert!(
+        out.contains("its commit waits for n2") && out.contains("keyslot 6 opens with k v1"),
+        "{out}"
+    );
+    let out = on("n2", &["apply", "--auto-approve"], 0);
+    assert!(
+        out.contains("first tested for copies of it: b keyslot 0"),
+        "{out}"
+    );
+    on("n1", &["apply", "--auto-approve"], 0);
+    assert!(
+        s.keyplan(&[
+            "--node",
+            "n1",
+            "--state-dir",
+            "st-n1",
+            "key",
+            "get",
+            "k",
+            "--version",
+            "1"
+        ])
+        .status
+        .code()
+            == Some(1),
+        "v1 is retired"
+    );
+    let text = on("n1", &["status"], 1);
+    assert!(text.contains("keyslot 6 still opens with k v1"), "{text}");
+}

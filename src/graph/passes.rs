@@ -320,7 +320,8 @@ pub fn retire_last(g: &mut StepGraph, _: &Intents) {
 /// the hold waits for the key's creation: an [`Intents::after_commit`] of the commit), and the
 /// removal of one after every other step on its key; the removal of a former record of this
 /// plan after this plan's record and before the key's writes; a vote after the verifies of the staged
-/// version and before the commit, a withdrawn vote before the key's adds.
+/// version and the searches for copies of the versions its commit may retire, and before the
+/// commit, a withdrawn vote before the key's adds.
 pub fn holders_order(g: &mut StepGraph, intents: &Intents) {
     let steps = indexed(g);
     let on_key = |step: &Step, key: &str| -> bool {
@@ -400,6 +401,7 @@ pub fn holders_order(g: &mut StepGraph, intents: &Intents) {
                         }
                         | Step::Hold { key: k, .. }
                         | Step::Stage { key: k, .. }
+                        | Step::FindCopies { key: k, .. }
                             if k == key =>
                         {
                             g.dep(*s, *h)

@@ -243,6 +243,21 @@ fn key_block(out: &mut String, plan: &Plan, k: &KeyChange) {
             );
         }
     }
+    let before_vote: Vec<String> = k
+        .copy_checks
+        .iter()
+        .filter(|c| !k.retire.contains(&c.version))
+        .map(|c| format!("{} keyslot {} (v{})", c.device, c.slot, c.version))
+        .collect();
+    if !before_vote.is_empty() {
+        let _ = writeln!(
+            out,
+            "      before this node votes, tested for copies of versions the commit may retire: {} ({} PBKDF run{}; a keyslot that opens is reported, not removed)",
+            before_vote.join(", "),
+            before_vote.len(),
+            if before_vote.len() == 1 { "" } else { "s" }
+        );
+    }
     out.push('\n');
 }
 

@@ -106,7 +106,13 @@ impl Scratch {
 
     /// The passphrase of `key` (current or `version`) through `keyplan key get`.
     pub fn key_get(&self, key: &str, version: Option<u64>) -> Vec<u8> {
-        let mut args = vec!["key", "get", key];
+        self.key_get_as(&[], key, version)
+    }
+
+    /// [`Scratch::key_get`] with global options `global` first (`--node`, `--state-dir`).
+    pub fn key_get_as(&self, global: &[&str], key: &str, version: Option<u64>) -> Vec<u8> {
+        let mut args = global.to_vec();
+        args.extend(["key", "get", key]);
         let v;
         if let Some(n) = version {
             v = n.to_string();

@@ -69,11 +69,12 @@ impl Planner<'_> {
         retired
     }
 
-    /// Before `version` of `key` is retired: a `find copies` step per device of `devices`
+    /// Before `version` of `key` is retired (here, or by another node's commit this node votes
+    /// for): a `find copies` step per device of `devices`
     /// that keeps unmanaged keyslots (`unmanaged_keyslots: keep`; under `remove` this run kills
     /// them all), testing its bound keyslots no record names and this run does not kill, and
     /// the cost listed on the key's change (one PBKDF run per keyslot, `KeyChange::copy_checks`).
-    fn find_copies(&mut self, key: &str, version: u64, devices: &[String]) {
+    pub(super) fn find_copies(&mut self, key: &str, version: u64, devices: &[String]) {
         for device in devices {
             if self.removes_unmanaged(device) {
                 continue;

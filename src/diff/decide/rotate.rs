@@ -128,6 +128,17 @@ impl Planner<'_> {
                 action: crate::diff::HolderAction::Vote,
                 reason: None,
             });
+            // Another node's commit of this version may retire the previous ones: this
+            // node's devices are searched for copies of them before it votes (invariant I8).
+            let previous: Vec<u64> = st
+                .versions
+                .values()
+                .filter(|v| v.state == crate::kms::VersionState::Previous)
+                .map(|v| v.version)
+                .collect();
+            for v in previous {
+                self.find_copies(key, v, devices);
+            }
             self.g.add(Step::Vote {
                 key: key.to_string(),
             });
