@@ -1046,3 +1046,50 @@ fn a_header_write_in_progress_is_not_damage() {
     std::fs::write(&img, &after).expect("restore the image");
     status_json(&s, 0);
 }
+
+/// A run at work has changed a device halfway (after its commit, before its kill: the device
+/// holds two versions): while that run holds the state lock, the device's drift is listed as
+/// `being_changed` and is not a problem (exit 0); once no run holds the lock, the same state is
+/// a problem (the unfinished run, the drift). The in-between state is made by killing an apply
+/// right before its kill step, the live run by the test holding the state lock.
+#[test]
+#[cfg(feature = "failpoints")]
+fn drift_of_a_run_at_work_is_not_a_problem() {
+    let s = Scratch::new();
+    s.initial_pass();
+    s.small_image("a.img", "luks2");
+    s.plan("keyplan.yaml", &plan_text("30d", ""));
+    s.ok(&["apply", "--auto-approve"], 0);
+    // A one-device rotation runs stage, add, verify, commit, kill: die before the fifth.
+    let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+        .current_dir(s.dir.path())
+        .env("FAILPOINTS", "step.before_effect=4*off->return")
+        .args(["apply", "--auto-approve", "--rotate", "k"])
+        .output()
+        .expect("run apply");
+    assert_eq!(out.status.code(), None, "killed before the kill step");
+    let j = status_json(&s, 1);
+    let kinds: Vec<&str> = j["devices"][0]["drift"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d["kind"].as_str())
+        .collect();
+    assert_eq!(kinds, ["stale_version"], "{j}");
+    assert_eq!(j["last_run"]["outcome"], "unfinished", "{j}");
+
+    let lock = keyplan::journal::StateLock::acquire(&s.path(".keyplan")).expect("the state lock");
+    let j = status_json(&s, 0);
+    assert_eq!(j["last_run"]["outcome"], "in_progress", "{j}");
+    assert_eq!(j["devices"][0]["drifted"], false, "{j}");
+    assert!(
+        j["devices"][0]["being_changed"]
+            .as_str()
+            .is_some_and(|t| t.contains("in progress")),
+        "{j}"
+    );
+    drop(lock);
+    status_json(&s, 1);
+    s.ok(&["apply", "--auto-approve"], 0);
+    status_json(&s, 0);
+}

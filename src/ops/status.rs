@@ -142,6 +142,11 @@ pub struct DeviceReport {
     /// a write in progress, not damage (since format 1.3). What was seen and who writes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub header_write_in_progress: Option<String>,
+    /// Set while a keyplan run that holds the state lock has steps left on this device: its
+    /// drift findings are listed but are no problem (`drifted` false) until that run ends, e.g.
+    /// two versions of a key between the run's commit and its kill (since format 1.3).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub being_changed: Option<String>,
     /// Keyslots keyplan did not make that still open with a key version it retired (found
     /// when it retired the version, `world::copies`; kept under `unmanaged_keyslots: keep`),
     /// one line each with what to do; each is a problem (since format 1.3).
@@ -253,6 +258,7 @@ pub fn status(engine: &Engine) -> StatusReport {
         .collect();
     let kms = credentials(engine, &keys, now, &mut f);
     let last_run = last_run(plan, &records);
+    let changing = devices_being_changed(&records, last_run.as_ref());
     let last_over_success = last_over_success(&records, last_run.as_ref());
     if let Some(r) = &last_run {
         if r.outcome != "success" && r.outcome != "in_progress" {
@@ -282,7 +288,14 @@ pub fn status(engine: &Engine) -> StatusReport {
         for x in d.header_damage.iter().chain(&d.retired_copies) {
             f.problems.push(format!("device {}: {x}", d.id));
         }
-        d.drifted = !d.drift.is_empty();
+        // A run at work right now changes its devices step by step: between its commit and
+        // its kills a device holds two versions, which is drift only once the run is over.
+        if let Some(run) = changing.get(&d.id).filter(|_| !d.drift.is_empty()) {
+            d.being_changed = Some(format!(
+                "run {run}, in progress, has steps left on this device; its drift is not a problem until that run ends"
+            ));
+        }
+        d.drifted = !d.drift.is_empty() && d.being_changed.is_none();
         if d.drifted {
             let kinds: BTreeSet<&str> = d.drift.iter().map(|x| x.kind.name()).collect();
             f.problems.push(format!(
@@ -564,6 +577,24 @@ fn last_run(plan: &Plan, records: &[Record]) -> Option<RunReport> {
     })
 }
 
+/// The devices the run in progress (`last`, `in_progress`: it holds the state lock) still has
+/// steps on, with its id; empty when no run is in progress.
+fn devices_being_changed(records: &[Record], last: Option<&RunReport>) -> BTreeMap<String, String> {
+    let Some(r) = last.filter(|r| r.outcome == "in_progress") else {
+        return BTreeMap::new();
+    };
+    let Some(run) = crate::journal::last_run(records).filter(|s| s.run == r.id) else {
+        return BTreeMap::new();
+    };
+    run.steps
+        .iter()
+        .zip(&run.done)
+        .filter(|(_, done)| !**done)
+        .filter_map(|(step, _)| step.device())
+        .map(|d| (d.to_string(), run.run.clone()))
+        .collect()
+}
+
 /// Whether the last run that is over succeeded: the last run, or the one before it while the
 /// last one is in progress.
 fn last_over_success(records: &[Record], last: Option<&RunReport>) -> Option<bool> {
@@ -610,6 +641,7 @@ fn observe_devices(engine: &Engine, f: &mut Findings) -> (Option<Observed>, Vec<
             drift: Vec::new(),
             header_damage: Vec::new(),
             header_write_in_progress: None,
+            being_changed: None,
             retired_copies: Vec::new(),
         })
         .collect();
