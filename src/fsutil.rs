@@ -74,3 +74,41 @@ pub fn open_lock_file(path: &Path) -> io::Result<fs::File> {
         .mode(0o600)
         .open(path)
 }
+
+/// Why [`read_json`] could not read a state file.
+#[derive(Debug)]
+pub enum JsonFileError {
+    /// The file exists but could not be read.
+    Io(io::Error),
+    /// The file is not JSON of the expected shape (the parser's message).
+    Parse(String),
+}
+
+/// Reads the JSON state file `path` (the device registry, the owner record, the copies
+/// record) as a `T`; `None` when the file does not exist.
+///
+/// Errors: [`JsonFileError`]; callers wrap it in their own error naming the file's role.
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, JsonFileError> {
+    match fs::read(path) {
+        Ok(b) => serde_json::from_slice(&b)
+            .map(Some)
+            .map_err(|e| JsonFileError::Parse(e.to_string())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(JsonFileError::Io(e)),
+    }
+}
+
+/// Writes `value` as pretty JSON (with a final newline) to `dir/name`, atomically
+/// ([`write_atomic`], mode 0600), creating `dir` private (0700) first.
+///
+/// Errors: any I/O error (a value that cannot be serialized is an I/O error too).
+pub fn write_json_private<T: serde::Serialize>(
+    dir: &Path,
+    name: &str,
+    value: &T,
+) -> io::Result<()> {
+    let mut text = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
+    text.push(b'\n');
+    ensure_private_dir(dir)?;
+    write_atomic(&dir.join(name), &text, 0o600)
+}

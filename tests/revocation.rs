@@ -74,15 +74,9 @@ fn luks_version(img: &Path) -> u16 {
     u16::from_be_bytes([b[6], b[7]])
 }
 
-/// The one keyslot of `img` that `pass` opens, asked of cryptsetup per keyslot.
-fn slots_opening(img: &Path, pass: &[u8]) -> Vec<u32> {
-    keyslots(img)
-        .into_iter()
-        .filter(|s| opens(img, pass, Some(*s)))
-        .collect()
-}
-
-fn converted_keyslot_stays_managed(luks: &str) {
+/// A scratch directory with `d1.img` (`luks`) in a plan of one key `k` (file KMS), enrolled by
+/// a first `apply`.
+fn enrolled(luks: &str) -> (Scratch, std::path::PathBuf) {
     let s = Scratch::new();
     s.initial_pass();
     let img = s.small_image("d1.img", luks);
@@ -94,6 +88,19 @@ fn converted_keyslot_stays_managed(luks: &str) {
         )),
     );
     s.ok(&["apply", "--auto-approve"], 0);
+    (s, img)
+}
+
+/// The one keyslot of `img` that `pass` opens, asked of cryptsetup per keyslot.
+fn slots_opening(img: &Path, pass: &[u8]) -> Vec<u32> {
+    keyslots(img)
+        .into_iter()
+        .filter(|s| opens(img, pass, Some(*s)))
+        .collect()
+}
+
+fn converted_keyslot_stays_managed(luks: &str) {
+    let (s, img) = enrolled(luks);
     let v1 = s.key_get("k", None);
     let managed = slots_opening(&img, &v1);
     assert_eq!(
@@ -147,17 +154,7 @@ fn a_converted_keyslot_stays_managed_luks1() {
 /// (the recorded version no longer opens it), as before.
 #[test]
 fn a_keyslot_rewritten_with_another_passphrase_is_unmanaged() {
-    let s = Scratch::new();
-    s.initial_pass();
-    let img = s.small_image("d1.img", "luks2");
-    s.plan(
-        "keyplan.yaml",
-        &one_key_plan(&format!(
-            "  d1: {{ path: {}, keys: [k], enroll_with: initial.pass }}",
-            img.display()
-        )),
-    );
-    s.ok(&["apply", "--auto-approve"], 0);
+    let (s, img) = enrolled("luks2");
     let v1 = s.key_get("k", None);
     let slot = slots_opening(&img, &v1)[0];
     // luksChangeKey: same keyslot number, another passphrase.
@@ -229,17 +226,7 @@ fn add_by_hand(s: &Scratch, img: &Path, slot: u32, unlock: &[u8], pass: &[u8]) {
 #[test]
 #[cfg(feature = "failpoints")]
 fn a_resumed_retire_searches_for_copies_again() {
-    let s = Scratch::new();
-    s.initial_pass();
-    let img = s.small_image("d1.img", "luks2");
-    s.plan(
-        "keyplan.yaml",
-        &one_key_plan(&format!(
-            "  d1: {{ path: {}, keys: [k], enroll_with: initial.pass }}",
-            img.display()
-        )),
-    );
-    s.ok(&["apply", "--auto-approve"], 0);
+    let (s, img) = enrolled("luks2");
     let v1 = s.key_get("k", None);
     s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
     let out = assert_cmd::Command::cargo_bin("keyplan")
@@ -263,17 +250,7 @@ fn a_resumed_retire_searches_for_copies_again() {
 
 #[test]
 fn a_copy_of_a_retired_version_is_found_and_reported() {
-    let s = Scratch::new();
-    s.initial_pass();
-    let img = s.small_image("d1.img", "luks2");
-    s.plan(
-        "keyplan.yaml",
-        &one_key_plan(&format!(
-            "  d1: {{ path: {}, keys: [k], enroll_with: initial.pass }}",
-            img.display()
-        )),
-    );
-    s.ok(&["apply", "--auto-approve"], 0);
+    let (s, img) = enrolled("luks2");
     let v1 = s.key_get("k", None);
     // An operator adds v1 into keyslot 5 by hand (a "backup" of the KMS's passphrase).
     add_by_hand(&s, &img, 5, &v1, &v1);

@@ -90,15 +90,10 @@ pub enum CopiesError {
 /// Errors: [`CopiesError`].
 pub fn read(state_dir: &Path) -> Result<Vec<RetiredCopy>, CopiesError> {
     let path = state_dir.join(COPIES_FILE);
-    match std::fs::read(&path) {
-        Ok(b) => serde_json::from_slice::<CopiesFile>(&b)
-            .map(|f| f.copies)
-            .map_err(|e| CopiesError::Corrupt {
-                path,
-                detail: e.to_string(),
-            }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(source) => Err(CopiesError::Io {
+    match fsutil::read_json::<CopiesFile>(&path) {
+        Ok(f) => Ok(f.map(|f| f.copies).unwrap_or_default()),
+        Err(fsutil::JsonFileError::Parse(detail)) => Err(CopiesError::Corrupt { path, detail }),
+        Err(fsutil::JsonFileError::Io(source)) => Err(CopiesError::Io {
             what: "reading",
             path,
             source,
@@ -123,16 +118,10 @@ pub fn record(
         copies.retain(|c| !(c.uuid == f.uuid && c.slot == f.slot && c.salt == f.salt));
         copies.push(f.clone());
     }
-    let path = state_dir.join(COPIES_FILE);
-    let io = |source| CopiesError::Io {
-        what: "writing",
-        path: path.clone(),
-        source,
-    };
     let file = CopiesFile { format: 1, copies };
-    let mut text = serde_json::to_vec_pretty(&file).map_err(|e| io(std::io::Error::other(e)))?;
-    text.push(b'\n');
-    fsutil::ensure_private_dir(state_dir)
-        .and_then(|()| fsutil::write_atomic(&path, &text, 0o600))
-        .map_err(io)
+    fsutil::write_json_private(state_dir, COPIES_FILE, &file).map_err(|source| CopiesError::Io {
+        what: "writing",
+        path: state_dir.join(COPIES_FILE),
+        source,
+    })
 }

@@ -123,20 +123,14 @@ fn plan_file(path: &Path) -> PathBuf {
 /// Errors: [`OwnerError::Corrupt`], [`OwnerError::Io`].
 pub fn read(state_dir: &Path) -> Result<Option<Owner>, OwnerError> {
     let path = state_dir.join(OWNER_FILE);
-    match std::fs::read(&path) {
-        Ok(b) => serde_json::from_slice(&b)
-            .map(Some)
-            .map_err(|e| OwnerError::Corrupt {
-                path,
-                detail: e.to_string(),
-            }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(OwnerError::Io {
+    fsutil::read_json(&path).map_err(|e| match e {
+        fsutil::JsonFileError::Parse(detail) => OwnerError::Corrupt { path, detail },
+        fsutil::JsonFileError::Io(source) => OwnerError::Io {
             what: "reading",
             path,
             source,
-        }),
-    }
+        },
+    })
 }
 
 /// Whether `plan` may use its state directory: yes when nobody owns it, when `plan` does, or
@@ -219,16 +213,12 @@ pub fn claim(plan: &Plan) -> Result<Owner, OwnerError> {
     if old.as_ref() == Some(&owner) {
         return Ok(owner);
     }
-    let path = plan.state_dir.join(OWNER_FILE);
-    let io = |source| OwnerError::Io {
-        what: "writing",
-        path: path.clone(),
-        source,
-    };
-    let mut text = serde_json::to_vec_pretty(&owner).map_err(|e| io(std::io::Error::other(e)))?;
-    text.push(b'\n');
-    fsutil::ensure_private_dir(&plan.state_dir)
-        .and_then(|()| fsutil::write_atomic(&path, &text, 0o600))
-        .map_err(io)?;
+    fsutil::write_json_private(&plan.state_dir, OWNER_FILE, &owner).map_err(|source| {
+        OwnerError::Io {
+            what: "writing",
+            path: plan.state_dir.join(OWNER_FILE),
+            source,
+        }
+    })?;
     Ok(owner)
 }

@@ -65,16 +65,14 @@ pub enum RegistryError {
 /// Errors: [`RegistryError::Corrupt`], [`RegistryError::Io`].
 pub fn read(state_dir: &Path) -> Result<Registry, RegistryError> {
     let path = state_dir.join(REGISTRY_FILE);
-    match std::fs::read(&path) {
-        Ok(b) => serde_json::from_slice(&b).map_err(|e| RegistryError::Corrupt {
-            path,
-            detail: e.to_string(),
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Registry {
+    match fsutil::read_json(&path) {
+        Ok(Some(r)) => Ok(r),
+        Ok(None) => Ok(Registry {
             format: 1,
             devices: BTreeMap::new(),
         }),
-        Err(source) => Err(RegistryError::Io {
+        Err(fsutil::JsonFileError::Parse(detail)) => Err(RegistryError::Corrupt { path, detail }),
+        Err(fsutil::JsonFileError::Io(source)) => Err(RegistryError::Io {
             what: "reading",
             path,
             source,
@@ -102,15 +100,9 @@ pub fn update<'a>(
             },
         );
     }
-    let path = state_dir.join(REGISTRY_FILE);
-    let io = |source| RegistryError::Io {
+    fsutil::write_json_private(state_dir, REGISTRY_FILE, &reg).map_err(|source| RegistryError::Io {
         what: "writing",
-        path: path.clone(),
+        path: state_dir.join(REGISTRY_FILE),
         source,
-    };
-    let mut text = serde_json::to_vec_pretty(&reg).map_err(|e| io(std::io::Error::other(e)))?;
-    text.push(b'\n');
-    fsutil::ensure_private_dir(state_dir)
-        .and_then(|()| fsutil::write_atomic(&path, &text, 0o600))
-        .map_err(io)
+    })
 }
