@@ -50,7 +50,15 @@ pub(super) fn read(plan: &Plan, world: &World, findings: &mut Vec<Finding>) -> R
             Judged::Usable(st) => {
                 out.devices.insert(dev.id.clone(), *st);
             }
-            Judged::Unavailable(u) => {
+            Judged::Unavailable(mut u, field) => {
+                let at = [
+                    PathSeg::Key("devices".into()),
+                    PathSeg::Key(dev.id.clone()),
+                    PathSeg::Key(field.into()),
+                ];
+                u.at = plan
+                    .location_of(&at)
+                    .map(|(line, col)| format!("{}:{line}:{col}", plan.source_path.display()));
                 tracing::info!(device = %dev.id, "device cannot be used, the plan goes on without it: {}", u.why);
                 out.unavailable.insert(dev.id.clone(), u);
             }
@@ -74,14 +82,19 @@ pub struct Unavailable {
     pub why: String,
     /// What to do about it.
     pub help: String,
+    /// Where in the plan file the device's failing field is (`keyplan.yaml:7:14`: its `path`,
+    /// or its `uuid` when the LUKS UUID differs), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
 }
 
 /// How [`judge`] found one device.
 enum Judged {
     /// Read and judged.
     Usable(Box<DeviceState>),
-    /// Cannot be used now (see [`Unavailable`]).
-    Unavailable(Unavailable),
+    /// Cannot be used now (see [`Unavailable`]), and the device's field in the plan file it is
+    /// about (`path` or `uuid`).
+    Unavailable(Unavailable, &'static str),
     /// A problem of the plan or the state directory (a finding was filed).
     Wrong,
 }
@@ -94,20 +107,24 @@ fn judge(
     findings: &mut Vec<Finding>,
 ) -> Judged {
     let id = &dev.id;
-    let gone = |why: String, fix: &str| {
-        Judged::Unavailable(Unavailable {
-            path: dev.path.clone(),
-            why,
-            help: format!(
-                "{fix}; if the disk failed, replace it and enroll the new one (`enroll_with`), or take device {id} out of the plan. Until then keyplan leaves it alone, rotates no key it lists and destroys no key version"
-            ),
-        })
+    let gone = |why: String, fix: &str, field: &'static str| {
+        Judged::Unavailable(
+            Unavailable {
+                path: dev.path.clone(),
+                why,
+                help: format!(
+                    "{fix}; if the disk failed, replace it and enroll the new one (`enroll_with`), or take device {id} out of the plan. Until then keyplan leaves it alone, rotates no key it lists and destroys no key version"
+                ),
+                at: None,
+            },
+            field,
+        )
     };
     let header = match header {
         Ok(h) => h,
         Err(e) => {
             let (message, help) = dump_error(id, &e);
-            return gone(message, &help);
+            return gone(message, &help, "path");
         }
     };
     if let Some(want) = &dev.uuid {
@@ -119,6 +136,7 @@ fn judge(
                     header.uuid
                 ),
                 "is the path pointing at the wrong disk (a replaced disk)? fix `path` or `uuid`",
+                "uuid",
             );
         }
     }

@@ -134,9 +134,10 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
 /// rest of the plan goes around it.
 fn unavailable_lines(out: &mut String, diff: &Diff) {
     for (id, u) in &diff.unavailable {
+        let at = u.at.as_ref().map(|a| format!(", {a}")).unwrap_or_default();
         let _ = writeln!(
             out,
-            "! device {id} ({}) cannot be used, so nothing is planned on it: {}\n    {}\n",
+            "! device {id} ({}{at}) cannot be used, so nothing is planned on it: {}\n    {}\n",
             u.path.display(),
             u.why,
             u.help
@@ -379,7 +380,7 @@ pub fn plan_json(diff: &Diff) -> serde_json::Value {
             .unavailable
             .iter()
             .map(|(id, u)| {
-                serde_json::json!({"device": id, "path": u.path, "error": u.why, "help": u.help})
+                serde_json::json!({"device": id, "path": u.path, "at": u.at, "error": u.why, "help": u.help})
             })
             .collect();
     }

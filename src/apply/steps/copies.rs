@@ -25,7 +25,17 @@ impl Exec<'_> {
         planned: &[u32],
     ) -> Result<StepOutcome, StepError> {
         let path = self.device_path(device)?;
-        let (v, material) = self.material(key, VersionRef::Version(version))?;
+        let (v, material) = match self.material(key, VersionRef::Version(version)) {
+            Ok(m) => m,
+            // Retired already (a resumed retire whose destroy happened before the crash, or
+            // another run's): there is nothing to test with any more.
+            Err(StepError::Kms(crate::kms::KmsError::NoSuchVersion { .. })) => {
+                return StepOutcome::done(format!(
+                    "{key} v{version} is retired already: nothing to test with"
+                ))
+            }
+            Err(e) => return Err(e),
+        };
         let header = self.header(&path)?;
         let recs = self.world.records.read(&header)?;
         let managed = |slot: u32| {

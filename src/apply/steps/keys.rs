@@ -180,7 +180,7 @@ impl Exec<'_> {
             {
                 if k == key && *v == version {
                     let o = self.find_copies(device, key, version, slots)?;
-                    if !o.outcome.starts_with("no copy") {
+                    if o.outcome.contains(" opens with ") {
                         found.push(format!("{device}: {}", o.outcome));
                     }
                 }
