@@ -1,9 +1,9 @@
 //! The command line (DESIGN.md §4): clap definitions, and one thin module per command that
 //! parses its arguments, asks for confirmation where needed, calls [`crate::ops`], renders
 //! with [`crate::render`] and maps the outcome to an [`Exit`] status (`0` success / no
-//! changes, `1` error, `2` changes present with `--detailed-exitcode`, `3` status could not
-//! check). Engine errors become miette reports here ([`report`]); nothing in this module
-//! touches a device, a KMS or the journal.
+//! changes, `1` error, usage errors included, `2` changes present with `--detailed-exitcode`,
+//! `3` status could not check). Engine errors become miette reports here ([`report`]);
+//! nothing in this module touches a device, a KMS or the journal.
 
 use std::io::{self, BufRead, IsTerminal, Write};
 use std::path::PathBuf;
@@ -353,9 +353,14 @@ fn parse_parallelism(s: &str) -> std::result::Result<usize, String> {
 }
 
 /// Process entry point: parses arguments, runs the command, maps the outcome to an exit code.
+/// A usage error (unknown flag or subcommand, missing or bad value) exits 1 like every other
+/// error, never clap's default 2, which means "changes present" to `plan --detailed-exitcode`.
 pub fn main() -> ExitCode {
     let _failpoints = crate::failpoint::setup();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_exit(&e),
+    };
     let color = cli.color.enabled(io::stderr().is_terminal());
     init_logging(&cli, color);
     // Wrap long messages only for a person at a terminal; logs and pipelines get whole lines.
@@ -375,6 +380,19 @@ pub fn main() -> ExitCode {
             eprintln!("{e:?}");
             Exit::Failure.into()
         }
+    }
+}
+
+/// Prints what clap stopped at (its error message on stderr, or `--help`/`--version` on
+/// stdout) and returns the exit code: [`Exit::Success`] for help and version,
+/// [`Exit::Failure`] for every usage error (see [`main`]).
+fn usage_exit(e: &clap::Error) -> ExitCode {
+    // A closed stream is no reason to panic; the exit code still says what happened.
+    let _ = e.print();
+    if e.use_stderr() {
+        Exit::Failure.into()
+    } else {
+        Exit::Success.into()
     }
 }
 
