@@ -19,12 +19,14 @@
 //! - the bytes as decimal numbers separated by `,` and by `, ` (a JSON array, `Debug` of bytes).
 //!
 //! **No copies of secrets.** The registry keeps, per form, only its length, a salted SHA-256
-//! digest (a random salt per process, from the operating system's random source) and a 61-bit
+//! digest (a random salt per process, from the operating system's random source), a 64-bit
 //! polynomial hash with a random base (a prefilter: each window of a text is hashed in O(1) as
-//! it slides, and only a window whose polynomial hash is known is digested). Neither hash gives
-//! back material of the length keyplan generates; the forms are computed in zeroizing buffers
-//! and the hashers wipe their state (sha2's `zeroize` feature). A long-running agent thus holds
-//! no material beyond the [`Passphrase`](super::Passphrase)s it is using.
+//! it slides, and only a window whose polynomial hash is known is digested) and the class of
+//! characters it is made of (windows holding other characters are skipped unhashed). Neither
+//! hash gives back material of the length keyplan generates; the forms are computed in
+//! zeroizing buffers and the hashers wipe their state (sha2's `zeroize` feature). A
+//! long-running agent thus holds no material beyond the [`Passphrase`](super::Passphrase)s it
+//! is using.
 //!
 //! **Bounds.** Material shorter than [`MIN_BYTES`] is not registered (redacting three common
 //! characters everywhere would garble every message, and no LUKS passphrase is that short).
@@ -209,9 +211,6 @@ impl<W: io::Write> Drop for RedactingWriter<W> {
 /// A salted SHA-256 digest.
 type Digest = [u8; 32];
 
-/// The Mersenne prime 2^61 - 1, the modulus of the polynomial hashes.
-const P: u64 = (1 << 61) - 1;
-
 /// Slots of the prefilter table (a power of two).
 const FILTER_SLOTS: usize = 1 << 16;
 
@@ -221,6 +220,98 @@ struct Form {
     len: usize,
     rolling: u64,
     digest: Digest,
+    class: Class,
+}
+
+/// The kind of characters a form is made of: a window holding a byte outside the classes of
+/// every form of its length cannot match, so scans skip past it without hashing. (Classes, not
+/// the forms' actual bytes, so that the registry learns nothing of the material from them.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    HexLower,
+    HexUpper,
+    Decimal,
+    Base64,
+    Base64Url,
+    Any,
+}
+
+impl Class {
+    const ALL: [Class; 6] = [
+        Class::HexLower,
+        Class::HexUpper,
+        Class::Decimal,
+        Class::Base64,
+        Class::Base64Url,
+        Class::Any,
+    ];
+
+    /// Whether `b` is of this class.
+    fn admits(self, b: u8) -> bool {
+        match self {
+            Class::HexLower => b.is_ascii_digit() || (b'a'..=b'f').contains(&b),
+            Class::HexUpper => b.is_ascii_digit() || (b'A'..=b'F').contains(&b),
+            Class::Decimal => b.is_ascii_digit() || b == b',' || b == b' ',
+            Class::Base64 => b.is_ascii_alphanumeric() || b"+/=".contains(&b),
+            Class::Base64Url => b.is_ascii_alphanumeric() || b"-_=".contains(&b),
+            Class::Any => true,
+        }
+    }
+
+    /// The narrowest class of `form`.
+    fn of(form: &[u8]) -> Class {
+        Class::ALL
+            .into_iter()
+            .find(|c| form.iter().all(|&b| c.admits(b)))
+            .unwrap_or(Class::Any)
+    }
+}
+
+/// The forms of one length: how many, how many of each [`Class`], which classes (a bit per
+/// class, so lengths admitting the same bytes share their scan for runs), the bytes those
+/// classes admit, and `base^(len - 1)` (what rolling the hash by one byte takes out).
+struct Length {
+    forms: u32,
+    classes: [u32; Class::ALL.len()],
+    mask: u8,
+    admitted: [bool; 256],
+    pow: u64,
+}
+
+impl Length {
+    fn new(len: usize, base: u64) -> Length {
+        Length {
+            forms: 0,
+            classes: [0; Class::ALL.len()],
+            mask: 0,
+            admitted: [false; 256],
+            pow: power(base, len.saturating_sub(1) as u64),
+        }
+    }
+
+    /// Counts `class` in (`add`) or out; recomputes the admitted bytes when a class appears or
+    /// disappears.
+    fn count(&mut self, class: Class, add: bool) {
+        let i = Class::ALL.iter().position(|c| *c == class).unwrap_or(0);
+        let before = self.classes[i];
+        if add {
+            self.forms += 1;
+            self.classes[i] += 1;
+        } else {
+            self.forms = self.forms.saturating_sub(1);
+            self.classes[i] = self.classes[i].saturating_sub(1);
+        }
+        if (before == 0) == (self.classes[i] == 0) {
+            return;
+        }
+        self.mask ^= 1 << i;
+        for (b, admitted) in self.admitted.iter_mut().enumerate() {
+            *admitted = Class::ALL
+                .iter()
+                .zip(self.classes)
+                .any(|(c, n)| n > 0 && c.admits(b as u8));
+        }
+    }
 }
 
 /// A registered material: its forms and when it was last registered.
@@ -245,7 +336,7 @@ pub(crate) struct Registry {
     filter: Vec<u16>,
     windows: HashMap<(usize, u64), u32>,
     digests: HashMap<Digest, u32>,
-    lengths: BTreeMap<usize, u32>,
+    lengths: BTreeMap<usize, Length>,
 }
 
 impl Registry {
@@ -272,8 +363,9 @@ impl Registry {
         salt.copy_from_slice(&seed[..32]);
         let mut b = [0u8; 8];
         b.copy_from_slice(&seed[32..]);
-        // A base in [2^32, P - 1): far from the small values that make collisions likely.
-        let base = (1 << 32) + u64::from_le_bytes(b) % (P - 1 - (1 << 32));
+        // An odd base of at least 2^63: far from the small values that make collisions likely,
+        // and invertible modulo 2^64.
+        let base = u64::from_le_bytes(b) | (1 << 63) | 1;
         Registry {
             cap: cap.max(1),
             salt,
@@ -332,6 +424,7 @@ impl Registry {
                 len: f.len(),
                 rolling: poly(self.base, &f),
                 digest,
+                class: Class::of(&f),
             });
         }
         for f in &forms {
@@ -339,7 +432,10 @@ impl Registry {
             *slot = slot.saturating_add(1);
             *self.windows.entry((f.len, f.rolling)).or_default() += 1;
             *self.digests.entry(f.digest).or_default() += 1;
-            *self.lengths.entry(f.len).or_default() += 1;
+            self.lengths
+                .entry(f.len)
+                .or_insert_with(|| Length::new(f.len, self.base))
+                .count(f.class, true);
         }
         self.secrets.insert(
             id,
@@ -380,8 +476,11 @@ impl Registry {
             if release(self.digests.get_mut(&f.digest)) {
                 self.digests.remove(&f.digest);
             }
-            if release(self.lengths.get_mut(&f.len)) {
-                self.lengths.remove(&f.len);
+            if let Some(length) = self.lengths.get_mut(&f.len) {
+                length.count(f.class, false);
+                if length.forms == 0 {
+                    self.lengths.remove(&f.len);
+                }
             }
         }
     }
@@ -389,29 +488,38 @@ impl Registry {
     /// `text` with every known form replaced, or `None` when it holds none.
     pub(crate) fn find(&self, text: &[u8]) -> Option<Vec<u8>> {
         let mut hits: Vec<(usize, usize)> = Vec::new();
-        for &len in self.lengths.keys() {
+        // The runs of admitted bytes (start, end), per set of classes: a window can only
+        // match inside a run at least as long as it.
+        let mut runs: Vec<(u8, Vec<(usize, usize)>)> = Vec::new();
+        for (&len, length) in &self.lengths {
             if len > text.len() {
                 // Lengths are in ascending order.
                 break;
             }
-            let pow = powmod(self.base, len as u64 - 1);
-            let mut h = poly(self.base, &text[..len]);
-            for start in 0..=text.len() - len {
-                if start > 0 {
-                    let out = mulmod(u64::from(text[start - 1]) + 1, pow);
-                    h = addmod(
-                        mulmod(submod(h, out), self.base),
-                        u64::from(text[start + len - 1]) + 1,
-                    );
+            let at = match runs.iter().position(|(m, _)| *m == length.mask) {
+                Some(at) => at,
+                None => {
+                    runs.push((length.mask, runs_of(text, &length.admitted)));
+                    runs.len() - 1
                 }
-                if self.filter[Self::slot(len, h)] == 0 || !self.windows.contains_key(&(len, h)) {
-                    continue;
-                }
-                if self
-                    .digests
-                    .contains_key(&self.digest(&text[start..start + len]))
-                {
-                    hits.push((start, start + len));
+            };
+            let pow = length.pow;
+            for &(from, to) in runs[at].1.iter().filter(|(from, to)| to - from >= len) {
+                let mut h = poly(self.base, &text[from..from + len]);
+                for start in from..=to - len {
+                    if start > from {
+                        h = roll(h, text[start - 1], text[start + len - 1], self.base, pow);
+                    }
+                    if self.filter[Self::slot(len, h)] == 0 || !self.windows.contains_key(&(len, h))
+                    {
+                        continue;
+                    }
+                    if self
+                        .digests
+                        .contains_key(&self.digest(&text[start..start + len]))
+                    {
+                        hits.push((start, start + len));
+                    }
                 }
             }
         }
@@ -436,6 +544,26 @@ impl Registry {
         out.extend_from_slice(&text[at..]);
         Some(out)
     }
+}
+
+/// The maximal runs `(start, end)` of bytes of `text` that `admitted` admits.
+fn runs_of(text: &[u8], admitted: &[bool; 256]) -> Vec<(usize, usize)> {
+    let mut runs = Vec::new();
+    let mut from = None;
+    for (i, &b) in text.iter().enumerate() {
+        match (admitted[usize::from(b)], from) {
+            (true, None) => from = Some(i),
+            (false, Some(f)) => {
+                runs.push((f, i));
+                from = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(f) = from {
+        runs.push((f, text.len()));
+    }
+    runs
 }
 
 /// Every form of `m` keyplan can compute (see the module documentation), each in a zeroizing
@@ -554,51 +682,35 @@ fn quote(how: Quote, text: &str) -> Option<Zeroizing<String>> {
     Some(inner)
 }
 
-fn mulmod(a: u64, b: u64) -> u64 {
-    let x = u128::from(a) * u128::from(b);
-    let s = (x as u64 & P) + (x >> 61) as u64;
-    let s = (s & P) + (s >> 61);
-    if s >= P {
-        s - P
-    } else {
-        s
-    }
+/// The hash of the window one byte further: `out` leaves it, `inn` enters it; `pow` is
+/// `base^(len - 1)`.
+fn roll(h: u64, out: u8, inn: u8, base: u64, pow: u64) -> u64 {
+    h.wrapping_sub((u64::from(out) + 1).wrapping_mul(pow))
+        .wrapping_mul(base)
+        .wrapping_add(u64::from(inn) + 1)
 }
 
-fn addmod(a: u64, b: u64) -> u64 {
-    let s = a + b;
-    if s >= P {
-        s - P
-    } else {
-        s
-    }
-}
-
-fn submod(a: u64, b: u64) -> u64 {
-    if a >= b {
-        a - b
-    } else {
-        a + P - b
-    }
-}
-
-fn powmod(base: u64, mut exp: u64) -> u64 {
-    let (mut result, mut b) = (1, base);
+/// `base^exp` modulo 2^64.
+fn power(base: u64, mut exp: u64) -> u64 {
+    let (mut result, mut b) = (1u64, base);
     while exp > 0 {
         if exp & 1 == 1 {
-            result = mulmod(result, b);
+            result = result.wrapping_mul(b);
         }
-        b = mulmod(b, b);
+        b = b.wrapping_mul(b);
         exp >>= 1;
     }
     result
 }
 
-/// The polynomial hash of `bytes`: the sum of `(byte + 1) * base^(len - 1 - i)` modulo `P`.
+/// The polynomial hash of `bytes`: the sum of `(byte + 1) * base^(len - 1 - i)` modulo 2^64.
+/// (Wrapping arithmetic is cheap; the known weakness of such hashes, strings built to collide,
+/// only costs a digest per collision, never a wrong redaction: a window is redacted only when
+/// its salted SHA-256 is known.)
 fn poly(base: u64, bytes: &[u8]) -> u64 {
-    bytes
-        .iter()
-        .fold(0, |h, &b| addmod(mulmod(h, base), u64::from(b) + 1))
+    bytes.iter().fold(0, |h: u64, &b| {
+        h.wrapping_mul(base).wrapping_add(u64::from(b) + 1)
+    })
 }
 
 #[cfg(test)]
@@ -653,6 +765,11 @@ mod tests {
             assert!(got.contains("<redacted>"), "{form}: {got}");
             assert!(got.starts_with("helper said: ["), "{got}");
             assert!(got.ends_with("] (exit 1)"), "{got}");
+            // Inside a longer run of characters of its kind (the scan rolls through it).
+            // (The JSON and Debug quotes keep their quotation marks.)
+            let got = red(&r, &format!("Zz09{form}Zz09"));
+            let bare = form.trim_matches('"');
+            assert_eq!(got, format!("Zz09{}Zz09", form.replace(bare, "<redacted>")));
         }
         // Raw bytes, in bytes.
         let mut text = b"stderr: ".to_vec();
@@ -808,7 +925,7 @@ mod tests {
         // Raw, base64 with and without padding (both alphabets agree here), hex in two
         // cases, decimals with two separators.
         assert_eq!(known.forms.len(), 7);
-        let dump = format!("{:?} {:?}", known, r.lengths);
+        let dump = format!("{known:?}");
         assert!(!dump.contains("only-hashes"), "{dump}");
         // Another registry (another process) hashes with another salt.
         let other = Registry::new(4);
@@ -820,14 +937,10 @@ mod tests {
         let r = Registry::new(1);
         let text = b"the quick brown fox jumps over the lazy dog";
         for len in [1usize, 4, 9, 17] {
-            let pow = powmod(r.base, len as u64 - 1);
+            let pow = power(r.base, len as u64 - 1);
             let mut h = poly(r.base, &text[..len]);
             for start in 1..=text.len() - len {
-                let out = mulmod(u64::from(text[start - 1]) + 1, pow);
-                h = addmod(
-                    mulmod(submod(h, out), r.base),
-                    u64::from(text[start + len - 1]) + 1,
-                );
+                h = roll(h, text[start - 1], text[start + len - 1], r.base, pow);
                 assert_eq!(h, poly(r.base, &text[start..start + len]), "{len} {start}");
             }
         }
