@@ -3,7 +3,8 @@
 //! fleet namespace, about the node's report ConfigMap (`involvedObject`; `related` names the
 //! Node), so `kubectl get events -n keyplan` and `kubectl describe cm keyplan-node-<node>`
 //! show them. Reasons: `RunStarted`, `RunSucceeded`, `RunFailed` (Warning), `PlanRefused`
-//! (Warning), `RolloutHalted` (Warning), `AgentStopped`. Messages never hold key material.
+//! (Warning), `RolloutHalted` (Warning), `AgentStopped`. Messages never hold key material:
+//! they are redacted (`event_message`) before they are cut to size.
 //!
 //! An Event that cannot be written is logged at `warn` and otherwise ignored: Events are a
 //! convenience; the report and the journal are the record.

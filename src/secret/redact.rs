@@ -55,8 +55,9 @@ pub const REDACTED: &str = "<redacted>";
 /// Shortest material (bytes) that is registered.
 pub const MIN_BYTES: usize = 4;
 
-/// Most materials the process-wide registry remembers (each with up to 25 forms, about
-/// 2 KiB of hashes); the one registered longest ago is forgotten first.
+/// Most materials the process-wide registry remembers (a generated passphrase has 7 to 9
+/// distinct forms, about 1 KiB of hashes and map entries; text with quotes or control
+/// characters up to 25, about 3 KiB); the one registered longest ago is forgotten first.
 pub const MAX_SECRETS: usize = 1024;
 
 /// The process-wide registry.
