@@ -35,7 +35,8 @@
 //! ([`fleet::report`]), Events, the plan's ConfigMap volume ([`fleet::source`]), the agent's
 //! allow-list ([`fleet::trust`]) and `fleet status` ([`fleet::status`]).
 //!
-//! **Shared pieces**: key material only ever in [`secret::Passphrase`]; the one clock
+//! **Shared pieces**: key material only ever in [`secret::Passphrase`], and every form of
+//! material the process knows redacted from every output by [`secret::redact`]; the one clock
 //! [`clock`]; [`fsutil`] (atomic private writes); [`par`] (a bounded parallel map);
 //! [`failpoint`] (crash and error injection points, compiled only with the `failpoints` cargo
 //! feature); `fuzzing` (hidden) holds the fuzz harnesses.

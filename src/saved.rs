@@ -628,8 +628,10 @@ impl SavedError {
 ///
 /// Errors: the file cannot be written (message names the path); `path` is left as it was.
 pub fn write(path: &Path, saved: &SavedPlan) -> Result<(), SavedError> {
-    let mut text =
+    let text =
         serde_json::to_string_pretty(saved).map_err(|e| SavedError::Encode(e.to_string()))?;
+    // Notes in `changes` may quote a KMS.
+    let mut text = crate::secret::redact::redact_json(&text).into_owned();
     text.push('\n');
     crate::fsutil::write_atomic(path, text.as_bytes(), 0o600).map_err(|source| SavedError::Io {
         what: "write",

@@ -1459,3 +1459,165 @@ fn last_free_keyslot_is_noted() {
     assert!(out.contains("Note: device d ("), "{out}");
     assert!(out.contains("cryptsetup luksKillSlot"), "{out}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// command lines
+
+/// Usage errors (an unknown flag, subcommand or value, a missing value or argument, arguments
+/// that conflict) exit 1 like every other error, for every subcommand: clap's own code 2 is
+/// what `plan --detailed-exitcode` means by "changes present", so a typo in a CI pipeline
+/// would pass as "changes". clap's message is on stderr, stdout is empty, and nothing is
+/// written. `--help` and `--version` still exit 0 with their text on stdout.
+#[test]
+fn usage_errors_exit_1_for_every_subcommand() {
+    let s = Scratch::new();
+    let unexpected = |flag: &str| format!("unexpected argument '{flag}' found");
+    let cases: Vec<(Vec<&str>, String)> = vec![
+        (vec![], "Usage: keyplan".into()),
+        (
+            vec!["frobnicate"],
+            "unrecognized subcommand 'frobnicate'".into(),
+        ),
+        (vec!["--bogus", "plan"], unexpected("--bogus")),
+        (
+            vec!["--log-format", "xml", "validate"],
+            "invalid value 'xml' for '--log-format".into(),
+        ),
+        (
+            vec!["--color", "sometimes", "plan"],
+            "invalid value 'sometimes' for '--color".into(),
+        ),
+        (vec!["validate", "--bogus"], unexpected("--bogus")),
+        (
+            vec!["validate", "-f"],
+            "a value is required for '--file <PLAN>'".into(),
+        ),
+        (vec!["plan", "--bogus"], unexpected("--bogus")),
+        (
+            vec!["plan", "--detailed-exitcode", "--rotate"],
+            "a value is required for '--rotate <KEY>'".into(),
+        ),
+        (vec!["plan", "extra"], unexpected("extra")),
+        (vec!["apply", "--bogus"], unexpected("--bogus")),
+        (
+            vec!["apply", "--parallelism", "0"],
+            "invalid value '0' for '--parallelism <N>'".into(),
+        ),
+        (
+            vec!["apply", "saved.json", "--rotate", "k"],
+            "cannot be used with".into(),
+        ),
+        (vec!["verify", "--bogus"], unexpected("--bogus")),
+        (
+            vec!["status", "--format", "xml"],
+            "invalid value 'xml' for '--format <FORMAT>'".into(),
+        ),
+        (
+            vec!["status", "-o"],
+            "a value is required for '--output <FILE>'".into(),
+        ),
+        (vec!["key"], "Usage: keyplan key".into()),
+        (
+            vec!["key", "frobnicate"],
+            "unrecognized subcommand 'frobnicate'".into(),
+        ),
+        (vec!["key", "get"], "<KEY>".into()),
+        (
+            vec!["key", "get", "k", "--version", "x"],
+            "invalid value 'x' for '--version <VERSION>'".into(),
+        ),
+        (vec!["key", "get", "k", "--bogus"], unexpected("--bogus")),
+        (vec!["key", "holders"], "<KEY>".into()),
+        (
+            vec!["key", "holders", "k", "--bogus"],
+            unexpected("--bogus"),
+        ),
+        (vec!["key", "release", "k"], "--holder <HOLDER>".into()),
+        (
+            vec!["key", "release", "k", "--holder"],
+            "a value is required".into(),
+        ),
+        (vec!["journal", "--bogus"], unexpected("--bogus")),
+        (vec!["show"], "<SAVED>".into()),
+        (vec!["show", "saved.json", "--bogus"], unexpected("--bogus")),
+        (vec!["agent"], "--plan <FILE>".into()),
+        (
+            vec!["agent", "--plan", "p.yaml", "--interval", "soon"],
+            "invalid value 'soon' for '--interval <DURATION>'".into(),
+        ),
+        (
+            vec!["agent", "--plan", "p.yaml", "--trusted-keys", "keys"],
+            "--cluster <NAME>".into(),
+        ),
+        (vec!["fleet"], "Usage: keyplan fleet".into()),
+        (
+            vec!["fleet", "frobnicate"],
+            "unrecognized subcommand 'frobnicate'".into(),
+        ),
+        (vec!["fleet", "status", "--bogus"], unexpected("--bogus")),
+        (
+            vec!["fleet", "status", "--format", "xml"],
+            "invalid value 'xml' for '--format <FORMAT>'".into(),
+        ),
+        (vec!["fleet", "plan"], "--file <PLAN>".into()),
+        (
+            vec!["fleet", "plan", "-f", "p.yaml", "--max-age", "soon"],
+            "invalid value 'soon' for '--max-age <DURATION>'".into(),
+        ),
+        (vec!["fleet", "clear", "--bogus"], unexpected("--bogus")),
+        (vec!["sign"], "--cluster <NAME>".into()),
+        (
+            vec!["sign", "--generate-key", "k.key", "p.yaml"],
+            "cannot be used with".into(),
+        ),
+        (vec!["completions"], "<SHELL>".into()),
+        (
+            vec!["completions", "tcsh"],
+            "invalid value 'tcsh' for '<SHELL>'".into(),
+        ),
+        (vec!["man", "--bogus"], unexpected("--bogus")),
+        (
+            vec!["man", "--out-dir"],
+            "a value is required for '--out-dir <DIR>'".into(),
+        ),
+    ];
+    for (args, wants) in &cases {
+        let out = s.keyplan(args);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "keyplan {args:?} must exit 1 (a usage error):\n{stdout}{stderr}"
+        );
+        assert!(
+            stderr.contains(wants.as_str()),
+            "keyplan {args:?}: stderr lacks clap's {wants:?}:\n{stderr}"
+        );
+        assert!(stdout.is_empty(), "keyplan {args:?}: stdout: {stdout}");
+        assert!(
+            !stderr.contains("panicked"),
+            "keyplan {args:?} panicked:\n{stderr}"
+        );
+    }
+    assert!(
+        walk(s.dir.path()).is_empty(),
+        "a usage error wrote {:?}",
+        walk(s.dir.path())
+    );
+    for args in [
+        &["--help"][..],
+        &["--version"][..],
+        &["plan", "--help"][..],
+        &["key", "get", "--help"][..],
+        &["fleet", "status", "--help"][..],
+        &["help", "apply"][..],
+    ] {
+        let out = s.keyplan(args);
+        assert_eq!(out.status.code(), Some(0), "keyplan {args:?}: {out:?}");
+        assert!(
+            !out.stdout.is_empty(),
+            "keyplan {args:?}: nothing on stdout"
+        );
+    }
+}

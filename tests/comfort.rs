@@ -204,7 +204,7 @@ fn json_logs_are_one_object_per_line_without_secrets() {
 fn log_format_rejects_unknown_values() {
     let s = Scratch::new();
     let out = s.keyplan(&["--log-format", "xml", "validate"]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(1), "a usage error exits 1");
     let (_, err) = text(&out);
     assert!(err.contains("text") && err.contains("json"), "{err}");
 }
@@ -336,7 +336,7 @@ fn completions_cover_subcommands_and_parse() {
         assert!(out.contains(marker), "{shell}: {out}");
     }
     let out = s.keyplan(&["completions", "tcsh"]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(1), "a usage error exits 1");
 }
 
 /// `keyplan man`: roff with a `.TH` header naming the options; `--out-dir` writes one page per

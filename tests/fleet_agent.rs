@@ -678,7 +678,7 @@ fn agent_requires_signed_plans() {
         .args(&without_cluster)
         .output()
         .expect("run");
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(out.status.code(), Some(1), "a usage error exits 1: {out:?}");
 
     let log = || std::fs::read_to_string(s.path("agent.log")).unwrap_or_default();
     let mut agent = Agent {

@@ -1026,3 +1026,222 @@ fn an_exec_helper_that_never_answers_is_bounded() {
         Duration::from_secs(10),
     );
 }
+
+/// A hostile `exec` helper (Python) in front of the example helper: it remembers, per keyplan
+/// process (its parent), every material that process sent it (`stage`) or got from it
+/// (`get`), in `<state>/seen-<pid>`, and fails the operations `<state>/FAIL` names, echoing
+/// every material it remembers for that process in every form (raw, standard and URL-safe
+/// base64 with and without padding, hex in both cases), either in its error message
+/// (`op:message:N`: a `denied` answer) or on standard error with exit code 1
+/// (`op:stderr:N`), from the process's N+1st call of `op` on. Otherwise it passes the
+/// request to the real helper.
+const HOSTILE: &str = r#"
+import base64, json, os, subprocess, sys
+
+def forms(m):
+    b = base64.b64encode(m).decode()
+    u = base64.urlsafe_b64encode(m).decode()
+    return "raw=%s std=%s std_nopad=%s url=%s url_nopad=%s hex=%s HEX=%s" % (
+        m.decode("utf-8", "replace"), b, b.rstrip("="), u, u.rstrip("="), m.hex(), m.hex().upper())
+
+def main():
+    state, helper = sys.argv[1], sys.argv[2:]
+    os.makedirs(state, exist_ok=True)
+    request = sys.stdin.buffer.read()
+    op = json.loads(request).get("operation")
+    me = os.getppid()
+    seen_path = os.path.join(state, "seen-%d" % me)
+    seen = []
+    if os.path.exists(seen_path):
+        with open(seen_path) as f:
+            seen = [base64.b64decode(l) for l in f.read().split()]
+    def remember(material):
+        if material not in seen:
+            seen.append(material)
+            with open(seen_path, "a") as f:
+                f.write(base64.b64encode(material).decode() + "\n")
+    req = json.loads(request)
+    if "material_base64" in req:
+        remember(base64.b64decode(req["material_base64"]))
+    count_path = os.path.join(state, "count-%d-%s" % (me, op))
+    count = 0
+    if os.path.exists(count_path):
+        with open(count_path) as f:
+            count = int(f.read())
+    with open(count_path, "w") as f:
+        f.write(str(count + 1))
+    rule = None
+    fail_path = os.path.join(state, "FAIL")
+    if os.path.exists(fail_path):
+        with open(fail_path) as f:
+            for line in f.read().split():
+                f_op, style, skip = line.split(":")
+                if f_op == op and count >= int(skip):
+                    rule = style
+    if rule is not None:
+        echo = "echo: " + (" | ".join(forms(m) for m in seen) or "nothing seen")
+        if rule == "message":
+            print(json.dumps({"protocol_version": 1, "ok": False,
+                              "error": {"kind": "denied", "message": echo}}))
+            return 0
+        sys.stderr.write(echo + "\n")
+        return 1
+    out = subprocess.run(helper, input=request, stdout=subprocess.PIPE).stdout
+    if op == "get":
+        resp = json.loads(out)
+        if resp.get("ok"):
+            remember(base64.b64decode(resp["result"]["material_base64"]))
+    sys.stdout.buffer.write(out)
+    return 0
+
+sys.exit(main())
+"#;
+
+/// Issue 29: a helper that echoes material in its errors, in every form keyplan can compute,
+/// through `apply` (the stage request's material in the error message; every material of the
+/// run on standard error), `plan --verify`, `verify` and `status` (text and JSON), with `-vvv`
+/// and with `--log-format json`: no form of any key version (the ones the KMS stores, and
+/// the ones it only saw) reaches stdout, stderr, the journal, the state directory or any other
+/// file (the leak scan of [`Watched`], whose `leak_forms` covers every form); each echo shows
+/// as `<redacted>`.
+#[test]
+fn cli_echoing_helper_never_leaks_material_in_any_form() {
+    if !python_available("cli_echoing_helper_never_leaks_material_in_any_form") {
+        return;
+    }
+    let w = Watched::new();
+    let root = w.s.dir.path().to_path_buf();
+    w.s.initial_pass();
+    w.s.small_image("d1.img", "luks2");
+    w.s.small_image("d2.img", "luks2");
+    let hostile = write_script(&root, "hostile.py", HOSTILE);
+    // The helper's own records live under keys/ (the KMS, which the leak scan leaves out).
+    let state = root.join("keys/.hostile");
+    let mut command = vec![
+        python(),
+        hostile.display().to_string(),
+        state.display().to_string(),
+    ];
+    command.extend(helper_argv(&root.join("keys")));
+    w.s.plan(
+        "keyplan.yaml",
+        &exec_plan(
+            &command,
+            &[("d1", "d1.img"), ("d2", "d2.img")],
+            "initial.pass",
+        ),
+    );
+    let fail = |rules: &str| std::fs::write(state.join("FAIL"), rules).unwrap();
+    let run = |args: &[&str], code: i32| -> String {
+        let out = w.run(args);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(code), "keyplan {args:?}:\n{text}");
+        text
+    };
+    let all_forms_redacted = |text: &str, what: &str| {
+        for label in ["raw", "std", "std_nopad", "url", "url_nopad", "hex", "HEX"] {
+            assert!(
+                text.contains(&format!(" {label}=<redacted>")),
+                "{what}: no {label}=<redacted>:\n{text}"
+            );
+        }
+    };
+
+    run(&["apply", "--auto-approve"], 0);
+    let v1 = file_kms_state(&root, "k").0.expect("v1");
+
+    // The stage request's material, echoed in the helper's error message.
+    fail("stage:message:0");
+    let out = run(&["-vvv", "apply", "--auto-approve", "--rotate", "k"], 1);
+    assert!(out.contains("echo: raw=<redacted>"), "{out}");
+    all_forms_redacted(&out, "stage");
+
+    // Every material of the run (v1, read to unlock; v2, staged), echoed on standard error
+    // when `commit` fails; JSON logs.
+    fail("commit:stderr:0");
+    let out = run(
+        &[
+            "-vvv",
+            "--log-format",
+            "json",
+            "apply",
+            "--auto-approve",
+            "--rotate",
+            "k",
+        ],
+        1,
+    );
+    assert!(out.contains("standard error ends with"), "{out}");
+    assert!(out.contains("HEX=<redacted>"), "{out}");
+    fail("");
+    run(&["apply", "--auto-approve"], 0);
+    let v2 = file_kms_state(&root, "k").0.expect("v2");
+    assert_ne!(v1, v2);
+
+    // plan --verify reads the current version of each device's record, then the KMS check
+    // (which carries no material) is answered with an echo of it.
+    fail("check:message:0");
+    let out = run(
+        &[
+            "-vvv",
+            "--log-format",
+            "json",
+            "plan",
+            "--verify",
+            "--rotate",
+            "k",
+        ],
+        1,
+    );
+    all_forms_redacted(&out, "plan --verify");
+
+    // verify: the second `get` is answered with an echo of what the first returned.
+    fail("get:message:1");
+    let out = run(&["-vvv", "verify"], 1);
+    all_forms_redacted(&out, "verify");
+    let out = run(&["--log-format", "json", "verify"], 1);
+    all_forms_redacted(&out, "verify, JSON logs");
+
+    // status reads no material, so the helper has nothing of this process to echo; what it
+    // says still goes through the same sinks.
+    fail("read:message:0");
+    for args in [
+        &["-vvv", "status"][..],
+        &["-vvv", "--log-format", "json", "status", "--format", "json"][..],
+    ] {
+        let out = w.run(args);
+        assert_eq!(out.status.code(), Some(3), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("echo: nothing seen"), "{text}");
+    }
+
+    // The journal recorded the failures, redacted.
+    let journal = std::fs::read_to_string(root.join(".keyplan/journal.jsonl")).unwrap();
+    assert!(journal.contains("echo: raw=<redacted>"), "{journal}");
+    assert!(journal.contains("HEX=<redacted>"), "{journal}");
+
+    // Every material the helper saw, stored or not (the first rotation's staged version
+    // never was), is looked for; the scan covers every output, the journal and every file.
+    let mut seen = 0;
+    for f in walk(&state) {
+        let name = f.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("seen-") {
+            use base64::Engine as _;
+            for line in std::fs::read_to_string(&f).unwrap().split_whitespace() {
+                w.add_secret(
+                    &base64::engine::general_purpose::STANDARD
+                        .decode(line)
+                        .unwrap(),
+                );
+                seen += 1;
+            }
+        }
+    }
+    assert!(seen >= 6, "the helper saw only {seen} materials");
+    assert!(w.wrapper_saw_calls());
+    w.assert_no_leaks();
+}

@@ -241,7 +241,7 @@ fn saved_plan_options_conflict_and_bad_files() {
     let s = Scratch::new();
     setup(&s);
     s.ok(&["plan", "-o", "saved.json"], 0);
-    let out = s.ok(&["apply", "saved.json", "--rotate", "k"], 2);
+    let out = s.ok(&["apply", "saved.json", "--rotate", "k"], 1);
     assert!(out.contains("cannot be used with"), "{out}");
     std::fs::write(s.path("junk.json"), "{\"kind\": \"other\"}").expect("write");
     let out = s.ok(&["apply", "junk.json"], 1);

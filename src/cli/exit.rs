@@ -7,8 +7,9 @@ use std::process::ExitCode;
 pub enum Exit {
     /// 0: success; no changes; healthy.
     Success,
-    /// 1: an error (the message is on stderr); for `status`, a problem was found; for
-    /// `apply`, the operator did not confirm.
+    /// 1: an error (the message is on stderr), usage errors included (an unknown flag or
+    /// subcommand, a missing or bad value: clap's own code 2 would read as "changes present");
+    /// for `status`, a problem was found; for `apply`, the operator did not confirm.
     Failure,
     /// 2: `plan --detailed-exitcode` found changes (or an interrupted run to finish).
     Changes,

@@ -124,14 +124,14 @@ pub(super) fn cmd_fleet(command: &FleetCommand) -> Result<Exit> {
             ) {
                 Ok(c) => c,
                 Err(e) => {
-                    eprintln!("keyplan fleet status: cannot reach the Kubernetes API: {e}\n  help: pass --kubeconfig/--context, or set KUBECONFIG");
+                    errln!("keyplan fleet status: cannot reach the Kubernetes API: {e}\n  help: pass --kubeconfig/--context, or set KUBECONFIG");
                     return Ok(Exit::Unknown);
                 }
             };
             let s = match crate::fleet::status::read(&c, &target.namespace) {
                 Ok(s) => s,
                 Err(e) => {
-                    eprintln!("keyplan fleet status: cannot read the node reports: {e}");
+                    errln!("keyplan fleet status: cannot read the node reports: {e}");
                     return Ok(Exit::Unknown);
                 }
             };

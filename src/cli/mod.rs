@@ -1,9 +1,9 @@
 //! The command line (DESIGN.md §4): clap definitions, and one thin module per command that
 //! parses its arguments, asks for confirmation where needed, calls [`crate::ops`], renders
 //! with [`crate::render`] and maps the outcome to an [`Exit`] status (`0` success / no
-//! changes, `1` error, `2` changes present with `--detailed-exitcode`, `3` status could not
-//! check). Engine errors become miette reports here ([`report`]); nothing in this module
-//! touches a device, a KMS or the journal.
+//! changes, `1` error, usage errors included, `2` changes present with `--detailed-exitcode`,
+//! `3` status could not check). Engine errors become miette reports here ([`report`]);
+//! nothing in this module touches a device, a KMS or the journal.
 
 use std::io::{self, BufRead, IsTerminal, Write};
 use std::path::PathBuf;
@@ -20,7 +20,9 @@ use crate::spec::{self, Plan};
 
 /// `println!` that never panics: a closed stdout (`keyplan plan | head -1`, a dropped ssh
 /// session, a dead `tee`) must not turn a run into a crash. Output is informational; the
-/// journal is the record, so write errors are ignored.
+/// journal is the record, so write errors are ignored. The text goes through
+/// [`crate::secret::redact::redact`]: a KMS error quoted in a plan or status report may quote
+/// material back. (`key get` writes its material with `write_all`, not through this.)
 macro_rules! outln {
     () => {{
         use std::io::Write as _;
@@ -28,15 +30,27 @@ macro_rules! outln {
     }};
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), $($arg)*);
+        let text = format!($($arg)*);
+        let _ = writeln!(std::io::stdout(), "{}", $crate::secret::redact::redact(&text));
     }};
 }
 
-/// `print!` that never panics (see `outln!`).
+/// `print!` that never panics and redacts (see `outln!`).
 macro_rules! out {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = write!(std::io::stdout(), $($arg)*);
+        let text = format!($($arg)*);
+        let _ = write!(std::io::stdout(), "{}", $crate::secret::redact::redact(&text));
+    }};
+}
+
+/// `eprintln!` that never panics and redacts (see `outln!`): errors, warnings and notes on
+/// stderr.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let text = format!($($arg)*);
+        let _ = writeln!(std::io::stderr(), "{}", $crate::secret::redact::redact(&text));
     }};
 }
 
@@ -353,9 +367,15 @@ fn parse_parallelism(s: &str) -> std::result::Result<usize, String> {
 }
 
 /// Process entry point: parses arguments, runs the command, maps the outcome to an exit code.
+/// A usage error (unknown flag or subcommand, missing or bad value) exits 1 like every other
+/// error, never clap's default 2, which means "changes present" to `plan --detailed-exitcode`.
 pub fn main() -> ExitCode {
     let _failpoints = crate::failpoint::setup();
-    let cli = Cli::parse();
+    redacting_panic_hook();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_exit(&e),
+    };
     let color = cli.color.enabled(io::stderr().is_terminal());
     init_logging(&cli, color);
     // Wrap long messages only for a person at a terminal; logs and pipelines get whole lines.
@@ -372,9 +392,46 @@ pub fn main() -> ExitCode {
     match run(&cli) {
         Ok(code) => code.into(),
         Err(e) => {
-            eprintln!("{e:?}");
+            errln!("{e:?}");
             Exit::Failure.into()
         }
+    }
+}
+
+/// Panic messages go through the redactor too (the default hook writes them to stderr as they
+/// are): `thread '<name>' panicked at <file:line:column>:`, the message, and the backtrace when
+/// `RUST_BACKTRACE` asks for one.
+fn redacting_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let thread = std::thread::current();
+        let name = thread.name().unwrap_or("<unnamed>");
+        let at = info.location().map(|l| l.to_string()).unwrap_or_default();
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("Box<dyn Any>");
+        let backtrace = std::backtrace::Backtrace::capture();
+        let tail = match backtrace.status() {
+            std::backtrace::BacktraceStatus::Captured => format!("stack backtrace:\n{backtrace}"),
+            _ => "note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace"
+                .to_string(),
+        };
+        errln!("\nthread '{name}' panicked at {at}:\n{message}\n{tail}");
+    }));
+}
+
+/// Prints what clap stopped at (its error message on stderr, or `--help`/`--version` on
+/// stdout) and returns the exit code: [`Exit::Success`] for help and version,
+/// [`Exit::Failure`] for every usage error (see [`main`]).
+fn usage_exit(e: &clap::Error) -> ExitCode {
+    // A closed stream is no reason to panic; the exit code still says what happened.
+    let _ = e.print();
+    if e.use_stderr() {
+        Exit::Failure.into()
+    } else {
+        Exit::Success.into()
     }
 }
 
@@ -400,9 +457,11 @@ fn init_logging(cli: &Cli, color: bool) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("KEYPLAN_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // Every formatted event is redacted before it reaches stderr, whatever its level, format
+    // or origin (keyplan or a library).
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(io::stderr);
+        .with_writer(crate::secret::redact::Redacting(io::stderr));
     let _ = match cli.log_format {
         LogFormat::Text => builder.with_ansi(color).with_target(false).try_init(),
         LogFormat::Json => builder

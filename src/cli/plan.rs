@@ -60,7 +60,7 @@ pub(super) fn cmd_plan(
             path.display()
         );
         if json {
-            eprintln!("{note}");
+            errln!("{note}");
         } else {
             outln!("\n{note}");
         }

@@ -114,6 +114,8 @@ impl ProgressView {
                     Ok(o) => format!("  [{done}/{total}] {desc}: {o} ({took})"),
                     Err(e) => format!("  [FAILED] {desc}: after {took}: {e}"),
                 };
+                // (`outln!` redacts; indicatif's `println` does not.)
+                let line = crate::secret::redact::redact(&line).into_owned();
                 match &mut self.mode {
                     ViewMode::Quiet => {}
                     ViewMode::Lines => outln!("{line}"),

@@ -1,9 +1,12 @@
 //! Engine errors as miette reports, the CLI's edge: [`crate::error::Finding`]s point at their
-//! place in the plan file; every other error shows its message and what to do.
+//! place in the plan file; every other error shows its message and what to do. Messages and
+//! help are redacted ([`crate::secret::redact`]) before miette lays them out: a form of
+//! material wrapped onto two lines would no longer be recognised afterwards.
 
 use miette::miette;
 
 use crate::error::{Error, Finding};
+use crate::secret::redact::redact;
 use crate::spec::Plan;
 
 /// `e` as a report; `plan` gives findings their place in the plan file (without it, they
@@ -13,19 +16,24 @@ pub(super) fn report(plan: Option<&Plan>, e: Error) -> miette::Report {
         Error::Findings(findings) => {
             combine(findings.into_iter().map(|f| finding(plan, f)).collect())
         }
-        e => match e.help() {
-            Some(help) => miette!(help = help, "{e}"),
-            None => miette!("{e}"),
-        },
+        e => {
+            let message = redact(&e.to_string()).into_owned();
+            match e.help() {
+                Some(help) => miette!(help = redact(&help).into_owned(), "{message}"),
+                None => miette!("{message}"),
+            }
+        }
     }
 }
 
 /// One finding: labeled in the plan file when it has a place there.
 fn finding(plan: Option<&Plan>, f: Finding) -> miette::Report {
-    match (f.at, f.help, plan) {
-        (Some(at), help, Some(plan)) => plan.error_at(&at, f.message, help),
-        (_, Some(help), _) => miette!(help = help, "{}", f.message),
-        (_, None, _) => miette!("{}", f.message),
+    let message = redact(&f.message).into_owned();
+    let help = f.help.map(|h| redact(&h).into_owned());
+    match (f.at, help, plan) {
+        (Some(at), help, Some(plan)) => plan.error_at(&at, message, help),
+        (_, Some(help), _) => miette!(help = help, "{message}"),
+        (_, None, _) => miette!("{message}"),
     }
 }
 

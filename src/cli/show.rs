@@ -109,14 +109,14 @@ pub(super) fn cmd_show(
                 );
             }
         }
-        Shown::Stale(why) => eprintln!(
+        Shown::Stale(why) => errln!(
             "\nWARNING: saved plan {} is STALE. Since it was made:\n  - {}\n`keyplan apply {}` would refuse it; run `keyplan plan -o {}` again.",
             path.display(),
             why.join("\n  - "),
             path.display(),
             path.display()
         ),
-        Shown::Unknown(why) => eprintln!(
+        Shown::Unknown(why) => errln!(
             "\nWARNING: cannot check whether saved plan {} is stale: {why}",
             path.display()
         ),

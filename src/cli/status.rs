@@ -19,7 +19,7 @@ pub(super) fn cmd_status(
     output: Option<&std::path::Path>,
 ) -> Result<Exit> {
     let unknown = |e: miette::Report| {
-        eprintln!("{e:?}");
+        errln!("{e:?}");
         Ok(Exit::Unknown)
     };
     let plan = match load_plan(cli, arg) {
@@ -42,6 +42,12 @@ pub(super) fn cmd_status(
         StatusFormat::Text => render::status::text(&report),
         StatusFormat::Json => render::status::json(&report).into_diagnostic()?,
         StatusFormat::Prometheus => render::status::prometheus(&report).into_diagnostic()?,
+    };
+    // KMS errors quoted in the report may quote material back (stdout is redacted by `out!`;
+    // `-o FILE` is written here).
+    let text = match format {
+        StatusFormat::Json => crate::secret::redact::redact_json(&text).into_owned(),
+        _ => crate::secret::redact::redact(&text).into_owned(),
     };
     match output {
         None => out!("{text}"),

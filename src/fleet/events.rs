@@ -3,7 +3,8 @@
 //! fleet namespace, about the node's report ConfigMap (`involvedObject`; `related` names the
 //! Node), so `kubectl get events -n keyplan` and `kubectl describe cm keyplan-node-<node>`
 //! show them. Reasons: `RunStarted`, `RunSucceeded`, `RunFailed` (Warning), `PlanRefused`
-//! (Warning), `RolloutHalted` (Warning), `AgentStopped`. Messages never hold key material.
+//! (Warning), `RolloutHalted` (Warning), `AgentStopped`. Messages never hold key material:
+//! they are redacted (`event_message`) before they are cut to size.
 //!
 //! An Event that cannot be written is logged at `warn` and otherwise ignored: Events are a
 //! convenience; the report and the journal are the record.
@@ -42,19 +43,11 @@ impl Events {
         }
     }
 
-    /// Writes one Event (`reason` in CamelCase, `message` at most 1024 bytes, cut at a
-    /// character boundary). A failure is logged, not returned.
+    /// Writes one Event (`reason` in CamelCase, `message` as `event_message` makes it). A
+    /// failure is logged, not returned.
     pub fn emit(&self, kind: EventType, reason: &str, message: &str) {
         let now = Timestamp::now();
-        let mut message = message.to_string();
-        if message.len() > 1024 {
-            let mut end = 1021;
-            while !message.is_char_boundary(end) {
-                end -= 1;
-            }
-            message.truncate(end);
-            message.push_str("...");
-        }
+        let message = event_message(message);
         let report = super::report::report_name(&self.node);
         let ev = Event {
             metadata: ObjectMeta {
@@ -104,5 +97,50 @@ impl Events {
             ),
             Err(e) => tracing::warn!(reason, "could not write a Kubernetes Event: {e}"),
         }
+    }
+}
+
+/// The text of an Event: `message` redacted ([`crate::secret::redact::redact`]: it may quote a
+/// KMS error, which may quote material back), then cut to at most 1024 bytes at a character
+/// boundary (`...` marks the cut). Redacting first: a form of material cut in two would no
+/// longer be recognised.
+pub(crate) fn event_message(message: &str) -> String {
+    let mut message = crate::secret::redact::redact(message).into_owned();
+    if message.len() > 1024 {
+        let mut end = 1021;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push_str("...");
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_messages_are_redacted_before_they_are_cut() {
+        let m = b"event-material-5b1d0c77e2";
+        crate::secret::redact::register(m);
+        let hex: String = m.iter().map(|b| format!("{b:02x}")).collect();
+        let msg = format!(
+            "run failed: KMS said: denied for {hex} (raw {})",
+            "event-material-5b1d0c77e2"
+        );
+        assert_eq!(
+            event_message(&msg),
+            "run failed: KMS said: denied for <redacted> (raw <redacted>)"
+        );
+        // A form across the 1024-byte cut is redacted whole, not cut into an unrecognisable
+        // half.
+        let long = format!("{}{hex}", "x".repeat(1000));
+        let text = event_message(&long);
+        assert_eq!(text, format!("{}<redacted>", "x".repeat(1000)));
+        let cut = event_message(&format!("{}{hex}", "é".repeat(520)));
+        assert!(cut.len() <= 1024 && cut.ends_with("..."), "{cut}");
+        assert!(!cut.contains(&hex[..8]), "{cut}");
     }
 }

@@ -2,7 +2,8 @@
 //! `app.kubernetes.io/component=node-report`, holding one JSON document ([`NodeReport`]) under
 //! `report.json`. The agent rewrites it at every cycle (its `updated_at` is the heartbeat
 //! `keyplan fleet status` tells lost nodes by); it holds what the agent observed and did, never
-//! key material (the same fields `keyplan status` shows, cut to a summary).
+//! key material (the same fields `keyplan status` shows, cut to a summary; the document is
+//! redacted before it is written, for the texts KMSs answered with: `document`).
 //!
 //! A ConfigMap rather than a custom resource: it needs no CRD installed cluster-wide (so no
 //! cluster-admin step to deploy), `kubectl get cm -l app.kubernetes.io/component=node-report`
@@ -430,10 +431,7 @@ impl Reports {
         prior: Option<&ConfigMap>,
     ) -> Result<ConfigMap, ReportError> {
         let name = report_name(&report.node);
-        let doc = serde_json::to_string_pretty(report).map_err(|e| ReportError {
-            message: format!("cannot encode the report: {e}"),
-            code: None,
-        })?;
+        let doc = document(report)?;
         let mut cm = prior.cloned().unwrap_or_else(|| ConfigMap {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
@@ -480,6 +478,19 @@ impl Reports {
     }
 }
 
+/// The `report.json` document of `report`: pretty JSON, redacted
+/// ([`crate::secret::redact::redact_json`]; its messages and errors quote KMSs, which may
+/// quote material back).
+///
+/// Errors: the report cannot be encoded.
+pub(crate) fn document(report: &NodeReport) -> Result<String, ReportError> {
+    let doc = serde_json::to_string_pretty(report).map_err(|e| ReportError {
+        message: format!("cannot encode the report: {e}"),
+        code: None,
+    })?;
+    Ok(crate::secret::redact::redact_json(&doc).into_owned())
+}
+
 fn stored(cm: ConfigMap) -> Stored {
     let report = cm
         .data
@@ -496,5 +507,67 @@ fn stored(cm: ConfigMap) -> Stored {
             .and_then(|a| a.get(CLEARED_ANNOTATION))
             .cloned(),
         object: cm,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_documents_are_redacted_and_stay_valid() {
+        use base64::Engine as _;
+        let m = b"report-material-\"quoted\"-41d2";
+        crate::secret::redact::register(m);
+        let raw = String::from_utf8_lossy(m).into_owned();
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(m);
+        let hex: String = m.iter().map(|b| format!("{b:02X}")).collect();
+        let report = NodeReport {
+            format_version: FORMAT_VERSION.to_string(),
+            node: "worker-1".into(),
+            agent_version: "0".into(),
+            updated_at: 1,
+            interval_seconds: 300,
+            plan_digest: None,
+            state: AgentState::Failed,
+            message: Some(format!("KMS said {raw}")),
+            changes: 1,
+            devices: Vec::new(),
+            keys: Vec::new(),
+            problems: vec![format!("key k: the KMS answered {b64}")],
+            unchecked: vec![format!("{hex} could not be read")],
+            last_run: Some(AgentRun {
+                id: Some("1-2".into()),
+                started_at: 1,
+                ended_at: Some(2),
+                outcome: "failed".into(),
+                steps: 1,
+                pbkdf_runs: 0,
+                error: Some(format!("stage: {raw:?}")),
+            }),
+            last_success_at: None,
+            failure: Some(Failure {
+                at: 2,
+                message: format!("denied: {raw}"),
+            }),
+            halted: false,
+            refused_plan: None,
+            plan_signature: None,
+            commits_waiting: Vec::new(),
+            observation: None,
+        };
+        let doc = document(&report).expect("document");
+        for form in [raw.as_str(), &b64, &hex, "report-material"] {
+            assert!(!doc.contains(form), "{form} in {doc}");
+        }
+        let back: NodeReport = serde_json::from_str(&doc).expect("still a report");
+        assert_eq!(back.message.as_deref(), Some("KMS said <redacted>"));
+        assert_eq!(
+            back.failure.map(|f| f.message).as_deref(),
+            Some("denied: <redacted>")
+        );
+        assert_eq!(back.problems, ["key k: the KMS answered <redacted>"]);
+        assert_eq!(back.unchecked, ["<redacted> could not be read"]);
+        assert_eq!(back.node, "worker-1");
     }
 }

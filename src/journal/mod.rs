@@ -5,7 +5,8 @@
 //! (`step_done`). A crash can tear only the last line; [`read`] ignores a torn last line, and
 //! [`Journal::open`] cuts it off before appending (a whole record missing only its newline is
 //! kept and terminated). It never holds key material: steps name
-//! keys, versions, devices and keyslots only.
+//! keys, versions, devices and keyslots only, and each line is redacted
+//! ([`crate::secret::redact::redact_json`]) before it is written, for the error texts of KMSs.
 //!
 //! The lock is `<state_dir>/lock`, held with `flock(2)` (through `File::try_lock`) for the
 //! whole run, so a lock left by a dead process never blocks the next run: the kernel drops it.
@@ -184,11 +185,15 @@ impl Journal {
             run: run.to_string(),
             event,
         };
-        let mut line = serde_json::to_vec(&record).map_err(|e| JournalError::Io {
+        let text = serde_json::to_string(&record).map_err(|e| JournalError::Io {
             what: "encoding a record for",
             path: self.path.clone(),
             source: io::Error::other(e),
         })?;
+        // Error texts come from KMSs and helpers, which may quote material back.
+        let mut line = crate::secret::redact::redact_json(&text)
+            .into_owned()
+            .into_bytes();
         line.push(b'\n');
         if crate::failpoint::fires("journal.torn_append") {
             // A crash in the middle of a write: half a record reaches the disk.
@@ -745,6 +750,51 @@ mod tests {
         let mut j = Journal::open(&state)?;
         j.append("r1", Event::StepStart { step: 2 })?;
         assert_eq!(records(&state).len(), 3);
+        Ok(())
+    }
+
+    /// Error texts quoting known material, in any form and quoted in any way, reach the file
+    /// redacted, and the lines still read back.
+    #[test]
+    fn appended_records_are_redacted() -> Result<(), JournalError> {
+        use base64::Engine as _;
+        let m = b"journal-material-\"q\"-\\-7e0b";
+        crate::secret::redact::register(m);
+        let raw = String::from_utf8_lossy(m).into_owned();
+        let hex: String = m.iter().map(|b| format!("{b:02x}")).collect();
+        let b64 = base64::engine::general_purpose::STANDARD_NO_PAD.encode(m);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut j = Journal::open(dir.path())?;
+        j.append(
+            "r1",
+            Event::StepFailed {
+                step: 0,
+                error: format!("KMS said {raw} / {raw:?} / {hex} / {b64}"),
+            },
+        )?;
+        j.append(
+            "r1",
+            Event::RunEnd {
+                outcome: "failed".into(),
+                message: Some(format!("step 0: {}", hex.to_uppercase())),
+            },
+        )?;
+        let bytes = fs::read(dir.path().join(JOURNAL_FILE)).expect("read");
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(!text.contains("journal-material"), "{text}");
+        assert!(
+            !text.contains(&hex) && !text.contains(&hex.to_uppercase()),
+            "{text}"
+        );
+        assert!(!text.contains(&b64), "{text}");
+        let r = records(dir.path());
+        match &r[0].event {
+            Event::StepFailed { error, .. } => assert_eq!(
+                error,
+                "KMS said <redacted> / \"<redacted>\" / <redacted> / <redacted>"
+            ),
+            other => panic!("{other:?}"),
+        }
         Ok(())
     }
 }

@@ -15,8 +15,11 @@
 //!
 //! Key material travels only inside these two JSON documents (stdin/stdout pipes): never in
 //! argv or the environment. The buffers holding them are zeroized after use. Standard error
-//! is diagnostic: its last lines (at most [`STDERR_SHOWN_CHARS`] characters, with any known
-//! material redacted) are quoted in errors.
+//! is diagnostic: its last lines (at most [`STDERR_SHOWN_CHARS`] characters) are quoted in
+//! errors. Everything quoted from the helper (its standard error, its error message, what the
+//! JSON parser quotes) is redacted first, before it is cut or tidied, with
+//! [`crate::secret::redact`]: every form of every material this process knows, the request's
+//! own included.
 //!
 //! The helper runs in a process group of its own and dies with keyplan, as cryptsetup
 //! children do ([`crate::child`]); duct starts it and waits for it with the deadline, while
@@ -145,20 +148,23 @@ impl ExecKms {
     }
 
     /// Runs the helper for `op` on `key` and returns its `result`, parsed as `R` (`None` when
-    /// the response has no `result`). `secret` is material the request carries (redacted from
-    /// anything quoted in errors).
+    /// the response has no `result`). `secret` is material the request carries: registered
+    /// again with [`crate::secret::redact::register`] (it is a `Passphrase`, registered when
+    /// made; this marks it as recently used), so that it is redacted from anything quoted.
     fn call<R: DeserializeOwned>(
         &self,
         op: &Op<'_>,
         key: Option<&str>,
         secret: Option<&[u8]>,
     ) -> Result<Option<R>, KmsError> {
+        if let Some(secret) = secret {
+            crate::secret::redact::register(secret);
+        }
         let ctx = Ctx {
             kms: self,
             op: op.name(),
             key,
             version: op.version(),
-            secret,
         };
         let request = encode_request(&Request {
             protocol_version: PROTOCOL_VERSION,
@@ -600,7 +606,6 @@ struct Ctx<'a> {
     op: &'static str,
     key: Option<&'a str>,
     version: Option<u64>,
-    secret: Option<&'a [u8]>,
 }
 
 impl Ctx<'_> {
@@ -650,9 +655,11 @@ impl Ctx<'_> {
         }
     }
 
-    /// ` ; its standard error ends with: "..."`, or nothing when it wrote none.
+    /// ` ; its standard error ends with: "..."`, or nothing when it wrote none. Redacted as
+    /// bytes, before the text is tidied and cut.
     fn stderr_note(&self, tail: &[u8]) -> String {
-        let text = tidy(&String::from_utf8_lossy(tail));
+        let tail = crate::secret::redact::redact_bytes(tail);
+        let text = tidy(&String::from_utf8_lossy(&tail));
         if text.is_empty() {
             return String::new();
         }
@@ -666,28 +673,18 @@ impl Ctx<'_> {
         format!("; its standard error ends with: {shown:?}")
     }
 
-    /// Removes `self.secret` (raw and base64) from `text`.
+    /// `text` with every form of known material redacted ([`crate::secret::redact`]).
     fn redact(&self, text: String) -> String {
-        let Some(secret) = self.secret.filter(|s| s.len() >= 4) else {
-            return text;
-        };
-        let mut out = text;
-        let b64 = Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(secret));
-        for form in [
-            String::from_utf8_lossy(secret).into_owned(),
-            b64.to_string(),
-        ] {
-            let form = Zeroizing::new(form);
-            if !form.is_empty() && out.contains(form.as_str()) {
-                out = out.replace(form.as_str(), "<redacted>");
-            }
+        match crate::secret::redact::redact(&text) {
+            std::borrow::Cow::Borrowed(_) => text,
+            std::borrow::Cow::Owned(r) => r,
         }
-        out
     }
 
-    /// Maps a helper's `error` object onto [`KmsError`].
+    /// Maps a helper's `error` object onto [`KmsError`]. Its message is redacted before it is
+    /// tidied and cut.
     fn helper_error(&self, error: &ErrorBody) -> KmsError {
-        let mut message = tidy(&error.message);
+        let mut message = tidy(&crate::secret::redact::redact(&error.message));
         if message.chars().count() > MESSAGE_SHOWN_CHARS {
             message = message
                 .chars()
@@ -800,10 +797,10 @@ fn parse_response<R: DeserializeOwned>(
         Some(other) => {
             return Err(KmsError::Config {
                 kms: ctx.kms.describe(),
-                detail: format!(
+                detail: ctx.redact(format!(
                     "the helper answered {} with protocol_version {other}, but keyplan speaks version {PROTOCOL_VERSION} (docs/kms/exec.md); use a helper that speaks protocol {PROTOCOL_VERSION}",
                     ctx.what()
-                ),
+                )),
             })
         }
         None => return Err(ctx.violation("`protocol_version` is missing".into())),
@@ -834,7 +831,6 @@ impl ExecKms {
                 op: op.name(),
                 key,
                 version: op.version(),
-                secret,
             }
             .violation("`result` is missing".into())
         })

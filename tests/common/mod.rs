@@ -362,22 +362,28 @@ pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
     !needle.is_empty() && memchr::memmem::find(hay, needle).is_some()
 }
 
-/// The forms a secret could leak in: raw bytes, lower- and upper-case hex, standard base64 of
-/// the bytes, and a JSON/Debug array of byte numbers (`[105, 110, ...]` with or without spaces).
+/// The forms a secret could leak in: raw bytes, lower- and upper-case hex, base64 of the bytes
+/// (standard and URL-safe alphabets, each with and without padding), and a JSON/Debug array of
+/// byte numbers (`[105, 110, ...]` with or without spaces).
 pub fn leak_forms(secret: &[u8]) -> Vec<Vec<u8>> {
+    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
     use base64::Engine as _;
     let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
     let nums: Vec<String> = secret.iter().map(|b| b.to_string()).collect();
-    vec![
+    let mut forms = vec![
         secret.to_vec(),
         hex.clone().into_bytes(),
         hex.to_uppercase().into_bytes(),
-        base64::engine::general_purpose::STANDARD
-            .encode(secret)
-            .into_bytes(),
         nums.join(",").into_bytes(),
         nums.join(", ").into_bytes(),
-    ]
+    ];
+    for engine in [STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD] {
+        let form = engine.encode(secret).into_bytes();
+        if !forms.contains(&form) {
+            forms.push(form);
+        }
+    }
+    forms
 }
 
 /// Every key version currently stored by file KMSs under `root` (files `<kms>/<name>/vN.key`).

@@ -1,0 +1,1017 @@
+//! Redaction of known key material from everything keyplan prints or writes.
+//!
+//! A KMS helper or server that quotes its request in an error hands keyplan's diagnostics the
+//! material keyplan sent it, in whatever encoding the request carried. So every
+//! [`Passphrase`](super::Passphrase) keyplan creates (a KMS read, a generated version, an
+//! `enroll_with` file) is [`register`]ed here, and every sink that prints or writes text runs it
+//! through [`redact`] first: the CLI's stdout and stderr, the tracing writer ([`Redacting`]),
+//! the journal, saved plans, the agent's node reports and Kubernetes Events, and the `exec`
+//! provider's quotes of its helper. Each form keyplan can compute of a registered
+//! material becomes [`REDACTED`]:
+//!
+//! - the raw bytes, the raw bytes without surrounding ASCII whitespace (a passphrase file's
+//!   trailing newline), and for material that is not UTF-8 its lossy UTF-8 text;
+//! - that text (and the trimmed one) as a JSON string and as a Rust `Debug` string quote it
+//!   (escapes, no quotes), once or twice in either order (a `Debug`-quoted error inside a
+//!   JSON document);
+//! - base64: standard and URL-safe alphabets, each with and without padding;
+//! - hex, lower and upper case;
+//! - the bytes as decimal numbers separated by `,` and by `, ` (a JSON array, `Debug` of bytes).
+//!
+//! **No copies of secrets.** The registry keeps, per form, only its length, a salted SHA-256
+//! digest (a random salt per process, from the operating system's random source), a 64-bit
+//! polynomial hash with a random base (a prefilter: each window of a text is hashed in O(1) as
+//! it slides, and only a window whose polynomial hash is known is digested) and the class of
+//! characters it is made of (windows holding other characters are skipped unhashed). Neither
+//! hash gives back material of the length keyplan generates; the forms are computed in
+//! zeroizing buffers and the hashers wipe their state (sha2's `zeroize` feature). A
+//! long-running agent thus holds no material beyond the [`Passphrase`](super::Passphrase)s it
+//! is using.
+//!
+//! **Bounds.** Material shorter than [`MIN_BYTES`] is not registered (redacting three common
+//! characters everywhere would garble every message, and no LUKS passphrase is that short).
+//! The registry holds at most [`MAX_SECRETS`] materials; registering another evicts the one
+//! registered (or registered again: every KMS read of a version refreshes it) longest ago, so
+//! what an agent uses stays known. Duplicates are one entry.
+//!
+//! **Limits.** Only material this process learned is redacted: `keyplan status` reads no
+//! material, so it cannot recognise any. A form cut in two (a line wrapped inside it, a
+//! message truncated inside it) is not recognised, so truncating sinks redact before they cut.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::io;
+use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
+
+use base64::Engine as _;
+use rand::TryRngCore as _;
+use sha2::{Digest as _, Sha256};
+use zeroize::Zeroizing;
+
+/// What a form of known material is replaced with.
+pub const REDACTED: &str = "<redacted>";
+
+/// Shortest material (bytes) that is registered.
+pub const MIN_BYTES: usize = 4;
+
+/// Most materials the process-wide registry remembers (a generated passphrase has 7 to 9
+/// distinct forms, about 1 KiB of hashes and map entries; text with quotes or control
+/// characters up to 25, about 3 KiB); the one registered longest ago is forgotten first.
+pub const MAX_SECRETS: usize = 1024;
+
+/// The process-wide registry.
+static REGISTRY: LazyLock<Mutex<Registry>> =
+    LazyLock::new(|| Mutex::new(Registry::new(MAX_SECRETS)));
+
+fn global() -> MutexGuard<'static, Registry> {
+    // A panic while the lock was held leaves the maps consistent (every update completes
+    // before the next can start), so a poisoned lock is still usable.
+    REGISTRY.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Remembers `material` (at least [`MIN_BYTES`] long; shorter is ignored) so that every form
+/// of it is redacted from now on. Registering known material again only marks it as recently
+/// used. Cost: one salted SHA-256 for known material; about twenty hashes of short strings
+/// for new material.
+pub fn register(material: &[u8]) {
+    global().register(material);
+}
+
+/// `text` with every form of every registered material replaced by [`REDACTED`] (borrowed when
+/// nothing was found). Overlapping or adjacent finds become one [`REDACTED`].
+pub fn redact(text: &str) -> Cow<'_, str> {
+    match global().find(text.as_bytes()) {
+        None => Cow::Borrowed(text),
+        // A material that is not UTF-8 can match from inside a character; the cut character
+        // then shows as U+FFFD.
+        Some(bytes) => Cow::Owned(match String::from_utf8(bytes) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        }),
+    }
+}
+
+/// [`redact`] of bytes (a child's standard error, a formatted log line).
+pub fn redact_bytes(bytes: &[u8]) -> Cow<'_, [u8]> {
+    match global().find(bytes) {
+        None => Cow::Borrowed(bytes),
+        Some(out) => Cow::Owned(out),
+    }
+}
+
+/// [`redact`] of one serialized JSON document (a journal line, a node report, a saved plan),
+/// keeping it valid JSON: a form inside a string is replaced in place; should a replacement
+/// break the document (a form spanning its syntax, such as material written as an array of
+/// numbers, which keyplan never does), every string of the document is redacted on its own
+/// instead and the document serialized again (compactly).
+pub fn redact_json(json: &str) -> Cow<'_, str> {
+    let out = redact(json);
+    if matches!(out, Cow::Borrowed(_))
+        || serde_json::from_str::<serde::de::IgnoredAny>(&out).is_ok()
+    {
+        return out;
+    }
+    match serde_json::from_str::<serde_json::Value>(json) {
+        Ok(mut v) => {
+            redact_strings(&mut v);
+            Cow::Owned(serde_json::to_string(&v).unwrap_or_else(|_| out.into_owned()))
+        }
+        // Not JSON to begin with: the text redaction is all there is to do.
+        Err(_) => out,
+    }
+}
+
+fn redact_strings(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::String(s) => {
+            if let Cow::Owned(r) = redact(s) {
+                *s = r;
+            }
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(redact_strings),
+        serde_json::Value::Object(o) => {
+            let keys: Vec<String> = o.keys().cloned().collect();
+            for k in keys {
+                if let Some(mut value) = o.remove(&k) {
+                    redact_strings(&mut value);
+                    o.insert(redact(&k).into_owned(), value);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A [`tracing_subscriber::fmt::MakeWriter`] whose writers redact: each writer collects what
+/// the formatter writes (one whole event) and passes it on through [`redact_bytes`] when it is
+/// flushed or dropped. Logs at every level and in every format go through it.
+#[derive(Debug, Clone)]
+pub struct Redacting<M>(pub M);
+
+impl<'a, M: tracing_subscriber::fmt::MakeWriter<'a>> tracing_subscriber::fmt::MakeWriter<'a>
+    for Redacting<M>
+{
+    type Writer = RedactingWriter<M::Writer>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        RedactingWriter::new(self.0.make_writer())
+    }
+
+    fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> Self::Writer {
+        RedactingWriter::new(self.0.make_writer_for(meta))
+    }
+}
+
+/// One event's writer of [`Redacting`]: buffers, and writes the redacted text to `inner` on
+/// flush and drop (write errors there are ignored, as tracing's own writers do).
+pub struct RedactingWriter<W: io::Write> {
+    inner: W,
+    buf: Zeroizing<Vec<u8>>,
+}
+
+impl<W: io::Write> RedactingWriter<W> {
+    /// A writer passing redacted text on to `inner`.
+    pub fn new(inner: W) -> Self {
+        RedactingWriter {
+            inner,
+            buf: Zeroizing::new(Vec::new()),
+        }
+    }
+
+    fn pass_on(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let result = self.inner.write_all(&redact_bytes(&self.buf));
+        self.buf.clear();
+        result
+    }
+}
+
+impl<W: io::Write> io::Write for RedactingWriter<W> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.pass_on()?;
+        self.inner.flush()
+    }
+}
+
+impl<W: io::Write> Drop for RedactingWriter<W> {
+    fn drop(&mut self) {
+        let _ = self.pass_on();
+    }
+}
+
+// ------------------------------------------------------------------------------- registry
+
+/// A salted SHA-256 digest.
+type Digest = [u8; 32];
+
+/// Slots of the prefilter table (a power of two).
+const FILTER_SLOTS: usize = 1 << 16;
+
+/// One form of a registered material.
+#[derive(Debug, Clone, Copy)]
+struct Form {
+    len: usize,
+    rolling: u64,
+    digest: Digest,
+    class: Class,
+}
+
+/// The kind of characters a form is made of: a window holding a byte outside the classes of
+/// every form of its length cannot match, so scans skip past it without hashing. (Classes, not
+/// the forms' actual bytes, so that the registry learns nothing of the material from them.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    HexLower,
+    HexUpper,
+    Decimal,
+    Base64,
+    Base64Url,
+    Any,
+}
+
+impl Class {
+    const ALL: [Class; 6] = [
+        Class::HexLower,
+        Class::HexUpper,
+        Class::Decimal,
+        Class::Base64,
+        Class::Base64Url,
+        Class::Any,
+    ];
+
+    /// Whether `b` is of this class.
+    fn admits(self, b: u8) -> bool {
+        match self {
+            Class::HexLower => b.is_ascii_digit() || (b'a'..=b'f').contains(&b),
+            Class::HexUpper => b.is_ascii_digit() || (b'A'..=b'F').contains(&b),
+            Class::Decimal => b.is_ascii_digit() || b == b',' || b == b' ',
+            Class::Base64 => b.is_ascii_alphanumeric() || b"+/=".contains(&b),
+            Class::Base64Url => b.is_ascii_alphanumeric() || b"-_=".contains(&b),
+            Class::Any => true,
+        }
+    }
+
+    /// The narrowest class of `form`.
+    fn of(form: &[u8]) -> Class {
+        Class::ALL
+            .into_iter()
+            .find(|c| form.iter().all(|&b| c.admits(b)))
+            .unwrap_or(Class::Any)
+    }
+}
+
+/// The forms of one length: how many, how many of each [`Class`], which classes (a bit per
+/// class, so lengths admitting the same bytes share their scan for runs), the bytes those
+/// classes admit, and `base^(len - 1)` (what rolling the hash by one byte takes out).
+struct Length {
+    forms: u32,
+    classes: [u32; Class::ALL.len()],
+    mask: u8,
+    admitted: [bool; 256],
+    pow: u64,
+}
+
+impl Length {
+    fn new(len: usize, base: u64) -> Length {
+        Length {
+            forms: 0,
+            classes: [0; Class::ALL.len()],
+            mask: 0,
+            admitted: [false; 256],
+            pow: power(base, len.saturating_sub(1) as u64),
+        }
+    }
+
+    /// Counts `class` in (`add`) or out; recomputes the admitted bytes when a class appears or
+    /// disappears.
+    fn count(&mut self, class: Class, add: bool) {
+        let i = Class::ALL.iter().position(|c| *c == class).unwrap_or(0);
+        let before = self.classes[i];
+        if add {
+            self.forms += 1;
+            self.classes[i] += 1;
+        } else {
+            self.forms = self.forms.saturating_sub(1);
+            self.classes[i] = self.classes[i].saturating_sub(1);
+        }
+        if (before == 0) == (self.classes[i] == 0) {
+            return;
+        }
+        self.mask ^= 1 << i;
+        for (b, admitted) in self.admitted.iter_mut().enumerate() {
+            *admitted = Class::ALL
+                .iter()
+                .zip(self.classes)
+                .any(|(c, n)| n > 0 && c.admits(b as u8));
+        }
+    }
+}
+
+/// A registered material: its forms and when it was last registered.
+#[derive(Debug)]
+struct Known {
+    tick: u64,
+    forms: Vec<Form>,
+}
+
+/// Known material, as hashes of its forms (see the module documentation). The maps count
+/// references, so that forgetting one material leaves another's identical form known.
+pub(crate) struct Registry {
+    cap: usize,
+    salt: [u8; 32],
+    base: u64,
+    tick: u64,
+    /// By the digest of the raw material.
+    secrets: HashMap<Digest, Known>,
+    /// Registration tick -> material, oldest first.
+    order: BTreeMap<u64, Digest>,
+    /// Counts per slot of (length, polynomial hash): a cheap first test of each window.
+    filter: Vec<u16>,
+    windows: HashMap<(usize, u64), u32>,
+    digests: HashMap<Digest, u32>,
+    lengths: BTreeMap<usize, Length>,
+}
+
+impl Registry {
+    /// An empty registry remembering at most `cap` materials, with a fresh random salt and
+    /// polynomial base.
+    pub(crate) fn new(cap: usize) -> Registry {
+        let mut seed = Zeroizing::new([0u8; 40]);
+        if rand::rngs::OsRng.try_fill_bytes(&mut seed[..]).is_err() {
+            // The OS random source failed: a salt from the clock, the process id and an
+            // address is still unique to this process, which is what it is for.
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default();
+            let mut h = Sha256::new();
+            h.update(now.to_le_bytes());
+            h.update(std::process::id().to_le_bytes());
+            h.update((&raw const seed as usize).to_le_bytes());
+            let d: Digest = h.finalize().into();
+            seed[..32].copy_from_slice(&d);
+            seed[32..].copy_from_slice(&d[..8]);
+        }
+        let mut salt = [0u8; 32];
+        salt.copy_from_slice(&seed[..32]);
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&seed[32..]);
+        // An odd base of at least 2^63: far from the small values that make collisions likely,
+        // and invertible modulo 2^64.
+        let base = u64::from_le_bytes(b) | (1 << 63) | 1;
+        Registry {
+            cap: cap.max(1),
+            salt,
+            base,
+            tick: 0,
+            secrets: HashMap::new(),
+            order: BTreeMap::new(),
+            filter: vec![0; FILTER_SLOTS],
+            windows: HashMap::new(),
+            digests: HashMap::new(),
+            lengths: BTreeMap::new(),
+        }
+    }
+
+    /// How many materials are known.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.secrets.len()
+    }
+
+    fn digest(&self, bytes: &[u8]) -> Digest {
+        let mut h = Sha256::new();
+        h.update(self.salt);
+        h.update(bytes);
+        h.finalize().into()
+    }
+
+    fn slot(len: usize, rolling: u64) -> usize {
+        let mixed = rolling ^ (len as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        (mixed as usize) & (FILTER_SLOTS - 1)
+    }
+
+    /// See [`register`].
+    pub(crate) fn register(&mut self, material: &[u8]) {
+        if material.len() < MIN_BYTES {
+            return;
+        }
+        let id = self.digest(material);
+        self.tick += 1;
+        if let Some(known) = self.secrets.get_mut(&id) {
+            self.order.remove(&known.tick);
+            known.tick = self.tick;
+            self.order.insert(self.tick, id);
+            return;
+        }
+        let mut forms: Vec<Form> = Vec::new();
+        for f in forms_of(material) {
+            if f.len() < MIN_BYTES {
+                continue;
+            }
+            let digest = self.digest(&f);
+            if forms.iter().any(|g| g.digest == digest) {
+                continue;
+            }
+            forms.push(Form {
+                len: f.len(),
+                rolling: poly(self.base, &f),
+                digest,
+                class: Class::of(&f),
+            });
+        }
+        for f in &forms {
+            let slot = &mut self.filter[Self::slot(f.len, f.rolling)];
+            *slot = slot.saturating_add(1);
+            *self.windows.entry((f.len, f.rolling)).or_default() += 1;
+            *self.digests.entry(f.digest).or_default() += 1;
+            self.lengths
+                .entry(f.len)
+                .or_insert_with(|| Length::new(f.len, self.base))
+                .count(f.class, true);
+        }
+        self.secrets.insert(
+            id,
+            Known {
+                tick: self.tick,
+                forms,
+            },
+        );
+        self.order.insert(self.tick, id);
+        while self.secrets.len() > self.cap {
+            let Some((_, oldest)) = self.order.pop_first() else {
+                break;
+            };
+            self.forget(&oldest);
+        }
+    }
+
+    fn forget(&mut self, id: &Digest) {
+        let Some(known) = self.secrets.remove(id) else {
+            return;
+        };
+        /// Drops one reference; true when it was the last.
+        fn release(count: Option<&mut u32>) -> bool {
+            match count {
+                Some(n) if *n > 1 => {
+                    *n -= 1;
+                    false
+                }
+                _ => true,
+            }
+        }
+        for f in &known.forms {
+            let slot = &mut self.filter[Self::slot(f.len, f.rolling)];
+            *slot = slot.saturating_sub(1);
+            if release(self.windows.get_mut(&(f.len, f.rolling))) {
+                self.windows.remove(&(f.len, f.rolling));
+            }
+            if release(self.digests.get_mut(&f.digest)) {
+                self.digests.remove(&f.digest);
+            }
+            if let Some(length) = self.lengths.get_mut(&f.len) {
+                length.count(f.class, false);
+                if length.forms == 0 {
+                    self.lengths.remove(&f.len);
+                }
+            }
+        }
+    }
+
+    /// `text` with every known form replaced, or `None` when it holds none.
+    pub(crate) fn find(&self, text: &[u8]) -> Option<Vec<u8>> {
+        let mut hits: Vec<(usize, usize)> = Vec::new();
+        // The runs of admitted bytes (start, end), per set of classes: a window can only
+        // match inside a run at least as long as it.
+        let mut runs: Vec<(u8, Vec<(usize, usize)>)> = Vec::new();
+        for (&len, length) in &self.lengths {
+            if len > text.len() {
+                // Lengths are in ascending order.
+                break;
+            }
+            let at = match runs.iter().position(|(m, _)| *m == length.mask) {
+                Some(at) => at,
+                None => {
+                    runs.push((length.mask, runs_of(text, &length.admitted)));
+                    runs.len() - 1
+                }
+            };
+            let pow = length.pow;
+            for &(from, to) in runs[at].1.iter().filter(|(from, to)| to - from >= len) {
+                let mut h = poly(self.base, &text[from..from + len]);
+                for start in from..=to - len {
+                    if start > from {
+                        h = roll(h, text[start - 1], text[start + len - 1], self.base, pow);
+                    }
+                    if self.filter[Self::slot(len, h)] == 0 || !self.windows.contains_key(&(len, h))
+                    {
+                        continue;
+                    }
+                    if self
+                        .digests
+                        .contains_key(&self.digest(&text[start..start + len]))
+                    {
+                        hits.push((start, start + len));
+                    }
+                }
+            }
+        }
+        if hits.is_empty() {
+            return None;
+        }
+        hits.sort_unstable();
+        let mut out = Vec::with_capacity(text.len());
+        let mut at = 0;
+        let mut i = 0;
+        while i < hits.len() {
+            let (start, mut end) = hits[i];
+            i += 1;
+            while i < hits.len() && hits[i].0 <= end {
+                end = end.max(hits[i].1);
+                i += 1;
+            }
+            out.extend_from_slice(&text[at..start]);
+            out.extend_from_slice(REDACTED.as_bytes());
+            at = end;
+        }
+        out.extend_from_slice(&text[at..]);
+        Some(out)
+    }
+}
+
+/// The maximal runs `(start, end)` of bytes of `text` that `admitted` admits.
+fn runs_of(text: &[u8], admitted: &[bool; 256]) -> Vec<(usize, usize)> {
+    let mut runs = Vec::new();
+    let mut from = None;
+    for (i, &b) in text.iter().enumerate() {
+        match (admitted[usize::from(b)], from) {
+            (true, None) => from = Some(i),
+            (false, Some(f)) => {
+                runs.push((f, i));
+                from = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(f) = from {
+        runs.push((f, text.len()));
+    }
+    runs
+}
+
+/// Every form of `m` keyplan can compute (see the module documentation), each in a zeroizing
+/// buffer allocated at its final size (no reallocation leaves a copy behind). Duplicates are
+/// possible (e.g. padded base64 of a multiple of 3 bytes is the unpadded one).
+fn forms_of(m: &[u8]) -> Vec<Zeroizing<Vec<u8>>> {
+    let copy = |b: &[u8]| Zeroizing::new(b.to_vec());
+    let mut out = vec![copy(m)];
+    let trimmed = m.trim_ascii();
+    if trimmed.len() != m.len() {
+        out.push(copy(trimmed));
+    }
+    for raw in [m, trimmed] {
+        // The material as text: lossy when it is not UTF-8.
+        let mut text = Zeroizing::new(String::with_capacity(3 * raw.len()));
+        for chunk in raw.utf8_chunks() {
+            text.push_str(chunk.valid());
+            if !chunk.invalid().is_empty() {
+                text.push(char::REPLACEMENT_CHARACTER);
+            }
+        }
+        if text.as_bytes() != raw {
+            out.push(copy(text.as_bytes()));
+        }
+        // ... quoted in JSON (serde_json: tracing's JSON logs, the journal, reports) or by
+        // Rust's `Debug` of a string (`{:?}`), without the quotes; and such a quote quoted
+        // again (a `Debug`-quoted error inside a JSON document).
+        for once in [Quote::Json, Quote::Debug] {
+            let Some(first) = quote(once, &text) else {
+                continue;
+            };
+            if first.as_str() == text.as_str() {
+                continue;
+            }
+            out.push(copy(first.as_bytes()));
+            for twice in [Quote::Json, Quote::Debug] {
+                if let Some(second) = quote(twice, &first) {
+                    if second.as_str() != first.as_str() {
+                        out.push(copy(second.as_bytes()));
+                    }
+                }
+            }
+        }
+        if trimmed.len() == m.len() {
+            break;
+        }
+    }
+    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+    if let Some(size) = base64::encoded_len(m.len(), true) {
+        for engine in [STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD] {
+            let mut b = Zeroizing::new(vec![0u8; size]);
+            if let Ok(n) = engine.encode_slice(m, &mut b[..]) {
+                b.truncate(n);
+                out.push(b);
+            }
+        }
+    }
+    for digits in [b"0123456789abcdef", b"0123456789ABCDEF"] {
+        let mut h = Zeroizing::new(Vec::with_capacity(2 * m.len()));
+        for &byte in m {
+            h.push(digits[usize::from(byte >> 4)]);
+            h.push(digits[usize::from(byte & 0xf)]);
+        }
+        out.push(h);
+    }
+    for sep in [&b","[..], &b", "[..]] {
+        let mut d = Zeroizing::new(Vec::with_capacity((3 + sep.len()) * m.len()));
+        for (i, &byte) in m.iter().enumerate() {
+            if i > 0 {
+                d.extend_from_slice(sep);
+            }
+            let mut n = Zeroizing::new([0u8; 3]);
+            let mut k = 0;
+            let mut v = byte;
+            loop {
+                n[k] = b'0' + v % 10;
+                k += 1;
+                v /= 10;
+                if v == 0 {
+                    break;
+                }
+            }
+            d.extend(n[..k].iter().rev());
+        }
+        out.push(d);
+    }
+    out
+}
+
+/// How a string is quoted.
+#[derive(Clone, Copy)]
+enum Quote {
+    /// As serde_json writes a string.
+    Json,
+    /// As Rust's `Debug` of a `str` does (`{:?}`).
+    Debug,
+}
+
+/// `text` quoted `how`, without the surrounding quotes, in a zeroizing buffer of its final
+/// size; `None` if the formatter failed.
+fn quote(how: Quote, text: &str) -> Option<Zeroizing<String>> {
+    // At most 6 (JSON `\u001f`) or 10 (`\u{10ffff}`) bytes per byte, and the quotes.
+    let mut q = Zeroizing::new(String::with_capacity(10 * text.len() + 2));
+    match how {
+        Quote::Json => {
+            let mut buf = Zeroizing::new(Vec::with_capacity(6 * text.len() + 2));
+            serde_json::to_writer(&mut *buf, text).ok()?;
+            q.push_str(std::str::from_utf8(&buf).ok()?);
+        }
+        Quote::Debug => write!(q, "{text:?}").ok()?,
+    }
+    if q.len() < 2 {
+        return None;
+    }
+    let inner = Zeroizing::new(q[1..q.len() - 1].to_string());
+    Some(inner)
+}
+
+/// The hash of the window one byte further: `out` leaves it, `inn` enters it; `pow` is
+/// `base^(len - 1)`.
+fn roll(h: u64, out: u8, inn: u8, base: u64, pow: u64) -> u64 {
+    h.wrapping_sub((u64::from(out) + 1).wrapping_mul(pow))
+        .wrapping_mul(base)
+        .wrapping_add(u64::from(inn) + 1)
+}
+
+/// `base^exp` modulo 2^64.
+fn power(base: u64, mut exp: u64) -> u64 {
+    let (mut result, mut b) = (1u64, base);
+    while exp > 0 {
+        if exp & 1 == 1 {
+            result = result.wrapping_mul(b);
+        }
+        b = b.wrapping_mul(b);
+        exp >>= 1;
+    }
+    result
+}
+
+/// The polynomial hash of `bytes`: the sum of `(byte + 1) * base^(len - 1 - i)` modulo 2^64.
+/// (Wrapping arithmetic is cheap; the known weakness of such hashes, strings built to collide,
+/// only costs a digest per collision, never a wrong redaction: a window is redacted only when
+/// its salted SHA-256 is known.)
+fn poly(base: u64, bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0, |h: u64, &b| {
+        h.wrapping_mul(base).wrapping_add(u64::from(b) + 1)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+
+    fn hex(m: &[u8]) -> String {
+        m.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    fn red(r: &Registry, text: &str) -> String {
+        match r.find(text.as_bytes()) {
+            Some(b) => String::from_utf8(b).expect("UTF-8"),
+            None => text.to_string(),
+        }
+    }
+
+    /// Material whose base64 differs between the standard and URL-safe alphabets and has
+    /// padding (20 bytes: one `=`), and whose hex has letters.
+    const M: &[u8] = b"\xfb\xff\xbe-material?>>~\xfa\xfb\xfc\x01";
+
+    #[test]
+    fn every_form_is_redacted() {
+        let mut r = Registry::new(8);
+        r.register(M);
+        let forms = [
+            String::from_utf8_lossy(M).into_owned(),
+            STANDARD.encode(M),
+            STANDARD_NO_PAD.encode(M),
+            URL_SAFE.encode(M),
+            URL_SAFE_NO_PAD.encode(M),
+            hex(M),
+            hex(M).to_uppercase(),
+            M.iter()
+                .map(|b| b.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+            M.iter()
+                .map(|b| b.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            serde_json::to_string(&String::from_utf8_lossy(M)).unwrap(),
+            format!("{:?}", String::from_utf8_lossy(M)),
+        ];
+        assert_ne!(forms[1], forms[3], "the alphabets differ");
+        assert_ne!(forms[1], forms[2], "padding");
+        for form in &forms {
+            let text = format!("helper said: [{form}] (exit 1)");
+            let got = red(&r, &text);
+            assert!(!got.contains(form.as_str()), "{form}: {got}");
+            assert!(got.contains("<redacted>"), "{form}: {got}");
+            assert!(got.starts_with("helper said: ["), "{got}");
+            assert!(got.ends_with("] (exit 1)"), "{got}");
+            // Inside a longer run of characters of its kind (the scan rolls through it).
+            // (The JSON and Debug quotes keep their quotation marks.)
+            let got = red(&r, &format!("Zz09{form}Zz09"));
+            let bare = form.trim_matches('"');
+            assert_eq!(got, format!("Zz09{}Zz09", form.replace(bare, "<redacted>")));
+        }
+        // Raw bytes, in bytes.
+        let mut text = b"stderr: ".to_vec();
+        text.extend_from_slice(M);
+        text.extend_from_slice(b"\n");
+        assert_eq!(r.find(&text).unwrap(), b"stderr: <redacted>\n");
+        // Nothing else is touched.
+        assert!(r.find(b"nothing to see here, 0123456789abcdef").is_none());
+    }
+
+    #[test]
+    fn text_material_and_its_escapes() {
+        let mut r = Registry::new(8);
+        let m = b"pa\"ss\\phrase\twith\nlines\n";
+        r.register(m);
+        let text = String::from_utf8_lossy(m);
+        for quoted in [
+            text.to_string(),
+            text.trim_end().to_string(),
+            serde_json::to_string(&text).unwrap(),
+            format!("{text:?}"),
+            format!("{:?}", text.trim_end()),
+            // Quoted twice: a `Debug`-quoted message inside a JSON document, and the reverse.
+            serde_json::to_string(&format!("error: {text:?}")).unwrap(),
+            format!("{:?}", serde_json::to_string(&text.trim_end()).unwrap()),
+        ] {
+            let got = red(&r, &format!("x {quoted} y"));
+            assert!(!got.contains("phrase"), "{quoted:?}: {got:?}");
+        }
+        // Short material is not registered: redacting it would garble every message.
+        let mut r = Registry::new(8);
+        r.register(b"abc");
+        assert_eq!(r.len(), 0);
+        assert_eq!(red(&r, "abc abc"), "abc abc");
+        r.register(b"abcd");
+        assert_eq!(red(&r, "xabcdx"), "x<redacted>x");
+    }
+
+    #[test]
+    fn overlaps_and_several_secrets() {
+        let mut r = Registry::new(8);
+        let a = b"first-secret-AAAA";
+        let b = b"second-secret-BBBBBB";
+        r.register(a);
+        r.register(b);
+        // Adjacent, and each in two forms.
+        let text = format!(
+            "{}{} and {} / {}",
+            String::from_utf8_lossy(a),
+            String::from_utf8_lossy(b),
+            STANDARD.encode(a),
+            hex(b)
+        );
+        assert_eq!(red(&r, &text), "<redacted> and <redacted> / <redacted>");
+        // Overlapping: b's raw form starts inside a's.
+        let mut r = Registry::new(8);
+        r.register(b"abcdefgh");
+        r.register(b"efghijkl");
+        assert_eq!(red(&r, "0abcdefghijkl1"), "0<redacted>1");
+        // Padded and unpadded base64 overlap (same start): one replacement.
+        let mut r = Registry::new(8);
+        r.register(b"twenty-byte-material");
+        let padded = STANDARD.encode(b"twenty-byte-material");
+        assert!(padded.ends_with('='));
+        assert_eq!(red(&r, &format!("[{padded}]")), "[<redacted>]");
+        // Repeated occurrences.
+        assert_eq!(
+            red(&r, "twenty-byte-material,twenty-byte-material."),
+            "<redacted>,<redacted>."
+        );
+    }
+
+    #[test]
+    fn non_utf8_material() {
+        let mut r = Registry::new(8);
+        let m: &[u8] = &[0xff, 0x00, 0x80, b'k', b'e', b'y', 0xc3];
+        r.register(m);
+        let mut bytes = b"<<".to_vec();
+        bytes.extend_from_slice(m);
+        bytes.extend_from_slice(b">>");
+        assert_eq!(r.find(&bytes).unwrap(), b"<<<redacted>>>");
+        // As lossy text, and that text as JSON and Debug quote it.
+        let lossy = String::from_utf8_lossy(m).into_owned();
+        for quoted in [
+            lossy.clone(),
+            serde_json::to_string(&lossy).unwrap(),
+            format!("{lossy:?}"),
+            STANDARD.encode(m),
+            URL_SAFE_NO_PAD.encode(m),
+            hex(m).to_uppercase(),
+        ] {
+            let got = red(&r, &format!("<{quoted}>"));
+            assert!(!got.contains("key"), "{quoted:?}: {got:?}");
+            assert!(got.contains("<redacted>"), "{quoted:?}: {got:?}");
+        }
+        // A match from inside a character leaves valid UTF-8 through `redact`.
+        let mut r = Registry::new(8);
+        r.register(&[0xa9, b'a', b'b', b'c']);
+        let got = r.find("é abc / éabc".as_bytes()).unwrap();
+        assert_eq!(String::from_utf8_lossy(&got), "é abc / \u{fffd}<redacted>");
+    }
+
+    #[test]
+    fn bounded_oldest_forgotten_first_and_deduplicated() {
+        let mut r = Registry::new(2);
+        r.register(b"secret-one");
+        r.register(b"secret-one");
+        assert_eq!(r.len(), 1);
+        r.register(b"secret-two");
+        // Registered again: now the most recent.
+        r.register(b"secret-one");
+        r.register(b"secret-three");
+        assert_eq!(r.len(), 2);
+        assert_eq!(red(&r, "secret-one"), "<redacted>");
+        assert_eq!(red(&r, "secret-three"), "<redacted>");
+        assert_eq!(
+            red(&r, "secret-two"),
+            "secret-two",
+            "the oldest is forgotten"
+        );
+        // Two materials sharing a form: forgetting one keeps the form known for the other.
+        // (The hex of "0000" is "30303030", itself registered as the material "30303030".)
+        let mut r = Registry::new(2);
+        r.register(b"30303030");
+        r.register(b"0000");
+        r.register(b"another-secret");
+        assert_eq!(r.len(), 2);
+        assert_eq!(red(&r, "30303030"), "<redacted>");
+        // Many materials: every form of every one is still found (the prefilter and the
+        // reference counts stay consistent through evictions).
+        let mut r = Registry::new(64);
+        for i in 0..500 {
+            r.register(format!("material-{i:04}").as_bytes());
+        }
+        assert_eq!(r.len(), 64);
+        assert_eq!(red(&r, "material-0499"), "<redacted>");
+        assert_eq!(red(&r, &hex(b"material-0436")), "<redacted>");
+        assert_eq!(red(&r, "material-0435"), "material-0435");
+        assert_eq!(r.digests.len(), r.windows.len());
+        let counted: u32 = r.filter.iter().map(|&n| u32::from(n)).sum();
+        let forms: usize = r.secrets.values().map(|k| k.forms.len()).sum();
+        assert_eq!(counted as usize, forms);
+    }
+
+    #[test]
+    fn the_registry_holds_hashes_not_material() {
+        let mut r = Registry::new(4);
+        let m = b"only-hashes-are-kept-0123456789";
+        r.register(m);
+        // Every form is represented by its length and two hashes; no field holds bytes of
+        // the material.
+        let known = r.secrets.values().next().unwrap();
+        // Raw, base64 with and without padding (both alphabets agree here), hex in two
+        // cases, decimals with two separators.
+        assert_eq!(known.forms.len(), 7);
+        let dump = format!("{known:?}");
+        assert!(!dump.contains("only-hashes"), "{dump}");
+        // Another registry (another process) hashes with another salt.
+        let other = Registry::new(4);
+        assert_ne!(r.digest(m), other.digest(m));
+    }
+
+    #[test]
+    fn rolling_hash_matches_direct_hash() {
+        let r = Registry::new(1);
+        let text = b"the quick brown fox jumps over the lazy dog";
+        for len in [1usize, 4, 9, 17] {
+            let pow = power(r.base, len as u64 - 1);
+            let mut h = poly(r.base, &text[..len]);
+            for start in 1..=text.len() - len {
+                h = roll(h, text[start - 1], text[start + len - 1], r.base, pow);
+                assert_eq!(h, poly(r.base, &text[start..start + len]), "{len} {start}");
+            }
+        }
+    }
+
+    #[test]
+    fn global_registry_json_and_the_log_writer() {
+        let m = b"global-registry-test-material-7f3a";
+        register(m);
+        let b64 = STANDARD.encode(m);
+        assert_eq!(redact(&format!("a {b64} b")), "a <redacted> b");
+        assert!(matches!(redact("nothing here"), Cow::Borrowed(_)));
+        assert_eq!(
+            redact_bytes(&[b"x".as_slice(), m, b"y"].concat()).as_ref(),
+            b"x<redacted>y"
+        );
+        // JSON stays valid.
+        let doc = serde_json::json!({"error": format!("denied: {}", hex(m)), "n": 3}).to_string();
+        let out = redact_json(&doc);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["error"], "denied: <redacted>");
+        // A form spanning the document's syntax: each string is redacted on its own instead.
+        let numbers = m
+            .iter()
+            .map(|b| b.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let doc = format!(
+            "{{\"a\":[{numbers}],\"b\":\"{}\"}}",
+            String::from_utf8_lossy(m)
+        );
+        let out = redact_json(&doc);
+        let v: serde_json::Value = serde_json::from_str(&out).expect("valid JSON");
+        assert_eq!(v["b"], "<redacted>");
+        // The log writer redacts each event.
+        let sink = std::sync::Arc::new(Mutex::new(Vec::<u8>::new()));
+        struct Sink(std::sync::Arc<Mutex<Vec<u8>>>);
+        impl io::Write for Sink {
+            fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let make = {
+            let sink = sink.clone();
+            Redacting(move || Sink(sink.clone()))
+        };
+        for json in [false, true] {
+            let builder = tracing_subscriber::fmt()
+                .with_writer(make.clone())
+                .with_max_level(tracing::Level::TRACE);
+            let dispatch: tracing::Dispatch = if json {
+                builder.json().finish().into()
+            } else {
+                builder.finish().into()
+            };
+            tracing::dispatcher::with_default(&dispatch, || {
+                tracing::trace!(detail = %URL_SAFE_NO_PAD.encode(m), "helper said {}", hex(m).to_uppercase());
+                tracing::warn!(quoted = ?String::from_utf8_lossy(m), "done");
+            });
+        }
+        let logged = String::from_utf8(sink.lock().unwrap().clone()).unwrap();
+        assert_eq!(logged.lines().count(), 4, "{logged}");
+        assert!(!logged.contains("global-registry"), "{logged}");
+        assert!(!logged.contains(&hex(m).to_uppercase()), "{logged}");
+        assert!(!logged.contains(&URL_SAFE_NO_PAD.encode(m)), "{logged}");
+        // Text and JSON: the message and the field of the first event, the field of the second.
+        assert_eq!(logged.matches("<redacted>").count(), 6, "{logged}");
+    }
+}
