@@ -88,8 +88,15 @@ fn goes_around_it(h: &Host, how: &str) {
         "{how}: d1 still opens with a's current"
     );
 
-    // A second rotation of b destroys nothing while d3 cannot be read.
-    s.ok(&["apply", "--auto-approve", "--rotate", "b"], 1);
+    // A second rotation of b destroys nothing while d3 cannot be read (d3 named once, as the
+    // plan's device, not as one that left the plan).
+    let out = s.ok(&["apply", "--auto-approve", "--rotate", "b"], 1);
+    assert!(
+        out.contains("b v1 is kept in the KMS")
+            && out.contains("d3 (")
+            && !out.contains("formerly at"),
+        "{how}: {out}"
+    );
     assert_eq!(s.key_get("b", Some(1)), b1, "{how}: b v1 kept");
 
     let status = s.ok(&["status"], 1);

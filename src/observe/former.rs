@@ -18,11 +18,14 @@ type Former = (
 
 /// Reads the registry's devices whose LUKS UUID is not among `uuids` (the plan's devices),
 /// on several threads like the plan's devices: a state directory remembers every device a run
-/// touched, which can be many more than the plan lists. A corrupt registry is a finding.
+/// touched, which can be many more than the plan lists. A plan device that cannot be used now
+/// (`unavailable`) is not a former device when the registry remembers it at the same id and
+/// path: it is reported once, as the plan's. A corrupt registry is a finding.
 pub(super) fn read(
     plan: &Plan,
     world: &World,
     uuids: &BTreeMap<String, String>,
+    unavailable: &BTreeMap<String, super::Unavailable>,
     findings: &mut Vec<Finding>,
 ) -> Former {
     let mut former = BTreeMap::new();
@@ -42,6 +45,7 @@ pub(super) fn read(
         .devices
         .into_iter()
         .filter(|(uuid, _)| !uuids.contains_key(uuid))
+        .filter(|(_, e)| !unavailable.get(&e.id).is_some_and(|u| u.path == e.path))
         .collect();
     let reads = crate::par::map(
         &gone,

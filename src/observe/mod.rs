@@ -252,7 +252,8 @@ pub fn observe(plan: &Plan, world: &World, testing: Testing) -> Result<Observed,
             return Err(Error::Findings(findings));
         }
     }
-    let (former, former_unreadable) = former::read(plan, world, &uuids, &mut findings);
+    let (former, former_unreadable) =
+        former::read(plan, world, &uuids, &unavailable, &mut findings);
     if !findings.is_empty() {
         return Err(Error::Findings(findings));
     }
