@@ -45,7 +45,7 @@ pub(super) fn read(
         .devices
         .into_iter()
         .filter(|(uuid, _)| !uuids.contains_key(uuid))
-        .filter(|(_, e)| !unavailable.get(&e.id).is_some_and(|u| u.path == e.path))
+        .filter(|(_, e)| unavailable.get(&e.id).is_none_or(|u| u.path != e.path))
         .collect();
     let reads = crate::par::map(
         &gone,
