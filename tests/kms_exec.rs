@@ -857,11 +857,12 @@ fn cli_unreachable_or_denied_kms_changes_nothing() {
         "helper",
         "#!/bin/sh\ncat >/dev/null\necho '{\"protocol_version\":1,\"ok\":false,\"error\":{\"kind\":\"denied\",\"message\":\"role keyplan may not read k\"}}'\n",
     );
-    for args in [
-        &["plan"][..],
-        &["apply", "--auto-approve", "--rotate", "k"][..],
+    // `plan` could not check (exit 3), `apply` could not run (exit 1).
+    for (args, code) in [
+        (&["plan"][..], 3),
+        (&["apply", "--auto-approve", "--rotate", "k"][..], 1),
     ] {
-        let out = s.ok(args, 1);
+        let out = s.ok(args, code);
         assert!(out.contains("refused"), "{out}");
         assert!(out.contains("role keyplan may not read k"), "{out}");
     }
@@ -1001,7 +1002,7 @@ fn silent_helper_plan(s: &Scratch, extra: &str) {
 
 /// An exec helper that never answers (issue 29), its limit from `KEYPLAN_EXEC_TIMEOUT_SECS`
 /// (1 s): `status` ends within about one limit with exit 3 naming the KMS and the deadline,
-/// `plan` and `verify` with exit 1 and an error naming both. Before issue 29 each key's read
+/// `plan` and `verify` with exit 3 and an error naming both. Before issue 29 each key's read
 /// ran the helper four times (retries) and `status` read every key twice: about 30 s here,
 /// and 370 s with the default limit and a network KMS.
 #[test]

@@ -525,11 +525,12 @@ fn e2e_server_down_is_unavailable_and_devices_untouched() {
     let (devs, v1) = enrolled(&w, &server);
     server.stop();
     let snap = untouched(&w, &devs);
-    for args in [
-        vec!["plan"],
-        vec!["apply", "--auto-approve", "--rotate", "osd-kek"],
+    // `plan` could not check (exit 3), `apply` could not run (exit 1).
+    for (args, code) in [
+        (vec!["plan"], 3),
+        (vec!["apply", "--auto-approve", "--rotate", "osd-kek"], 1),
     ] {
-        let out = w.ok(&args, 1);
+        let out = w.ok(&args, code);
         assert!(out.contains("is unavailable"), "{out}");
         assert!(out.contains(&server.endpoint()), "{out}");
         assert!(out.contains("kmip KMS \"hsm\""), "{out}");
@@ -731,7 +732,7 @@ fn status_warns_about_a_client_certificate_expiring_before_the_next_rotation() {
 /// A KMIP server that accepts the TCP connection and never answers (not even the TLS
 /// handshake), holding three keys (issue 29): `status` ends within the KMS's `timeout` (2 s
 /// here, with generous slack) with exit 3 naming the KMS and the deadline, `plan` and `verify`
-/// with exit 1 and an error naming both. The handshake and every read and write are bounded
+/// with exit 3 and an error naming both. The handshake and every read and write are bounded
 /// by the call's deadline, so a silent server costs one `timeout`.
 #[test]
 fn a_kmip_server_that_never_answers_is_bounded() {

@@ -729,8 +729,9 @@ fn cli_server_down_is_unavailable_and_touches_nothing() {
     let s = Scratch::new();
     let devs = setup_devices(&s);
     let snap = Snapshot::take(&devs);
-    for args in [&["plan"][..], &["apply", "--auto-approve"][..]] {
-        let out = expect(&keyplan_k8s(s.dir.path(), &kc, args), 1, args);
+    // `plan` could not check (exit 3), `apply` could not run (exit 1).
+    for (args, code) in [(&["plan"][..], 3), (&["apply", "--auto-approve"][..], 1)] {
+        let out = expect(&keyplan_k8s(s.dir.path(), &kc, args), code, args);
         assert!(out.contains("unavailable"), "{out}");
         assert!(out.contains(&url), "names the address: {out}");
     }
@@ -894,7 +895,7 @@ fn silent_kubeconfig(dir: &Path, addr: &str) -> PathBuf {
 
 /// An API server that accepts connections and never answers, holding three keys (issue 29):
 /// `status` ends within the KMS's `timeout` (2 s here, with generous slack) with exit 3 naming
-/// the KMS and the deadline, `plan` and `verify` with exit 1 and an error naming both.
+/// the KMS and the deadline, `plan` and `verify` with exit 3 and an error naming both.
 #[test]
 fn a_kubernetes_kms_that_never_answers_is_bounded() {
     let (_silent, addr) = silent_listener();

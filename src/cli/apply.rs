@@ -112,7 +112,7 @@ fn unavailable_exit(devices: &std::collections::BTreeSet<String>) -> Exit {
     if devices.is_empty() {
         return Exit::Success;
     }
-    eprintln!(
+    errln!(
         "Error: {} device(s) of the plan cannot be used: {}. keyplan changed nothing on them and rotated no key they list; every other change was made. Replace them or take them out of the plan",
         devices.len(),
         devices.iter().cloned().collect::<Vec<_>>().join(", ")

@@ -15,7 +15,8 @@ pub enum Exit {
     Changes,
     /// 3: `status` could not check everything (a KMS, the journal or the devices could not be
     /// read, or nothing at all: the plan could not be loaded) and found no problem in what it
-    /// could check.
+    /// could check; `plan` or `verify` could not be made because a KMS could not be asked
+    /// (unreachable, too slow, refusing keyplan's credentials).
     Unknown,
 }
 

@@ -21,7 +21,11 @@ pub(super) fn cmd_plan(
     if let Some(path) = out {
         ops::saved::check_out_path(path).or_report(&plan)?;
     }
-    let planned = match ops::plan::plan(&engine, &req).or_report(&plan)? {
+    let outcome = match ops::plan::plan(&engine, &req) {
+        Ok(o) => o,
+        Err(e) => return report::could_not_check(&plan, e),
+    };
+    let planned = match outcome {
         PlanOutcome::Planned(p) => p,
         PlanOutcome::Interrupted(s) => {
             if let Some(path) = out {
@@ -67,7 +71,7 @@ pub(super) fn cmd_plan(
     }
     if !d.unavailable.is_empty() {
         // The plan went around them; a person has to act (replace the disk, or edit the plan).
-        eprintln!(
+        errln!(
             "Error: {} device(s) of the plan cannot be used: {}. Nothing is planned on them, and no key they list is rotated; replace them or take them out of the plan",
             d.unavailable.len(),
             d.unavailable.keys().cloned().collect::<Vec<_>>().join(", ")

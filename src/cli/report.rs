@@ -66,3 +66,18 @@ impl<T> OrReport<T> for Result<T, Error> {
 pub(super) fn bare(e: Error) -> miette::Report {
     report(None, e)
 }
+
+/// Prints `e` (as [`report`]) on stderr and returns [`super::Exit::Unknown`] (exit 3) when it
+/// says something could not be looked at ([`Error::could_not_look`]: a KMS unreachable, too
+/// slow or refusing keyplan's credentials), so `plan` and `verify` tell "could not check" from
+/// a problem as `status` does; any other error is returned as a report (exit 1).
+///
+/// Errors: `e` as a report when it is not "could not look".
+pub(super) fn could_not_check(plan: &Plan, e: Error) -> miette::Result<super::Exit> {
+    if e.could_not_look() {
+        errln!("{:?}", report(Some(plan), e));
+        Ok(super::Exit::Unknown)
+    } else {
+        Err(report(Some(plan), e))
+    }
+}

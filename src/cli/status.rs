@@ -31,7 +31,7 @@ pub(super) fn cmd_status(
         // Another plan's state directory is a problem of this plan's setup, not something
         // that could not be looked at.
         Err(e @ Error::Owner(crate::world::OwnerError::OtherPlan { .. })) => {
-            eprintln!("{:?}", report::report(Some(&plan), e));
+            errln!("{:?}", report::report(Some(&plan), e));
             return Ok(Exit::Failure);
         }
         Err(e) => return unknown(report::report(Some(&plan), e)),

@@ -3,15 +3,19 @@
 use super::*;
 use crate::render::run::verify_line;
 
-/// `keyplan verify`: exit 0 when every check passed.
+/// `keyplan verify`: exit 0 when every check passed; exit 3 when a KMS could not be asked
+/// (unreachable, too slow, refusing keyplan's credentials): nothing failed, but not everything
+/// was checked.
 ///
-/// Errors: the plan cannot be loaded or observed; a KMS or cryptsetup call failed; some key
-/// failed its check (`verification failed for N key(s)`).
+/// Errors: the plan cannot be loaded or observed; a KMS or cryptsetup call failed otherwise;
+/// some key failed its check (`verification failed for N key(s)`).
 pub(super) fn cmd_verify(cli: &Cli, arg: &PlanArg) -> Result<Exit> {
     let plan = load_plan(cli, arg)?;
     let engine = Engine::open(plan.clone()).or_report(&plan)?;
-    let summary =
-        ops::verify::verify(&engine, &mut |c| outln!("{}", verify_line(c))).or_report(&plan)?;
+    let summary = match ops::verify::verify(&engine, &mut |c| outln!("{}", verify_line(c))) {
+        Ok(s) => s,
+        Err(e) => return report::could_not_check(&plan, e),
+    };
     if summary.failures > 0 {
         outln!();
         return Err(miette!(
