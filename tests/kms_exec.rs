@@ -1032,7 +1032,8 @@ fn an_exec_helper_that_never_answers_is_bounded() {
 /// process (its parent), every material that process sent it (`stage`) or got from it
 /// (`get`), in `<state>/seen-<pid>`, and fails the operations `<state>/FAIL` names, echoing
 /// every material it remembers for that process in every form (raw, standard and URL-safe
-/// base64 with and without padding, hex in both cases), either in its error message
+/// base64 with and without padding, hex in both cases, and for base64 material the bytes it
+/// encodes as hex, spaced and colon-separated hex, and URL-safe base64), either in its error message
 /// (`op:message:N`: a `denied` answer) or on standard error with exit code 1
 /// (`op:stderr:N`), from the process's N+1st call of `op` on. Otherwise it passes the
 /// request to the real helper.
@@ -1043,7 +1044,20 @@ def forms(m):
     b = base64.b64encode(m).decode()
     u = base64.urlsafe_b64encode(m).decode()
     return "raw=%s std=%s std_nopad=%s url=%s url_nopad=%s hex=%s HEX=%s" % (
-        m.decode("utf-8", "replace"), b, b.rstrip("="), u, u.rstrip("="), m.hex(), m.hex().upper())
+        m.decode("utf-8", "replace"), b, b.rstrip("="), u, u.rstrip("="), m.hex(), m.hex().upper()) + decoded_forms(m)
+
+def decoded_forms(m):
+    # A generated passphrase is base64 of random bytes: a helper that decodes it may quote
+    # the bytes (hex plain, spaced, colon-separated; base64 in the other alphabet).
+    try:
+        d = base64.b64decode(m, validate=True)
+    except Exception:
+        return ""
+    if len(d) < 4:
+        return ""
+    return " dhex=%s dspaced=%s dcolon=%s durl=%s" % (
+        d.hex(), " ".join("%02x" % x for x in d), ":".join("%02X" % x for x in d),
+        base64.urlsafe_b64encode(d).decode())
 
 def main():
     state, helper = sys.argv[1], sys.argv[2:]
@@ -1196,15 +1210,16 @@ fn cli_echoing_helper_never_leaks_material_in_any_form() {
             "--rotate",
             "k",
         ],
-        1,
+        3,
     );
     all_forms_redacted(&out, "plan --verify");
 
     // verify: the second `get` is answered with an echo of what the first returned.
     fail("get:message:1");
-    let out = run(&["-vvv", "verify"], 1);
+    // (A `denied` answer: the KMS could not be asked, so verify exits 3.)
+    let out = run(&["-vvv", "verify"], 3);
     all_forms_redacted(&out, "verify");
-    let out = run(&["--log-format", "json", "verify"], 1);
+    let out = run(&["--log-format", "json", "verify"], 3);
     all_forms_redacted(&out, "verify, JSON logs");
 
     // status reads no material, so the helper has nothing of this process to echo; what it

@@ -491,6 +491,42 @@ fn unreachable_server_is_unavailable() {
     done("unreachable_server_is_unavailable", t0);
 }
 
+/// Something other than Vault at `address` (a wrong port, a proxy or load balancer) that
+/// answers every request with a bare 404: the provider says it could not ask (Unavailable,
+/// which `plan`, `verify` and `status` turn into exit 3), never "no such key", which would
+/// read as a KMS that lost its keys (a new user's finding, issue 29).
+#[test]
+fn a_bare_404_from_another_server_is_unavailable_not_missing() {
+    let t0 = Instant::now();
+    let server = tiny_http::Server::http("127.0.0.1:0").expect("bind");
+    let addr = format!("http://{}", server.server_addr().to_ip().expect("ip"));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let worker = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                if let Ok(Some(req)) = server.recv_timeout(std::time::Duration::from_millis(50)) {
+                    let _ = req.respond(tiny_http::Response::empty(404));
+                }
+            }
+        })
+    };
+    let kms = VaultKms::new("vault", &config(&addr, "secret"), "t", TOKEN_VAR).unwrap();
+    match kms.read("k") {
+        Err(e @ KmsError::Unavailable { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains("HTTP 404") && text.contains(&addr), "{text}");
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let _ = worker.join();
+    done(
+        "a_bare_404_from_another_server_is_unavailable_not_missing",
+        t0,
+    );
+}
+
 #[test]
 fn tls_with_ca_cert_and_namespace() {
     let t0 = Instant::now();
@@ -812,7 +848,7 @@ fn cli_plan_with_read_only_token_fails() {
     kp(&w, &bao.root_token, &["apply", "--auto-approve"], 0);
     let ro = bao.token_with_policy("read-only", READ_ONLY_POLICY);
     let snap = Snapshot::take(&devs);
-    let out = kp(&w, &ro, &["plan", "--rotate", "osd-kek"], 1);
+    let out = kp(&w, &ro, &["plan", "--rotate", "osd-kek"], 3);
     assert!(out.contains("\"create\""), "{out}");
     snap.assert_unchanged("plan with a read-only token");
 }

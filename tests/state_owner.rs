@@ -122,6 +122,7 @@ fn two_plans_one_state_dir(kms: &str, env: &[(String, String)]) {
             vec!["plan"],
             vec!["verify"],
             vec!["status"],
+            vec!["journal"],
         ] {
             let mut args = args.clone();
             args.extend(["-f", b.as_str()]);
@@ -380,4 +381,98 @@ fn another_plans_record_on_the_same_host_still_stops_the_rotation() {
     );
     assert!(text.contains("nothing was changed"), "{text}");
     let _ = other;
+}
+
+/// The tester's lock-out (issue 29): a plan's state directory moved away (`try` → `moved`) and
+/// a new plan with another device, the same key, created at the old path: the new state
+/// directory there has the old holder id, and the KMS's record under it stands for the moved
+/// plan's device. The new plan must not take it for its own (it would commit rotations that
+/// device never got and then destroy the version it holds): plan and apply refuse the key,
+/// naming the record; after the moved plan ran from its new place, `key release` of the old
+/// id from the new plan takes it, and both plans go on with every device opening.
+#[test]
+fn a_new_plan_at_a_moved_plans_old_path_does_not_take_its_record() {
+    let t = Tried::new();
+    let old = t.holder("try/.keyplan");
+    std::fs::rename(t.s.path("try"), t.s.path("moved")).expect("mv try moved");
+    std::fs::create_dir_all(t.s.path("try")).expect("mkdir try");
+    let img2 = t.s.small_image("d2.img", "luks2");
+    let newcomer = t.s.plan(
+        "try/keyplan.yaml",
+        &plan_text(&t.kms, "d2", &img2, &t.s, ""),
+    );
+    let try_dir = t.s.path("try");
+    for args in [
+        vec!["plan"],
+        vec!["apply", "--auto-approve"],
+        vec!["apply", "--auto-approve", "--rotate", "k"],
+    ] {
+        let out = run(&try_dir, &[], &args, 1);
+        assert!(
+            out.contains("none of this plan's devices that list the key holds a keyslot of it")
+                && out.contains(&old)
+                && out.contains("key release"),
+            "{args:?}: {out}"
+        );
+    }
+    let v1 = current(&try_dir, &[], &newcomer);
+    assert!(
+        opens(&t.img, &v1, None),
+        "the moved plan's device still opens"
+    );
+    let status = run(&try_dir, &[], &["status"], 1);
+    assert!(status.contains(&old), "{status}");
+    // The moved plan runs from its new place (the record under the old id is not its own any
+    // more: another plan owns that path now, so it keeps it and adds its new id).
+    let moved_plan = t.s.path("moved/keyplan.yaml");
+    run(&t.s.path("moved"), &[], &["apply", "--auto-approve"], 0);
+    assert!(holders(&t.s.path("moved"), &[], &moved_plan).contains(&t.holder("moved/.keyplan")));
+    // The newcomer releases the old record, saying why, then enrolls its device.
+    let out = run(&try_dir, &[], &["key", "release", "k", "--holder", &old], 0);
+    assert!(out.contains("none of this plan's devices"), "{out}");
+    run(&try_dir, &[], &["apply", "--auto-approve"], 0);
+    // The newcomer's forced rotation is refused while the moved plan holds the key (its
+    // record names its own device); every device opens with the current version throughout.
+    run(
+        &try_dir,
+        &[],
+        &["apply", "--auto-approve", "--rotate", "k"],
+        1,
+    );
+    run(&t.s.path("moved"), &[], &["apply", "--auto-approve"], 0);
+    let now = current(&try_dir, &[], &newcomer);
+    assert!(
+        opens(&t.img, &now, None),
+        "moved plan's device opens with {now:?}"
+    );
+    assert!(opens(&img2, &now, None), "newcomer's device opens");
+}
+
+/// The tester's second case: `owner.json` removed by hand while the plan that wrote the state
+/// directory's records still exists, and another plan (another device, the same key) claims
+/// the directory: its registry lists only the first plan's device, so the newcomer is refused
+/// (it would take the first plan's holder record for its own and rotate past its device).
+#[test]
+fn a_state_directory_claimed_by_removing_owner_json_does_not_rotate_past_its_devices() {
+    let t = Tried::new();
+    std::fs::remove_file(t.s.path("try/.keyplan/owner.json")).expect("rm owner.json");
+    let img2 = t.s.small_image("d2.img", "luks2");
+    let b =
+        t.s.plan("try/b.yaml", &plan_text(&t.kms, "d2", &img2, &t.s, ""));
+    let bp = b.display().to_string();
+    let out = run(
+        &t.s.path("try"),
+        &[],
+        &["apply", "--auto-approve", "--rotate", "k", "-f", &bp],
+        1,
+    );
+    assert!(
+        out.contains("has no owner record") && out.contains("d1 ("),
+        "{out}"
+    );
+    let v = current(&t.s.path("try"), &[], &t.plan);
+    assert!(
+        opens(&t.img, &v, None),
+        "the first plan's device still opens"
+    );
 }

@@ -768,12 +768,26 @@ impl VaultKms {
             } => {
                 if *code == 404 {
                     // KV v2 answers 404 with the version's metadata for a deleted or destroyed
-                    // version (and `data: null`).
-                    let deleted = content
+                    // version (and `data: null`); a missing secret is `{"errors":[]}` (the
+                    // APIError arm above). A 404 with neither (an empty body, a web page) is
+                    // not Vault's "not found": something else answers at `address` (a wrong
+                    // port, a proxy or load balancer), and taking it for "no such key" would
+                    // read as a KMS that lost its keys.
+                    let body = content
                         .as_deref()
                         .and_then(|c| serde_json::from_str::<Value>(c).ok())
-                        .and_then(|v| v.pointer("/data/metadata/version")?.as_u64());
-                    Ok(Answer::NotFound { deleted })
+                        .filter(|v| v.get("data").is_some());
+                    match body {
+                        Some(v) => Ok(Answer::NotFound {
+                            deleted: v.pointer("/data/metadata/version").and_then(Value::as_u64),
+                        }),
+                        None => Err(KmsError::Unavailable {
+                            kms,
+                            detail: format!(
+                                "{what}: HTTP 404 without the answer Vault/OpenBao KV v2 gives for a missing secret; check that `address` points at Vault or OpenBao itself (not another server, proxy or load balancer). Nothing was changed"
+                            ),
+                        }),
+                    }
                 } else {
                     http(*code, "")
                 }

@@ -114,3 +114,86 @@ pub fn plan_uuids(plan: &Plan, devices: &BTreeMap<String, DeviceState>) -> BTree
         })
         .collect()
 }
+
+/// Whether this plan's own holder record of key `key_id` (`st`: the key as read) is backed by
+/// none of this plan's devices: the KMS holds a record under this plan's holder id
+/// (`<node>:<state directory>`), some device of the plan that lists the key could be read
+/// (`devices`), and not one of them has a keyslot keyplan recorded for the key (or one to
+/// adopt). A holder record says its devices hold the version it names, so a plan whose
+/// devices hold nothing of the key did not write it: a state directory that was at this path
+/// before did (it moved away, or its `owner.json` was removed), for devices that may not be
+/// this plan's. Taking that record for its own, this plan would commit rotations those devices
+/// never got and later destroy the version they hold. `false` when this state directory's
+/// journal ever planned a KMS write of the key (its own record, from a run that failed or was
+/// killed before its devices got a keyslot), or the journal cannot be read. Reads the
+/// journal; writes nothing. (A state directory whose `owner.json` was removed keeps the
+/// journal of the plan that wrote it, so this cannot tell that plan's record from the
+/// newcomer's; `owner.json`'s refusal is what guards that case.)
+pub fn unbacked_own(
+    plan: &Plan,
+    key_id: &str,
+    st: &KeyState,
+    devices: &BTreeMap<String, DeviceState>,
+) -> bool {
+    let Some(key) = plan.keys.get(key_id) else {
+        return false;
+    };
+    if !st.holders.contains_key(&plan.holder()) {
+        return false;
+    }
+    let listing: Vec<&DeviceState> = plan
+        .devices
+        .values()
+        .filter(|d| d.keys.iter().any(|k| k.key == key_id))
+        .filter_map(|d| devices.get(&d.id))
+        .collect();
+    if listing.is_empty() {
+        return false;
+    }
+    let backed = listing.iter().any(|d| {
+        d.records.iter().any(|r| r.record.is_of(key)) || d.adoptable.iter().any(|a| a.key == key_id)
+    });
+    if backed {
+        return false;
+    }
+    // This state directory's journal planned a KMS write of the key (a holder record, a
+    // stage, a vote, ...): the record is this directory's own, from a run that failed or was
+    // killed before its devices got a keyslot.
+    match crate::journal::read(&plan.state_dir) {
+        Ok(records) => !records.iter().any(|r| match &r.event {
+            crate::journal::Event::RunStart { steps, .. } => {
+                steps.iter().any(|s| s.kms_key() == Some(key_id))
+            }
+            _ => false,
+        }),
+        Err(_) => false,
+    }
+}
+
+/// Findings for the keys whose own holder record this plan's devices do not back
+/// ([`unbacked_own`]): the plan must not act on such a key before the record is sorted out.
+pub(super) fn unbacked_findings(
+    plan: &Plan,
+    keys: &BTreeMap<String, KeyState>,
+    devices: &BTreeMap<String, DeviceState>,
+) -> Vec<crate::error::Finding> {
+    let me = plan.holder();
+    keys.iter()
+        .filter(|(id, st)| unbacked_own(plan, id, st, devices))
+        .map(|(id, _)| {
+            crate::error::Finding::at(
+                vec![
+                    crate::spec::PathSeg::Key("keys".into()),
+                    crate::spec::PathSeg::Key(id.clone()),
+                ],
+                format!(
+                    "key {id}: the KMS holds a holder record under this state directory's id {me:?}, but none of this plan's devices that list the key holds a keyslot of it. A state directory that was at {} before (moved away, or its owner.json removed) wrote that record, for devices that may not be this plan's; acting on it could commit a rotation they never got. Nothing was changed",
+                    plan.state_dir.display()
+                ),
+                Some(format!(
+                    "if the plan that wrote it moved, run that plan once from its new place (it records itself under its new id), then release the old record from here: `keyplan key release {id} '{me}'`. If that plan's devices are gone for good, release it the same way. Or give this plan another state directory (`state_dir` or --state-dir)"
+                )),
+            )
+        })
+        .collect()
+}

@@ -33,7 +33,7 @@ pub use devices::Unavailable;
 #[cfg(test)]
 pub(crate) use enroll::examine as examine_enroll_file;
 pub use enroll::EnrollFile;
-pub use holders::{former_holder, plan_uuids};
+pub use holders::{former_holder, plan_uuids, unbacked_own};
 #[cfg(test)]
 pub(crate) use keys::moved_from;
 
@@ -258,6 +258,10 @@ pub fn observe(plan: &Plan, world: &World, testing: Testing) -> Result<Observed,
         return Err(Error::Findings(findings));
     }
     let former_holders = holders::own_former(plan, &keys, &devices);
+    findings.extend(holders::unbacked_findings(plan, &keys, &devices));
+    if !findings.is_empty() {
+        return Err(Error::Findings(findings));
+    }
     Ok(Observed {
         former_holders,
         unavailable,
@@ -317,3 +321,17 @@ fn observe_workers(world: &World, devices: usize) -> usize {
 /// Upper bound on the threads reading device headers at once (each starts cryptsetup children,
 /// which take the device's cryptsetup lock for reading).
 const MAX_OBSERVE_WORKERS: usize = 16;
+
+/// Whether this plan's own holder record of key `key_id` (`st`, the key as read) is backed by
+/// none of its devices ([`unbacked_own`]), reading the plan's device headers and keyplan's
+/// records on them (no PBKDF, no KMS). For `keyplan key release` of such a record.
+pub fn own_record_unbacked(
+    plan: &Plan,
+    world: &World,
+    key_id: &str,
+    st: &crate::kms::KeyState,
+) -> bool {
+    let mut findings = Vec::new();
+    let read = devices::read(plan, world, &mut findings);
+    unbacked_own(plan, key_id, st, &read.devices)
+}

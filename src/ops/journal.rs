@@ -30,6 +30,9 @@ pub struct RunInfo {
 ///
 /// Errors: [`Error::Journal`] when it cannot be read or is corrupt.
 pub fn read(plan: &Plan) -> Result<Vec<Record>, Error> {
+    // Another plan's journal is not this plan's history (a state directory belongs to one
+    // plan: world::owner).
+    crate::world::owner::check(plan)?;
     Ok(crate::journal::read(&plan.state_dir)?)
 }
 

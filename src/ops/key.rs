@@ -134,6 +134,17 @@ pub fn release_holder(engine: &Engine, key: &str, holder: &str) -> Result<Option
             return Ok(Some(why));
         }
     }
+    // This plan's own id, on a record none of its devices backs: a state directory that was
+    // here before wrote it (observe::unbacked_own).
+    if holder == plan.holder()
+        && crate::observe::own_record_unbacked(plan, engine.world(), key, &st)
+    {
+        release_with_votes(kms, &spec.name, holder, &st)?;
+        return Ok(Some(format!(
+            "it is under this state directory's id, but none of this plan's devices that list key {key} holds a keyslot of it: a state directory that was at {} before wrote it (make sure the plan that did holds its devices under its new id)",
+            plan.state_dir.display()
+        )));
+    }
     if listed && crate::kms::book::parse_vote(holder).is_none() {
         return Err(Error::request(
             format!(

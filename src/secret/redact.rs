@@ -15,8 +15,11 @@
 //!   (escapes, no quotes), once or twice in either order (a `Debug`-quoted error inside a
 //!   JSON document);
 //! - base64: standard and URL-safe alphabets, each with and without padding;
-//! - hex, lower and upper case;
-//! - the bytes as decimal numbers separated by `,` and by `, ` (a JSON array, `Debug` of bytes).
+//! - hex, lower and upper case, plain and with a space or `:` between bytes;
+//! - the bytes as decimal numbers separated by `,` and by `, ` (a JSON array, `Debug` of bytes);
+//! - for material that is itself base64 text (keyplan's generated passphrases: 32 random bytes
+//!   in standard base64), the bytes it encodes, as hex (the same six ways) and as base64 in
+//!   both alphabets, padded and not (a helper that decodes the passphrase and quotes it).
 //!
 //! **No copies of secrets.** The registry keeps, per form, only its length, a salted SHA-256
 //! digest (a random salt per process, from the operating system's random source), a 64-bit
@@ -55,8 +58,8 @@ pub const REDACTED: &str = "<redacted>";
 /// Shortest material (bytes) that is registered.
 pub const MIN_BYTES: usize = 4;
 
-/// Most materials the process-wide registry remembers (a generated passphrase has 7 to 9
-/// distinct forms, about 1 KiB of hashes and map entries; text with quotes or control
+/// Most materials the process-wide registry remembers (a generated passphrase has about 20
+/// distinct forms, about 2 KiB of hashes and map entries; text with quotes or control
 /// characters up to 25, about 3 KiB); the one registered longest ago is forgotten first.
 pub const MAX_SECRETS: usize = 1024;
 
@@ -622,14 +625,7 @@ fn forms_of(m: &[u8]) -> Vec<Zeroizing<Vec<u8>>> {
             }
         }
     }
-    for digits in [b"0123456789abcdef", b"0123456789ABCDEF"] {
-        let mut h = Zeroizing::new(Vec::with_capacity(2 * m.len()));
-        for &byte in m {
-            h.push(digits[usize::from(byte >> 4)]);
-            h.push(digits[usize::from(byte & 0xf)]);
-        }
-        out.push(h);
-    }
+    hex_forms(m, &mut out);
     for sep in [&b","[..], &b", "[..]] {
         let mut d = Zeroizing::new(Vec::with_capacity((3 + sep.len()) * m.len()));
         for (i, &byte) in m.iter().enumerate() {
@@ -651,7 +647,57 @@ fn forms_of(m: &[u8]) -> Vec<Zeroizing<Vec<u8>>> {
         }
         out.push(d);
     }
+    // Material that is base64 text (keyplan's generated passphrases are 32 random bytes in
+    // standard base64): the bytes it encodes, in the forms a helper that decodes it would
+    // quote (hex, base64 in the other alphabet or padding).
+    if let Some(bytes) = decoded(trimmed) {
+        hex_forms(&bytes, &mut out);
+        if let Some(size) = base64::encoded_len(bytes.len(), true) {
+            for engine in [STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD] {
+                let mut b = Zeroizing::new(vec![0u8; size]);
+                if let Ok(n) = engine.encode_slice(&bytes, &mut b[..]) {
+                    b.truncate(n);
+                    out.push(b);
+                }
+            }
+        }
+    }
     out
+}
+
+/// Hex forms of `m`: lower and upper case, each plain and with a space or `:` between bytes
+/// (`xxd`-, `od`- and fingerprint-style dumps).
+fn hex_forms(m: &[u8], out: &mut Vec<Zeroizing<Vec<u8>>>) {
+    for digits in [b"0123456789abcdef", b"0123456789ABCDEF"] {
+        for sep in [None, Some(b' '), Some(b':')] {
+            let mut h = Zeroizing::new(Vec::with_capacity(3 * m.len()));
+            for (i, &byte) in m.iter().enumerate() {
+                if let (Some(c), true) = (sep, i > 0) {
+                    h.push(c);
+                }
+                h.push(digits[usize::from(byte >> 4)]);
+                h.push(digits[usize::from(byte & 0xf)]);
+            }
+            out.push(h);
+        }
+    }
+}
+
+/// The bytes `text` encodes when all of it is base64 (either alphabet, padded or not) of at
+/// least [`MIN_BYTES`] bytes; `None` otherwise.
+fn decoded(text: &[u8]) -> Option<Zeroizing<Vec<u8>>> {
+    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+    if text.len() < 8 {
+        return None;
+    }
+    [STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD]
+        .iter()
+        .find_map(|engine| {
+            let mut buf = Zeroizing::new(vec![0u8; text.len()]);
+            let n = engine.decode_slice(text, &mut buf[..]).ok()?;
+            buf.truncate(n);
+            (n >= MIN_BYTES).then_some(buf)
+        })
 }
 
 /// How a string is quoted.
@@ -733,6 +779,39 @@ mod tests {
     /// Material whose base64 differs between the standard and URL-safe alphabets and has
     /// padding (20 bytes: one `=`), and whose hex has letters.
     const M: &[u8] = b"\xfb\xff\xbe-material?>>~\xfa\xfb\xfc\x01";
+
+    /// A generated passphrase (base64 of 32 random bytes): the bytes it encodes, as a helper
+    /// that decodes it would quote them, and spaced or colon-separated hex (a new user's
+    /// finding, issue 29).
+    #[test]
+    fn a_base64_passphrase_is_redacted_as_the_bytes_it_encodes() {
+        let bytes: Vec<u8> = (0u8..32)
+            .map(|i| i.wrapping_mul(37).wrapping_add(0xf9))
+            .collect();
+        let pass = STANDARD.encode(&bytes);
+        let mut r = Registry::new(8);
+        r.register(pass.as_bytes());
+        let spaced = |m: &[u8], sep: &str| {
+            m.iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(sep)
+        };
+        let forms = [
+            hex(&bytes),
+            hex(&bytes).to_uppercase(),
+            URL_SAFE.encode(&bytes),
+            URL_SAFE_NO_PAD.encode(&bytes),
+            spaced(&bytes, " "),
+            spaced(&bytes, ":").to_uppercase(),
+            spaced(pass.as_bytes(), " "),
+        ];
+        assert_ne!(forms[2], pass, "the alphabets differ for these bytes");
+        for form in &forms {
+            let got = red(&r, &format!("helper said: [{form}] (exit 1)"));
+            assert_eq!(got, "helper said: [<redacted>] (exit 1)", "{form}");
+        }
+    }
 
     #[test]
     fn every_form_is_redacted() {
@@ -924,8 +1003,9 @@ mod tests {
         // the material.
         let known = r.secrets.values().next().unwrap();
         // Raw, base64 with and without padding (both alphabets agree here), hex in two
-        // cases, decimals with two separators.
-        assert_eq!(known.forms.len(), 7);
+        // cases each plain, spaced and colon-separated, decimals with two separators (the
+        // material is not canonical base64, so no decoded forms).
+        assert_eq!(known.forms.len(), 11);
         let dump = format!("{known:?}");
         assert!(!dump.contains("only-hashes"), "{dump}");
         // Another registry (another process) hashes with another salt.

@@ -66,6 +66,15 @@ pub enum OwnerError {
         /// Its node.
         node: String,
     },
+    /// No owner record, but the directory's registry lists only devices that are not this
+    /// plan's: another plan's runs filled it.
+    #[error("state directory {} has no owner record ({OWNER_FILE}), but the devices keyplan worked on from it are none of this plan's: {}; another plan's runs filled it (its journal and KMS holder records are that plan's), so this plan will not take it over. Nothing was read or changed there", dir.display(), devices.join(", "))]
+    Unowned {
+        /// The state directory.
+        dir: PathBuf,
+        /// The registry's devices, as `id (path)`.
+        devices: Vec<String>,
+    },
     /// The owner file cannot be parsed.
     #[error("{} is corrupt ({detail}); keyplan will not guess which plan owns this state directory. Restore it, or delete it to let the next `keyplan apply` of the plan that uses this directory claim it", path.display())]
     Corrupt {
@@ -91,10 +100,13 @@ impl OwnerError {
     pub fn help(&self) -> Option<String> {
         match self {
             OwnerError::OtherPlan { dir, owner, .. } => Some(format!(
-                "give this plan a state directory of its own (`state_dir` in the plan file, or `--state-dir`); the default is `.keyplan` beside the plan file, so two plan files in one directory need one set explicitly. If this plan replaces {} for good (same devices), delete that plan file, or {}, and run `keyplan apply` to claim the directory",
+                "give this plan a state directory of its own (`state_dir` in the plan file, or `--state-dir`); the default is `.keyplan` beside the plan file, so two plan files in one directory need one set explicitly. If this plan replaces {} for good (the same devices at the same paths), delete that plan file, or {}, and run `keyplan apply` to claim the directory",
                 owner.plan.display(),
                 dir.join(OWNER_FILE).display()
             )),
+            OwnerError::Unowned { .. } => Some(
+                "give this plan a state directory of its own (`state_dir` in the plan file, or `--state-dir`). If the plan that filled this one still exists, restore its owner.json (or run `keyplan apply` of that plan, which records it); if this plan is that plan with its devices at new paths, run it once from a new state directory".to_string(),
+            ),
             _ => None,
         }
     }
@@ -140,7 +152,7 @@ pub fn read(state_dir: &Path) -> Result<Option<Owner>, OwnerError> {
 /// Errors: [`OwnerError::OtherPlan`]; the owner file is corrupt or unreadable.
 pub fn check(plan: &Plan) -> Result<Option<Owner>, OwnerError> {
     let Some(owner) = read(&plan.state_dir)? else {
-        return Ok(None);
+        return unowned(plan).map(|()| None);
     };
     let (file, node) = identity(plan);
     let dir = canonical_dir(&plan.state_dir);
@@ -155,6 +167,40 @@ pub fn check(plan: &Plan) -> Result<Option<Owner>, OwnerError> {
         owner: Box::new(owner),
         plan: file,
         node,
+    })
+}
+
+/// A state directory without an owner record (new, from before owner records, or its
+/// `owner.json` removed by hand) may be used by `plan` unless its device registry lists devices
+/// and none of them at a path of this plan's devices: then another plan's runs filled it (its
+/// journal and holder id are that plan's), and taking it over would make that plan's KMS
+/// holder record this plan's.
+///
+/// Errors: [`OwnerError::Unowned`]; an unreadable registry is not an error here (the
+/// observation reports it).
+fn unowned(plan: &Plan) -> Result<(), OwnerError> {
+    let Ok(registry) = crate::world::registry::read(&plan.state_dir) else {
+        return Ok(());
+    };
+    if registry.devices.is_empty() {
+        return Ok(());
+    }
+    let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let mine: Vec<PathBuf> = plan.devices.values().map(|d| canon(&d.path)).collect();
+    if registry
+        .devices
+        .values()
+        .any(|e| mine.contains(&canon(&e.path)))
+    {
+        return Ok(());
+    }
+    Err(OwnerError::Unowned {
+        dir: plan.state_dir.clone(),
+        devices: registry
+            .devices
+            .values()
+            .map(|e| format!("{} ({})", e.id, e.path.display()))
+            .collect(),
     })
 }
 

@@ -363,8 +363,10 @@ pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
 }
 
 /// The forms a secret could leak in: raw bytes, lower- and upper-case hex, base64 of the bytes
-/// (standard and URL-safe alphabets, each with and without padding), and a JSON/Debug array of
-/// byte numbers (`[105, 110, ...]` with or without spaces).
+/// (standard and URL-safe alphabets, each with and without padding), a JSON/Debug array of
+/// byte numbers (`[105, 110, ...]` with or without spaces), and for base64 text of at least 16
+/// bytes (a generated passphrase) the bytes it encodes as hex (plain, spaced, colon-separated)
+/// and URL-safe base64.
 pub fn leak_forms(secret: &[u8]) -> Vec<Vec<u8>> {
     use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
     use base64::Engine as _;
@@ -381,6 +383,22 @@ pub fn leak_forms(secret: &[u8]) -> Vec<Vec<u8>> {
         let form = engine.encode(secret).into_bytes();
         if !forms.contains(&form) {
             forms.push(form);
+        }
+    }
+    // A generated passphrase is base64 text of random bytes: those bytes' forms too.
+    if let Ok(bytes) = STANDARD.decode(secret.trim_ascii()) {
+        if bytes.len() >= 16 {
+            let spaced = |sep: &str| {
+                bytes
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<Vec<_>>()
+                    .join(sep)
+            };
+            forms.push(spaced("").into_bytes());
+            forms.push(spaced(" ").into_bytes());
+            forms.push(spaced(":").to_uppercase().into_bytes());
+            forms.push(URL_SAFE.encode(&bytes).into_bytes());
         }
     }
     forms
