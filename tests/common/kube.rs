@@ -424,6 +424,10 @@ fn apiserver_command(bin: &Path, dir: &Path, etcd_client: u16, port: u16) -> Com
         // Loopback only, on a free port; HTTPS with our serving certificate (127.0.0.1 SAN).
         .arg("--bind-address=127.0.0.1")
         .arg("--advertise-address=127.0.0.1")
+        // 1.37 refuses a loopback advertise address with the default (lease) endpoint
+        // reconciler: "cannot use public IP 127.0.0.1 with endpoint reconciler ... may not be
+        // in the loopback range". Nothing needs the `kubernetes` Service's endpoints here.
+        .arg("--endpoint-reconciler-type=none")
         .arg(format!("--secure-port={port}"))
         .arg(format!("--tls-cert-file={}", f("serving.crt")))
         .arg(format!("--tls-private-key-file={}", f("serving.key")))
