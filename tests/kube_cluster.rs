@@ -15,6 +15,7 @@ mod kube;
 #[test]
 #[ignore = "serves a shared cluster until stdin closes; started by scripts/test.sh"]
 fn serve() {
-    let dir = std::env::var_os("KEYPLAN_KUBE_DIR").expect("KEYPLAN_KUBE_DIR names where to write cluster.json");
+    let dir = std::env::var_os("KEYPLAN_KUBE_DIR")
+        .expect("KEYPLAN_KUBE_DIR names where to write cluster.json");
     kube::serve(std::path::Path::new(&dir));
 }

@@ -28,7 +28,9 @@ fn fresh_namespaces_are_distinct_and_exist() {
     let b = c.fresh_namespace("harness");
     assert_ne!(a, b);
     for ns in [&a, &b] {
-        let n = c.get_json(&format!("/api/v1/namespaces/{ns}")).expect("namespace");
+        let n = c
+            .get_json(&format!("/api/v1/namespaces/{ns}"))
+            .expect("namespace");
         assert_eq!(n["status"]["phase"], "Active");
     }
 }
@@ -49,7 +51,10 @@ fn secret_update_with_a_stale_resource_version_is_a_409() {
     let r = c.put(&Cluster::path("secrets", &ns, Some("k")), &write);
     assert_eq!(r.status, 409, "{}", r.body);
     assert_eq!(r.body["reason"], "Conflict");
-    assert_eq!(c.data(&ns, "k", "dmcrypt-key").as_deref(), Some(&b"two"[..]));
+    assert_eq!(
+        c.data(&ns, "k", "dmcrypt-key").as_deref(),
+        Some(&b"two"[..])
+    );
     assert_eq!(c.names(&ns), vec!["k"]);
 }
 
@@ -79,7 +84,10 @@ fn node_bound_token_carries_the_node_name() {
 fn rbac_denies_what_no_role_grants() {
     let Some(c) = Cluster::get() else { return };
     let ns = c.fresh_namespace("rbac");
-    c.put_secret(&ns, json!({"metadata": {"name": "s"}, "data": {"k": "dg=="}}));
+    c.put_secret(
+        &ns,
+        json!({"metadata": {"name": "s"}, "data": {"k": "dg=="}}),
+    );
     let u = c.users(&ns);
     let path = Cluster::path("secrets", &ns, Some("s"));
     // nobody: no binding at all.
@@ -109,7 +117,10 @@ fn deploy_rbac_manifest_applies_and_limits_the_agent() {
     c.service_account(&fleet, "keyplan");
     let n = c.node_client(&fleet, "keyplan", "worker-1");
     // The agent may read its own node report but not the plan ConfigMap.
-    c.put_configmap(&fleet, json!({"metadata": {"name": "keyplan-plan"}, "data": {"a": "b"}}));
+    c.put_configmap(
+        &fleet,
+        json!({"metadata": {"name": "keyplan-plan"}, "data": {"a": "b"}}),
+    );
     let r = c.request_as(
         &n.token,
         "GET",
@@ -130,7 +141,10 @@ fn deploy_rbac_manifest_applies_and_limits_the_agent() {
 fn admin_kubeconfig_works_with_keyplans_kube_client() {
     let Some(c) = Cluster::get() else { return };
     let ns = c.fresh_namespace("kc");
-    c.put_secret(&ns, json!({"metadata": {"name": "x"}, "data": {"dmcrypt-key": "aGk="}}));
+    c.put_secret(
+        &ns,
+        json!({"metadata": {"name": "x"}, "data": {"dmcrypt-key": "aGk="}}),
+    );
     for kc in [c.kubeconfig_admin(&ns), c.kubeconfig(&ns, "full")] {
         let k = keyplan::kms::kubernetes::KubernetesKms::new("k8s", &ns, None, Some(&kc), None)
             .expect("open kubernetes KMS");
@@ -150,7 +164,10 @@ fn proxy_logs_users_runs_hooks_and_injects_faults() {
     let Some(c) = Cluster::get() else { return };
     let ns = c.fresh_namespace("proxy");
     let proxy = kube_proxy::KubeProxy::start(c);
-    c.put_secret(&ns, json!({"metadata": {"name": "k"}, "data": {"dmcrypt-key": "b25l"}}));
+    c.put_secret(
+        &ns,
+        json!({"metadata": {"name": "k"}, "data": {"dmcrypt-key": "b25l"}}),
+    );
     let u = c.users(&ns);
     let path = Cluster::path("secrets", &ns, Some("k"));
     let via = |token: &str, method: &str, body: Option<&serde_json::Value>| {
@@ -162,7 +179,9 @@ fn proxy_logs_users_runs_hooks_and_injects_faults() {
                 )
                 .bearer_auth(token);
             if let Some(b) = body {
-                r = r.header("Content-Type", "application/json").body(b.to_string());
+                r = r
+                    .header("Content-Type", "application/json")
+                    .body(b.to_string());
             }
             match r.send().await {
                 Ok(resp) => {

@@ -174,17 +174,16 @@ pub fn free_port() -> u16 {
 }
 
 type SpawnJob = Box<dyn FnOnce() -> std::io::Result<Child> + Send>;
+/// A job for the spawner thread and where to send its child.
+type SpawnRequest = (SpawnJob, mpsc::Sender<std::io::Result<Child>>);
 
 /// Spawns `make()`'s command from one thread that lives as long as the process, with
 /// `PR_SET_PDEATHSIG` = SIGKILL: Linux sends the signal when the thread that forked the child
 /// exits, so forking from a short-lived test thread would kill the server with that test.
-fn spawn_guarded(
-    make: impl FnOnce() -> Command + Send + 'static,
-) -> std::io::Result<Child> {
-    static SPAWNER: OnceLock<Mutex<mpsc::Sender<(SpawnJob, mpsc::Sender<std::io::Result<Child>>)>>> =
-        OnceLock::new();
+fn spawn_guarded(make: impl FnOnce() -> Command + Send + 'static) -> std::io::Result<Child> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
     let tx = SPAWNER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<(SpawnJob, mpsc::Sender<std::io::Result<Child>>)>();
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
         std::thread::Builder::new()
             .name("kube-spawner".into())
             .spawn(move || {
@@ -254,8 +253,7 @@ mod pki {
     use openssl::nid::Nid;
     use openssl::pkey::{PKey, Private};
     use openssl::x509::extension::{
-        BasicConstraints, ExtendedKeyUsage, KeyUsage, SubjectAlternativeName,
-        SubjectKeyIdentifier,
+        BasicConstraints, ExtendedKeyUsage, KeyUsage, SubjectAlternativeName, SubjectKeyIdentifier,
     };
     use openssl::x509::{X509NameBuilder, X509};
 
@@ -283,7 +281,8 @@ mod pki {
     ) -> X509 {
         let mut name = X509NameBuilder::new().expect("name");
         if let Some(o) = org {
-            name.append_entry_by_nid(Nid::ORGANIZATIONNAME, o).expect("O");
+            name.append_entry_by_nid(Nid::ORGANIZATIONNAME, o)
+                .expect("O");
         }
         name.append_entry_by_nid(Nid::COMMONNAME, cn).expect("CN");
         let name = name.build();
@@ -387,9 +386,15 @@ fn write_pki(dir: &Path) {
     w("ca.crt", ca.to_pem().expect("pem"));
     w("ca.key", ca_key.private_key_to_pem_pkcs8().expect("pem"));
     w("serving.crt", serving.to_pem().expect("pem"));
-    w("serving.key", serving_key.private_key_to_pem_pkcs8().expect("pem"));
+    w(
+        "serving.key",
+        serving_key.private_key_to_pem_pkcs8().expect("pem"),
+    );
     w("admin.crt", admin.to_pem().expect("pem"));
-    w("admin.key", admin_key.private_key_to_pem_pkcs8().expect("pem"));
+    w(
+        "admin.key",
+        admin_key.private_key_to_pem_pkcs8().expect("pem"),
+    );
     w("sa.key", sa_key.private_key_to_pem_pkcs8().expect("pem"));
     w("sa.pub", sa_key.public_key_to_pem().expect("pem"));
 }
@@ -439,7 +444,10 @@ fn apiserver_command(bin: &Path, dir: &Path, etcd_client: u16, port: u16) -> Com
         // ServiceAccount tokens (TokenRequest): required flags since 1.20.
         .arg(format!("--service-account-issuer=https://127.0.0.1:{port}"))
         .arg(format!("--service-account-key-file={}", f("sa.pub")))
-        .arg(format!("--service-account-signing-key-file={}", f("sa.key")))
+        .arg(format!(
+            "--service-account-signing-key-file={}",
+            f("sa.key")
+        ))
         // Required to allocate Service IPs (the `kubernetes` Service); never routed.
         .arg("--service-cluster-ip-range=10.0.0.0/24")
         // No controller-manager creates the `default` ServiceAccount of a namespace: without
@@ -616,7 +624,10 @@ impl Cluster {
             let shared = PathBuf::from(shared);
             let file = shared.join("cluster.json");
             let text = std::fs::read_to_string(&file).unwrap_or_else(|e| {
-                panic!("KEYPLAN_KUBE_DIR is set but {} is unreadable: {e}", file.display())
+                panic!(
+                    "KEYPLAN_KUBE_DIR is set but {} is unreadable: {e}",
+                    file.display()
+                )
             });
             let info: ClusterInfo = serde_json::from_str(&text).expect("cluster.json parses");
             let files = shared.join(format!("files-{}", std::process::id()));
@@ -947,12 +958,7 @@ impl Cluster {
     /// everywhere, TokenReview included), `reader` (a Role: get, list, watch of Secrets) and
     /// `nobody` (no binding), each with a minted token.
     pub fn users(&self, ns: &str) -> NamespaceUsers {
-        if let Some(u) = self
-            .users
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(ns)
-        {
+        if let Some(u) = self.users.lock().unwrap_or_else(|e| e.into_inner()).get(ns) {
             return u.clone();
         }
         for sa in ["keyplan", "reader", "nobody"] {
@@ -1124,10 +1130,9 @@ impl Cluster {
                     kind.to_ascii_lowercase()
                 ),
                 "Lease" => format!("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"),
-                "ServiceAccount" | "Secret" | "ConfigMap" => format!(
-                    "/api/v1/namespaces/{ns}/{}s",
-                    kind.to_ascii_lowercase()
-                ),
+                "ServiceAccount" | "Secret" | "ConfigMap" => {
+                    format!("/api/v1/namespaces/{ns}/{}s", kind.to_ascii_lowercase())
+                }
                 other => panic!("apply_yaml: kind {other:?} is not supported"),
             };
             let path = format!("{collection}/{name}");

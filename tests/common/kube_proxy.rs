@@ -13,7 +13,6 @@
 //! Include it after `kube.rs`: `#[path = "common/kube_proxy.rs"] mod kube_proxy;`.
 #![allow(dead_code)]
 
-use std::io::Read as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -42,7 +41,8 @@ pub struct Logged {
 impl Logged {
     /// Did this request change (or try to change) a Secret?
     pub fn is_secret_write(&self) -> bool {
-        self.path.starts_with("/api/v1/") && self.path.contains("/secrets")
+        self.path.starts_with("/api/v1/")
+            && self.path.contains("/secrets")
             && matches!(self.method.as_str(), "POST" | "PUT" | "DELETE" | "PATCH")
     }
 }
@@ -104,8 +104,7 @@ const WORKERS: usize = 8;
 impl KubeProxy {
     /// Starts a proxy to `cluster` on a free loopback port.
     pub fn start(cluster: &'static Cluster) -> KubeProxy {
-        let server =
-            Arc::new(tiny_http::Server::http("127.0.0.1:0").expect("bind the kube proxy"));
+        let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").expect("bind the kube proxy"));
         let addr = server.server_addr().to_ip().expect("ip address");
         let shared = Arc::new(Mutex::new(Shared::default()));
         let stop = Arc::new(AtomicBool::new(false));
@@ -366,6 +365,5 @@ fn handle(
 }
 
 fn json_header() -> tiny_http::Header {
-    tiny_http::Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..])
-        .expect("header")
+    tiny_http::Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..]).expect("header")
 }
