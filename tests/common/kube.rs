@@ -1075,6 +1075,25 @@ impl Cluster {
         path
     }
 
+    /// Writes a kubeconfig whose one context (`token-file`, namespace `namespace`, cluster
+    /// `server`) authenticates with the bearer token read from `token_file` (`tokenFile`, as
+    /// a ServiceAccount's kubeconfig does); returns its path (a new file per call).
+    pub fn kubeconfig_with_token_file_at(
+        &self,
+        server: &str,
+        namespace: &str,
+        token_file: &Path,
+    ) -> PathBuf {
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n{}contexts:\n- name: token-file\n  context:\n    cluster: kube\n    user: token-file\n    namespace: {namespace}\nusers:\n- name: token-file\n  user:\n    tokenFile: {}\ncurrent-context: token-file\n",
+            self.cluster_entry(server),
+            token_file.display()
+        );
+        let path = self.kubeconfig_file(&format!("{namespace}-token-file"));
+        std::fs::write(&path, text).expect("write kubeconfig");
+        path
+    }
+
     /// Writes a kubeconfig with the admin client certificate and key embedded (context
     /// `admin`, namespace `namespace`); returns its path.
     pub fn kubeconfig_admin(&self, namespace: &str) -> PathBuf {
@@ -1287,6 +1306,26 @@ impl Cluster {
             .iter()
             .filter_map(|s| s["metadata"]["name"].as_str().map(str::to_string))
             .collect()
+    }
+
+    /// Every non-empty `data` value of every Secret in `ns`, decoded, without duplicates (for
+    /// leak scans: what a test must never find in keyplan's output or files).
+    pub fn all_data(&self, ns: &str) -> Vec<Vec<u8>> {
+        let mut out: Vec<Vec<u8>> = Vec::new();
+        for s in self.objects("secrets", ns) {
+            for v in s["data"].as_object().into_iter().flat_map(|d| d.values()) {
+                let Some(b) = v
+                    .as_str()
+                    .and_then(|t| base64::engine::general_purpose::STANDARD.decode(t).ok())
+                else {
+                    continue;
+                };
+                if !b.is_empty() && !out.contains(&b) {
+                    out.push(b);
+                }
+            }
+        }
+        out
     }
 
     /// The Lease `ns/name`, if any.

@@ -167,6 +167,16 @@ impl KubeProxy {
             .kubeconfig_with_token_at(&self.url, namespace, token)
     }
 
+    /// [`Cluster::kubeconfig_with_token_file_at`] through this proxy.
+    pub fn kubeconfig_with_token_file(
+        &self,
+        namespace: &str,
+        token_file: &std::path::Path,
+    ) -> PathBuf {
+        self.cluster
+            .kubeconfig_with_token_file_at(&self.url, namespace, token_file)
+    }
+
     /// Every request answered so far.
     pub fn requests(&self) -> Vec<Logged> {
         self.lock().log.clone()
