@@ -1,36 +1,38 @@
-//! The `kubernetes` KMS provider against the fake API server (tests/common/fake_apiserver.rs,
-//! which follows the real API's documented semantics), and, opt-in, against a real cluster.
-//! CLI tests drive the keyplan binary with plan files on LUKS image files; every device check
-//! goes to cryptsetup directly and every KMS check reads the fake's stored Secrets directly
-//! (an independent reader, not keyplan).
+//! The `kubernetes` KMS provider against a real Kubernetes control plane (etcd +
+//! kube-apiserver of tests/common/kube.rs, real ServiceAccounts, RBAC and TokenRequest
+//! tokens), and, opt-in, against a cluster of the user's. Every test works in its own fresh
+//! namespace; keyplan talks to the API server through the logging proxy of
+//! tests/common/kube_proxy.rs (its request log, and its hook for a concurrent writer between
+//! keyplan's read and write). CLI tests drive the keyplan binary with plan files on LUKS image
+//! files; every device check goes to cryptsetup directly and every KMS check reads the Secrets
+//! from the API server as admin (an independent reader, not keyplan). Skipped when the
+//! control plane's binaries are missing (failed with KEYPLAN_REQUIRE_SERVERS=1).
 
 mod common;
 
-#[path = "common/fake_apiserver.rs"]
-mod fake_apiserver;
 #[path = "common/kms_contract.rs"]
 mod kms_contract;
+#[path = "common/kube.rs"]
+mod kube;
+#[path = "common/kube_proxy.rs"]
+mod kube_proxy;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use common::*;
-use fake_apiserver::FakeApiserver;
 use keyplan::kms::kubernetes::KubernetesKms;
 use keyplan::kms::{Kms, KmsError, VersionState};
 use keyplan::secret::Passphrase;
-use serde_json::json;
+use kube::Cluster;
+use kube_proxy::{KubeProxy, Request};
+use serde_json::{json, Value};
 
+/// The namespace of tests that never reach an API server (silent listeners).
 const NS: &str = "rook-ceph";
 
 fn pass(s: &[u8]) -> Passphrase {
     Passphrase::new(s.to_vec())
-}
-
-/// A provider handle on the fake with kubeconfig context `context`.
-fn kms(fake: &FakeApiserver, context: &str) -> KubernetesKms {
-    let kc = fake.kubeconfig(NS, context);
-    KubernetesKms::new("k8s", NS, None, Some(&kc), None).expect("open kubernetes KMS")
 }
 
 fn b64(bytes: &[u8]) -> String {
@@ -38,34 +40,116 @@ fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-/// No request was ever refused as invalid (422): keyplan never tried to change an immutable
-/// Secret nor to exceed the size limit.
-fn assert_no_422(fake: &FakeApiserver) {
-    let bad: Vec<_> = fake
-        .requests()
-        .into_iter()
-        .filter(|r| r.code == 422)
-        .collect();
-    assert!(bad.is_empty(), "requests refused with 422: {bad:?}");
+/// One test's place on the real cluster: a fresh namespace (with the identities of
+/// [`Cluster::users`]) and a logging proxy in front of the API server. keyplan talks through
+/// the proxy; checks read the cluster directly as admin.
+struct Kube {
+    c: &'static Cluster,
+    ns: String,
+    proxy: KubeProxy,
+}
+
+impl Kube {
+    /// `None` (the test is skipped) when the control plane's binaries are missing.
+    fn new(prefix: &str) -> Option<Kube> {
+        let c = Cluster::get()?;
+        let ns = c.fresh_namespace(prefix);
+        Some(Kube {
+            c,
+            ns,
+            proxy: KubeProxy::start(c),
+        })
+    }
+
+    /// The URL keyplan is given (the proxy's).
+    fn url(&self) -> String {
+        self.proxy.url().to_string()
+    }
+
+    /// A kubeconfig through the proxy, context `context` current, namespace the test's.
+    fn kubeconfig(&self, context: &str) -> PathBuf {
+        self.proxy.kubeconfig(&self.ns, context)
+    }
+
+    /// A provider handle with kubeconfig context `context`.
+    fn kms(&self, context: &str) -> KubernetesKms {
+        let kc = self.kubeconfig(context);
+        KubernetesKms::new("k8s", &self.ns, None, Some(&kc), None).expect("open kubernetes KMS")
+    }
+
+    fn secret(&self, name: &str) -> Option<Value> {
+        self.c.secret(&self.ns, name)
+    }
+
+    fn data(&self, name: &str, key: &str) -> Option<Vec<u8>> {
+        self.c.data(&self.ns, name, key)
+    }
+
+    fn annotation(&self, name: &str, ann: &str) -> Option<String> {
+        self.c.annotation(&self.ns, name, ann)
+    }
+
+    fn versions(&self, name: &str) -> Option<Value> {
+        self.c.versions(&self.ns, name)
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.c.names(&self.ns)
+    }
+
+    fn put_secret(&self, secret: Value) {
+        self.c.put_secret(&self.ns, secret)
+    }
+
+    /// Runs `action` (with the cluster and the namespace; it writes as admin, another client)
+    /// right before the proxy forwards keyplan's first Secret write `method` of Secret `name`
+    /// for which `also` holds.
+    fn before_write(
+        &self,
+        method: &'static str,
+        name: &'static str,
+        mut also: impl FnMut(&Request<'_>) -> bool + Send + 'static,
+        action: impl FnOnce(&Cluster, &str) + Send + 'static,
+    ) {
+        let (c, ns, ns2) = (self.c, self.ns.clone(), self.ns.clone());
+        self.proxy.before_write(
+            move |r| r.method == method && r.is_secret_write(&ns, name) && also(r),
+            move || action(c, &ns2),
+        );
+    }
+
+    /// No request was ever refused as invalid (422): keyplan never tried to change an
+    /// immutable Secret nor to exceed the size limit.
+    fn assert_no_422(&self) {
+        let bad: Vec<_> = self
+            .proxy
+            .requests()
+            .into_iter()
+            .filter(|r| r.code == 422)
+            .collect();
+        assert!(bad.is_empty(), "requests refused with 422: {bad:?}");
+    }
 }
 
 #[test]
 fn provider_contract_mutable_layout() {
-    let fake = FakeApiserver::start();
-    let (a, b) = (kms(&fake, "full"), kms(&fake, "full"));
+    let Some(kube) = Kube::new("contract") else {
+        return;
+    };
+    let (a, b) = (kube.kms("full"), kube.kms("full"));
     kms_contract::run(&a, &b, "contract");
     // Independent reader: the current version is data[dmcrypt-key] of the one Secret (key b
     // was rotated by the contract's holder part).
     assert_eq!(
-        fake.data(NS, "contract-b", "dmcrypt-key").unwrap(),
+        kube.data("contract-b", "dmcrypt-key").unwrap(),
         b"held-rotation-EEEE"
     );
-    let v = fake.versions(NS, "contract-b").unwrap();
+    let v = kube.versions("contract-b").unwrap();
     assert_eq!(
         (v["current"].clone(), v["pending"].clone()),
         (json!(2), json!(null))
     );
-    let s = fake.secret(NS, "contract-a").unwrap();
+    let s = kube.secret("contract-a").unwrap();
     assert_eq!(
         s["metadata"]["labels"]["app.kubernetes.io/managed-by"],
         "keyplan"
@@ -73,58 +157,72 @@ fn provider_contract_mutable_layout() {
     let cur = v["current"].as_u64().unwrap();
     assert!(cur >= 1);
     // one Secret per key in this layout
-    assert_eq!(fake.names(NS), vec!["contract-a", "contract-b"]);
-    assert_no_422(&fake);
+    assert_eq!(kube.names(), vec!["contract-a", "contract-b"]);
+    kube.assert_no_422();
 }
 
 /// Pre-creates the index Secret that puts key `name` into the secret-per-version layout.
-fn index_secret(fake: &FakeApiserver, name: &str) {
-    fake.put_secret(
-        NS,
-        json!({"metadata": {"name": format!("{name}-keyplan"),
-            "annotations": {"keyplan.io/layout": "secret-per-version"}}}),
-    );
+fn index_secret(kube: &Kube, name: &str) {
+    kube.put_secret(json!({"metadata": {"name": format!("{name}-keyplan"),
+        "annotations": {"keyplan.io/layout": "secret-per-version"}}}));
 }
 
 #[test]
 fn provider_contract_secret_per_version_layout() {
-    let fake = FakeApiserver::start();
-    index_secret(&fake, "imm-a");
-    index_secret(&fake, "imm-b");
-    let (a, b) = (kms(&fake, "full"), kms(&fake, "full"));
+    let Some(kube) = Kube::new("imm") else { return };
+    index_secret(&kube, "imm-a");
+    index_secret(&kube, "imm-b");
+    let (a, b) = (kube.kms("full"), kube.kms("full"));
     kms_contract::run(&a, &b, "imm");
     // Each version lives in its own immutable Secret; the index names the current one.
-    let ix = fake.versions(NS, "imm-a-keyplan").unwrap();
+    let ix = kube.versions("imm-a-keyplan").unwrap();
     let cur = ix["current"].as_u64().unwrap();
-    let current_secret = fake
-        .annotation(NS, "imm-a-keyplan", "keyplan.io/current-secret")
+    let current_secret = kube
+        .annotation("imm-a-keyplan", "keyplan.io/current-secret")
         .unwrap();
     assert_eq!(current_secret, format!("imm-a-v{cur}"));
-    let s = fake.secret(NS, &current_secret).unwrap();
+    let s = kube.secret(&current_secret).unwrap();
     assert_eq!(s["immutable"], true);
     assert_eq!(
-        fake.data(NS, &current_secret, "dmcrypt-key").unwrap(),
+        kube.data(&current_secret, "dmcrypt-key").unwrap(),
         b"back-again-DDDD"
     );
     // Retired and destroyed versions' Secrets are gone; no material in the index.
-    let names = fake.names(NS);
+    let names = kube.names();
     assert!(!names.contains(&"imm-a-v1".to_string()), "{names:?}");
     assert!(!names.contains(&"imm-a-v10".to_string()), "{names:?}");
-    assert!(fake.secret(NS, "imm-a-keyplan").unwrap()["data"].is_null());
-    assert_no_422(&fake);
+    assert!(kube.secret("imm-a-keyplan").unwrap()["data"].is_null());
+    kube.assert_no_422();
 }
 
 #[test]
 fn adopts_an_immutable_secret_without_ever_modifying_it() {
-    let fake = FakeApiserver::start();
-    fake.put_secret(
-        NS,
+    let Some(kube) = Kube::new("adopt-immutable") else {
+        return;
+    };
+    kube.put_secret(
         json!({"metadata": {"name": "osd-key", "labels": {"pvc_name": "pvc0"}},
-            "immutable": true, "type": "kubernetes.io/rook",
-            "data": {"dmcrypt-key": b64(b"rook-original-key")}}),
+        "immutable": true, "type": "kubernetes.io/rook",
+        "data": {"dmcrypt-key": b64(b"rook-original-key")}}),
     );
-    let before = fake.secret(NS, "osd-key").unwrap();
-    let k = kms(&fake, "full");
+    let before = kube.secret("osd-key").unwrap();
+    // The real API server refuses any change of an immutable Secret's data (what keyplan must
+    // never try): proven here, so the test below means something.
+    let mut change = before.clone();
+    change["data"]["dmcrypt-key"] = json!(b64(b"changed"));
+    let r = kube.c.put(
+        &Cluster::path("secrets", &kube.ns, Some("osd-key")),
+        &change,
+    );
+    assert_eq!(r.status, 422, "{}", r.body);
+    assert!(
+        r.body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("immutable")),
+        "{}",
+        r.body
+    );
+    let k = kube.kms("full");
     let st = k.read("osd-key").unwrap();
     assert_eq!((st.current, st.pending), (Some(1), None));
     assert!(st.versions[&1].created_at > 1_600_000_000);
@@ -132,24 +230,24 @@ fn adopts_an_immutable_secret_without_ever_modifying_it() {
     let v = k.stage("osd-key", &pass(b"second-version-key"), 0).unwrap();
     assert_eq!(v, 2);
     assert_eq!(
-        fake.data(NS, "osd-key-v2", "dmcrypt-key").unwrap(),
+        kube.data("osd-key-v2", "dmcrypt-key").unwrap(),
         b"second-version-key"
     );
-    assert_eq!(fake.secret(NS, "osd-key-v2").unwrap()["immutable"], true);
+    assert_eq!(kube.secret("osd-key-v2").unwrap()["immutable"], true);
     // Until the commit, a reader following the index still sees version 1.
     assert_eq!(
-        fake.annotation(NS, "osd-key-keyplan", "keyplan.io/current-secret")
+        kube.annotation("osd-key-keyplan", "keyplan.io/current-secret")
             .as_deref(),
         Some("osd-key")
     );
     k.commit("osd-key", Some(1), 2).unwrap();
     assert_eq!(
-        fake.annotation(NS, "osd-key-keyplan", "keyplan.io/current-secret")
+        kube.annotation("osd-key-keyplan", "keyplan.io/current-secret")
             .as_deref(),
         Some("osd-key-v2")
     );
     assert_eq!(
-        fake.secret(NS, "osd-key").unwrap(),
+        kube.secret("osd-key").unwrap(),
         before,
         "the immutable Secret is untouched"
     );
@@ -158,7 +256,7 @@ fn adopts_an_immutable_secret_without_ever_modifying_it() {
     assert_eq!(k.get("osd-key", 1).unwrap().expose(), b"rook-original-key");
     // Retiring version 1 deletes the original Secret (deleting is allowed, changing is not).
     k.retire("osd-key", 1).unwrap();
-    assert!(fake.secret(NS, "osd-key").is_none());
+    assert!(kube.secret("osd-key").is_none());
     assert!(matches!(
         k.get("osd-key", 1),
         Err(KmsError::NoSuchVersion { .. })
@@ -167,40 +265,41 @@ fn adopts_an_immutable_secret_without_ever_modifying_it() {
     assert_eq!((st.current, st.pending), (Some(2), None));
     assert_eq!(st.versions[&1].state, VersionState::Retired);
     assert_eq!(k.get("osd-key", 2).unwrap().expose(), b"second-version-key");
-    assert_no_422(&fake);
+    kube.assert_no_422();
 }
 
 #[test]
 fn interrupted_stage_leaves_no_stuck_version_secret() {
     // A version Secret the index does not name (a stage killed between its two writes) is
     // skipped, then removed once the index names the new version.
-    let fake = FakeApiserver::start();
-    index_secret(&fake, "k");
-    fake.put_secret(
-        NS,
-        json!({"metadata": {"name": "k-v1"}, "immutable": true,
-            "data": {"dmcrypt-key": b64(b"orphaned-by-a-crash")}}),
-    );
-    let k = kms(&fake, "full");
+    let Some(kube) = Kube::new("interrupted") else {
+        return;
+    };
+    index_secret(&kube, "k");
+    kube.put_secret(json!({"metadata": {"name": "k-v1"}, "immutable": true,
+        "data": {"dmcrypt-key": b64(b"orphaned-by-a-crash")}}));
+    let k = kube.kms("full");
     assert_eq!(k.read("k").unwrap().current, None);
     let v = k.stage("k", &pass(b"fresh-material"), 1).unwrap();
     assert_eq!(v, 2);
-    assert!(fake.secret(NS, "k-v1").is_none(), "orphan removed");
+    assert!(kube.secret("k-v1").is_none(), "orphan removed");
     assert_eq!(k.get("k", 2).unwrap().expose(), b"fresh-material");
 }
 
+/// What the API server enforces on Secrets: `data` values may hold 1 MiB together.
+const MAX_SECRET_SIZE: usize = 1 << 20;
+
 #[test]
 fn secret_size_limit_is_a_clear_error_and_changes_nothing() {
-    let fake = FakeApiserver::start();
+    let Some(kube) = Kube::new("size-limit") else {
+        return;
+    };
     // A Secret already close to the 1 MiB limit (other data kept next to the key).
-    let filler = vec![b'x'; fake_apiserver::MAX_SECRET_SIZE - 30];
-    fake.put_secret(
-        NS,
-        json!({"metadata": {"name": "big"},
-            "data": {"dmcrypt-key": b64(b"current-passphrase"), "other-data": b64(&filler)}}),
-    );
-    let before = fake.secret(NS, "big").unwrap();
-    let k = kms(&fake, "full");
+    let filler = vec![b'x'; MAX_SECRET_SIZE - 30];
+    kube.put_secret(json!({"metadata": {"name": "big"},
+        "data": {"dmcrypt-key": b64(b"current-passphrase"), "other-data": b64(&filler)}}));
+    let before = kube.secret("big").unwrap();
+    let k = kube.kms("full");
     let err = k
         .stage("big", &pass(&[b'p'; 44]), 0)
         .expect_err("stage beyond 1 MiB must fail");
@@ -211,22 +310,26 @@ fn secret_size_limit_is_a_clear_error_and_changes_nothing() {
     assert!(text.contains("Secret \"big\" is invalid"), "{text}");
     assert!(text.contains("Nothing was changed"), "{text}");
     assert!(text.contains("staging v2 of key \"big\""), "{text}");
-    assert_eq!(fake.secret(NS, "big").unwrap(), before);
+    assert_eq!(kube.secret("big").unwrap(), before);
     assert!(!text.contains("pppp"), "no material in the message");
 }
 
 #[test]
 fn concurrent_writer_between_read_and_write_is_a_conflict() {
-    let fake = FakeApiserver::start();
-    let k = kms(&fake, "full");
+    let Some(kube) = Kube::new("conflict") else {
+        return;
+    };
+    let k = kube.kms("full");
     k.stage("key", &pass(b"version-one-key"), 1).unwrap();
     k.commit("key", None, 1).unwrap();
     k.stage("key", &pass(b"version-two-key"), 0).unwrap();
     // Somebody changes the Secret between the commit's read and its write.
-    fake.before_write(
-        |w| w.method == "PUT" && w.name == "key",
-        |store| {
-            store.modify(NS, "key", |s| {
+    kube.before_write(
+        "PUT",
+        "key",
+        |_| true,
+        |c, ns| {
+            c.modify_secret(ns, "key", |s| {
                 s["metadata"]["annotations"]["example.com/touched"] = json!("other-writer")
             })
         },
@@ -238,34 +341,30 @@ fn concurrent_writer_between_read_and_write_is_a_conflict() {
     assert!(text.contains("409"), "{text}");
     // Nothing overwritten: the other writer's change stays, v1 is still current.
     assert_eq!(
-        fake.annotation(NS, "key", "example.com/touched").as_deref(),
+        kube.annotation("key", "example.com/touched").as_deref(),
         Some("other-writer")
     );
-    assert_eq!(
-        fake.data(NS, "key", "dmcrypt-key").unwrap(),
-        b"version-one-key"
-    );
-    let v = fake.versions(NS, "key").unwrap();
+    assert_eq!(kube.data("key", "dmcrypt-key").unwrap(), b"version-one-key");
+    let v = kube.versions("key").unwrap();
     assert_eq!(
         (v["current"].clone(), v["pending"].clone()),
         (json!(1), json!(2))
     );
     // A fresh attempt (the engine re-reads) succeeds and keeps the other writer's change.
     k.commit("key", Some(1), 2).unwrap();
+    assert_eq!(kube.data("key", "dmcrypt-key").unwrap(), b"version-two-key");
     assert_eq!(
-        fake.data(NS, "key", "dmcrypt-key").unwrap(),
-        b"version-two-key"
-    );
-    assert_eq!(
-        fake.annotation(NS, "key", "example.com/touched").as_deref(),
+        kube.annotation("key", "example.com/touched").as_deref(),
         Some("other-writer")
     );
     // First creation racing another creator: 409 AlreadyExists is a conflict too.
-    fake.before_write(
-        |w| w.method == "POST" && w.name == "fresh",
-        |store| {
-            store.put(
-                NS,
+    kube.before_write(
+        "POST",
+        "fresh",
+        |_| true,
+        |c, ns| {
+            c.put_secret(
+                ns,
                 json!({"metadata": {"name": "fresh"}, "data": {"x": "eA=="}}),
             )
         },
@@ -274,17 +373,19 @@ fn concurrent_writer_between_read_and_write_is_a_conflict() {
         .stage("fresh", &pass(b"abc-def-ghi"), 1)
         .expect_err("must fail");
     assert!(matches!(err, KmsError::Conflict { .. }), "{err:?}");
-    assert_eq!(fake.data(NS, "fresh", "x").unwrap(), b"x");
+    assert_eq!(kube.data("fresh", "x").unwrap(), b"x");
 }
 
 #[test]
 fn check_with_read_only_or_no_access_token_is_denied_naming_the_verbs() {
-    let fake = FakeApiserver::start();
-    let full = kms(&fake, "full");
+    let Some(kube) = Kube::new("check") else {
+        return;
+    };
+    let full = kube.kms("full");
     full.check(&["osd".to_string()])
         .expect("full access passes");
-    let mark = fake.mark();
-    let ro = kms(&fake, "read-only");
+    let mark = kube.proxy.mark();
+    let ro = kube.kms("read-only");
     let err = ro
         .check(&["osd".to_string()])
         .expect_err("read-only must fail");
@@ -294,12 +395,12 @@ fn check_with_read_only_or_no_access_token_is_denied_naming_the_verbs() {
         assert!(text.contains(verb), "{verb}: {text}");
     }
     assert!(!text.contains("get Secret osd"), "{text}");
-    assert!(text.contains("namespace rook-ceph"), "{text}");
+    assert!(text.contains(&format!("namespace {}", kube.ns)), "{text}");
     // check wrote nothing: only reads and access reviews.
-    for r in fake.requests_since(mark) {
+    for r in kube.proxy.requests_since(mark) {
         assert!(!r.is_secret_write(), "check wrote: {r:?}");
     }
-    let none = kms(&fake, "no-access");
+    let none = kube.kms("no-access");
     let err = none
         .check(&["osd".to_string()])
         .expect_err("no access must fail");
@@ -320,31 +421,44 @@ fn check_with_read_only_or_no_access_token_is_denied_naming_the_verbs() {
 
 #[test]
 fn bad_credentials_are_denied() {
-    let fake = FakeApiserver::start();
-    let k = kms(&fake, "bad-token");
+    let Some(kube) = Kube::new("bad-token") else {
+        return;
+    };
+    let k = kube.kms("bad-token");
     let err = k.read("osd").expect_err("must fail");
     assert!(matches!(err, KmsError::Denied { .. }), "{err:?}");
     let text = err.to_string();
     assert!(text.contains("401"), "{text}");
-    assert!(text.contains(&fake.url()), "{text}");
+    assert!(text.contains(&kube.url()), "{text}");
     assert!(
-        !text.contains("kp-not-a-valid-token"),
+        !text.contains("not-a-valid-token"),
         "token in message: {text}"
     );
 }
 
+/// A kubeconfig (context `full` of the test's namespace) whose cluster is a loopback port
+/// nothing listens on, and that URL: an API server that is down.
+fn down_kubeconfig(kube: &Kube) -> (PathBuf, String) {
+    let url = format!("http://127.0.0.1:{}", kube::free_port());
+    (kube.c.kubeconfig_at(&url, &kube.ns, "full"), url)
+}
+
 #[test]
 fn server_down_is_unavailable_naming_the_address() {
-    let mut fake = FakeApiserver::start();
-    let k = kms(&fake, "full");
-    let url = fake.url();
-    fake.stop();
+    let Some(kube) = Kube::new("down") else {
+        return;
+    };
+    let (kc, url) = down_kubeconfig(&kube);
+    let k = KubernetesKms::new("k8s", &kube.ns, None, Some(&kc), None).expect("open");
     let t = std::time::Instant::now();
     let err = k.read("osd").expect_err("must fail");
     assert!(matches!(err, KmsError::Unavailable { .. }), "{err:?}");
     let text = err.to_string();
     assert!(text.contains(&url), "{text}");
-    assert!(text.contains("reading Secret rook-ceph/osd"), "{text}");
+    assert!(
+        text.contains(&format!("reading Secret {}/osd", kube.ns)),
+        "{text}"
+    );
     assert!(t.elapsed().as_secs() < 20, "bounded retries");
     let err = k
         .stage("osd", &pass(b"material-x"), 1)
@@ -354,19 +468,21 @@ fn server_down_is_unavailable_naming_the_address() {
 
 #[test]
 fn invalid_names_are_config_errors() {
-    let fake = FakeApiserver::start();
-    let k = kms(&fake, "full");
+    let Some(kube) = Kube::new("names") else {
+        return;
+    };
+    let k = kube.kms("full");
     let err = k.read("Data_Kek").expect_err("must fail");
     assert!(matches!(err, KmsError::Config { .. }), "{err:?}");
     assert!(err.to_string().contains("DNS-1123"), "{err}");
-    let kc = fake.kubeconfig(NS, "full");
-    let err = KubernetesKms::new("k8s", NS, Some("keyplan.v3"), Some(&kc), None).unwrap_err();
+    let kc = kube.kubeconfig("full");
+    let err = KubernetesKms::new("k8s", &kube.ns, Some("keyplan.v3"), Some(&kc), None).unwrap_err();
     assert!(matches!(err, KmsError::Config { .. }), "{err:?}");
     let err = KubernetesKms::new("k8s", "Rook_Ceph", None, Some(&kc), None).unwrap_err();
     assert!(matches!(err, KmsError::Config { .. }), "{err:?}");
     let err = KubernetesKms::new(
         "k8s",
-        NS,
+        &kube.ns,
         None,
         Some(Path::new("/nonexistent/kubeconfig")),
         None,
@@ -376,8 +492,9 @@ fn invalid_names_are_config_errors() {
     assert_eq!(
         k.describe(),
         format!(
-            "kubernetes KMS \"k8s\" ({}, namespace rook-ceph)",
-            fake.url()
+            "kubernetes KMS \"k8s\" ({}, namespace {})",
+            kube.url(),
+            kube.ns
         )
     );
 }
@@ -415,9 +532,9 @@ fn provider_contract_real_cluster() {
 
 const KEY_SECRET: &str = "rook-ceph-osd-encryption-key-pvc0";
 
-fn k8s_plan(devices: &str, extra_kms: &str) -> String {
+fn k8s_plan(ns: &str, devices: &str, extra_kms: &str) -> String {
     format!(
-        "version: 1\nkms:\n  k8s:\n    provider: kubernetes\n    namespace: {NS}\n{extra_kms}keys:\n  osd-kek:\n    kms: k8s\n    name: {KEY_SECRET}\ndevices:\n{devices}{FAST_PBKDF}"
+        "version: 1\nkms:\n  k8s:\n    provider: kubernetes\n    namespace: {ns}\n{extra_kms}keys:\n  osd-kek:\n    kms: k8s\n    name: {KEY_SECRET}\ndevices:\n{devices}{FAST_PBKDF}"
     )
 }
 
@@ -445,22 +562,16 @@ fn text(out: &Output) -> String {
     )
 }
 
-/// Runs keyplan watched (`w`) with `KUBECONFIG=kc`, remembers every Secret value the fake now
+/// Runs keyplan watched (`w`) with `KUBECONFIG=kc`, remembers every Secret value the namespace now
 /// holds as a secret to look for, and asserts exit status `code`; stdout + stderr.
-fn run_watched(
-    w: &Watched,
-    fake: &FakeApiserver,
-    kc: &std::path::Path,
-    args: &[&str],
-    code: i32,
-) -> String {
+fn run_watched(w: &Watched, kube: &Kube, kc: &std::path::Path, args: &[&str], code: i32) -> String {
     let out = w
         .command(args)
         .env("KUBECONFIG", kc)
         .output()
         .expect("run keyplan");
     w.record(&out);
-    for d in fake.all_data() {
+    for d in kube.c.all_data(&kube.ns) {
         w.add_secret(&d);
     }
     expect(&out, code, args)
@@ -473,8 +584,8 @@ fn expect(out: &Output, code: i32, args: &[&str]) -> String {
     t
 }
 
-/// Three devices (two LUKS2, one LUKS1) sharing key osd-kek in the fake.
-fn setup_devices(s: &Scratch) -> Vec<PathBuf> {
+/// Three devices (two LUKS2, one LUKS1) sharing key osd-kek in namespace `ns`.
+fn setup_devices(s: &Scratch, ns: &str) -> Vec<PathBuf> {
     s.initial_pass();
     let devs = vec![
         s.image("block.img", "luks2"),
@@ -483,38 +594,39 @@ fn setup_devices(s: &Scratch) -> Vec<PathBuf> {
     ];
     let devices =
         device("block", "block.img") + &device("db", "db.img") + &device("legacy", "legacy.img");
-    s.plan("keyplan.yaml", &k8s_plan(&devices, ""));
+    s.plan("keyplan.yaml", &k8s_plan(ns, &devices, ""));
     devs
 }
 
 #[test]
 fn e2e_enroll_rotate_retire_with_an_independent_reader() {
-    let fake = FakeApiserver::start();
-    let kc = fake.kubeconfig(NS, "full");
+    let Some(kube) = Kube::new("e2e") else { return };
+    let kc = kube.kubeconfig("full");
     let w = Watched::new();
-    let devs = setup_devices(&w.s);
-    w.add_secret(fake.full_token.as_bytes());
-    let run = |args: &[&str], code: i32| run_watched(&w, &fake, &kc, args, code);
+    let devs = setup_devices(&w.s, &kube.ns);
+    w.add_secret(kube.c.users(&kube.ns).full_token.as_bytes());
+    let run = |args: &[&str], code: i32| run_watched(&w, &kube, &kc, args, code);
     let current = || {
-        fake.data(NS, KEY_SECRET, "dmcrypt-key")
+        kube.data(KEY_SECRET, "dmcrypt-key")
             .expect("current in data[dmcrypt-key]")
     };
 
     // plan writes nothing (I6)
-    let mark = fake.mark();
+    let mark = kube.proxy.mark();
     let out = run(&["plan", "--detailed-exitcode"], 2);
     assert!(out.contains("+ key osd-kek v1"), "{out}");
-    assert!(fake
+    assert!(kube
+        .proxy
         .requests_since(mark)
         .iter()
         .all(|r| !r.is_secret_write()));
-    assert!(fake.secret(NS, KEY_SECRET).is_none());
+    assert!(kube.secret(KEY_SECRET).is_none());
 
     // enroll
     run(&["apply", "--auto-approve"], 0);
     let v1 = current();
     assert_eq!(v1.len(), 44, "32 random bytes as base64");
-    let meta = fake.versions(NS, KEY_SECRET).unwrap();
+    let meta = kube.versions(KEY_SECRET).unwrap();
     assert_eq!(
         (meta["current"].clone(), meta["pending"].clone()),
         (json!(1), json!(null))
@@ -527,7 +639,7 @@ fn e2e_enroll_rotate_retire_with_an_independent_reader() {
     run(&["apply", "--auto-approve", "--rotate", "osd-kek"], 0);
     let v2 = current();
     assert_ne!(v1, v2);
-    assert_eq!(fake.data(NS, KEY_SECRET, "keyplan.v1").unwrap(), v1);
+    assert_eq!(kube.data(KEY_SECRET, "keyplan.v1").unwrap(), v1);
     for d in &devs {
         assert!(opens(d, &v2, None), "v2 opens {}", d.display());
         assert!(!opens(d, &v1, None), "v1 opens nothing on {}", d.display());
@@ -537,7 +649,7 @@ fn e2e_enroll_rotate_retire_with_an_independent_reader() {
     run(&["apply", "--auto-approve", "--rotate", "osd-kek"], 0);
     let v3 = current();
     assert!(v3 != v1 && v3 != v2);
-    let meta = fake.versions(NS, KEY_SECRET).unwrap();
+    let meta = kube.versions(KEY_SECRET).unwrap();
     assert_eq!(
         (meta["current"].clone(), meta["pending"].clone()),
         (json!(3), json!(null))
@@ -562,10 +674,10 @@ fn e2e_enroll_rotate_retire_with_an_independent_reader() {
         ]
     );
     assert!(
-        fake.data(NS, KEY_SECRET, "keyplan.v1").is_none(),
+        kube.data(KEY_SECRET, "keyplan.v1").is_none(),
         "v1 material destroyed"
     );
-    assert_eq!(fake.data(NS, KEY_SECRET, "keyplan.v2").unwrap(), v2);
+    assert_eq!(kube.data(KEY_SECRET, "keyplan.v2").unwrap(), v2);
     for d in &devs {
         assert!(opens(d, &v3, None), "v3 opens {}", d.display());
         assert!(
@@ -575,9 +687,10 @@ fn e2e_enroll_rotate_retire_with_an_independent_reader() {
         assert!(opens(d, INITIAL, Some(0)), "unmanaged keyslot 0 kept");
     }
 
-    let mark = fake.mark();
+    let mark = kube.proxy.mark();
     run(&["plan", "--detailed-exitcode"], 0);
-    assert!(fake
+    assert!(kube
+        .proxy
         .requests_since(mark)
         .iter()
         .all(|r| !r.is_secret_write()));
@@ -592,21 +705,22 @@ fn e2e_enroll_rotate_retire_with_an_independent_reader() {
     assert_eq!(out.stdout, v3);
     // (not recorded: its stdout is the key by design)
 
-    assert_no_422(&fake);
+    kube.assert_no_422();
     assert!(w.wrapper_saw_calls());
     w.assert_no_leaks();
 }
 
 #[test]
 fn adopts_a_rook_secret_and_rotates_it() {
-    let fake = FakeApiserver::start();
-    let kc = fake.kubeconfig(NS, "full");
+    let Some(kube) = Kube::new("adopt-rook") else {
+        return;
+    };
+    let kc = kube.kubeconfig("full");
     let s = Scratch::new();
     s.initial_pass();
     let dev = s.image("block.img", "luks2");
     // What Rook creates: only data[dmcrypt-key] (the passphrase the device opens with today).
-    fake.put_secret(
-        NS,
+    kube.put_secret(
         json!({"metadata": {"name": KEY_SECRET, "labels": {"pvc_name": "pvc0"},
                 "ownerReferences": [{"apiVersion": "ceph.rook.io/v1", "kind": "CephCluster",
                     "name": "rook-ceph", "uid": "c0ffee00-0000-4000-8000-000000000001"}]},
@@ -614,7 +728,7 @@ fn adopts_a_rook_secret_and_rotates_it() {
             "data": {"dmcrypt-key": b64(INITIAL)}}),
     );
     let dev_yaml = "  block:\n    path: block.img\n    keys: [osd-kek]\n    enroll_with: initial.pass\n    unmanaged_keyslots: remove\n";
-    s.plan("keyplan.yaml", &k8s_plan(dev_yaml, ""));
+    s.plan("keyplan.yaml", &k8s_plan(&kube.ns, dev_yaml, ""));
     let run = |args: &[&str], code: i32| expect(&keyplan_k8s(s.dir.path(), &kc, args), code, args);
     let out = run(&["plan"], 0);
     assert!(
@@ -623,46 +737,48 @@ fn adopts_a_rook_secret_and_rotates_it() {
     );
     run(&["apply", "--auto-approve"], 0);
     assert_eq!(
-        fake.data(NS, KEY_SECRET, "dmcrypt-key").unwrap(),
+        kube.data(KEY_SECRET, "dmcrypt-key").unwrap(),
         INITIAL,
         "v1 = Rook's key"
     );
     run(&["apply", "--auto-approve", "--rotate", "osd-kek"], 0);
-    let v2 = fake.data(NS, KEY_SECRET, "dmcrypt-key").unwrap();
+    let v2 = kube.data(KEY_SECRET, "dmcrypt-key").unwrap();
     assert_ne!(v2, INITIAL);
-    assert_eq!(fake.data(NS, KEY_SECRET, "keyplan.v1").unwrap(), INITIAL);
+    assert_eq!(kube.data(KEY_SECRET, "keyplan.v1").unwrap(), INITIAL);
     assert!(opens(&dev, &v2, None));
     assert!(!opens(&dev, INITIAL, None), "Rook's old key opens nothing");
     // Rook's metadata is kept.
-    let sec = fake.secret(NS, KEY_SECRET).unwrap();
+    let sec = kube.secret(KEY_SECRET).unwrap();
     assert_eq!(sec["type"], "kubernetes.io/rook");
     assert_eq!(sec["metadata"]["labels"]["pvc_name"], "pvc0");
     assert_eq!(sec["metadata"]["ownerReferences"][0]["kind"], "CephCluster");
     run(&["plan", "--detailed-exitcode"], 0);
-    assert_no_422(&fake);
+    kube.assert_no_422();
 }
 
 #[test]
 fn cli_conflict_between_stage_and_commit_then_resume() {
-    let fake = FakeApiserver::start();
-    let kc = fake.kubeconfig(NS, "full");
+    let Some(kube) = Kube::new("cli-conflict") else {
+        return;
+    };
+    let kc = kube.kubeconfig("full");
     let s = Scratch::new();
-    let devs = setup_devices(&s);
+    let devs = setup_devices(&s, &kube.ns);
     let run = |args: &[&str], code: i32| expect(&keyplan_k8s(s.dir.path(), &kc, args), code, args);
     run(&["apply", "--auto-approve"], 0);
-    let v1 = fake.data(NS, KEY_SECRET, "dmcrypt-key").unwrap();
+    let v1 = kube.data(KEY_SECRET, "dmcrypt-key").unwrap();
     // Another writer touches the Secret right before keyplan's commit (the PUT that makes v2
     // current).
-    fake.before_write(
+    kube.before_write(
+        "PUT",
+        KEY_SECRET,
         |w| {
-            w.method == "PUT"
-                && w.name == KEY_SECRET
-                && w.body["metadata"]["annotations"]["keyplan.io/versions"]
-                    .as_str()
-                    .is_some_and(|t| t.contains("\"current\":2"))
+            w.body["metadata"]["annotations"]["keyplan.io/versions"]
+                .as_str()
+                .is_some_and(|t| t.contains("\"current\":2"))
         },
-        |store| {
-            store.modify(NS, KEY_SECRET, |s| {
+        |c, ns| {
+            c.modify_secret(ns, KEY_SECRET, |s| {
                 s["metadata"]["annotations"]["example.com/touched"] = json!("other-writer")
             })
         },
@@ -672,12 +788,12 @@ fn cli_conflict_between_stage_and_commit_then_resume() {
     assert!(out.contains("nothing was overwritten"), "{out}");
     // Nothing overwritten; v1 still current in the KMS and still opens every device (I1).
     assert_eq!(
-        fake.annotation(NS, KEY_SECRET, "example.com/touched")
+        kube.annotation(KEY_SECRET, "example.com/touched")
             .as_deref(),
         Some("other-writer")
     );
-    assert_eq!(fake.data(NS, KEY_SECRET, "dmcrypt-key").unwrap(), v1);
-    let meta = fake.versions(NS, KEY_SECRET).unwrap();
+    assert_eq!(kube.data(KEY_SECRET, "dmcrypt-key").unwrap(), v1);
+    let meta = kube.versions(KEY_SECRET).unwrap();
     assert_eq!(
         (meta["current"].clone(), meta["pending"].clone()),
         (json!(1), json!(2))
@@ -687,14 +803,14 @@ fn cli_conflict_between_stage_and_commit_then_resume() {
     }
     // The next apply finishes the interrupted run (I3).
     run(&["apply", "--auto-approve"], 0);
-    let v2 = fake.data(NS, KEY_SECRET, "dmcrypt-key").unwrap();
+    let v2 = kube.data(KEY_SECRET, "dmcrypt-key").unwrap();
     assert_ne!(v1, v2);
     for d in &devs {
         assert!(opens(d, &v2, None));
         assert!(!opens(d, &v1, None));
     }
     assert_eq!(
-        fake.annotation(NS, KEY_SECRET, "example.com/touched")
+        kube.annotation(KEY_SECRET, "example.com/touched")
             .as_deref(),
         Some("other-writer")
     );
@@ -703,10 +819,12 @@ fn cli_conflict_between_stage_and_commit_then_resume() {
 
 #[test]
 fn cli_read_only_token_fails_before_touching_devices() {
-    let fake = FakeApiserver::start();
-    let kc = fake.kubeconfig(NS, "read-only");
+    let Some(kube) = Kube::new("cli-read-only") else {
+        return;
+    };
+    let kc = kube.kubeconfig("read-only");
     let s = Scratch::new();
-    let devs = setup_devices(&s);
+    let devs = setup_devices(&s, &kube.ns);
     let snap = Snapshot::take(&devs);
     let args = ["apply", "--auto-approve"];
     let out = expect(&keyplan_k8s(s.dir.path(), &kc, &args), 1, &args);
@@ -717,17 +835,17 @@ fn cli_read_only_token_fails_before_touching_devices() {
     );
     assert!(out.contains("may not create Secrets"), "{out}");
     snap.assert_unchanged("apply with a read-only token");
-    assert!(fake.names(NS).is_empty());
+    assert!(kube.names().is_empty());
 }
 
 #[test]
 fn cli_server_down_is_unavailable_and_touches_nothing() {
-    let mut fake = FakeApiserver::start();
-    let kc = fake.kubeconfig(NS, "full");
-    let url = fake.url();
-    fake.stop();
+    let Some(kube) = Kube::new("cli-down") else {
+        return;
+    };
+    let (kc, url) = down_kubeconfig(&kube);
     let s = Scratch::new();
-    let devs = setup_devices(&s);
+    let devs = setup_devices(&s, &kube.ns);
     let snap = Snapshot::take(&devs);
     // `plan` could not check (exit 3), `apply` could not run (exit 1).
     for (args, code) in [(&["plan"][..], 3), (&["apply", "--auto-approve"][..], 1)] {
@@ -740,56 +858,68 @@ fn cli_server_down_is_unavailable_and_touches_nothing() {
 
 #[test]
 fn cli_bad_credentials_are_denied() {
-    let fake = FakeApiserver::start();
-    let kc = fake.kubeconfig(NS, "bad-token");
+    let Some(kube) = Kube::new("cli-bad-token") else {
+        return;
+    };
+    let kc = kube.kubeconfig("bad-token");
     let s = Scratch::new();
-    let devs = setup_devices(&s);
+    let devs = setup_devices(&s, &kube.ns);
     let snap = Snapshot::take(&devs);
     let args = ["apply", "--auto-approve"];
     let out = expect(&keyplan_k8s(s.dir.path(), &kc, &args), 1, &args);
     assert!(out.contains("refused"), "{out}");
     assert!(out.contains("401"), "{out}");
-    assert!(!out.contains("kp-not-a-valid-token"), "{out}");
+    assert!(!out.contains("not-a-valid-token"), "{out}");
     snap.assert_unchanged("apply with bad credentials");
 }
 
 #[test]
 fn destroy_key_is_compare_and_swap_and_spares_foreign_data() {
-    let fake = FakeApiserver::start();
-    let k = kms(&fake, "full");
+    let Some(kube) = Kube::new("destroy") else {
+        return;
+    };
+    let k = kube.kms("full");
     k.stage("gone", &pass(b"material-of-gone"), 1).unwrap();
     k.commit("gone", None, 1).unwrap();
     // A writer changes the Secret between destroy_key's read and its DELETE: the
     // resourceVersion precondition makes the DELETE fail, and nothing is deleted.
-    fake.before_write(
-        |w| w.method == "DELETE" && w.name == "gone",
-        |store| {
-            store.modify(NS, "gone", |s| {
+    kube.before_write(
+        "DELETE",
+        "gone",
+        |_| true,
+        |c, ns| {
+            c.modify_secret(ns, "gone", |s| {
                 s["metadata"]["labels"]["example.com/touched"] = json!("yes")
             })
         },
     );
     let err = k.destroy_key("gone", 1).expect_err("must fail");
     assert!(matches!(err, KmsError::Conflict { .. }), "{err:?}");
-    assert!(err.to_string().contains("Precondition failed"), "{err}");
+    // Kubernetes 1.37 words it "the ResourceVersion in the precondition (N) does not match
+    // the ResourceVersion in record (M)" (the fake said "Precondition failed: ..."); keyplan
+    // passes the server's message on.
+    let text = err.to_string();
+    assert!(text.contains("409 Conflict"), "{text}");
+    assert!(
+        text.contains("ResourceVersion in the precondition"),
+        "{text}"
+    );
+    assert!(text.contains("nothing was overwritten"), "{text}");
     assert_eq!(
-        fake.data(NS, "gone", "dmcrypt-key").unwrap(),
+        kube.data("gone", "dmcrypt-key").unwrap(),
         b"material-of-gone"
     );
     k.destroy_key("gone", 1).unwrap();
-    assert!(fake.secret(NS, "gone").is_none());
+    assert!(kube.secret("gone").is_none());
 
     // A Secret that also holds other data keeps it; only keyplan's part goes.
-    fake.put_secret(
-        NS,
-        json!({"metadata": {"name": "shared"},
-            "data": {"dmcrypt-key": b64(b"rook-key-xyz"), "other": b64(b"keep me")}}),
-    );
+    kube.put_secret(json!({"metadata": {"name": "shared"},
+            "data": {"dmcrypt-key": b64(b"rook-key-xyz"), "other": b64(b"keep me")}}));
     k.stage("shared", &pass(b"second-key-xyz"), 0).unwrap();
     k.commit("shared", Some(1), 2).unwrap();
     k.destroy_key("shared", 2).unwrap();
-    let s = fake.secret(NS, "shared").unwrap();
-    assert_eq!(fake.data(NS, "shared", "other").unwrap(), b"keep me");
+    let s = kube.secret("shared").unwrap();
+    assert_eq!(kube.data("shared", "other").unwrap(), b"keep me");
     assert_eq!(s["data"].as_object().unwrap().len(), 1, "{s}");
     assert!(s["metadata"]["annotations"]["keyplan.io/versions"].is_null());
     let st = k.read("shared").unwrap();
@@ -803,9 +933,11 @@ fn destroy_key_is_compare_and_swap_and_spares_foreign_data() {
 #[test]
 fn status_warns_about_a_service_account_token_that_expires_before_the_next_rotation() {
     use base64::Engine as _;
-    let fake = FakeApiserver::start();
+    let Some(kube) = Kube::new("sa-token") else {
+        return;
+    };
     let w = Watched::new();
-    let _devs = setup_devices(&w.s);
+    let _devs = setup_devices(&w.s, &kube.ns);
     w.s.plan(
         "keyplan.yaml",
         &std::fs::read_to_string(w.s.path("keyplan.yaml"))
@@ -816,27 +948,31 @@ fn status_warns_about_a_service_account_token_that_expires_before_the_next_rotat
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
-    let exp = now + 3 * 86_400;
-    let b64 = &base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let jwt = format!(
-        "{}.{}.c2lnbmF0dXJl",
-        b64.encode(r#"{"alg":"RS256","kid":"k"}"#),
-        b64.encode(format!(
-            r#"{{"iss":"https://kubernetes.default.svc","sub":"system:serviceaccount:{NS}:keyplan","exp":{exp}}}"#
-        ))
+    // A real token of ServiceAccount `keyplan` (bound to cluster-admin), minted with the
+    // TokenRequest API for a day: its `exp` is what the API server signed.
+    let jwt = kube.c.users(&kube.ns).full_token;
+    let claims: Value = serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(jwt.split('.').nth(1).expect("a JWT"))
+            .expect("JWT claims are base64url"),
+    )
+    .expect("JWT claims are JSON");
+    assert_eq!(
+        claims["sub"],
+        format!("system:serviceaccount:{}:keyplan", kube.ns)
     );
-    fake.add_token(
-        &jwt,
-        &format!("system:serviceaccount:{NS}:keyplan"),
-        fake_apiserver::Access::Full,
+    let exp = claims["exp"].as_u64().expect("exp");
+    assert!(
+        exp > now && exp < now + 30 * 86_400,
+        "expires before the next rotation is due: {claims}"
     );
     // Outside the scratch directory, whose files the leak check scans for the token.
     let token_dir = tempfile::tempdir().unwrap();
     let token_file = token_dir.path().join("sa-token");
     std::fs::write(&token_file, &jwt).unwrap();
-    let kc = fake.kubeconfig_with_token_file(NS, &token_file);
+    let kc = kube.proxy.kubeconfig_with_token_file(&kube.ns, &token_file);
     w.add_secret(jwt.as_bytes());
-    let run = |args: &[&str], code: i32| run_watched(&w, &fake, &kc, args, code);
+    let run = |args: &[&str], code: i32| run_watched(&w, &kube, &kc, args, code);
 
     let out = run(&["apply", "--auto-approve"], 0);
     assert!(
@@ -844,7 +980,7 @@ fn status_warns_about_a_service_account_token_that_expires_before_the_next_rotat
         "{out}"
     );
     assert!(
-        fake.data(NS, KEY_SECRET, "dmcrypt-key").is_some(),
+        kube.data(KEY_SECRET, "dmcrypt-key").is_some(),
         "the token works"
     );
     let out = w
