@@ -2,11 +2,12 @@
 //! unrecorded bound keyslots (a Rook OSD's keyslot 0, a hand-made setup) is recorded as holding
 //! that version: no new keyslot, no key file, no `enroll_with`; the next rotation replaces it,
 //! so the old key opens nothing afterwards. Checked with cryptsetup itself and, for Rook's
-//! layouts, with the KMS's own reader (real OpenBao; the fake apiserver for Secrets).
+//! layouts, with the KMS's own reader (real OpenBao; for Secrets, the real kube-apiserver of
+//! tests/common/kube.rs, in a fresh namespace, read back as admin).
 
 mod common;
-#[path = "common/fake_apiserver.rs"]
-mod fake_apiserver;
+#[path = "common/kube.rs"]
+mod kube;
 #[path = "common/openbao.rs"]
 mod openbao;
 
@@ -228,24 +229,27 @@ fn rooks_vault_layout_is_adopted_and_rotated() {
 /// keyslot 0; taken over and rotated; the Secret's `dmcrypt-key` then opens the device.
 #[test]
 fn rooks_secret_layout_is_adopted_and_rotated() {
-    let fake = fake_apiserver::FakeApiserver::start();
-    let kubeconfig = fake.kubeconfig("rook-ceph", "full");
+    let Some(c) = kube::Cluster::get() else {
+        return;
+    };
+    let ns = c.fresh_namespace("adopt-rook");
+    let kubeconfig = c.kubeconfig(&ns, "full");
     let s = Scratch::new();
     let a = s.small_image("a.img", "luks2");
     let name = "rook-ceph-osd-encryption-key-set1-data-0-x8k2p";
     use base64::Engine as _;
-    fake.put_secret(
-        "rook-ceph",
+    c.put_secret(
+        &ns,
         serde_json::json!({
             "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/rook",
-            "metadata": {"name": name, "namespace": "rook-ceph"},
+            "metadata": {"name": name, "namespace": ns},
             "data": {"dmcrypt-key": base64::engine::general_purpose::STANDARD.encode(INITIAL)},
         }),
     );
     s.plan(
         "keyplan.yaml",
         &format!(
-            "version: 1\nkms:\n  k8s: {{ provider: kubernetes, namespace: rook-ceph }}\nkeys:\n  osd: {{ kms: k8s, name: {name} }}\ndevices:\n  a: {{ path: a.img, keys: [osd] }}\n{FAST_PBKDF}"
+            "version: 1\nkms:\n  k8s: {{ provider: kubernetes, namespace: {ns} }}\nkeys:\n  osd: {{ kms: k8s, name: {name} }}\ndevices:\n  a: {{ path: a.img, keys: [osd] }}\n{FAST_PBKDF}"
         ),
     );
     let env = [("KUBECONFIG", kubeconfig.as_path())];
@@ -253,9 +257,7 @@ fn rooks_secret_layout_is_adopted_and_rotated() {
     assert!(out.contains("= keyslot 0  osd v1"), "{out}");
     s.ok_with_env(&["apply", "--auto-approve"], &env, 0);
     s.ok_with_env(&["apply", "--auto-approve", "--rotate", "osd"], &env, 0);
-    let rook_reads = fake
-        .data("rook-ceph", name, "dmcrypt-key")
-        .expect("dmcrypt-key");
+    let rook_reads = c.data(&ns, name, "dmcrypt-key").expect("dmcrypt-key");
     assert_ne!(rook_reads, INITIAL);
     assert!(
         opens(&a, &rook_reads, None),

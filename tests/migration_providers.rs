@@ -1,30 +1,33 @@
-//! Migration between real KMS providers: file → vault (real OpenBao) and kubernetes (the fake
-//! apiserver) → vault, each checked with the server's own reader, not through keyplan; a
-//! rotation asked for during the migration runs right after it.
+//! Migration between real KMS providers: file → vault (real OpenBao) and kubernetes (the real
+//! kube-apiserver of tests/common/kube.rs, a fresh namespace per test) → vault, each checked
+//! with the server's own reader (OpenBao's KV; the Secrets read as admin), not through keyplan;
+//! a rotation asked for during the migration runs right after it.
 
 mod common;
-#[path = "common/fake_apiserver.rs"]
-mod fake_apiserver;
+#[path = "common/kube.rs"]
+mod kube;
 #[path = "common/openbao.rs"]
 mod openbao;
 
 use common::*;
 
-const NS: &str = "rook-ceph";
-
 struct Env {
     bao: openbao::OpenBao,
-    fake: fake_apiserver::FakeApiserver,
+    kube: &'static kube::Cluster,
+    /// The test's fresh namespace (the `k8s` KMS's).
+    ns: String,
     kubeconfig: std::path::PathBuf,
 }
 
-fn env() -> Option<Env> {
+fn env(prefix: &str) -> Option<Env> {
     let bao = openbao::OpenBao::start()?;
-    let fake = fake_apiserver::FakeApiserver::start();
-    let kubeconfig = fake.kubeconfig(NS, "full");
+    let kube = kube::Cluster::get()?;
+    let ns = kube.fresh_namespace(prefix);
+    let kubeconfig = kube.kubeconfig(&ns, "full");
     Some(Env {
         bao,
-        fake,
+        kube,
+        ns,
         kubeconfig,
     })
 }
@@ -42,7 +45,7 @@ kms:
     mount: secret
   k8s:
     provider: kubernetes
-    namespace: {NS}
+    namespace: {ns}
 keys:
   k:
     kms: {kms}
@@ -61,7 +64,8 @@ devices:
     keys: [k]
     enroll_with: initial.pass
 {FAST_PBKDF}"#,
-        addr = e.bao.addr
+        addr = e.bao.addr,
+        ns = e.ns
     )
 }
 
@@ -100,7 +104,9 @@ fn in_vault(e: &Env) -> Option<Vec<u8>> {
 
 #[test]
 fn file_to_vault_then_rotate() {
-    let Some(e) = env() else { return };
+    let Some(e) = env("mig-file-vault") else {
+        return;
+    };
     let s = Scratch::new();
     let devs = devices(&s);
     s.plan("keyplan.yaml", &plan(&e, "local"));
@@ -141,14 +147,16 @@ fn file_to_vault_then_rotate() {
 
 #[test]
 fn kubernetes_to_vault_with_rotation_in_the_same_apply() {
-    let Some(e) = env() else { return };
+    let Some(e) = env("mig-k8s-vault") else {
+        return;
+    };
     let s = Scratch::new();
     let devs = devices(&s);
     s.plan("keyplan.yaml", &plan(&e, "k8s"));
     run(&s, &e, &["apply", "--auto-approve"], 0);
     let before = e
-        .fake
-        .data(NS, "osd-kek", "dmcrypt-key")
+        .kube
+        .data(&e.ns, "osd-kek", "dmcrypt-key")
         .expect("Secret holds the key");
     for d in &devs {
         assert!(opens(d, &before, None));
@@ -161,7 +169,7 @@ fn kubernetes_to_vault_with_rotation_in_the_same_apply() {
         "{out}"
     );
     assert!(
-        e.fake.secret(NS, "osd-kek").is_none(),
+        e.kube.secret(&e.ns, "osd-kek").is_none(),
         "Secret deleted after the move"
     );
     let after = in_vault(&e).expect("current in OpenBao");

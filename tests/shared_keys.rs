@@ -1,6 +1,7 @@
 //! One KMS key, two plans on two "hosts" (two state directories, two node names): the hole of
 //! invariant I7 outside fleet mode. For every provider (file, exec through the example
-//! helper, vault on a real OpenBao, kubernetes on the fake apiserver, kmip on a real PyKMIP):
+//! helper, vault on a real OpenBao, kubernetes on the real kube-apiserver of
+//! tests/common/kube.rs in a fresh namespace, kmip on a real PyKMIP):
 //!
 //! 1. plan A creates the key and records itself as a holder;
 //! 2. plan B enrolls the same key on its device and records itself (its plan says so);
@@ -11,8 +12,8 @@
 //! 5. A's rotation now goes through, and A's device opens with the new current version.
 
 mod common;
-#[path = "common/fake_apiserver.rs"]
-mod fake_apiserver;
+#[path = "common/kube.rs"]
+mod kube;
 #[path = "common/openbao.rs"]
 mod openbao;
 #[path = "common/pykmip.rs"]
@@ -281,17 +282,21 @@ fn vault_kms() {
 
 #[test]
 fn kubernetes_kms() {
-    let fake = fake_apiserver::FakeApiserver::start();
-    let kubeconfig = fake.kubeconfig("rook-ceph", "full");
+    let Some(c) = kube::Cluster::get() else {
+        return;
+    };
+    let ns = c.fresh_namespace("shared-keys");
+    let kubeconfig = c.kubeconfig(&ns, "full");
     scenario(
         "kubernetes",
         &Provider {
-            kms: "{ provider: kubernetes, namespace: rook-ceph }".into(),
+            kms: format!("{{ provider: kubernetes, namespace: {ns} }}"),
             env: vec![("KUBECONFIG".into(), kubeconfig.display().to_string())],
         },
     );
-    // The holder records are in the Secret's annotation, where `kubectl` shows them.
-    let secret = fake.secret("rook-ceph", "shared-kek").expect("the Secret");
+    // The holder records are in the Secret's annotation, where `kubectl` shows them (read
+    // as admin, not through keyplan).
+    let secret = c.secret(&ns, "shared-kek").expect("the Secret");
     let versions = secret["metadata"]["annotations"]["keyplan.io/versions"]
         .as_str()
         .unwrap_or_default()

@@ -1,12 +1,13 @@
 //! Vault/OpenBao authentication (issue 14): AppRole (secret ID from a file or a variable),
-//! Kubernetes auth (the service account JWT checked by the server with a TokenReview against
-//! the fake apiserver), TLS certificate auth, renewal of a renewable token at `apply`, and
+//! Kubernetes auth (a TokenRequest token of a real ServiceAccount, checked by the server with a
+//! TokenReview against the real API server of tests/common/kube.rs, its reviewer a
+//! ServiceAccount bound to `system:auth-delegator`), TLS certificate auth, renewal of a renewable token at `apply`, and
 //! `status` reporting the token's expiry; refused logins and expired tokens stop with an error
 //! naming the KMS and change nothing. Everything against the real OpenBao server, from the CLI.
 
 mod common;
-#[path = "common/fake_apiserver.rs"]
-mod fake_apiserver;
+#[path = "common/kube.rs"]
+mod kube;
 #[path = "common/openbao.rs"]
 mod openbao;
 #[path = "common/pykmip.rs"]
@@ -291,29 +292,27 @@ fn approle_bad_input_names_the_kms_and_changes_nothing() {
     );
 }
 
-/// A JWT shaped like a projected service account token of `keyplan` in `rook-ceph` (the
-/// fake apiserver vouches for it through TokenReview; the server does not check the
-/// signature itself without `pem_keys`).
-fn service_account_jwt(exp: u64) -> String {
-    let b64 = |v: serde_json::Value| {
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
-    };
-    let now = exp - 3600;
-    format!(
-        "{}.{}.{}",
-        b64(serde_json::json!({"alg": "RS256", "kid": "fake"})),
-        b64(serde_json::json!({
-            "aud": ["https://kubernetes.default.svc"],
-            "exp": exp, "iat": now, "nbf": now,
-            "iss": "https://kubernetes.default.svc",
-            "kubernetes.io": {
-                "namespace": "rook-ceph",
-                "serviceaccount": {"name": "keyplan", "uid": "5f0c8a43-0000-4000-8000-000000000001"}
-            },
-            "sub": "system:serviceaccount:rook-ceph:keyplan"
-        })),
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b"not checked here")
-    )
+/// The audience keyplan's login tokens are minted for (the OpenBao role asks the API server to
+/// check it in its TokenReview).
+const AUDIENCE: &str = "openbao";
+
+/// The claims (second part) of a JWT, decoded without checking anything.
+fn jwt_claims(jwt: &str) -> serde_json::Value {
+    let part = jwt.split('.').nth(1).expect("a JWT has claims");
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(part)
+        .expect("base64url claims");
+    serde_json::from_slice(&bytes).expect("JSON claims")
+}
+
+/// `jwt` with its claims kept and its signature replaced: what only the API server (the issuer
+/// of the signing key) can tell from the real token.
+fn forged(jwt: &str) -> String {
+    let mut parts: Vec<&str> = jwt.split('.').collect();
+    let sig =
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b"not the cluster's signature");
+    parts[2] = &sig;
+    parts.join(".")
 }
 
 #[test]
@@ -321,27 +320,47 @@ fn kubernetes_login_with_a_service_account_token_checked_by_token_review() {
     let Some(bao) = server(false) else {
         return;
     };
-    let fake = fake_apiserver::FakeApiserver::start();
-    let exp = std::time::SystemTime::now()
+    let Some(c) = kube::Cluster::get() else {
+        return;
+    };
+    let ns = c.fresh_namespace("vault-auth");
+    let other_ns = c.fresh_namespace("vault-auth-other");
+    // The reviewer: a ServiceAccount allowed to create TokenReviews (system:auth-delegator),
+    // whose token OpenBao sends with each review.
+    c.service_account(&ns, "token-reviewer");
+    c.create(
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        &serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": format!("keyplan-token-reviewer-{ns}")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                "name": "system:auth-delegator"},
+            "subjects": [{"kind": "ServiceAccount", "name": "token-reviewer",
+                "namespace": ns}]}),
+    );
+    let reviewer_jwt = c.service_account_token(&ns, "token-reviewer", &[], None);
+    // keyplan's identity, and two that the role does not bind: another ServiceAccount of the
+    // namespace, and a `keyplan` of another namespace.
+    for (n, sa) in [(&ns, "keyplan"), (&ns, "intruder"), (&other_ns, "keyplan")] {
+        c.service_account(n, sa);
+    }
+    let jwt = c.service_account_token(&ns, "keyplan", &[AUDIENCE], None);
+    let claims = jwt_claims(&jwt);
+    let exp = claims["exp"].as_u64().expect("exp");
+    let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")
-        .as_secs()
-        + 3600;
-    let jwt = service_account_jwt(exp);
-    fake.add_service_account_token(
-        &jwt,
-        "rook-ceph",
-        "keyplan",
-        "5f0c8a43-0000-4000-8000-000000000001",
-        &["https://kubernetes.default.svc"],
+        .as_secs();
+    assert!(
+        exp > now + 86_000 && exp <= now + 86_400 + 60,
+        "TokenRequest for 24 h: {claims}"
     );
+
     bao.cli(&["auth", "enable", "kubernetes"]);
     let s = Scratch::new();
-    // The server insists on a cluster CA; the fake speaks plain http, so any will do.
-    pykmip::make_cert_days(s.dir.path(), "cluster-ca", "fake cluster CA", None, &[], 2);
-    let host = format!("kubernetes_host={}", fake.url());
-    let reviewer = format!("token_reviewer_jwt={}", fake.full_token);
-    let ca = format!("kubernetes_ca_cert=@{}", s.path("cluster-ca.crt").display());
+    let host = format!("kubernetes_host={}", c.url());
+    let reviewer = format!("token_reviewer_jwt={reviewer_jwt}");
+    let ca = format!("kubernetes_ca_cert=@{}", c.info.ca.display());
     bao.cli(&[
         "write",
         "auth/kubernetes/config",
@@ -350,11 +369,14 @@ fn kubernetes_login_with_a_service_account_token_checked_by_token_review() {
         &ca,
         "disable_local_ca_jwt=true",
     ]);
+    let bound_ns = format!("bound_service_account_namespaces={ns}");
+    let audience = format!("audience={AUDIENCE}");
     bao.cli(&[
         "write",
         "auth/kubernetes/role/keyplan",
         "bound_service_account_names=keyplan",
-        "bound_service_account_namespaces=rook-ceph",
+        &bound_ns,
+        &audience,
         "token_policies=keyplan",
         "token_ttl=1h",
     ]);
@@ -369,14 +391,7 @@ fn kubernetes_login_with_a_service_account_token_checked_by_token_review() {
             "    auth: { method: kubernetes, role: keyplan, jwt_file: sa-token }\n",
         ),
     );
-    let mark = fake.mark();
     enroll_and_check(&s, &bao, &a, &[]);
-    assert!(
-        fake.requests_since(mark)
-            .iter()
-            .any(|r| r.path == "/apis/authentication.k8s.io/v1/tokenreviews" && r.code == 201),
-        "the server checked the token with a TokenReview"
-    );
 
     let j = status_json(&s, &[], 1);
     let creds = j["kms"][0]["credentials"].as_array().expect("credentials");
@@ -384,7 +399,7 @@ fn kubernetes_login_with_a_service_account_token_checked_by_token_review() {
     assert_eq!(creds[0]["kind"], "vault_token");
     assert_eq!(creds[1]["kind"], "service_account_token");
     assert_eq!(creds[1]["expires_at"].as_u64(), Some(exp), "the JWT's exp");
-    // Outside the projected path nobody refreshes the file: an hour is before the next
+    // Outside the projected path nobody refreshes the file: a day is before the next
     // rotation (90 days), so status warns.
     assert_eq!(creds[1]["expiring"], true, "{j:#}");
 
@@ -404,8 +419,6 @@ fn kubernetes_login_with_a_service_account_token_checked_by_token_review() {
         "{err}"
     );
     before.assert_unchanged("after a refused Kubernetes login");
-    // A token the cluster does not vouch for.
-    std::fs::write(&jwt_file, service_account_jwt(exp + 1)).expect("jwt");
     s.plan(
         "keyplan.yaml",
         &plan(
@@ -413,9 +426,36 @@ fn kubernetes_login_with_a_service_account_token_checked_by_token_review() {
             "    auth: { method: kubernetes, role: keyplan, jwt_file: sa-token }\n",
         ),
     );
-    let (code, out, err) = run(&s, &["plan"], &[]);
-    assert_ne!(code, Some(0), "{out}{err}");
-    assert!(err.contains("refused the login"), "{err}");
+    // Tokens the cluster does not vouch for, or vouches for as someone the role does not
+    // bind: the real token's claims with another signature (only the API server's
+    // TokenReview can tell), a token for another audience, and real tokens of another
+    // ServiceAccount and of `keyplan` in another namespace.
+    let refused = [
+        ("a forged signature", forged(&jwt)),
+        (
+            "another audience",
+            c.service_account_token(&ns, "keyplan", &["someone-else"], None),
+        ),
+        (
+            "another service account",
+            c.service_account_token(&ns, "intruder", &[AUDIENCE], None),
+        ),
+        (
+            "another namespace",
+            c.service_account_token(&other_ns, "keyplan", &[AUDIENCE], None),
+        ),
+    ];
+    for (what, token) in &refused {
+        std::fs::write(&jwt_file, token).expect("jwt");
+        let (code, out, err) = run(&s, &["plan"], &[]);
+        assert_ne!(code, Some(0), "{what}: {out}{err}");
+        assert!(err.contains("refused the login"), "{what}: {err}");
+    }
+    before.assert_unchanged("after refused Kubernetes logins");
+    // The real token still logs in: the refusals were about the tokens.
+    std::fs::write(&jwt_file, &jwt).expect("jwt");
+    let out = ok(&s, &["plan", "--detailed-exitcode"], &[], 0);
+    assert!(out.contains("No changes"), "{out}");
 }
 
 #[test]
