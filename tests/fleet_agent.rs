@@ -2,15 +2,15 @@
 //! Events), each with its own LUKS image files, state directory and node name, the plan in a
 //! directory laid out as the kubelet lays out a ConfigMap volume (and swapped as it swaps one).
 //!
-//! `agent_refuses_and_reports`, `agent_requires_signed_plans`, `fleet_plan_of_a_pull_request`
-//! and `a_kms_outage_before_any_change_does_not_halt_the_fleet` run against the real control
-//! plane (tests/common/kube.rs), each in a fresh namespace: deploy/kubernetes/rbac.yaml is
-//! applied to it (its report and slot names made those of the test's nodes and slots) and the
-//! agents authenticate with a TokenRequest token of its ServiceAccount `keyplan`, through the
-//! logging proxy of tests/common/kube_proxy.rs; `keyplan fleet` commands run as ServiceAccount
-//! `operator`. `simulated_fleet`, `shared_key_on_three_nodes` and `rollout_benchmark` still run
-//! against the fake apiserver (tests/common/fake_apiserver.rs), whose token is authorized by
-//! the Role of rbac.yaml as the fake reads it.
+//! `agent_refuses_and_reports`, `agent_requires_signed_plans`, `fleet_plan_of_a_pull_request`,
+//! `a_kms_outage_before_any_change_does_not_halt_the_fleet` and `shared_key_on_three_nodes`
+//! run against the real control plane (tests/common/kube.rs), each in a fresh namespace:
+//! deploy/kubernetes/rbac.yaml is applied to it (its report and slot names made those of the
+//! test's nodes and slots) and the agents authenticate with a TokenRequest token of its
+//! ServiceAccount `keyplan`, through the logging proxy of tests/common/kube_proxy.rs;
+//! `keyplan fleet` commands run as ServiceAccount `operator`. `simulated_fleet` and
+//! `rollout_benchmark` still run against the fake apiserver (tests/common/fake_apiserver.rs),
+//! whose token is authorized by the Role of rbac.yaml as the fake reads it.
 //!
 //! - `agent_refuses_and_reports`: a subPath-style plan file is refused at start; a plan whose
 //!   KMS is not in the agent's configuration changes nothing and is reported `refused` with a
@@ -2043,9 +2043,12 @@ const SHARED_STEP_KINDS: [(&str, &str); 7] = [
 fn shared_key_on_three_nodes() {
     let _turn = MANY_AGENTS.lock().unwrap_or_else(|e| e.into_inner());
     let s = Scratch::new();
-    let fake = Arc::new(FakeApiserver::start());
+    let Some(fake) = Real::new("fleet-shared-key") else {
+        return;
+    };
+    let fake = Arc::new(fake);
     let names: Vec<String> = (1..=3).map(|i| format!("worker-{i}")).collect();
-    let kubeconfig = agent_kubeconfig_for(&fake, &names, Some(2));
+    let kubeconfig = fake.agent_kubeconfig(&names, Some(2));
     let initial = s.initial_pass();
     let mut images: Vec<(String, String, PathBuf)> = Vec::new();
     for n in &names {
@@ -2078,7 +2081,7 @@ fn shared_key_on_three_nodes() {
                 initial.display()
             );
         }
-        t + &format!("{FAST_PBKDF}  fleet: {{ max_concurrent_nodes: 2, max_failed_nodes: 3, namespace: {NS} }}\n")
+        t + &format!("{FAST_PBKDF}  fleet: {{ max_concurrent_nodes: 2, max_failed_nodes: 3, namespace: {} }}\n", fake.ns)
     };
     let config = file_agent_config(&s, &keys);
     let mut cm = ConfigMapDir::new(s.path("plan-volume"), &plan(None, None));
@@ -2333,8 +2336,8 @@ fn shared_key_on_three_nodes() {
         std::thread::sleep(Duration::from_millis(200));
     }
     let st = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
-        .args(["fleet", "status", "--namespace", NS, "--kubeconfig"])
-        .arg(fake.kubeconfig(NS, "full"))
+        .args(["fleet", "status", "--namespace", &fake.ns, "--kubeconfig"])
+        .arg(fake.operator_kubeconfig())
         .output()
         .expect("fleet status");
     let st_text = String::from_utf8_lossy(&st.stdout).to_string();
@@ -2345,7 +2348,7 @@ fn shared_key_on_three_nodes() {
         )),
         "{st_text}"
     );
-    let pending_waits = fake.objects("events", NS).iter().any(|e| {
+    let pending_waits = fake.c.events(&fake.ns).iter().any(|e| {
         e["reason"] == "CommitWaiting" && e["message"].as_str().unwrap_or("").contains("worker-3")
     });
     assert!(pending_waits, "no CommitWaiting Event naming worker-3");
