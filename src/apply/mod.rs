@@ -300,7 +300,7 @@ fn begin(input: &RunInput<'_>, journal: &mut Journal) -> Result<(), JournalError
 fn drive(
     input: &RunInput<'_>,
     exec: &steps::Exec<'_>,
-    sched: &mut schedule::Scheduler<'_>,
+    sched: &mut schedule::Scheduler,
     journal: &mut Journal,
     progress: Progress<'_>,
     went: &mut Progressed,
@@ -363,7 +363,7 @@ fn finish_step(
     input: &RunInput<'_>,
     journal: &mut Journal,
     progress: Progress<'_>,
-    sched: &schedule::Scheduler<'_>,
+    sched: &schedule::Scheduler,
     went: &mut Progressed,
     i: usize,
     result: Result<StepOutcome, StepError>,
