@@ -1,7 +1,16 @@
-//! `keyplan agent` (issue 15): agent processes against the fake apiserver (Leases, ConfigMaps,
-//! Events; the agents' token is authorized by the Role of deploy/kubernetes/rbac.yaml), each
-//! with its own LUKS image files, state directory and node name, the plan in a directory laid
-//! out as the kubelet lays out a ConfigMap volume (and swapped as it swaps one).
+//! `keyplan agent` (issue 15): agent processes against an API server (Leases, ConfigMaps,
+//! Events), each with its own LUKS image files, state directory and node name, the plan in a
+//! directory laid out as the kubelet lays out a ConfigMap volume (and swapped as it swaps one).
+//!
+//! `agent_refuses_and_reports`, `agent_requires_signed_plans`, `fleet_plan_of_a_pull_request`,
+//! `a_kms_outage_before_any_change_does_not_halt_the_fleet` and `shared_key_on_three_nodes`
+//! run against the real control plane (tests/common/kube.rs), each in a fresh namespace:
+//! deploy/kubernetes/rbac.yaml is applied to it (its report and slot names made those of the
+//! test's nodes and slots) and the agents authenticate with a TokenRequest token of its
+//! ServiceAccount `keyplan`, through the logging proxy of tests/common/kube_proxy.rs;
+//! `keyplan fleet` commands run as ServiceAccount `operator`. `simulated_fleet` and
+//! `rollout_benchmark` still run against the fake apiserver (tests/common/fake_apiserver.rs),
+//! whose token is authorized by the Role of rbac.yaml as the fake reads it.
 //!
 //! - `agent_refuses_and_reports`: a subPath-style plan file is refused at start; a plan whose
 //!   KMS is not in the agent's configuration changes nothing and is reported `refused` with a
@@ -38,6 +47,10 @@
 mod common;
 #[path = "common/fake_apiserver.rs"]
 mod fake_apiserver;
+#[path = "common/kube.rs"]
+mod kube;
+#[path = "common/kube_proxy.rs"]
+mod kube_proxy;
 #[path = "common/openbao.rs"]
 mod openbao;
 
@@ -142,6 +155,137 @@ fn agent_kubeconfig_for(fake: &FakeApiserver, nodes: &[String], slots: Option<us
     fake.kubeconfig_with_token(NS, &token)
 }
 
+/// Where the reports and slots of a test live: the fake apiserver, or a fresh namespace of
+/// the real control plane (tests/common/kube.rs) read as admin.
+trait FleetApi {
+    fn configmap_of(&self, name: &str) -> Option<Value>;
+    fn leases(&self) -> Vec<Value>;
+}
+
+impl FleetApi for FakeApiserver {
+    fn configmap_of(&self, name: &str) -> Option<Value> {
+        self.configmap(NS, name)
+    }
+    fn leases(&self) -> Vec<Value> {
+        self.objects("leases", NS)
+    }
+}
+
+impl<T: FleetApi> FleetApi for Arc<T> {
+    fn configmap_of(&self, name: &str) -> Option<Value> {
+        (**self).configmap_of(name)
+    }
+    fn leases(&self) -> Vec<Value> {
+        (**self).leases()
+    }
+}
+
+/// A test's fleet namespace on the real control plane, deploy/kubernetes/rbac.yaml applied
+/// to it (namespace `keyplan` moved to `ns`, `rook-ceph` to `rook_ns`), and a logging proxy
+/// in front of the API server for the agents.
+struct Real {
+    c: &'static kube::Cluster,
+    proxy: kube_proxy::KubeProxy,
+    ns: String,
+    rook_ns: String,
+    /// `system:serviceaccount:<ns>:keyplan`, the agents' user.
+    agent_user: String,
+}
+
+impl FleetApi for Real {
+    fn configmap_of(&self, name: &str) -> Option<Value> {
+        self.c.configmap(&self.ns, name)
+    }
+    fn leases(&self) -> Vec<Value> {
+        self.c.objects("leases", &self.ns)
+    }
+}
+
+impl Real {
+    /// `None` (the test is skipped) when the control plane's binaries are missing.
+    fn new(prefix: &str) -> Option<Real> {
+        let c = kube::Cluster::get()?;
+        let ns = c.fresh_namespace(prefix);
+        let rook_ns = c.fresh_namespace(&format!("{prefix}-rook"));
+        let proxy = kube_proxy::KubeProxy::start(c);
+        let agent_user = format!("system:serviceaccount:{ns}:keyplan");
+        Some(Real {
+            c,
+            proxy,
+            ns,
+            rook_ns,
+            agent_user,
+        })
+    }
+
+    /// deploy/kubernetes/rbac.yaml applied as the generator writes it for a cluster with
+    /// nodes `nodes` (its report names `keyplan-node-<node>`) and, when given, `slots` slots;
+    /// the agents' kubeconfig (through the proxy) with a TokenRequest token of its
+    /// ServiceAccount `keyplan`.
+    fn agent_kubeconfig(&self, nodes: &[String], slots: Option<usize>) -> PathBuf {
+        let mut yaml = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes/rbac.yaml"),
+        )
+        .expect("deploy/kubernetes/rbac.yaml");
+        let list = |names: Vec<String>| {
+            format!(
+                "resourceNames: [{}]",
+                names
+                    .iter()
+                    .map(|n| format!("{n:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        let nodes_line = r#"resourceNames: ["keyplan-node-worker-1", "keyplan-node-worker-2", "keyplan-node-worker-3"]"#;
+        assert!(yaml.contains(nodes_line), "rbac.yaml's report names moved");
+        yaml = yaml.replace(
+            nodes_line,
+            &list(nodes.iter().map(|n| format!("keyplan-node-{n}")).collect()),
+        );
+        if let Some(n) = slots {
+            let slots_line = r#"resourceNames: ["keyplan-rollout-0", "keyplan-rollout-1"]"#;
+            assert!(yaml.contains(slots_line), "rbac.yaml's slot names moved");
+            yaml = yaml.replace(
+                slots_line,
+                &list((0..n).map(|i| format!("keyplan-rollout-{i}")).collect()),
+            );
+        }
+        self.c
+            .apply_yaml(&yaml, &[(NS, &self.ns), ("rook-ceph", &self.rook_ns)]);
+        self.c.service_account(&self.ns, "keyplan");
+        let token = self.c.service_account_token(&self.ns, "keyplan", &[], None);
+        self.proxy.kubeconfig_with_token(&self.ns, &token)
+    }
+
+    /// The operator's kubeconfig for `keyplan fleet` commands, through the proxy (its
+    /// requests are logged under `system:serviceaccount:<ns>:operator`): ServiceAccount
+    /// `operator`, bound in the namespace (a RoleBinding) to the ClusterRole `cluster-admin`
+    /// (not `admin`: its rules are aggregated by kube-controller-manager, which does not run
+    /// here, so it grants nothing). Not
+    /// `Cluster::kubeconfig(ns, "full")`: that binds ServiceAccount `keyplan`, the agents'
+    /// one, to cluster-admin, and the admin certificate sends no token through the proxy.
+    fn operator_kubeconfig(&self) -> PathBuf {
+        self.c.service_account(&self.ns, "operator");
+        self.c.ensure(
+            &format!(
+                "/apis/rbac.authorization.k8s.io/v1/namespaces/{}/rolebindings",
+                self.ns
+            ),
+            &serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding", "metadata": {"name": "operator"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "cluster-admin"},
+                "subjects": [{"kind": "ServiceAccount", "name": "operator",
+                    "namespace": self.ns}]}),
+        );
+        let token = self
+            .c
+            .service_account_token(&self.ns, "operator", &[], None);
+        self.proxy.kubeconfig_with_token(&self.ns, &token)
+    }
+}
+
 struct Agent {
     args: Vec<String>,
     env: Vec<(String, String)>,
@@ -211,12 +355,12 @@ fn now() -> u64 {
 }
 
 /// The report document of `node`, if any.
-fn report(fake: &FakeApiserver, node: &str) -> Option<Value> {
-    let cm = fake.configmap(NS, &format!("keyplan-node-{node}"))?;
+fn report(fake: &impl FleetApi, node: &str) -> Option<Value> {
+    let cm = fake.configmap_of(&format!("keyplan-node-{node}"))?;
     serde_json::from_str(cm["data"]["report.json"].as_str()?).ok()
 }
 
-fn state(fake: &FakeApiserver, node: &str) -> String {
+fn state(fake: &impl FleetApi, node: &str) -> String {
     report(fake, node)
         .and_then(|r| r["state"].as_str().map(str::to_string))
         .unwrap_or_default()
@@ -235,8 +379,8 @@ fn wait_for(secs: u64, what: &str, mut cond: impl FnMut() -> bool, dump: impl Fn
 }
 
 /// The live holders of the rollout slot Leases now.
-fn holders(fake: &FakeApiserver) -> Vec<String> {
-    fake.objects("leases", NS)
+fn holders(fake: &impl FleetApi) -> Vec<String> {
+    fake.leases()
         .iter()
         .filter_map(|l| {
             let h = l["spec"]["holderIdentity"].as_str()?.to_string();
@@ -298,8 +442,10 @@ fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 #[test]
 fn agent_refuses_and_reports() {
     let s = Scratch::new();
-    let fake = FakeApiserver::start();
-    let kubeconfig = agent_kubeconfig(&fake, &["worker-1".to_string()]);
+    let Some(fake) = Real::new("fleet-refuses") else {
+        return;
+    };
+    let kubeconfig = fake.agent_kubeconfig(&["worker-1".to_string()], None);
     let img = s.small_image("disk.img", "luks2");
     let initial = s.initial_pass();
     let keys = s.path("keys");
@@ -348,6 +494,8 @@ fn agent_refuses_and_reports() {
             &s.path("state"),
             &kubeconfig,
             &[
+                "--namespace",
+                &fake.ns,
                 "--interval",
                 "3s",
                 "--poll",
@@ -385,7 +533,10 @@ fn agent_refuses_and_reports() {
         "a refused plan created its KMS directory"
     );
     assert!(
-        fake.events(NS).iter().any(|e| e["reason"] == "PlanRefused"),
+        fake.c
+            .events(&fake.ns)
+            .iter()
+            .any(|e| e["reason"] == "PlanRefused"),
         "no PlanRefused event"
     );
 
@@ -436,7 +587,8 @@ fn agent_refuses_and_reports() {
         || format!("{:?}", holders(&fake)),
     );
     let reasons: Vec<String> = fake
-        .events(NS)
+        .c
+        .events(&fake.ns)
         .iter()
         .filter_map(|e| e["reason"].as_str().map(str::to_string))
         .collect();
@@ -447,14 +599,30 @@ fn agent_refuses_and_reports() {
     );
 
     // An idle cycle touches no Lease.
-    let mark = fake.mark();
-    std::thread::sleep(Duration::from_secs(7));
-    let idle = fake.requests_since(mark);
+    // Waits for two heartbeats (report writes) in the proxy's log rather than a fixed time.
+    let mark = fake.proxy.mark();
+    let report_path = format!(
+        "/api/v1/namespaces/{}/configmaps/keyplan-node-worker-1",
+        fake.ns
+    );
+    wait_for(
+        20,
+        "two heartbeats",
+        || {
+            fake.proxy
+                .requests_since(mark)
+                .iter()
+                .filter(|r| r.method == "PUT" && r.path == report_path)
+                .count()
+                >= 2
+        },
+        || format!("{:?}", fake.proxy.requests_since(mark)),
+    );
+    let idle = fake.proxy.requests_since(mark);
     assert!(
-        idle.iter().all(|r| r.resource != "leases"),
+        idle.iter().all(|r| !r.path.contains("/leases")),
         "an idle agent touched Leases: {idle:?}"
     );
-    assert!(!idle.is_empty(), "no heartbeat in 7 s with a 3 s interval");
 
     // Metrics with the node label, and health.
     let (code, body) = http_get(port, "/metrics").expect("metrics");
@@ -483,14 +651,14 @@ fn agent_refuses_and_reports() {
     assert_eq!(state(&fake, "worker-1"), "stopped");
 
     // A node whose report is not renewed is lost: `fleet status` says so and exits 1.
-    let full = fake.kubeconfig(NS, "full");
+    let full = fake.operator_kubeconfig();
     let status = |format: &str| {
         let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
             .args([
                 "fleet",
                 "status",
                 "--namespace",
-                NS,
+                &fake.ns,
                 "--format",
                 format,
                 "--kubeconfig",
@@ -510,12 +678,14 @@ fn agent_refuses_and_reports() {
         text.contains("worker-1") && text.contains("stopped"),
         "{text}"
     );
-    fake.modify_configmap(NS, "keyplan-node-worker-1", |cm| {
-        let mut r: Value = serde_json::from_str(cm["data"]["report.json"].as_str().unwrap_or("{}"))
-            .expect("report");
-        r["updated_at"] = serde_json::json!(now() - 3600);
-        cm["data"]["report.json"] = Value::String(r.to_string());
-    });
+    fake.c
+        .modify_configmap(&fake.ns, "keyplan-node-worker-1", |cm| {
+            let mut r: Value =
+                serde_json::from_str(cm["data"]["report.json"].as_str().unwrap_or("{}"))
+                    .expect("report");
+            r["updated_at"] = serde_json::json!(now() - 3600);
+            cm["data"]["report.json"] = Value::String(r.to_string());
+        });
     let (code, text) = status("json");
     assert_eq!(code, Some(1), "{text}");
     let doc: Value = serde_json::from_str(&text).expect("json");
@@ -534,7 +704,7 @@ fn agent_refuses_and_reports() {
             "clear",
             "worker-9",
             "--namespace",
-            NS,
+            &fake.ns,
             "--kubeconfig",
         ])
         .arg(&full)
@@ -548,10 +718,10 @@ fn agent_refuses_and_reports() {
     let material = file_kms_versions(&keys);
     assert!(!material.is_empty(), "no key version in the file KMS");
     let mut everything = log().into_bytes();
-    for cm in fake.configmaps(NS) {
+    for cm in fake.c.configmaps(&fake.ns) {
         everything.extend(cm.to_string().into_bytes());
     }
-    for e in fake.events(NS) {
+    for e in fake.c.events(&fake.ns) {
         everything.extend(e.to_string().into_bytes());
     }
     for secret in material.iter().map(|m| m.as_slice()).chain([INITIAL]) {
@@ -564,7 +734,8 @@ fn agent_refuses_and_reports() {
     }
     // No request was refused by the Role.
     let denied: Vec<_> = fake
-        .requests_by_user(AGENT_USER)
+        .proxy
+        .requests_by_user(&fake.agent_user)
         .into_iter()
         .filter(|r| r.code == 403)
         .collect();
@@ -594,8 +765,10 @@ fn sign(s: &Scratch, name: &str, text: &str, cluster: &str, key: &Path) -> Vec<u
 #[test]
 fn agent_requires_signed_plans() {
     let s = Scratch::new();
-    let fake = FakeApiserver::start();
-    let kubeconfig = agent_kubeconfig(&fake, &["worker-1".to_string()]);
+    let Some(fake) = Real::new("fleet-signed") else {
+        return;
+    };
+    let kubeconfig = fake.agent_kubeconfig(&["worker-1".to_string()], None);
     let img = s.small_image("disk.img", "luks2");
     let initial = s.initial_pass();
     let keys = s.path("keys");
@@ -644,6 +817,8 @@ fn agent_requires_signed_plans() {
             &state_dir,
             &kubeconfig,
             &[
+                "--namespace",
+                &fake.ns,
                 "--interval",
                 "3s",
                 "--poll",
@@ -784,11 +959,14 @@ fn agent_requires_signed_plans() {
             "a refused plan ({reason}) changed the device"
         );
         assert!(
-            fake.events(NS).iter().any(|e| e["reason"] == "PlanRefused"
-                && e["message"]
-                    .as_str()
-                    .unwrap_or("")
-                    .contains(&format!("({reason})"))),
+            fake.c
+                .events(&fake.ns)
+                .iter()
+                .any(|e| e["reason"] == "PlanRefused"
+                    && e["message"]
+                        .as_str()
+                        .unwrap_or("")
+                        .contains(&format!("({reason})"))),
             "no PlanRefused Event for {reason}"
         );
         assert!(
@@ -799,9 +977,9 @@ fn agent_requires_signed_plans() {
         );
     }
     // fleet status says so and exits 1.
-    let full = fake.kubeconfig(NS, "full");
+    let full = fake.operator_kubeconfig();
     let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
-        .args(["fleet", "status", "--namespace", NS, "--kubeconfig"])
+        .args(["fleet", "status", "--namespace", &fake.ns, "--kubeconfig"])
         .arg(&full)
         .output()
         .expect("fleet status");
@@ -858,10 +1036,10 @@ fn agent_requires_signed_plans() {
 
     // No private signing key in the log, reports or Events.
     let mut everything = log().into_bytes();
-    for cm in fake.configmaps(NS) {
+    for cm in fake.c.configmaps(&fake.ns) {
         everything.extend(cm.to_string().into_bytes());
     }
-    for e in fake.events(NS) {
+    for e in fake.c.events(&fake.ns) {
         everything.extend(e.to_string().into_bytes());
     }
     for k in [&old, &new, &stranger] {
@@ -889,9 +1067,11 @@ fn sha256_hex(bytes: &[u8]) -> String {
 #[test]
 fn fleet_plan_of_a_pull_request() {
     let s = Scratch::new();
-    let fake = FakeApiserver::start();
+    let Some(fake) = Real::new("fleet-pr") else {
+        return;
+    };
     let nodes = ["worker-1".to_string(), "worker-2".to_string()];
-    let kubeconfig = agent_kubeconfig(&fake, &nodes);
+    let kubeconfig = fake.agent_kubeconfig(&nodes, None);
     let initial = s.initial_pass();
     let keys = s.path("keys");
     let imgs = [
@@ -919,7 +1099,7 @@ fn fleet_plan_of_a_pull_request() {
                 &config,
                 &s.path(&format!("{n}/state")),
                 &kubeconfig,
-                &["--interval", "2s", "--poll", "1s"],
+                &["--namespace", &fake.ns, "--interval", "2s", "--poll", "1s"],
             ),
             env: vec![],
             log: s.path(&format!("{n}.log")),
@@ -955,11 +1135,11 @@ fn fleet_plan_of_a_pull_request() {
     failing["node"] = "worker-9".into();
     failing["failure"] = serde_json::json!({"at": now(), "message": "test: a failed run"});
     failing["updated_at"] = now().into();
-    fake.put_configmap(
-        NS,
+    fake.c.put_configmap(
+        &fake.ns,
         serde_json::json!({
             "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "keyplan-node-worker-9", "namespace": NS,
+            "metadata": {"name": "keyplan-node-worker-9", "namespace": fake.ns,
                 "labels": {"app.kubernetes.io/name": "keyplan", "app.kubernetes.io/component": "node-report"}},
             "data": {"report.json": failing.to_string()},
         }),
@@ -993,13 +1173,13 @@ fn fleet_plan_of_a_pull_request() {
 
     // The pull request: k3 on d1 as well.
     let pr = s.plan("pr.yaml", &plan_text("k1, k3", ""));
-    let full = fake.kubeconfig(NS, "full");
+    let full = fake.operator_kubeconfig();
     let fleet_plan = |plan: &Path, extra: &[&str]| {
         let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
             .env("NO_COLOR", "1")
             .args(["fleet", "plan", "-f"])
             .arg(plan)
-            .args(["--namespace", NS, "--kubeconfig"])
+            .args(["--namespace", &fake.ns, "--kubeconfig"])
             .arg(&full)
             .args(extra)
             .output()
@@ -1010,7 +1190,7 @@ fn fleet_plan_of_a_pull_request() {
                 + &String::from_utf8_lossy(&out.stderr),
         )
     };
-    let mark = fake.mark();
+    let mark = fake.proxy.mark();
     let (code, text) = fleet_plan(&pr, &["--detailed-exitcode"]);
     assert_eq!(code, Some(2), "{text}");
     assert!(text.contains("## node worker-1 (observed"), "{text}");
@@ -1040,15 +1220,17 @@ fn fleet_plan_of_a_pull_request() {
     // Nothing but reading the reports.
     // (the agents' own heartbeats go on meanwhile)
     let requests: Vec<_> = fake
+        .proxy
         .requests_since(mark)
         .into_iter()
-        .filter(|r| r.user != AGENT_USER)
+        .filter(|r| r.user != fake.agent_user)
         .collect();
     assert!(!requests.is_empty());
+    let reports = format!("/api/v1/namespaces/{}/configmaps", fake.ns);
     assert!(
         requests
             .iter()
-            .all(|r| r.resource == "configmaps" && r.verb == "list"),
+            .all(|r| r.method == "GET" && r.path == reports),
         "{requests:?}"
     );
     assert_eq!(hashes(), before, "fleet plan changed a device");
@@ -1057,12 +1239,14 @@ fn fleet_plan_of_a_pull_request() {
     for a in agents.iter_mut() {
         assert_eq!(a.term(30), Some(0));
     }
-    fake.modify_configmap(NS, "keyplan-node-worker-1", |cm| {
-        let mut r: Value =
-            serde_json::from_str(cm["data"]["report.json"].as_str().unwrap_or("{}")).expect("r");
-        r["observation"]["observed_at"] = (now() - 7200).into();
-        cm["data"]["report.json"] = Value::String(r.to_string());
-    });
+    fake.c
+        .modify_configmap(&fake.ns, "keyplan-node-worker-1", |cm| {
+            let mut r: Value =
+                serde_json::from_str(cm["data"]["report.json"].as_str().unwrap_or("{}"))
+                    .expect("r");
+            r["observation"]["observed_at"] = (now() - 7200).into();
+            cm["data"]["report.json"] = Value::String(r.to_string());
+        });
     let (code, text) = fleet_plan(&pr, &["--max-age", "15m"]);
     assert_eq!(code, Some(1), "{text}");
     assert!(
@@ -1859,9 +2043,12 @@ const SHARED_STEP_KINDS: [(&str, &str); 7] = [
 fn shared_key_on_three_nodes() {
     let _turn = MANY_AGENTS.lock().unwrap_or_else(|e| e.into_inner());
     let s = Scratch::new();
-    let fake = Arc::new(FakeApiserver::start());
+    let Some(fake) = Real::new("fleet-shared-key") else {
+        return;
+    };
+    let fake = Arc::new(fake);
     let names: Vec<String> = (1..=3).map(|i| format!("worker-{i}")).collect();
-    let kubeconfig = agent_kubeconfig_for(&fake, &names, Some(2));
+    let kubeconfig = fake.agent_kubeconfig(&names, Some(2));
     let initial = s.initial_pass();
     let mut images: Vec<(String, String, PathBuf)> = Vec::new();
     for n in &names {
@@ -1894,7 +2081,7 @@ fn shared_key_on_three_nodes() {
                 initial.display()
             );
         }
-        t + &format!("{FAST_PBKDF}  fleet: {{ max_concurrent_nodes: 2, max_failed_nodes: 3, namespace: {NS} }}\n")
+        t + &format!("{FAST_PBKDF}  fleet: {{ max_concurrent_nodes: 2, max_failed_nodes: 3, namespace: {} }}\n", fake.ns)
     };
     let config = file_agent_config(&s, &keys);
     let mut cm = ConfigMapDir::new(s.path("plan-volume"), &plan(None, None));
@@ -2149,8 +2336,8 @@ fn shared_key_on_three_nodes() {
         std::thread::sleep(Duration::from_millis(200));
     }
     let st = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
-        .args(["fleet", "status", "--namespace", NS, "--kubeconfig"])
-        .arg(fake.kubeconfig(NS, "full"))
+        .args(["fleet", "status", "--namespace", &fake.ns, "--kubeconfig"])
+        .arg(fake.operator_kubeconfig())
         .output()
         .expect("fleet status");
     let st_text = String::from_utf8_lossy(&st.stdout).to_string();
@@ -2161,7 +2348,7 @@ fn shared_key_on_three_nodes() {
         )),
         "{st_text}"
     );
-    let pending_waits = fake.objects("events", NS).iter().any(|e| {
+    let pending_waits = fake.c.events(&fake.ns).iter().any(|e| {
         e["reason"] == "CommitWaiting" && e["message"].as_str().unwrap_or("").contains("worker-3")
     });
     assert!(pending_waits, "no CommitWaiting Event naming worker-3");
@@ -2371,8 +2558,10 @@ fn a_kms_outage_before_any_change_does_not_halt_the_fleet() {
         return;
     }
     let s = Scratch::new();
-    let fake = FakeApiserver::start();
-    let kubeconfig = agent_kubeconfig(&fake, &["worker-1".to_string()]);
+    let Some(fake) = Real::new("fleet-kms-outage") else {
+        return;
+    };
+    let kubeconfig = fake.agent_kubeconfig(&["worker-1".to_string()], Some(1));
     let img = s.small_image("disk.img", "luks2");
     let initial = s.initial_pass();
     let keys = s.path("keys");
@@ -2405,21 +2594,22 @@ fn a_kms_outage_before_any_change_does_not_halt_the_fleet() {
     let cm = ConfigMapDir::new(
         s.path("plan-volume"),
         &format!(
-            "version: 1\nkms:\n  custom: {{ provider: exec, command: [{}] }}\nkeys:\n  k: {{ kms: custom }}\ndevices:\n  d1: {{ path: {}, node: worker-1, keys: [k], enroll_with: {} }}\n{FAST_PBKDF}  fleet: {{ max_concurrent_nodes: 1, max_failed_nodes: 1, namespace: {NS} }}\n",
+            "version: 1\nkms:\n  custom: {{ provider: exec, command: [{}] }}\nkeys:\n  k: {{ kms: custom }}\ndevices:\n  d1: {{ path: {}, node: worker-1, keys: [k], enroll_with: {} }}\n{FAST_PBKDF}  fleet: {{ max_concurrent_nodes: 1, max_failed_nodes: 1, namespace: {} }}\n",
             wrapper.display(),
             img.display(),
-            initial.display()
+            initial.display(),
+            fake.ns
         ),
     );
     // Another node holds the only rollout slot.
     let renewed = chrono_like_now();
-    fake.put_object(
+    fake.c.put_object(
         "leases",
-        NS,
+        &fake.ns,
         serde_json::json!({
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": { "name": "keyplan-rollout-0", "namespace": NS,
+            "metadata": { "name": "keyplan-rollout-0", "namespace": fake.ns,
                           "labels": { "app.kubernetes.io/name": "keyplan" } },
             "spec": { "holderIdentity": "worker-9", "leaseDurationSeconds": 3600,
                       "acquireTime": renewed, "renewTime": renewed }
@@ -2462,7 +2652,9 @@ fn a_kms_outage_before_any_change_does_not_halt_the_fleet() {
 
     // The KMS stops answering; the slot becomes free.
     std::fs::write(&down, b"").expect("KMS down");
-    assert!(fake.delete_object("leases", NS, "keyplan-rollout-0"));
+    assert!(fake
+        .c
+        .delete_object("leases", &fake.ns, "keyplan-rollout-0"));
     let dump = || format!("{:?}\n{}", report(&fake, "worker-1"), log());
     wait_for(
         60,
@@ -2506,7 +2698,8 @@ fn a_kms_outage_before_any_change_does_not_halt_the_fleet() {
         "the message does not name the KMS: {r}"
     );
     let reasons: Vec<String> = fake
-        .events(NS)
+        .c
+        .events(&fake.ns)
         .iter()
         .filter_map(|e| e["reason"].as_str().map(str::to_string))
         .collect();
