@@ -10,7 +10,11 @@
 //! `return(crash)` kills keyplan with `SIGKILL` (no unwinding, no destructors, no journal
 //! record: what a power cut or the OOM killer does; cryptsetup children die with it, see
 //! `child`). A point that fires with `return(error)` makes the operation fail with an
-//! injected error instead, for the error paths (an unreachable KMS, say).
+//! injected error instead, for the error paths (an unreachable KMS, say). A point that fires
+//! with `return(wait:PATH)` holds its thread while the file `PATH` exists, with a file
+//! `PATH.<pid>` beside it for as long as it waits: a test holds processes at a point (every
+//! running agent just before its commit, say) and learns from the files that they are there,
+//! instead of guessing with sleeps.
 //!
 //! Without the feature every point compiles to nothing and [`check`] always returns `Ok`.
 //!
@@ -22,6 +26,8 @@
 //! - `kill.after_keyslot`: `luksKillSlot` succeeded, the record is not removed yet;
 //! - `kms.file.stage.after_material`: the new version's file is written, its metadata not yet;
 //! - `kms.file.retire.after_meta`: the version is marked retired, its file not yet removed;
+//! - `commit.before`: a commit step is about to ask the KMS to make its staged version current
+//!   (outside the KMS call's deadline);
 //! - `step.after_effect`: a step's effect is complete, its `step_done` record not yet written;
 //! - `kms.read`, `kms.get`, `kms.stage`, `kms.commit`, `kms.retire`, `kms.check`,
 //!   `kms.destroy_key`: before each KMS call (any provider); `kms.commit.lost_reply` and
@@ -36,6 +42,7 @@ pub const POINTS: &[&str] = &[
     "kill.after_keyslot",
     "kms.file.stage.after_material",
     "kms.file.retire.after_meta",
+    "commit.before",
     "step.after_effect",
     "kms.read",
     "kms.get",
@@ -62,6 +69,7 @@ pub fn check(name: &str) -> Result<(), String> {
         if let Some(arg) = fail::eval(name, |arg| arg) {
             match arg.as_deref() {
                 None | Some("") | Some("crash") => crash(name),
+                Some(arg) if arg.starts_with("wait:") => hold_while_exists(&arg["wait:".len()..]),
                 Some(other) => return Err(format!("injected failure at {name} ({other})")),
             }
         }
@@ -83,6 +91,23 @@ pub fn fires(name: &str) -> bool {
         let _ = name;
         false
     }
+}
+
+/// Holds the calling thread while the file `gate` exists, with the file `<gate>.<pid>` present
+/// meanwhile (see the module documentation: `return(wait:PATH)`). Polls every 20 ms: test
+/// builds only.
+#[cfg(feature = "failpoints")]
+fn hold_while_exists(gate: &str) {
+    let gate = std::path::Path::new(gate);
+    if !gate.exists() {
+        return;
+    }
+    let marker = std::path::PathBuf::from(format!("{}.{}", gate.display(), std::process::id()));
+    let _ = std::fs::write(&marker, b"");
+    while gate.exists() {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = std::fs::remove_file(&marker);
 }
 
 /// Kills this process with `SIGKILL`: no unwinding, no destructors, no buffered output

@@ -29,8 +29,10 @@
 //! - `simulated_fleet` (`KEYPLAN_FLEET_NODES`, default 20): keys in a real OpenBao; an
 //!   enrollment rollout with one agent killed for good mid-run (its slot expires and the
 //!   rollout goes on); a rotation rollout with agents killed (`kill -9`) mid-rotation and
-//!   restarted; OpenBao sealed mid-rollout until `max_failed_nodes` failed runs halt it (nodes
-//!   that cannot observe or plan while it is sealed do not count); unseal,
+//!   restarted; OpenBao sealed while both running nodes are held just before their commits
+//!   (the `commit.before=return(wait:PATH)` gate of src/failpoint.rs), so that
+//!   `max_failed_nodes` failed runs halt the rollout (nodes that cannot observe or plan while
+//!   it is sealed do not count); unseal,
 //!   `keyplan fleet clear`, convergence. All along: never more nodes applying than
 //!   `max_concurrent_nodes`, and every device opens with its key's current version in OpenBao.
 //!   With `KEYPLAN_FLEET_FIGURES=FILE` it writes its figures (JSON) there
@@ -1324,50 +1326,6 @@ fn vault_agents(
         .collect()
 }
 
-/// Whether the agent's JSON log at `log` ends in a run's steps (its last run event is a
-/// `step_started` or `step_finished`, not `run_complete`).
-fn mid_run(log: &Path) -> bool {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let last = text.lines().rev().find_map(|l| {
-        let v: Value = serde_json::from_str(l).ok()?;
-        let ev = v["fields"]["event"].as_str()?.to_string();
-        [
-            "run_initiated",
-            "run_resumed",
-            "step_started",
-            "step_finished",
-            "run_complete",
-        ]
-        .contains(&ev.as_str())
-        .then_some(ev)
-    });
-    matches!(last.as_deref(), Some("step_started" | "step_finished"))
-}
-
-/// Whether the agent's JSON log at `log` is in a run (its last run event is a step) that has
-/// started a step but not yet the commit of a new version.
-fn before_commit(log: &Path) -> bool {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let mut steps = 0;
-    for l in text.lines().rev() {
-        let Ok(v) = serde_json::from_str::<Value>(l) else {
-            continue;
-        };
-        let ev = v["fields"]["event"].as_str().unwrap_or_default();
-        let msg = v["fields"]["message"].as_str().unwrap_or_default();
-        match ev {
-            "step_started" | "step_finished" if msg.contains("commit the new version") => {
-                return false
-            }
-            "step_started" | "step_finished" => steps += 1,
-            "run_initiated" | "run_resumed" => return steps > 0,
-            "run_complete" => return false,
-            _ => {}
-        }
-    }
-    false
-}
-
 /// Asserts for `secs` seconds (polling every 100 ms) that no rollout slot is held: the
 /// rollout is halted.
 fn no_slot_taken_for(secs: u64, fake: &FakeApiserver, dump: &dyn Fn(&FakeApiserver) -> String) {
@@ -1443,6 +1401,7 @@ fn simulated_fleet() {
         t + &format!("{FAST_PBKDF}  fleet: {{ max_concurrent_nodes: {concurrent}, max_failed_nodes: {max_failed}, namespace: {NS} }}\n")
     };
     let config = vault_agent_config(&s, &bao.addr);
+    let gate = s.path("commit-gate");
     let mut cm = ConfigMapDir::new(s.path("plan-volume"), &plan(None));
     let mut agents = vault_agents(
         &s,
@@ -1451,13 +1410,14 @@ fn simulated_fleet() {
         &["--interval", "4s", "--poll", "1s", "--slot-duration", "4s"],
         &[
             ("KP_AGENT_VAULT_TOKEN", bao.root_token.as_str()),
-            // Each KMS commit waits 2 s first, so that a node seen before its commit is
-            // still before it when OpenBao is sealed (phase 3): without it, on a loaded
-            // machine both running nodes could commit in the time the seal took, and no run
-            // failed.
+            // Phase 3 holds the running nodes just before their commits (a file gate, see
+            // src/failpoint.rs): while `commit-gate` is absent, nothing waits.
             (
                 "FAILPOINTS",
-                &format!("step.before_effect=sleep({step_sleep_ms});kms.commit=sleep(2000)"),
+                &format!(
+                    "step.before_effect=sleep({step_sleep_ms});commit.before=return(wait:{})",
+                    gate.display()
+                ),
             ),
         ],
     );
@@ -1700,73 +1660,47 @@ fn simulated_fleet() {
             .filter(|n| report(fake, n).is_some_and(|r| !r["failure"].is_null()))
             .count()
     };
-    // Sealed while both running nodes have yet to commit (their commits then fail): only runs
-    // that changed something count (a node that cannot observe or plan because the KMS is
+    // Sealed while both running nodes wait at their commits (their commits then fail): only
+    // runs that changed something count (a node that cannot observe or plan because the KMS is
     // sealed reports `error` and does not count: docs/fleet.md, "A KMS outage"), so the halt
-    // needs both running runs to fail. When the seal still comes too late (a running node
-    // finished first, and the others cannot start a run while the KMS is sealed: no slot held
-    // for 30 s and too few failures), it is unsealed and sealed again at the next nodes' runs,
-    // up to 3 times.
-    for attempt in 1.. {
-        wait_for(
-            120,
-            "two nodes in the middle of their runs' steps, both before their commits",
-            || {
-                let h = holders(&fake);
-                let log = |n: &String| s.path(&format!("{n}/agent.log"));
-                h.len() == concurrent
-                    && h.iter().all(|n| mid_run(&log(n)))
-                    && h.iter().all(|n| before_commit(&log(n)))
-            },
-            || dump(&fake),
+    // needs both running runs to fail. The gate holds each running node just before its
+    // commit; once both slot holders are there, OpenBao is sealed and the gate opened.
+    std::fs::write(&gate, b"").expect("commit gate");
+    let waiting = || -> Vec<String> {
+        let prefix = format!(
+            "{}.",
+            gate.file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default()
         );
-        let out = bao.cli_as(&bao.root_token.clone(), &["operator", "seal"], b"");
-        assert!(
-            out.status.success(),
-            "seal: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        sealed.store(true, Ordering::SeqCst);
-        let t0 = Instant::now();
-        let mut idle_since: Option<Instant> = None;
-        let halted = loop {
-            if failed(&fake) >= max_failed {
-                break true;
-            }
-            if holders(&fake).is_empty() {
-                if idle_since.get_or_insert_with(Instant::now).elapsed() > Duration::from_secs(30) {
-                    break false;
-                }
-            } else {
-                idle_since = None;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(300),
-                "timed out after 300 s waiting for max_failed_nodes failures\n{}",
-                dump(&fake)
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        };
-        if halted {
-            break;
-        }
-        assert!(
-            attempt < 3,
-            "3 seals in the middle of runs made fewer than max_failed_nodes runs fail\n{}",
-            dump(&fake)
-        );
-        let out = bao.cli_as(
-            &bao.root_token.clone(),
-            &["operator", "unseal", &unseal_key],
-            b"",
-        );
-        assert!(
-            out.status.success(),
-            "unseal: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        sealed.store(false, Ordering::SeqCst);
-    }
+        std::fs::read_dir(s.path(""))
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .filter(|n| n.starts_with(&prefix))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    wait_for(
+        300,
+        "both slot holders waiting at the gate before their commits",
+        || waiting().len() >= concurrent,
+        || format!("waiting: {:?}\n{}", waiting(), dump(&fake)),
+    );
+    let out = bao.cli_as(&bao.root_token.clone(), &["operator", "seal"], b"");
+    assert!(
+        out.status.success(),
+        "seal: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sealed.store(true, Ordering::SeqCst);
+    std::fs::remove_file(&gate).expect("open the commit gate");
+    wait_for(
+        300,
+        "max_failed_nodes failed runs",
+        || failed(&fake) >= max_failed,
+        || dump(&fake),
+    );
     // Halted: within a few polls no slot is held any more, and none is taken for a while.
     wait_for(
         60,

@@ -196,7 +196,11 @@ mod tests {
         g.dep(find, retire);
         let mut s = Scheduler::new(&g, vec![true], 4);
         assert_eq!(s.start_next(), Some(kill_b));
-        assert_eq!(s.start_next(), Some(verify_c), "the retire waits: device b is busy");
+        assert_eq!(
+            s.start_next(),
+            Some(verify_c),
+            "the retire waits: device b is busy"
+        );
         assert_eq!(s.start_next(), None);
         s.finished(kill_b, true);
         assert_eq!(s.start_next(), Some(retire));

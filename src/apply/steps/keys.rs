@@ -49,6 +49,7 @@ impl Exec<'_> {
         let v = self.resolve(key, crate::graph::VersionRef::Staged)?;
         let (kms, name, _) = self.key_ctx(key)?;
         let me = self.plan.holder();
+        super::failpoint("commit.before")?;
         kms.commit_as(&name, expected_current, v, Some(&me))?;
         let st = kms.read(&name)?;
         if st.current != Some(v) {
