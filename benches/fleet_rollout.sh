@@ -1,6 +1,7 @@
 #!/bin/sh
 # Fleet rollout benchmark (issue 15): NODES simulated nodes (keyplan agent processes, each with
-# its own LUKS image file and state directory) against the fake apiserver, keys in a real
+# its own LUKS image file and state directory) against the real control plane of
+# tests/common/kube.rs (KEYPLAN_K8S_BIN: see scripts/k8s-control-plane.sh), keys in a real
 # OpenBao (`bao` on PATH), CONCURRENT rollout slots, no injected delays. Prints the enrollment
 # rollout's wall time against the ideal ceil(nodes / slots) x one node's run (the median run
 # from the agents' JSON logs), and the API requests per node per idle cycle.

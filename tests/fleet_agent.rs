@@ -9,8 +9,7 @@
 //! test's nodes and slots) and the agents authenticate with a TokenRequest token of its
 //! ServiceAccount `keyplan`, through the logging proxy of tests/common/kube_proxy.rs;
 //! `keyplan fleet` commands run as ServiceAccount `operator`. `simulated_fleet` and
-//! `rollout_benchmark` still run against the fake apiserver (tests/common/fake_apiserver.rs),
-//! whose token is authorized by the Role of rbac.yaml as the fake reads it.
+//! `rollout_benchmark` do the same with 20 (100) agents.
 //!
 //! - `agent_refuses_and_reports`: a subPath-style plan file is refused at start; a plan whose
 //!   KMS is not in the agent's configuration changes nothing and is reported `refused` with a
@@ -47,8 +46,6 @@
 //!   blocks the commit (reported by name) until it returns, or leaves the plan.
 
 mod common;
-#[path = "common/fake_apiserver.rs"]
-mod fake_apiserver;
 #[path = "common/kube.rs"]
 mod kube;
 #[path = "common/kube_proxy.rs"]
@@ -64,7 +61,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use fake_apiserver::FakeApiserver;
 use serde_json::Value;
 
 const NS: &str = "keyplan";
@@ -73,7 +69,6 @@ const NS: &str = "keyplan";
 /// take turns: side by side on a 2-core CI machine, the second one's load made the first
 /// one's timing assumptions fail.
 static MANY_AGENTS: Mutex<()> = Mutex::new(());
-const AGENT_USER: &str = "system:serviceaccount:keyplan:keyplan";
 
 /// A directory laid out as the kubelet lays out a ConfigMap volume: `..<ts>/plan.yaml`,
 /// `..data -> ..<ts>`, `plan.yaml -> ..data/plan.yaml`; [`ConfigMapDir::write`] swaps it as
@@ -121,56 +116,11 @@ impl ConfigMapDir {
     }
 }
 
-/// The token of the agents: the Role of deploy/kubernetes/rbac.yaml in namespace keyplan,
-/// its report names (`keyplan-node-<node>`) made those of `nodes`, as the generator writes them
-/// for a cluster.
-fn agent_kubeconfig(fake: &FakeApiserver, nodes: &[String]) -> PathBuf {
-    agent_kubeconfig_for(fake, nodes, None)
-}
-
-/// [`agent_kubeconfig`], with the slot Lease names made those of `slots` slots when given.
-fn agent_kubeconfig_for(fake: &FakeApiserver, nodes: &[String], slots: Option<usize>) -> PathBuf {
-    let role = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes/rbac.yaml"),
-    )
-    .expect("deploy/kubernetes/rbac.yaml");
-    let mut rules: Vec<fake_apiserver::Rule> = fake_apiserver::rules_from_role_yaml(&role);
-    assert!(!rules.is_empty(), "no Role rules in rbac.yaml");
-    for r in rules.iter_mut() {
-        if r.resource_names
-            .iter()
-            .any(|n| n.starts_with("keyplan-node-"))
-        {
-            r.resource_names = nodes.iter().map(|n| format!("keyplan-node-{n}")).collect();
-        }
-        if let Some(n) = slots {
-            if r.resource_names
-                .iter()
-                .any(|x| x.starts_with("keyplan-rollout-"))
-            {
-                r.resource_names = (0..n).map(|i| format!("keyplan-rollout-{i}")).collect();
-            }
-        }
-    }
-    let token = format!("kp-agent-{:016x}", rand::random::<u64>());
-    fake.add_token_with_rules(&token, AGENT_USER, rules);
-    fake.kubeconfig_with_token(NS, &token)
-}
-
-/// Where the reports and slots of a test live: the fake apiserver, or a fresh namespace of
+/// Where the reports and slots of a test live: a fresh namespace of
 /// the real control plane (tests/common/kube.rs) read as admin.
 trait FleetApi {
     fn configmap_of(&self, name: &str) -> Option<Value>;
     fn leases(&self) -> Vec<Value>;
-}
-
-impl FleetApi for FakeApiserver {
-    fn configmap_of(&self, name: &str) -> Option<Value> {
-        self.configmap(NS, name)
-    }
-    fn leases(&self) -> Vec<Value> {
-        self.objects("leases", NS)
-    }
 }
 
 impl<T: FleetApi> FleetApi for Arc<T> {
@@ -1328,7 +1278,7 @@ fn vault_agents(
 
 /// Asserts for `secs` seconds (polling every 100 ms) that no rollout slot is held: the
 /// rollout is halted.
-fn no_slot_taken_for(secs: u64, fake: &FakeApiserver, dump: &dyn Fn(&FakeApiserver) -> String) {
+fn no_slot_taken_for(secs: u64, fake: &Real, dump: &dyn Fn(&Real) -> String) {
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(secs) {
         assert!(
@@ -1366,9 +1316,14 @@ fn simulated_fleet() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(300);
     let s = Scratch::new();
-    let fake = Arc::new(FakeApiserver::start());
+    let Some(real) = Real::new("fleet-sim") else {
+        return;
+    };
+    let fake = Arc::new(real);
+    let ns = fake.ns.clone();
     let names: Vec<String> = (0..nodes).map(|i| format!("node-{i:03}")).collect();
-    let kubeconfig = agent_kubeconfig(&fake, &names);
+    let kubeconfig = fake.agent_kubeconfig(&names, None);
+    let operator = fake.operator_kubeconfig();
     let initial = s.initial_pass();
     let images: Vec<PathBuf> = names
         .iter()
@@ -1398,7 +1353,7 @@ fn simulated_fleet() {
                 initial.display()
             );
         }
-        t + &format!("{FAST_PBKDF}  fleet: {{ max_concurrent_nodes: {concurrent}, max_failed_nodes: {max_failed}, namespace: {NS} }}\n")
+        t + &format!("{FAST_PBKDF}  fleet: {{ max_concurrent_nodes: {concurrent}, max_failed_nodes: {max_failed}, namespace: {ns} }}\n")
     };
     let config = vault_agent_config(&s, &bao.addr);
     let gate = s.path("commit-gate");
@@ -1529,7 +1484,7 @@ fn simulated_fleet() {
             }
         })
     };
-    let dump = |fake: &FakeApiserver| {
+    let dump = |fake: &Real| {
         if let Ok(to) = std::env::var("KEYPLAN_FLEET_KEEP_LOGS") {
             for n in &names {
                 let _ = std::fs::create_dir_all(&to);
@@ -1555,7 +1510,7 @@ fn simulated_fleet() {
         out += &format!("holders {:?}\n", holders(fake));
         out
     };
-    let in_sync_all = |fake: &FakeApiserver, except: &BTreeSet<String>| {
+    let in_sync_all = |fake: &Real, except: &BTreeSet<String>| {
         names.iter().filter(|n| !except.contains(*n)).all(|n| {
             report(fake, n).is_some_and(|r| {
                 r["state"] == "in_sync"
@@ -1591,7 +1546,7 @@ fn simulated_fleet() {
     let phase1 = t_start.elapsed();
     // Its slot expired and was taken over: the other nodes all ran.
     let taken_over = fake
-        .objects("leases", NS)
+        .leases()
         .iter()
         .any(|l| l["spec"]["leaseTransitions"].as_u64().unwrap_or(0) > 0);
     assert!(taken_over, "no slot was ever taken over after expiry");
@@ -1608,7 +1563,7 @@ fn simulated_fleet() {
 
     // Phase 2: rotation everywhere (rotate_after: 1s), agents killed mid-rotation.
     cm.write(&plan(Some("1s")));
-    let rotated = |fake: &FakeApiserver| {
+    let rotated = |fake: &Real| {
         names
             .iter()
             .filter(|n| {
@@ -1654,7 +1609,7 @@ fn simulated_fleet() {
         .lines()
         .find_map(|l| l.trim().strip_prefix("Unseal Key: ").map(str::to_string))
         .expect("unseal key in the dev server's log");
-    let failed = |fake: &FakeApiserver| {
+    let failed = |fake: &Real| {
         names
             .iter()
             .filter(|n| report(fake, n).is_some_and(|r| !r["failure"].is_null()))
@@ -1736,8 +1691,8 @@ fn simulated_fleet() {
     );
     no_slot_taken_for(6, &fake, &dump);
     let st = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
-        .args(["fleet", "status", "--namespace", NS, "--kubeconfig"])
-        .arg(fake.kubeconfig(NS, "full"))
+        .args(["fleet", "status", "--namespace", &ns, "--kubeconfig"])
+        .arg(&operator)
         .output()
         .expect("fleet status");
     let st_text = String::from_utf8_lossy(&st.stdout).to_string();
@@ -1747,8 +1702,8 @@ fn simulated_fleet() {
     // Stop rotating, clear: everything converges.
     cm.write(&plan(None));
     let clear = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
-        .args(["fleet", "clear", "--namespace", NS, "--kubeconfig"])
-        .arg(fake.kubeconfig(NS, "full"))
+        .args(["fleet", "clear", "--namespace", &ns, "--kubeconfig"])
+        .arg(&operator)
         .output()
         .expect("fleet clear");
     assert!(
@@ -1772,12 +1727,12 @@ fn simulated_fleet() {
             "fleet",
             "status",
             "--namespace",
-            NS,
+            &ns,
             "--format",
             "json",
             "--kubeconfig",
         ])
-        .arg(fake.kubeconfig(NS, "full"))
+        .arg(&operator)
         .output()
         .expect("fleet status");
     let doc: Value = serde_json::from_slice(&st.stdout).expect("json");
@@ -1821,13 +1776,14 @@ fn simulated_fleet() {
     assert_eq!(doc["totals"]["by_state"]["in_sync"], nodes as u64);
 
     // Idle requests per node per cycle.
-    let mark = fake.mark();
+    let mark = fake.proxy.mark();
     let idle_secs = 12;
     std::thread::sleep(Duration::from_secs(idle_secs));
     let idle = fake
+        .proxy
         .requests_since(mark)
         .iter()
-        .filter(|r| r.user == AGENT_USER)
+        .filter(|r| r.user == fake.agent_user)
         .count();
     let per_cycle = idle as f64 / nodes as f64 / (idle_secs as f64 / 4.0);
 
@@ -1854,16 +1810,13 @@ fn simulated_fleet() {
         );
     }
     // RBAC: every call was allowed, and every verb the Role grants was used.
-    let calls: Vec<_> = fake.requests_by_user(AGENT_USER);
+    let calls: Vec<_> = fake.proxy.requests_by_user(&fake.agent_user);
     let denied: Vec<_> = calls
         .iter()
         .filter(|r| r.code == 403 || r.code == 401)
         .collect();
     assert!(denied.is_empty(), "refused: {denied:?}");
-    let used: BTreeSet<(String, String, String)> = calls
-        .iter()
-        .map(|r| (r.group.clone(), r.resource.clone(), r.verb.clone()))
-        .collect();
+    let used: BTreeSet<(String, String, String)> = calls.iter().filter_map(|r| r.call()).collect();
     let granted: BTreeSet<(String, String, String)> = keyplan::fleet::api::AGENT_CALLS
         .iter()
         .flat_map(|c| {
@@ -2386,9 +2339,11 @@ fn rollout_benchmark() {
     let concurrent = env("KEYPLAN_FLEET_CONCURRENT", 10);
     let interval = env("KEYPLAN_FLEET_INTERVAL", 30) as u64;
     let s = Scratch::new();
-    let fake = FakeApiserver::start();
+    let Some(fake) = Real::new("fleet-bench") else {
+        return;
+    };
     let names: Vec<String> = (0..nodes).map(|i| format!("node-{i:03}")).collect();
-    let kubeconfig = agent_kubeconfig_for(&fake, &names, Some(concurrent));
+    let kubeconfig = fake.agent_kubeconfig(&names, Some(concurrent));
     let initial = s.initial_pass();
     let mut t = format!(
         "version: 1\nkms:\n  bao: {{ provider: vault, address: {}, mount: secret }}\nkeys:\n",
@@ -2410,7 +2365,7 @@ fn rollout_benchmark() {
     // PBKDF2 with KEYPLAN_FLEET_ITERATIONS (300000) iterations: a node's run costs key
     // derivations as a real one does, without argon2's memory on a 2-core machine.
     let iterations = env("KEYPLAN_FLEET_ITERATIONS", 300_000);
-    t += &format!("settings:\n  pbkdf: {{ type: pbkdf2, iterations: {iterations} }}\n  fleet: {{ max_concurrent_nodes: {concurrent}, max_failed_nodes: 1, namespace: {NS} }}\n");
+    t += &format!("settings:\n  pbkdf: {{ type: pbkdf2, iterations: {iterations} }}\n  fleet: {{ max_concurrent_nodes: {concurrent}, max_failed_nodes: 1, namespace: {} }}\n", fake.ns);
     let cm = ConfigMapDir::new(s.path("plan-volume"), &t);
     let config = vault_agent_config(&s, &bao.addr);
     let interval_s = format!("{interval}s");
@@ -2452,11 +2407,11 @@ fn rollout_benchmark() {
     let median = runs.get(runs.len() / 2).copied().unwrap_or(0.0);
     let ideal = (nodes as f64 / concurrent as f64).ceil() * median;
     // Two idle intervals.
-    let mark = fake.mark();
+    let mark = fake.proxy.mark();
     std::thread::sleep(Duration::from_secs(interval * 2));
-    let idle = fake.requests_since(mark);
+    let idle = fake.proxy.requests_since(mark);
     let per_cycle =
-        idle.iter().filter(|r| r.user == AGENT_USER).count() as f64 / nodes as f64 / 2.0;
+        idle.iter().filter(|r| r.user == fake.agent_user).count() as f64 / nodes as f64 / 2.0;
     let figures = serde_json::json!({
         "nodes": nodes,
         "max_concurrent_nodes": concurrent,

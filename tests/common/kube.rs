@@ -1019,7 +1019,7 @@ impl Cluster {
     }
 
     /// Writes a kubeconfig (outside any scratch directory, a new file per call) with the
-    /// contexts of the fake API server's kubeconfig — `full`, `read-only`, `no-access` (the
+    /// contexts `full`, `read-only`, `no-access` (the
     /// tokens of [`Cluster::users`]) and `bad-token` (a token no one issued) — all with
     /// namespace `namespace`, `current` being the current one. Returns its path.
     pub fn kubeconfig(&self, namespace: &str, current: &str) -> PathBuf {
@@ -1168,7 +1168,7 @@ impl Cluster {
         }
     }
 
-    // ----- the fake API server's reading and writing helpers, on the real thing
+    // ----- reading and writing objects
 
     /// The API path of `resource` (`secrets`, `configmaps`, `events`, `leases`,
     /// `serviceaccounts`, `pods`) in `ns`, and of object `name` if given.

@@ -39,6 +39,46 @@ pub struct Logged {
 }
 
 impl Logged {
+    /// The request as RBAC sees it: `(API group, resource, verb)`, the group `""` for core/v1,
+    /// a subresource as `resource/sub`, the verb from the method, whether an object is named,
+    /// and `watch=true` (the apiserver's request-info rules, k8s.io/apiserver
+    /// `pkg/endpoints/request/requestinfo.go`). `None` for a path that is no resource.
+    #[allow(dead_code)]
+    pub fn call(&self) -> Option<(String, String, String)> {
+        let parts: Vec<&str> = self.path.trim_matches('/').split('/').collect();
+        let (group, rest) = match parts.as_slice() {
+            ["api", _version, rest @ ..] => ("", rest),
+            ["apis", group, _version, rest @ ..] => (*group, rest),
+            _ => return None,
+        };
+        let rest = match rest {
+            ["namespaces", _ns, r @ ..] if !r.is_empty() => r,
+            r => r,
+        };
+        let (resource, named) = match rest {
+            [res] => (res.to_string(), false),
+            [res, _name] => (res.to_string(), true),
+            [res, _name, sub] => (format!("{res}/{sub}"), true),
+            _ => return None,
+        };
+        let watch = self
+            .query
+            .split('&')
+            .any(|kv| kv == "watch=true" || kv == "watch=1");
+        let verb = match (self.method.as_str(), named) {
+            ("GET", _) if watch => "watch",
+            ("GET", true) => "get",
+            ("GET", false) => "list",
+            ("POST", _) => "create",
+            ("PUT", _) => "update",
+            ("PATCH", _) => "patch",
+            ("DELETE", true) => "delete",
+            ("DELETE", false) => "deletecollection",
+            _ => return None,
+        };
+        Some((group.to_string(), resource, verb.to_string()))
+    }
+
     /// Did this request change (or try to change) a Secret?
     pub fn is_secret_write(&self) -> bool {
         self.path.starts_with("/api/v1/")
