@@ -12,7 +12,8 @@
 #   KEYPLAN_ETCD_VERSION  etcd version (default v3.7.3)
 #   KEYPLAN_K8S_CACHE     cache root (default ~/.cache/keyplan/k8s); binaries go to
 #                         $KEYPLAN_K8S_CACHE/<k8s>-etcd<etcd>/bin/{kube-apiserver,etcd}, and the
-#                         Go module and build caches to $KEYPLAN_K8S_CACHE/go/{mod,build}
+#                         Go module and build caches to $KEYPLAN_K8S_CACHE/go/{mod,build};
+#                         the Prometheus Operator's CRDs to $KEYPLAN_K8S_CACHE/<k8s>-etcd<etcd>/crds
 #   KEYPLAN_K8S_REBUILD=1 rebuild even when the binaries are there
 #   GO                    the go command (default: `go` on PATH, else /usr/local/go/bin/go)
 #
@@ -68,7 +69,30 @@ if [ "${1:-}" = gen-mod ]; then
   exit 0
 fi
 
+# The Prometheus Operator's published CRDs (PodMonitor, PrometheusRule), for the server-side
+# dry run of deploy/kubernetes/components/prometheus-operator (tests/deploy_apply.rs): from the
+# operator's Go module (example/prometheus-operator-crd), pinned by version and by the module's
+# h1: hash (GOSUMDB is off), into $cache/$key/crds.
+promop_version=v0.85.0
+promop_sum="h1:M5xLCLEoaW2IJfnuCwFzzpL+jSVQu3KGT84Pye+fW8s="
+crds="$cache/$key/crds"
+fetch_crds() {
+  [ -f "$crds/monitoring.coreos.com_podmonitors.yaml" ] && [ -f "$crds/monitoring.coreos.com_prometheusrules.yaml" ] && return 0
+  local info dir sum
+  info="$(cd "$(mktemp -d)" && "$GO" mod download -json "github.com/prometheus-operator/prometheus-operator@$promop_version")"
+  dir="$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')"
+  sum="$(printf '%s\n' "$info" | sed -n 's/^[[:space:]]*"Sum": "\(.*\)",\{0,1\}$/\1/p')"
+  [ "$sum" = "$promop_sum" ] || { echo "prometheus-operator $promop_version: module hash $sum, expected $promop_sum" >&2; exit 1; }
+  mkdir -p "$crds.tmp"
+  cp "$dir/example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml" \
+     "$dir/example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml" "$crds.tmp/"
+  chmod u+w "$crds.tmp"/*
+  rm -rf "$crds"; mv "$crds.tmp" "$crds"
+  echo "prometheus-operator $promop_version CRDs in $crds"
+}
+
 if [ "${KEYPLAN_K8S_REBUILD:-0}" != 1 ] && [ -x "$bin/kube-apiserver" ] && [ -x "$bin/etcd" ]; then
+  fetch_crds
   echo "k8s control plane $key: cached (warm, no build)"
   echo "$bin"
   exit 0
@@ -106,6 +130,7 @@ rm -rf "$tmp"; mkdir -p "$tmp"
   "$GO" build -trimpath -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3
 )
 rm -rf "$bin"; mv "$tmp" "$bin"
+fetch_crds
 printf 'KEYPLAN_K8S_BIN=%s\n' "$bin" >"$cache/$key/env"
 echo "k8s control plane $key: built in $(( $(date +%s) - start ))s"
 echo "$bin"

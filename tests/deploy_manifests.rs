@@ -125,15 +125,28 @@ fn kustomization() -> Value {
     docs[0].clone()
 }
 
-/// The files kustomization.yaml lists under `resources`, in order.
+/// The optional component of the Prometheus Operator's objects (its CRDs are not Kubernetes').
+const MONITORING: &str = "components/prometheus-operator";
+
+/// The files kustomization.yaml lists under `resources`, in order, then those of the
+/// component [`MONITORING`] (as paths under deploy/kubernetes).
 fn resources() -> Vec<String> {
-    let k = kustomization();
-    k["resources"]
-        .as_array()
-        .expect("kustomization.yaml: a resources list")
-        .iter()
-        .map(|r| r.as_str().expect("a file name").to_owned())
-        .collect()
+    let list = |k: &Value, prefix: &str| -> Vec<String> {
+        k["resources"]
+            .as_array()
+            .expect("kustomization.yaml: a resources list")
+            .iter()
+            .map(|r| format!("{prefix}{}", r.as_str().expect("a file name")))
+            .collect()
+    };
+    let mut files = list(&kustomization(), "");
+    let component = documents(
+        &read(&dir().join(MONITORING).join("kustomization.yaml")),
+        "the monitoring component's kustomization.yaml",
+    );
+    assert_eq!(component[0]["kind"], "Component");
+    files.extend(list(&component[0], &format!("{MONITORING}/")));
+    files
 }
 
 /// The objects of YAML `text` (from `file`).
@@ -208,6 +221,16 @@ fn every_manifest_is_listed_and_parses_into_its_kind() {
             .into_owned();
         if (name.ends_with(".yaml") || name.ends_with(".yml")) && name != "kustomization.yaml" {
             present.insert(name);
+        }
+    }
+    for entry in std::fs::read_dir(dir().join(MONITORING)).expect(MONITORING) {
+        let name = entry
+            .expect("entry")
+            .file_name()
+            .to_string_lossy()
+            .into_owned();
+        if name.ends_with(".yaml") && name != "kustomization.yaml" {
+            present.insert(format!("{MONITORING}/{name}"));
         }
     }
     assert_eq!(listed, present, "the files kustomization.yaml lists");

@@ -433,6 +433,9 @@ fn apiserver_command(bin: &Path, dir: &Path, etcd_client: u16, port: u16) -> Com
         // reconciler: "cannot use public IP 127.0.0.1 with endpoint reconciler ... may not be
         // in the loopback range". Nothing needs the `kubernetes` Service's endpoints here.
         .arg("--endpoint-reconciler-type=none")
+        // Privileged containers allowed, as kubeadm and managed clusters set it: the agent's
+        // DaemonSet is privileged (it opens LUKS devices), and the default (false) refuses it.
+        .arg("--allow-privileged=true")
         .arg(format!("--secure-port={port}"))
         .arg(format!("--tls-cert-file={}", f("serving.crt")))
         .arg(format!("--tls-private-key-file={}", f("serving.key")))
@@ -747,6 +750,28 @@ impl Cluster {
             None,
             body,
             "application/json",
+        ))
+    }
+
+    /// Server-side apply of `obj` (any kind) at its object path `path` as field manager
+    /// `keyplan-tests`, with the admin identity: `PATCH` with `application/apply-patch+yaml`
+    /// (JSON is YAML), `force=true`, `fieldValidation=Strict` (an unknown or duplicate field is
+    /// an error, as `kubectl apply --validate=strict` makes it) and, with `dry_run`,
+    /// `dryRun=All` (admission and validation run, nothing is stored). Any status is returned.
+    #[allow(dead_code)]
+    pub fn server_side_apply(&self, path: &str, obj: &Value, dry_run: bool) -> Reply {
+        let url = format!(
+            "{}{path}?fieldManager=keyplan-tests&force=true&fieldValidation=Strict{}",
+            self.info.url,
+            if dry_run { "&dryRun=All" } else { "" }
+        );
+        block_on(Self::send(
+            &self.admin,
+            url,
+            "PATCH",
+            None,
+            Some(obj),
+            "application/apply-patch+yaml",
         ))
     }
 
