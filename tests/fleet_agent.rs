@@ -156,18 +156,22 @@ impl FleetApi for Real {
 impl Real {
     /// `None` (the test is skipped) when the control plane's binaries are missing.
     fn new(prefix: &str) -> Option<Real> {
-        let c = kube::Cluster::get()?;
+        Some(Real::on(kube::Cluster::get()?, prefix))
+    }
+
+    /// Like [`Real::new`], on the control plane `c` (a [`kube::Cluster::private`] one).
+    fn on(c: &'static kube::Cluster, prefix: &str) -> Real {
         let ns = c.fresh_namespace(prefix);
         let rook_ns = c.fresh_namespace(&format!("{prefix}-rook"));
         let proxy = kube_proxy::KubeProxy::start(c);
         let agent_user = format!("system:serviceaccount:{ns}:keyplan");
-        Some(Real {
+        Real {
             c,
             proxy,
             ns,
             rook_ns,
             agent_user,
-        })
+        }
     }
 
     /// deploy/kubernetes/rbac.yaml applied as the generator writes it for a cluster with
@@ -2625,4 +2629,213 @@ fn chrono_like_now() -> String {
         .output()
         .expect("date");
     String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Kubernetes itself going away (issue 30): kube-apiserver killed (`SIGKILL`) and restarted
+/// while a node holds the rollout slot in the middle of its run, then etcd killed and
+/// restarted while a node is in the middle of a rotation. A control plane of the test's own
+/// (the shared one serves other tests). All along a witness checks that every device opens
+/// with its key's current version in the KMS; at the end every node is in sync with its key
+/// rotated, and no node ever held a slot beside another (`max_concurrent_nodes: 1`).
+#[test]
+fn control_plane_restarts_mid_rollout() {
+    let _turn = MANY_AGENTS.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(c) = kube::Cluster::private() else {
+        return;
+    };
+    let s = Scratch::new();
+    let fake = Arc::new(Real::on(c, "fleet-restarts"));
+    let names: Vec<String> = (1..=3).map(|i| format!("worker-{i}")).collect();
+    let kubeconfig = fake.agent_kubeconfig(&names, None);
+    let initial = s.initial_pass();
+    let keys = s.path("keys");
+    let images: Vec<PathBuf> = names
+        .iter()
+        .map(|n| {
+            std::fs::create_dir_all(s.path(n)).expect("mkdir");
+            s.small_image(&format!("{n}/disk.img"), "luks2")
+        })
+        .collect();
+    let plan = |rotate: Option<&str>| {
+        let mut t = format!(
+            "version: 1\nkms:\n  local: {{ provider: file, path: {} }}\nkeys:\n",
+            keys.display()
+        );
+        for n in &names {
+            t += &format!(
+                "  k-{n}: {{ kms: local{} }}\n",
+                rotate
+                    .map(|r| format!(", rotate_after: {r}"))
+                    .unwrap_or_default()
+            );
+        }
+        t += "devices:\n";
+        for (n, img) in names.iter().zip(&images) {
+            t += &format!(
+                "  {n}: {{ path: {}, node: {n}, keys: [k-{n}], enroll_with: {} }}\n",
+                img.display(),
+                initial.display()
+            );
+        }
+        t + &format!(
+            "{FAST_PBKDF}  fleet: {{ max_concurrent_nodes: 1, max_failed_nodes: 3, namespace: {} }}\n",
+            fake.ns
+        )
+    };
+    let config = file_agent_config(&s, &keys);
+    let mut cm = ConfigMapDir::new(s.path("plan-volume"), &plan(None));
+    let mut agents = vault_agents(
+        &s,
+        &names,
+        &[&cm.plan(), &config, &kubeconfig],
+        &["--interval", "3s", "--poll", "1s", "--slot-duration", "6s"],
+        &[("FAILPOINTS", "step.before_effect=sleep(400)")],
+    );
+    for a in agents.iter_mut() {
+        a.spawn();
+    }
+    let dump = || {
+        let mut out = String::new();
+        for n in &names {
+            let r = report(&fake, n);
+            out += &format!(
+                "{n}: {} {}\n",
+                r.as_ref()
+                    .map(|r| r["state"].to_string())
+                    .unwrap_or_default(),
+                r.as_ref()
+                    .map(|r| r["message"].to_string())
+                    .unwrap_or_default()
+            );
+            let log =
+                std::fs::read_to_string(s.path(&format!("{n}/agent.log"))).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            out += &lines[lines.len().saturating_sub(8)..].join("\n");
+            out += "\n";
+        }
+        out
+    };
+    // The witness and the slot sampler (samples only while the API answers).
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let witness = {
+        let (stop, seen, fake) = (Arc::clone(&stop), Arc::clone(&seen), Arc::clone(&fake));
+        let root = s.dir.path().to_path_buf();
+        let (names, images) = (names.clone(), images.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                for (n, img) in names.iter().zip(&images) {
+                    let key = format!("k-{n}");
+                    let (Some(pass), _) = file_kms_state(&root, &key) else {
+                        continue;
+                    };
+                    if opens(img, &pass, None) {
+                        seen.lock().unwrap().checks += 1;
+                        continue;
+                    }
+                    let (again, _) = file_kms_state(&root, &key);
+                    if again.as_deref() == Some(pass.as_slice()) && !opens(img, &pass, None) {
+                        seen.lock().unwrap().violations.push(format!(
+                            "{n}: the KMS's current version of {key} does not open {}",
+                            img.display()
+                        ));
+                    }
+                }
+                let h = holders(&fake);
+                let mut sn = seen.lock().unwrap();
+                sn.peak_holders = sn.peak_holders.max(h.len());
+                if h.len() > 1 {
+                    sn.violations.push(format!("two slot holders: {h:?}"));
+                }
+                drop(sn);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    let running_holder = || {
+        holders(&fake)
+            .first()
+            .is_some_and(|h| state(&fake, h) == "running")
+    };
+    let version = |n: &String| {
+        report(&fake, n)
+            .and_then(|r| r["keys"][0]["current_version"].as_u64())
+            .unwrap_or(0)
+    };
+    let in_sync = |at_least: u64| {
+        names.iter().all(|n| {
+            report(&fake, n).is_some_and(|r| r["state"] == "in_sync" && r["changes"] == 0)
+                && version(n) >= at_least
+        })
+    };
+
+    // 1. Enrollment; kube-apiserver killed while a node is in the middle of its run.
+    wait_for(
+        180,
+        "a slot holder in the middle of its run",
+        running_holder,
+        dump,
+    );
+    let away = c.restart_apiserver();
+    eprintln!("kube-apiserver back after {:.1}s", away.as_secs_f64());
+    wait_for(
+        300,
+        "enrollment after the apiserver restart",
+        || in_sync(1),
+        dump,
+    );
+
+    // 2. Rotation; etcd killed while a node is in the middle of its run.
+    cm.write(&plan(Some("1s")));
+    wait_for(
+        180,
+        "a slot holder in the middle of a rotation",
+        running_holder,
+        dump,
+    );
+    let away = c.restart_etcd();
+    eprintln!(
+        "etcd and kube-apiserver back after {:.1}s",
+        away.as_secs_f64()
+    );
+    wait_for(
+        300,
+        "a rotation of every key after the etcd restart",
+        || in_sync(2),
+        dump,
+    );
+    cm.write(&plan(None));
+
+    stop.store(true, Ordering::SeqCst);
+    witness.join().expect("witness");
+    let seen = seen.lock().unwrap();
+    assert!(
+        seen.violations.is_empty(),
+        "{:?}\n{}",
+        seen.violations,
+        dump()
+    );
+    assert!(seen.checks > 30, "only {} witness checks", seen.checks);
+    for (n, img) in names.iter().zip(&images) {
+        let (Some(pass), _) = file_kms_state(s.dir.path(), &format!("k-{n}")) else {
+            panic!("no current version of k-{n}");
+        };
+        assert!(
+            opens(img, &pass, None),
+            "{n} does not open with its current key"
+        );
+    }
+    // What the restarts cost, as the reports say it: failed runs (they count towards
+    // max_failed_nodes until cleared).
+    let failures: Vec<String> = names
+        .iter()
+        .filter_map(|n| {
+            let r = report(&fake, n)?;
+            (!r["failure"].is_null()).then(|| format!("{n}: {}", r["failure"]))
+        })
+        .collect();
+    eprintln!("failures after the restarts: {failures:?}");
+    for a in agents.iter_mut() {
+        a.term(10);
+    }
 }

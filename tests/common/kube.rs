@@ -111,6 +111,18 @@ pub struct Cluster {
     users: Mutex<BTreeMap<String, NamespaceUsers>>,
     /// etcd and kube-apiserver when this process started them (killed with the process).
     children: Mutex<Vec<Child>>,
+    /// How they were started, for [`Cluster::restart_apiserver`] and [`Cluster::restart_etcd`]
+    /// (`None` for a shared cluster).
+    spawned: Option<Spawned>,
+}
+
+/// Binaries, directory and ports of a control plane this process started.
+#[derive(Debug, Clone)]
+struct Spawned {
+    bin: PathBuf,
+    dir: PathBuf,
+    /// etcd's client and peer ports, kube-apiserver's secure port.
+    ports: (u16, u16, u16),
 }
 
 /// Skips (returns `None`) or, with `KEYPLAN_REQUIRE_SERVERS=1`, fails the test.
@@ -501,7 +513,7 @@ fn kill(mut child: Child) {
 /// Starts etcd and kube-apiserver from `bin` with their files in `dir` and waits until
 /// `/readyz` answers 200 (up to 3 attempts on fresh ports, in case a port was taken between
 /// probing and binding).
-fn start_servers(bin: &Path, dir: &Path) -> (ClusterInfo, Vec<Child>) {
+fn start_servers(bin: &Path, dir: &Path) -> (ClusterInfo, Vec<Child>, (u16, u16, u16)) {
     write_pki(dir);
     let mut failures = String::new();
     for attempt in 0..3 {
@@ -510,32 +522,8 @@ fn start_servers(bin: &Path, dir: &Path) -> (ClusterInfo, Vec<Child>) {
         let etcd_log = dir.join(format!("etcd-{attempt}.log"));
         let log = std::fs::File::create(&etcd_log).expect("etcd log");
         let (b, d) = (bin.to_path_buf(), dir.to_path_buf());
-        let mut etcd = match spawn_guarded(move || {
-            let mut cmd = etcd_command(&b, &d, client, peer);
-            cmd.current_dir(&d)
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().expect("log"))
-                .stderr(log);
-            cmd
-        }) {
-            Ok(c) => c,
-            Err(e) => panic!("cannot run {}: {e}", bin.join("etcd").display()),
-        };
-        let health = format!("http://127.0.0.1:{client}/health");
-        install_tls_provider();
-        let plain = reqwest::Client::builder()
-            .no_proxy()
-            .timeout(Duration::from_secs(2))
-            .build()
-            .expect("http client");
-        let r = wait_until("etcd", &mut etcd, READY_LIMIT, || {
-            block_on(async {
-                match plain.get(&health).send().await {
-                    Ok(r) => r.text().await.is_ok_and(|t| t.contains("\"true\"")),
-                    Err(_) => false,
-                }
-            })
-        });
+        let mut etcd = spawn_etcd(&b, &d, client, peer, log);
+        let r = wait_etcd(&mut etcd, client);
         if let Err(e) = r {
             kill(etcd);
             failures.push_str(&format!("{e}\n{}\n", tail(&etcd_log, 20)));
@@ -544,17 +532,7 @@ fn start_servers(bin: &Path, dir: &Path) -> (ClusterInfo, Vec<Child>) {
         let api_log = dir.join(format!("kube-apiserver-{attempt}.log"));
         let log = std::fs::File::create(&api_log).expect("apiserver log");
         let (b, d) = (bin.to_path_buf(), dir.to_path_buf());
-        let mut api = match spawn_guarded(move || {
-            let mut cmd = apiserver_command(&b, &d, client, port);
-            cmd.current_dir(&d)
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().expect("log"))
-                .stderr(log);
-            cmd
-        }) {
-            Ok(c) => c,
-            Err(e) => panic!("cannot run {}: {e}", bin.join("kube-apiserver").display()),
-        };
+        let mut api = spawn_apiserver(&b, &d, client, port, log);
         let info = ClusterInfo {
             url: format!("https://127.0.0.1:{port}"),
             ca: dir.join("ca.crt"),
@@ -570,7 +548,7 @@ fn start_servers(bin: &Path, dir: &Path) -> (ClusterInfo, Vec<Child>) {
             })
         });
         match r {
-            Ok(()) => return (info, vec![etcd, api]),
+            Ok(()) => return (info, vec![etcd, api], (client, peer, port)),
             Err(e) => {
                 kill(api);
                 kill(etcd);
@@ -579,6 +557,62 @@ fn start_servers(bin: &Path, dir: &Path) -> (ClusterInfo, Vec<Child>) {
         }
     }
     panic!("the Kubernetes control plane did not start:\n{failures}");
+}
+
+fn spawn_etcd(bin: &Path, dir: &Path, client: u16, peer: u16, log: std::fs::File) -> Child {
+    let (b, d) = (bin.to_path_buf(), dir.to_path_buf());
+    spawn_guarded(move || {
+        let mut cmd = etcd_command(&b, &d, client, peer);
+        cmd.current_dir(&d)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
+        cmd
+    })
+    .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.join("etcd").display()))
+}
+
+/// Waits until etcd on `client` reports itself healthy.
+fn wait_etcd(etcd: &mut Child, client: u16) -> Result<(), String> {
+    let health = format!("http://127.0.0.1:{client}/health");
+    install_tls_provider();
+    let plain = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("http client");
+    wait_until("etcd", etcd, READY_LIMIT, || {
+        block_on(async {
+            match plain.get(&health).send().await {
+                Ok(r) => r.text().await.is_ok_and(|t| t.contains("\"true\"")),
+                Err(_) => false,
+            }
+        })
+    })
+}
+
+fn spawn_apiserver(bin: &Path, dir: &Path, client: u16, port: u16, log: std::fs::File) -> Child {
+    let (b, d) = (bin.to_path_buf(), dir.to_path_buf());
+    spawn_guarded(move || {
+        let mut cmd = apiserver_command(&b, &d, client, port);
+        cmd.current_dir(&d)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
+        cmd
+    })
+    .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.join("kube-apiserver").display()))
+}
+
+/// How many `<stem>-<n>.log` files `dir` has (the next log's number).
+fn count_logs(dir: &Path, stem: &str) -> usize {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| n.starts_with(&format!("{stem}-")) && n.ends_with(".log"))
+                .count()
+        })
+        .unwrap_or(0)
 }
 
 fn read(path: &Path) -> Vec<u8> {
@@ -635,7 +669,7 @@ impl Cluster {
             let info: ClusterInfo = serde_json::from_str(&text).expect("cluster.json parses");
             let files = shared.join(format!("files-{}", std::process::id()));
             std::fs::create_dir_all(&files).expect("files dir");
-            let c = Cluster::with_info(info, files, Vec::new());
+            let c = Cluster::with_info(info, files, Vec::new(), None);
             assert_eq!(
                 c.request("GET", "/readyz", None).status,
                 200,
@@ -644,6 +678,17 @@ impl Cluster {
             );
             return Some(c);
         }
+        Cluster::start_own()
+    }
+
+    /// A control plane of this test's own, not the shared one: for tests that stop and
+    /// restart it ([`Cluster::restart_apiserver`], [`Cluster::restart_etcd`]). Lives until the
+    /// process ends. `None` as [`Cluster::get`].
+    pub fn private() -> Option<&'static Cluster> {
+        Some(Box::leak(Box::new(Cluster::start_own()?)))
+    }
+
+    fn start_own() -> Option<Cluster> {
         let bin = bin_dir();
         for b in ["kube-apiserver", "etcd"] {
             if !bin.join(b).is_file() {
@@ -668,7 +713,7 @@ impl Cluster {
     /// exist) and waits until it is ready.
     pub fn start_in(bin: &Path, dir: &Path) -> Cluster {
         let t0 = Instant::now();
-        let (info, children) = start_servers(bin, dir);
+        let (info, children, ports) = start_servers(bin, dir);
         eprintln!(
             "kube: control plane at {} ready in {:.1}s (files in {})",
             info.url,
@@ -677,10 +722,20 @@ impl Cluster {
         );
         let files = dir.join("files");
         std::fs::create_dir_all(&files).expect("files dir");
-        Cluster::with_info(info, files, children)
+        let spawned = Spawned {
+            bin: bin.to_path_buf(),
+            dir: dir.to_path_buf(),
+            ports,
+        };
+        Cluster::with_info(info, files, children, Some(spawned))
     }
 
-    fn with_info(info: ClusterInfo, files: PathBuf, children: Vec<Child>) -> Cluster {
+    fn with_info(
+        info: ClusterInfo,
+        files: PathBuf,
+        children: Vec<Child>,
+        spawned: Option<Spawned>,
+    ) -> Cluster {
         Cluster {
             admin: admin_client(&info),
             anonymous: client_builder(&info).build().expect("token client"),
@@ -689,6 +744,64 @@ impl Cluster {
             tokens: Mutex::new(BTreeMap::new()),
             users: Mutex::new(BTreeMap::new()),
             children: Mutex::new(children),
+            spawned,
+        }
+    }
+
+    /// Kills kube-apiserver (SIGKILL) and starts it again on the same port against the same
+    /// etcd; returns once `/readyz` answers 200, with the time it was away. Panics on a shared
+    /// cluster (see [`Cluster::private`]).
+    #[allow(dead_code)]
+    pub fn restart_apiserver(&self) -> Duration {
+        let sp = self
+            .spawned
+            .clone()
+            .expect("restart needs Cluster::private()");
+        let t0 = Instant::now();
+        let mut children = self.children.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = children[1].kill();
+        let _ = children[1].wait();
+        let n = count_logs(&sp.dir, "kube-apiserver");
+        let log = std::fs::File::create(sp.dir.join(format!("kube-apiserver-{n}.log")))
+            .expect("apiserver log");
+        children[1] = spawn_apiserver(&sp.bin, &sp.dir, sp.ports.0, sp.ports.2, log);
+        self.wait_ready(&mut children[1]);
+        t0.elapsed()
+    }
+
+    /// Kills etcd (SIGKILL) and starts it again with the same data directory and ports;
+    /// returns once etcd is healthy and kube-apiserver's `/readyz` answers 200 again, with the
+    /// time it took. Panics on a shared cluster (see [`Cluster::private`]).
+    #[allow(dead_code)]
+    pub fn restart_etcd(&self) -> Duration {
+        let sp = self
+            .spawned
+            .clone()
+            .expect("restart needs Cluster::private()");
+        let t0 = Instant::now();
+        let mut children = self.children.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = children[0].kill();
+        let _ = children[0].wait();
+        let n = count_logs(&sp.dir, "etcd");
+        let log = std::fs::File::create(sp.dir.join(format!("etcd-{n}.log"))).expect("etcd log");
+        children[0] = spawn_etcd(&sp.bin, &sp.dir, sp.ports.0, sp.ports.1, log);
+        if let Err(e) = wait_etcd(&mut children[0], sp.ports.0) {
+            panic!("etcd did not come back: {e}");
+        }
+        self.wait_ready(&mut children[1]);
+        t0.elapsed()
+    }
+
+    /// Waits until kube-apiserver (`api`) answers `/readyz` with 200.
+    fn wait_ready(&self, api: &mut Child) {
+        let readyz = format!("{}/readyz", self.info.url);
+        let admin = &self.admin;
+        if let Err(e) = wait_until("kube-apiserver", api, READY_LIMIT, || {
+            block_on(async {
+                matches!(admin.get(&readyz).send().await, Ok(r) if r.status() == 200)
+            })
+        }) {
+            panic!("kube-apiserver did not come back: {e}");
         }
     }
 
