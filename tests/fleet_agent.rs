@@ -40,6 +40,10 @@
 //!   its work known when the KMS stops answering reports `error` (an `ObservationFailed` Event,
 //!   `keyplan_agent_observation_failures_total`), records no failure, does not halt the
 //!   fleet, and applies by itself once the KMS answers again.
+//! - `control_plane_restarts_mid_rollout`: kube-apiserver killed and restarted while a node
+//!   holds the slot mid-run, etcd killed and restarted mid-rotation (a control plane of the
+//!   test's own): no lock-out at any instant, never two slot holders, no failed run, every
+//!   node converges.
 //! - `shared_key_on_three_nodes`: one key on devices of three nodes, rotated as one two-phase
 //!   commit through the KMS's holder records: each agent `kill -9`ed at every kind of step,
 //!   a witness polling that the current version opens every device; a node stopped for good
@@ -2741,7 +2745,22 @@ fn control_plane_restarts_mid_rollout() {
                         ));
                     }
                 }
-                let h = holders(&fake);
+                // The Leases, read without panicking while the control plane is away.
+                let leases = fake.c.try_get(&format!(
+                    "/apis/coordination.k8s.io/v1/namespaces/{}/leases",
+                    fake.ns
+                ));
+                let h: Vec<String> = match leases {
+                    Ok(r) if r.status == 200 => r.body["items"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|l| l["spec"]["holderIdentity"].as_str())
+                        .filter(|h| !h.is_empty())
+                        .map(str::to_string)
+                        .collect(),
+                    _ => Vec::new(),
+                };
                 let mut sn = seen.lock().unwrap();
                 sn.peak_holders = sn.peak_holders.max(h.len());
                 if h.len() > 1 {
@@ -2785,8 +2804,9 @@ fn control_plane_restarts_mid_rollout() {
         dump,
     );
 
-    // 2. Rotation; etcd killed while a node is in the middle of its run.
-    cm.write(&plan(Some("1s")));
+    // 2. Rotation (each key due 20 s after its last rotation, so every node gets its turn);
+    //    etcd killed while a node is in the middle of its run.
+    cm.write(&plan(Some("20s")));
     wait_for(
         180,
         "a slot holder in the middle of a rotation",
@@ -2801,10 +2821,11 @@ fn control_plane_restarts_mid_rollout() {
     wait_for(
         300,
         "a rotation of every key after the etcd restart",
-        || in_sync(2),
+        || names.iter().all(|n| version(n) >= 2),
         dump,
     );
     cm.write(&plan(None));
+    wait_for(300, "every node in sync", || in_sync(2), dump);
 
     stop.store(true, Ordering::SeqCst);
     witness.join().expect("witness");
@@ -2825,8 +2846,9 @@ fn control_plane_restarts_mid_rollout() {
             "{n} does not open with its current key"
         );
     }
-    // What the restarts cost, as the reports say it: failed runs (they count towards
-    // max_failed_nodes until cleared).
+    // The restarts cost no failed run (a run whose slot cannot be renewed stops between
+    // steps and is finished by the next cycle: src/fleet/agent.rs), so nothing counts towards
+    // max_failed_nodes.
     let failures: Vec<String> = names
         .iter()
         .filter_map(|n| {
@@ -2834,7 +2856,7 @@ fn control_plane_restarts_mid_rollout() {
             (!r["failure"].is_null()).then(|| format!("{n}: {}", r["failure"]))
         })
         .collect();
-    eprintln!("failures after the restarts: {failures:?}");
+    assert!(failures.is_empty(), "{failures:?}\n{}", dump());
     for a in agents.iter_mut() {
         a.term(10);
     }

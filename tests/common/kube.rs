@@ -852,6 +852,28 @@ impl Cluster {
         }
     }
 
+    /// `GET path` with the admin identity, for callers that outlive a restart of the control
+    /// plane: `Err` with the transport error (connection refused or reset) instead of a panic.
+    #[allow(dead_code)]
+    pub fn try_get(&self, path: &str) -> Result<Reply, String> {
+        let url = format!("{}{path}", self.info.url);
+        block_on(async {
+            let resp = self
+                .admin
+                .get(url)
+                .header("Accept", "application/json")
+                .send()
+                .await
+                .map_err(|e| e.to_string())?;
+            let status = resp.status().as_u16();
+            let bytes = resp.bytes().await.map_err(|e| e.to_string())?;
+            Ok(Reply {
+                status,
+                body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            })
+        })
+    }
+
     /// `method path` (path with query, e.g. `/api/v1/namespaces`) with the admin identity;
     /// JSON `body` if any. Any status is returned; a transport error panics.
     pub fn request(&self, method: &str, path: &str, body: Option<&Value>) -> Reply {
