@@ -155,6 +155,23 @@ fn id(o: &Value) -> String {
     )
 }
 
+/// The objects of deploy/kubernetes with `components`, moved to two fresh namespaces named
+/// after `prefix` ([`moved`]).
+fn in_fresh_namespaces(c: &Cluster, prefix: &str, components: &[&str]) -> Vec<Value> {
+    let fleet = c.fresh_namespace(prefix);
+    let rook = c.fresh_namespace(&format!("{prefix}-r"));
+    moved(render(&deploy(), components), &fleet, &rook)
+}
+
+/// Polls `ready` every 100 ms for up to 120 s; panics with `what()` when it never holds.
+fn wait_until(mut ready: impl FnMut() -> bool, what: impl Fn() -> String) {
+    let t0 = Instant::now();
+    while !ready() {
+        assert!(t0.elapsed() < Duration::from_secs(120), "{}", what());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Dry-runs every object; panics naming each one the server refused.
 fn dry_run_all(c: &Cluster, objs: &[Value]) -> Vec<Value> {
     let mut refused = Vec::new();
@@ -174,15 +191,7 @@ fn dry_run_all(c: &Cluster, objs: &[Value]) -> Vec<Value> {
 #[test]
 fn the_base_and_signed_plans_pass_a_server_side_dry_run() {
     let Some(c) = Cluster::get() else { return };
-    let (fleet, rook) = (
-        c.fresh_namespace("deploy"),
-        c.fresh_namespace("deploy-rook"),
-    );
-    let objs = moved(
-        render(&deploy(), &["components/signed-plans"]),
-        &fleet,
-        &rook,
-    );
+    let objs = in_fresh_namespaces(c, "deploy", &["components/signed-plans"]);
     // The base is Kubernetes' own kinds only: it applies on a cluster without any CRD.
     for o in &objs {
         let api = o["apiVersion"].as_str().unwrap_or_default();
@@ -219,11 +228,7 @@ fn the_base_and_signed_plans_pass_a_server_side_dry_run() {
 #[test]
 fn a_misspelt_field_fails_the_dry_run() {
     let Some(c) = Cluster::get() else { return };
-    let (fleet, rook) = (
-        c.fresh_namespace("deploy-typo"),
-        c.fresh_namespace("deploy-typo-r"),
-    );
-    let objs = moved(render(&deploy(), &[]), &fleet, &rook);
+    let objs = in_fresh_namespaces(c, "deploy-typo", &[]);
     let mut ds = objs
         .iter()
         .find(|o| o["kind"] == "DaemonSet")
@@ -272,44 +277,33 @@ fn prometheus_operator_crds(c: &Cluster) -> Option<()> {
             .as_str()
             .expect("CRD name")
             .to_string();
-        let t0 = Instant::now();
-        loop {
-            let cur = c
-                .get_json(&format!(
-                    "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
-                ))
-                .unwrap_or(Value::Null);
-            let established = cur["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|x| x["type"] == "Established" && x["status"] == "True");
-            if established {
-                break;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(120),
-                "CRD {name} not Established: {cur}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let path = format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}");
+        let crd_now = || c.get_json(&path).unwrap_or(Value::Null);
+        wait_until(
+            || {
+                crd_now()["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|x| x["type"] == "Established" && x["status"] == "True")
+            },
+            || format!("CRD {name} not Established: {}", crd_now()),
+        );
     }
     // Established, then served: discovery lists the kinds.
-    let t0 = Instant::now();
-    loop {
-        let served = c
-            .get_json("/apis/monitoring.coreos.com/v1")
+    let served = || {
+        c.get_json("/apis/monitoring.coreos.com/v1")
             .map(|l| l["resources"].to_string())
-            .unwrap_or_default();
-        if served.contains("\"podmonitors\"") && served.contains("\"prometheusrules\"") {
-            return Some(());
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "monitoring.coreos.com/v1 not served: {served}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+            .unwrap_or_default()
+    };
+    wait_until(
+        || {
+            let kinds = served();
+            kinds.contains("\"podmonitors\"") && kinds.contains("\"prometheusrules\"")
+        },
+        || format!("monitoring.coreos.com/v1 not served: {}", served()),
+    );
+    Some(())
 }
 
 #[test]
@@ -318,15 +312,7 @@ fn the_prometheus_operator_component_passes_a_dry_run_against_its_crds() {
     let Some(()) = prometheus_operator_crds(c) else {
         return;
     };
-    let (fleet, rook) = (
-        c.fresh_namespace("deploy-mon"),
-        c.fresh_namespace("deploy-mon-r"),
-    );
-    let all = moved(
-        render(&deploy(), &["components/prometheus-operator"]),
-        &fleet,
-        &rook,
-    );
+    let all = in_fresh_namespaces(c, "deploy-mon", &["components/prometheus-operator"]);
     let monitoring: Vec<Value> = all
         .iter()
         .filter(|o| o["apiVersion"] == "monitoring.coreos.com/v1")

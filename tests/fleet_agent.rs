@@ -1284,6 +1284,38 @@ fn vault_agents(
         .collect()
 }
 
+/// A plan with one key and one device per node of `nodes` (names, image files, and the
+/// passphrase file the devices are enrolled with): `kms` the entries under `kms:`, `key(node)`
+/// the id and body of the node's key (`rotate_after: <rotate>` added when given), `fleet` the
+/// body of `settings.fleet`; fast PBKDF.
+fn per_node_plan(
+    kms: &str,
+    key: impl Fn(&str) -> (String, String),
+    nodes: (&[String], &[PathBuf], &Path),
+    rotate: Option<&str>,
+    fleet: &str,
+) -> String {
+    let (names, images, initial) = nodes;
+    let rotate = rotate
+        .map(|r| format!(", rotate_after: {r}"))
+        .unwrap_or_default();
+    let mut t = format!("version: 1\nkms:\n{kms}keys:\n");
+    for n in names {
+        let (id, body) = key(n);
+        t += &format!("  {id}: {{ {body}{rotate} }}\n");
+    }
+    t += "devices:\n";
+    for (n, img) in names.iter().zip(images) {
+        t += &format!(
+            "  {n}: {{ path: {}, node: {n}, keys: [{}], enroll_with: {} }}\n",
+            img.display(),
+            key(n).0,
+            initial.display()
+        );
+    }
+    t + &format!("{FAST_PBKDF}  fleet: {{ {fleet} }}\n")
+}
+
 /// Asserts for `secs` seconds (polling every 100 ms) that no rollout slot is held: the
 /// rollout is halted.
 fn no_slot_taken_for(secs: u64, fake: &Real, dump: &dyn Fn(&Real) -> String) {
@@ -1341,27 +1373,18 @@ fn simulated_fleet() {
         })
         .collect();
     let plan = |rotate: Option<&str>| {
-        let mut t = format!(
-            "version: 1\nkms:\n  bao: {{ provider: vault, address: {}, mount: secret }}\nkeys:\n",
-            bao.addr
-        );
-        for n in &names {
-            t += &format!(
-                "  {n}: {{ kms: bao, name: fleet/{n}{} }}\n",
-                rotate
-                    .map(|r| format!(", rotate_after: {r}"))
-                    .unwrap_or_default()
-            );
-        }
-        t += "devices:\n";
-        for (n, img) in names.iter().zip(&images) {
-            t += &format!(
-                "  {n}: {{ path: {}, node: {n}, keys: [{n}], enroll_with: {} }}\n",
-                img.display(),
-                initial.display()
-            );
-        }
-        t + &format!("{FAST_PBKDF}  fleet: {{ max_concurrent_nodes: {concurrent}, max_failed_nodes: {max_failed}, namespace: {ns} }}\n")
+        per_node_plan(
+            &format!(
+                "  bao: {{ provider: vault, address: {}, mount: secret }}\n",
+                bao.addr
+            ),
+            |n| (n.to_string(), format!("kms: bao, name: fleet/{n}")),
+            (&names, &images, &initial),
+            rotate,
+            &format!(
+                "max_concurrent_nodes: {concurrent}, max_failed_nodes: {max_failed}, namespace: {ns}"
+            ),
+        )
     };
     let config = vault_agent_config(&s, &bao.addr);
     let gate = s.path("commit-gate");
@@ -2661,29 +2684,15 @@ fn control_plane_restarts_mid_rollout() {
         })
         .collect();
     let plan = |rotate: Option<&str>| {
-        let mut t = format!(
-            "version: 1\nkms:\n  local: {{ provider: file, path: {} }}\nkeys:\n",
-            keys.display()
-        );
-        for n in &names {
-            t += &format!(
-                "  k-{n}: {{ kms: local{} }}\n",
-                rotate
-                    .map(|r| format!(", rotate_after: {r}"))
-                    .unwrap_or_default()
-            );
-        }
-        t += "devices:\n";
-        for (n, img) in names.iter().zip(&images) {
-            t += &format!(
-                "  {n}: {{ path: {}, node: {n}, keys: [k-{n}], enroll_with: {} }}\n",
-                img.display(),
-                initial.display()
-            );
-        }
-        t + &format!(
-            "{FAST_PBKDF}  fleet: {{ max_concurrent_nodes: 1, max_failed_nodes: 3, namespace: {} }}\n",
-            fake.ns
+        per_node_plan(
+            &format!("  local: {{ provider: file, path: {} }}\n", keys.display()),
+            |n| (format!("k-{n}"), "kms: local".to_string()),
+            (&names, &images, &initial),
+            rotate,
+            &format!(
+                "max_concurrent_nodes: 1, max_failed_nodes: 3, namespace: {}",
+                fake.ns
+            ),
         )
     };
     let config = file_agent_config(&s, &keys);

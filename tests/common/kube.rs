@@ -540,13 +540,7 @@ fn start_servers(bin: &Path, dir: &Path) -> (ClusterInfo, Vec<Child>, (u16, u16,
             admin_key: dir.join("admin.key"),
             pid: std::process::id(),
         };
-        let admin = admin_client(&info);
-        let readyz = format!("{}/readyz", info.url);
-        let r = wait_until("kube-apiserver", &mut api, READY_LIMIT, || {
-            block_on(async {
-                matches!(admin.get(&readyz).send().await, Ok(r) if r.status() == 200)
-            })
-        });
+        let r = wait_readyz(&admin_client(&info), &info.url, &mut api);
         match r {
             Ok(()) => return (info, vec![etcd, api], (client, peer, port)),
             Err(e) => {
@@ -559,17 +553,31 @@ fn start_servers(bin: &Path, dir: &Path) -> (ClusterInfo, Vec<Child>, (u16, u16,
     panic!("the Kubernetes control plane did not start:\n{failures}");
 }
 
-fn spawn_etcd(bin: &Path, dir: &Path, client: u16, peer: u16, log: std::fs::File) -> Child {
-    let (b, d) = (bin.to_path_buf(), dir.to_path_buf());
+/// Starts the command `make` builds (the program `program`, run in `dir`) with its output to
+/// `log`, killed with this process ([`spawn_guarded`]).
+fn spawn_logged(
+    program: PathBuf,
+    dir: &Path,
+    log: std::fs::File,
+    make: impl FnOnce() -> Command + Send + 'static,
+) -> Child {
+    let d = dir.to_path_buf();
     spawn_guarded(move || {
-        let mut cmd = etcd_command(&b, &d, client, peer);
+        let mut cmd = make();
         cmd.current_dir(&d)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log);
         cmd
     })
-    .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.join("etcd").display()))
+    .unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()))
+}
+
+fn spawn_etcd(bin: &Path, dir: &Path, client: u16, peer: u16, log: std::fs::File) -> Child {
+    let (b, d) = (bin.to_path_buf(), dir.to_path_buf());
+    spawn_logged(bin.join("etcd"), dir, log, move || {
+        etcd_command(&b, &d, client, peer)
+    })
 }
 
 /// Waits until etcd on `client` reports itself healthy.
@@ -593,15 +601,17 @@ fn wait_etcd(etcd: &mut Child, client: u16) -> Result<(), String> {
 
 fn spawn_apiserver(bin: &Path, dir: &Path, client: u16, port: u16, log: std::fs::File) -> Child {
     let (b, d) = (bin.to_path_buf(), dir.to_path_buf());
-    spawn_guarded(move || {
-        let mut cmd = apiserver_command(&b, &d, client, port);
-        cmd.current_dir(&d)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log);
-        cmd
+    spawn_logged(bin.join("kube-apiserver"), dir, log, move || {
+        apiserver_command(&b, &d, client, port)
     })
-    .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.join("kube-apiserver").display()))
+}
+
+/// Waits until kube-apiserver (`api`, at `url`) answers `/readyz` with 200 to `admin`.
+fn wait_readyz(admin: &reqwest::Client, url: &str, api: &mut Child) -> Result<(), String> {
+    let readyz = format!("{url}/readyz");
+    wait_until("kube-apiserver", api, READY_LIMIT, || {
+        block_on(async { matches!(admin.get(&readyz).send().await, Ok(r) if r.status() == 200) })
+    })
 }
 
 /// How many `<stem>-<n>.log` files `dir` has (the next log's number).
@@ -794,13 +804,7 @@ impl Cluster {
 
     /// Waits until kube-apiserver (`api`) answers `/readyz` with 200.
     fn wait_ready(&self, api: &mut Child) {
-        let readyz = format!("{}/readyz", self.info.url);
-        let admin = &self.admin;
-        if let Err(e) = wait_until("kube-apiserver", api, READY_LIMIT, || {
-            block_on(async {
-                matches!(admin.get(&readyz).send().await, Ok(r) if r.status() == 200)
-            })
-        }) {
+        if let Err(e) = wait_readyz(&self.admin, &self.info.url, api) {
             panic!("kube-apiserver did not come back: {e}");
         }
     }
