@@ -10,6 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PodSpec, ServiceAccount, Volume};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
@@ -246,7 +249,11 @@ fn every_manifest_is_listed_and_parses_into_its_kind() {
         );
         let cluster_scoped = matches!(
             o.kind.as_str(),
-            "Namespace" | "ClusterRole" | "ClusterRoleBinding"
+            "Namespace"
+                | "ClusterRole"
+                | "ClusterRoleBinding"
+                | "ValidatingAdmissionPolicy"
+                | "ValidatingAdmissionPolicyBinding"
         );
         assert_eq!(
             o.namespace.is_none(),
@@ -279,6 +286,12 @@ fn every_manifest_is_listed_and_parses_into_its_kind() {
             "ConfigMap" => {
                 o.typed::<ConfigMap>();
             }
+            "ValidatingAdmissionPolicy" => {
+                o.typed::<ValidatingAdmissionPolicy>();
+            }
+            "ValidatingAdmissionPolicyBinding" => {
+                o.typed::<ValidatingAdmissionPolicyBinding>();
+            }
             "PodMonitor" | "PrometheusRule" => {
                 assert_eq!(
                     o.value["apiVersion"],
@@ -299,6 +312,8 @@ fn every_manifest_is_listed_and_parses_into_its_kind() {
         "RoleBinding",
         "DaemonSet",
         "ConfigMap",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "PodMonitor",
         "PrometheusRule",
     ] {
@@ -1458,6 +1473,54 @@ fn the_rook_generator_writes_the_rbac_of_its_plan() {
         values(&written),
         values(&rbac_yaml),
         "rbac.yaml is not what the generator writes for plan.yaml's PVs"
+    );
+    let written = objects_of(&generated(&["--policy"], &example), "--policy");
+    let policy_yaml = objects_of(
+        &read(&dir().join("admission-policy.yaml")),
+        "admission-policy.yaml",
+    );
+    assert_eq!(
+        values(&written),
+        values(&policy_yaml),
+        "admission-policy.yaml is not what the generator writes for plan.yaml's PVs"
+    );
+    let (_, policy) = one::<ValidatingAdmissionPolicy>(
+        &policy_yaml,
+        "ValidatingAdmissionPolicy",
+        "keyplan-agent-node-scope",
+    );
+    let spec = policy.spec.expect("spec");
+    assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+    let secrets_by_node = spec
+        .variables
+        .iter()
+        .flatten()
+        .find(|v| v.name == "secretsByNode")
+        .expect("secretsByNode")
+        .expression
+        .clone();
+    for (node, secret) in [
+        ("worker-1", "rook-ceph-osd-encryption-key-set1-data-0-abcde"),
+        ("worker-1", "rook-ceph-osd-encryption-key-set1-data-3-pqrst"),
+        ("worker-2", "rook-ceph-osd-encryption-key-set1-data-1-fghij"),
+    ] {
+        let entry = secrets_by_node
+            .split(&format!("'{node}': ["))
+            .nth(1)
+            .and_then(|r| r.split(']').next())
+            .unwrap_or_else(|| panic!("{node} in {secrets_by_node}"));
+        assert!(entry.contains(&format!("'{secret}'")), "{node}: {entry}");
+    }
+    let written = objects_of(
+        &generated(&["--policy", "storage-keys"], &example),
+        "--policy storage-keys",
+    );
+    assert!(
+        written[0].value["spec"]["matchConditions"][0]["expression"]
+            .as_str()
+            .is_some_and(|e| e.contains("'system:serviceaccount:storage-keys:keyplan'")),
+        "{:?}",
+        written[0].value
     );
 
     // A node name too long for keyplan-node-<node> (over 240 bytes): the report name the agent

@@ -146,6 +146,21 @@ struct Real {
     rook_ns: String,
     /// `system:serviceaccount:<ns>:keyplan`, the agents' user.
     agent_user: String,
+    /// The agents' token files (outside the scratch directory, whose files the leak checks
+    /// scan), one per node, as the kubelet projects a pod's token into its volume.
+    tokens: tempfile::TempDir,
+}
+
+/// Each node's kubeconfig from [`Real::agent_kubeconfig`].
+struct Kubeconfigs(BTreeMap<String, PathBuf>);
+
+impl Kubeconfigs {
+    /// Node `node`'s kubeconfig (its own node-bound token).
+    fn of(&self, node: &str) -> &Path {
+        self.0
+            .get(node)
+            .unwrap_or_else(|| panic!("no kubeconfig for node {node}"))
+    }
 }
 
 impl FleetApi for Real {
@@ -175,14 +190,96 @@ impl Real {
             ns,
             rook_ns,
             agent_user,
+            tokens: tempfile::tempdir().expect("tempdir"),
         }
     }
 
-    /// deploy/kubernetes/rbac.yaml applied as the generator writes it for a cluster with
-    /// nodes `nodes` (its report names `keyplan-node-<node>`) and, when given, `slots` slots;
-    /// the agents' kubeconfig (through the proxy) with a TokenRequest token of its
-    /// ServiceAccount `keyplan`.
-    fn agent_kubeconfig(&self, nodes: &[String], slots: Option<usize>) -> PathBuf {
+    /// deploy/kubernetes/rbac.yaml and admission-policy.yaml applied as the generator writes
+    /// them for a cluster with nodes `nodes` (reports `keyplan-node-<node>`) and, when given,
+    /// `slots` slots; each node's kubeconfig (through the proxy) reads its token from a file, a
+    /// TokenRequest token of ServiceAccount `keyplan` bound to a Pod on that Node, so it
+    /// carries the node's name as the kubelet's projected token does.
+    fn agent_kubeconfig(&self, nodes: &[String], slots: Option<usize>) -> Kubeconfigs {
+        self.apply_agent_rbac(nodes, slots);
+        self.apply_admission_policy(&[]);
+        Kubeconfigs(
+            nodes
+                .iter()
+                .map(|n| (n.clone(), self.node_kubeconfig(n)))
+                .collect(),
+        )
+    }
+
+    /// Node `node`'s token file (a fresh pod-bound token, the Pod `keyplan-<node>` created on
+    /// first use) and a kubeconfig reading it.
+    fn node_kubeconfig(&self, node: &str) -> PathBuf {
+        let client = self.c.node_client(&self.ns, "keyplan", node);
+        let file = self.tokens.path().join(format!("token-{node}"));
+        std::fs::write(&file, &client.token).expect("write the token file");
+        self.proxy.kubeconfig_with_token_file(&self.ns, &file)
+    }
+
+    /// deploy/kubernetes/admission-policy.yaml for this test's namespace: its own policy and
+    /// binding (cluster-scoped, so named after the namespace), matching this namespace's
+    /// ServiceAccount `keyplan`, with `secrets` (node, Secret names) as `secretsByNode`.
+    fn apply_admission_policy(&self, secrets: &[(&str, &[&str])]) {
+        let mut yaml = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes/admission-policy.yaml"),
+        )
+        .expect("deploy/kubernetes/admission-policy.yaml");
+        let user = "system:serviceaccount:keyplan:keyplan";
+        assert!(yaml.contains(user), "admission-policy.yaml's user moved");
+        yaml = yaml.replace(user, &format!("system:serviceaccount:{}:keyplan", self.ns));
+        let line = yaml
+            .lines()
+            .skip_while(|l| !l.contains("- name: secretsByNode"))
+            .nth(1)
+            .expect("admission-policy.yaml's secretsByNode")
+            .to_string();
+        let cel = secrets
+            .iter()
+            .map(|(n, names)| {
+                let list: Vec<String> = names.iter().map(|s| format!("'{s}'")).collect();
+                format!("'{n}': [{}]", list.join(", "))
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        yaml = yaml.replace(&line, &format!("      expression: \"{{{cel}}}\""));
+        let name = "keyplan-agent-node-scope";
+        yaml = yaml.replace(
+            &format!("name: {name}\n"),
+            &format!("name: {name}-{}\n", self.ns),
+        );
+        yaml = yaml.replace(
+            &format!("policyName: {name}\n"),
+            &format!("policyName: {name}-{}\n", self.ns),
+        );
+        self.c.apply_yaml(&yaml, &[]);
+        // The API server loads policies and bindings from its informers: wait until it
+        // enforces this one (a token without a node name is refused a dry-run write that RBAC
+        // alone allows).
+        self.c.service_account(&self.ns, "keyplan");
+        let nameless = self.c.service_account_token(&self.ns, "keyplan", &[], None);
+        let path = format!("/api/v1/namespaces/{}/configmaps?dryRun=All", self.ns);
+        let probe = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "keyplan-node-probe"}});
+        wait_for(
+            60,
+            "the admission policy to be enforced",
+            || {
+                let r = self.c.request_as(&nameless, "POST", &path, Some(&probe));
+                r.status == 403
+                    && r.body["message"]
+                        .to_string()
+                        .contains("ValidatingAdmissionPolicy")
+            },
+            String::new,
+        );
+    }
+
+    /// deploy/kubernetes/rbac.yaml with the report names of `nodes` and, when given, `slots`
+    /// slot Leases.
+    fn apply_agent_rbac(&self, nodes: &[String], slots: Option<usize>) {
         let mut yaml = std::fs::read_to_string(
             Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes/rbac.yaml"),
         )
@@ -214,17 +311,15 @@ impl Real {
         self.c
             .apply_yaml(&yaml, &[(NS, &self.ns), ("rook-ceph", &self.rook_ns)]);
         self.c.service_account(&self.ns, "keyplan");
-        let token = self.c.service_account_token(&self.ns, "keyplan", &[], None);
-        self.proxy.kubeconfig_with_token(&self.ns, &token)
     }
 
     /// The operator's kubeconfig for `keyplan fleet` commands, through the proxy (its
     /// requests are logged under `system:serviceaccount:<ns>:operator`): ServiceAccount
     /// `operator`, bound in the namespace (a RoleBinding) to the ClusterRole `cluster-admin`
     /// (not `admin`: its rules are aggregated by kube-controller-manager, which does not run
-    /// here, so it grants nothing). Not
-    /// `Cluster::kubeconfig(ns, "full")`: that binds ServiceAccount `keyplan`, the agents'
-    /// one, to cluster-admin, and the admin certificate sends no token through the proxy.
+    /// here, so it grants nothing). Its own ServiceAccount, so the proxy's log tells the
+    /// operator's requests from the agents' and the harness's (`harness-admin`); the admin
+    /// certificate would send no token through the proxy.
     fn operator_kubeconfig(&self) -> PathBuf {
         self.c.service_account(&self.ns, "operator");
         self.c.ensure(
@@ -405,7 +500,10 @@ fn agent_refuses_and_reports() {
     let Some(fake) = Real::new("fleet-refuses") else {
         return;
     };
-    let kubeconfig = fake.agent_kubeconfig(&["worker-1".to_string()], None);
+    let kubeconfig = fake
+        .agent_kubeconfig(&["worker-1".to_string()], None)
+        .of("worker-1")
+        .to_path_buf();
     let img = s.small_image("disk.img", "luks2");
     let initial = s.initial_pass();
     let keys = s.path("keys");
@@ -728,7 +826,10 @@ fn agent_requires_signed_plans() {
     let Some(fake) = Real::new("fleet-signed") else {
         return;
     };
-    let kubeconfig = fake.agent_kubeconfig(&["worker-1".to_string()], None);
+    let kubeconfig = fake
+        .agent_kubeconfig(&["worker-1".to_string()], None)
+        .of("worker-1")
+        .to_path_buf();
     let img = s.small_image("disk.img", "luks2");
     let initial = s.initial_pass();
     let keys = s.path("keys");
@@ -1058,7 +1159,7 @@ fn fleet_plan_of_a_pull_request() {
                 &cm.plan(),
                 &config,
                 &s.path(&format!("{n}/state")),
-                &kubeconfig,
+                kubeconfig.of(n),
                 &["--namespace", &fake.ns, "--interval", "2s", "--poll", "1s"],
             ),
             env: vec![],
@@ -1254,11 +1355,13 @@ fn vault_agent_config(s: &Scratch, addr: &str) -> PathBuf {
 }
 
 /// One agent per node of `names` (not started), each with its state directory and log under
-/// `<scratch>/<node>/`; `paths` are the plan, the agent configuration and the kubeconfig.
+/// `<scratch>/<node>/`; `paths` are the plan and the agent configuration, `kubeconfigs` the
+/// nodes' kubeconfigs.
 fn vault_agents(
     s: &Scratch,
     names: &[String],
-    paths: &[&Path; 3],
+    paths: &[&Path; 2],
+    kubeconfigs: &Kubeconfigs,
     extra: &[&str],
     env: &[(&str, &str)],
 ) -> Vec<Agent> {
@@ -1270,7 +1373,7 @@ fn vault_agents(
                 paths[0],
                 paths[1],
                 &s.path(&format!("{n}/state")),
-                paths[2],
+                kubeconfigs.of(n),
                 extra,
             ),
             env: env
@@ -1392,7 +1495,8 @@ fn simulated_fleet() {
     let mut agents = vault_agents(
         &s,
         &names,
-        &[&cm.plan(), &config, &kubeconfig],
+        &[&cm.plan(), &config],
+        &kubeconfig,
         &["--interval", "4s", "--poll", "1s", "--slot-duration", "4s"],
         &[
             ("KP_AGENT_VAULT_TOKEN", bao.root_token.as_str()),
@@ -2006,7 +2110,8 @@ fn shared_key_on_three_nodes() {
     let mut agents = vault_agents(
         &s,
         &names,
-        &[&cm.plan(), &config, &kubeconfig],
+        &[&cm.plan(), &config],
+        &kubeconfig,
         &["--interval", "3s", "--poll", "1s", "--slot-duration", "4s"],
         &[("FAILPOINTS", "step.before_effect=sleep(100)")],
     );
@@ -2403,7 +2508,8 @@ fn rollout_benchmark() {
     let mut agents = vault_agents(
         &s,
         &names,
-        &[&cm.plan(), &config, &kubeconfig],
+        &[&cm.plan(), &config],
+        &kubeconfig,
         &[
             "--interval",
             &interval_s,
@@ -2481,7 +2587,10 @@ fn a_kms_outage_before_any_change_does_not_halt_the_fleet() {
     let Some(fake) = Real::new("fleet-kms-outage") else {
         return;
     };
-    let kubeconfig = fake.agent_kubeconfig(&["worker-1".to_string()], Some(1));
+    let kubeconfig = fake
+        .agent_kubeconfig(&["worker-1".to_string()], Some(1))
+        .of("worker-1")
+        .to_path_buf();
     let img = s.small_image("disk.img", "luks2");
     let initial = s.initial_pass();
     let keys = s.path("keys");
@@ -2700,7 +2809,8 @@ fn control_plane_restarts_mid_rollout() {
     let mut agents = vault_agents(
         &s,
         &names,
-        &[&cm.plan(), &config, &kubeconfig],
+        &[&cm.plan(), &config],
+        &kubeconfig,
         &["--interval", "3s", "--poll", "1s", "--slot-duration", "6s"],
         &[("FAILPOINTS", "step.before_effect=sleep(400)")],
     );
@@ -2869,4 +2979,441 @@ fn control_plane_restarts_mid_rollout() {
     for a in agents.iter_mut() {
         a.term(10);
     }
+}
+
+/// One row of the refusal matrix: who tried what, what the API server answered.
+struct Tried {
+    who: &'static str,
+    what: String,
+    status: u16,
+    reason: String,
+    by: &'static str,
+}
+
+/// Issue 31: with deploy/kubernetes/rbac.yaml and admission-policy.yaml applied, node A's
+/// pod-bound token cannot speak for node B (nor for the operator), a token without a node
+/// name may write nothing, and each node's own writes pass. Every refusal is asserted by
+/// status and reason; the matrix is printed (`--nocapture`).
+#[test]
+fn one_nodes_token_speaks_for_its_node_only() {
+    let Some(fake) = Real::new("fleet-identity") else {
+        return;
+    };
+    let (ns, rook) = (fake.ns.clone(), fake.rook_ns.clone());
+    let nodes = ["worker-1".to_string(), "worker-2".to_string()];
+    let (osd_a, osd_b) = (
+        "rook-ceph-osd-encryption-key-set1-data-0-abcde",
+        "rook-ceph-osd-encryption-key-set1-data-1-fghij",
+    );
+    fake.apply_agent_rbac(&nodes, Some(2));
+    fake.apply_admission_policy(&[("worker-1", &[osd_a]), ("worker-2", &[osd_b])]);
+    let c = fake.c;
+    let a = c.node_client(&ns, "keyplan", "worker-1").token;
+    let b = c.node_client(&ns, "keyplan", "worker-2").token;
+    let nameless = c.service_account_token(&ns, "keyplan", &[], None);
+    // The operator's objects and Rook's Secrets, as the cluster has them.
+    for name in ["keyplan-plan", "keyplan-agent"] {
+        c.ensure(
+            &format!("/api/v1/namespaces/{ns}/configmaps"),
+            &serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name}, "data": {"x": "operator's"}}),
+        );
+    }
+    for name in [osd_a, osd_b] {
+        c.ensure(
+            &format!("/api/v1/namespaces/{rook}/secrets"),
+            &serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": name}, "data": {"dmcrypt-key": "c2VjcmV0"}}),
+        );
+    }
+    let cms = format!("/api/v1/namespaces/{ns}/configmaps");
+    let leases = format!("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases");
+    let events = format!("/api/v1/namespaces/{ns}/events");
+    let secrets = format!("/api/v1/namespaces/{rook}/secrets");
+    let report = |node: &str, st: &str| {
+        serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": format!("keyplan-node-{node}")},
+            "data": {"report.json": format!("{{\"state\":\"{st}\"}}")}})
+    };
+    let lease = |name: &str, holder: Option<&str>| {
+        let mut spec = serde_json::json!({"leaseDurationSeconds": 30});
+        if let Some(h) = holder {
+            spec["holderIdentity"] = serde_json::json!(h);
+        }
+        serde_json::json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": name}, "spec": spec})
+    };
+    let event = |node: &str| {
+        serde_json::json!({"apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": format!("keyplan-node-{node}.")},
+            "involvedObject": {"apiVersion": "v1", "kind": "ConfigMap",
+                "name": format!("keyplan-node-{node}"), "namespace": ns},
+            "related": {"apiVersion": "v1", "kind": "Node", "name": node},
+            "reason": "RunFailed", "message": "forged", "type": "Warning"})
+    };
+    // The current object at `path` with `f` applied (for an update).
+    let changed = |path: &str, f: &dyn Fn(&mut Value)| {
+        let mut v = c.get_json(path).unwrap_or_else(|| panic!("{path} exists"));
+        f(&mut v);
+        v
+    };
+
+    // Each node's own writes pass (and give the refusals below something to refuse).
+    let own = |token: &str, method: &str, path: &str, body: Option<&Value>| {
+        let r = c.request_as(token, method, path, body);
+        assert!(
+            (200..300).contains(&r.status),
+            "{method} {path} of the node's own object: {} {}",
+            r.status,
+            r.body
+        );
+        r.body
+    };
+    own(&a, "POST", &cms, Some(&report("worker-1", "in_sync")));
+    own(&b, "POST", &cms, Some(&report("worker-2", "failed")));
+    own(
+        &b,
+        "POST",
+        &leases,
+        Some(&lease("keyplan-rollout-0", Some("worker-2"))),
+    );
+    own(&a, "POST", &events, Some(&event("worker-1")));
+    let own_secret = format!("{secrets}/{osd_a}");
+    let v = changed(&own_secret, &|v| {
+        v["metadata"]["annotations"] = serde_json::json!({"keyplan.io/versions": "{}"})
+    });
+    own(&a, "PUT", &own_secret, Some(&v));
+
+    let mut rows: Vec<Tried> = Vec::new();
+    let mut refused = |who: &'static str,
+                       what: &str,
+                       token: &str,
+                       method: &str,
+                       path: &str,
+                       body: Option<Value>| {
+        let r = c.request_as(token, method, path, body.as_ref());
+        let message = r.body["message"].as_str().unwrap_or_default().to_string();
+        assert_eq!(r.status, 403, "{who}: {what}: {}", r.body);
+        assert_eq!(r.body["reason"], "Forbidden", "{who}: {what}: {}", r.body);
+        let by = if message.contains("ValidatingAdmissionPolicy 'keyplan-agent-node-scope") {
+            "admission policy"
+        } else {
+            "RBAC"
+        };
+        rows.push(Tried {
+            who,
+            what: what.to_string(),
+            status: r.status,
+            reason: message,
+            by,
+        });
+    };
+    let b_report = format!("{cms}/keyplan-node-worker-2");
+    refused(
+        "A",
+        "create B's report",
+        &a,
+        "POST",
+        &cms,
+        Some(report("worker-2", "in_sync")),
+    );
+    refused(
+        "A",
+        "clear B's failure (the halt) in B's report",
+        &a,
+        "PUT",
+        &b_report,
+        Some(changed(&b_report, &|v| {
+            v["data"]["report.json"] = serde_json::json!("{\"state\":\"in_sync\"}")
+        })),
+    );
+    let a_report = format!("{cms}/keyplan-node-worker-1");
+    own(
+        &b,
+        "PUT",
+        &b_report,
+        Some(&changed(&b_report, &|v| {
+            v["data"]["report.json"] = serde_json::json!("{\"state\":\"in_sync\"}")
+        })),
+    );
+    refused(
+        "B",
+        "set the halt: a failure in A's report",
+        &b,
+        "PUT",
+        &a_report,
+        Some(changed(&a_report, &|v| {
+            v["data"]["report.json"] = serde_json::json!("{\"state\":\"failed\"}")
+        })),
+    );
+    refused(
+        "A",
+        "take a free slot as B",
+        &a,
+        "POST",
+        &leases,
+        Some(lease("keyplan-rollout-1", Some("worker-2"))),
+    );
+    let slot0 = format!("{leases}/keyplan-rollout-0");
+    refused(
+        "A",
+        "release B's slot",
+        &a,
+        "PUT",
+        &slot0,
+        Some(changed(&slot0, &|v| {
+            v["spec"]
+                .as_object_mut()
+                .map(|s| s.remove("holderIdentity"));
+        })),
+    );
+    refused(
+        "A",
+        "hand B's slot to another node",
+        &a,
+        "PUT",
+        &slot0,
+        Some(changed(&slot0, &|v| {
+            v["spec"]["holderIdentity"] = serde_json::json!("worker-3")
+        })),
+    );
+    refused("A", "delete B's slot", &a, "DELETE", &slot0, None);
+    refused(
+        "A",
+        "rewrite the plan ConfigMap",
+        &a,
+        "PUT",
+        &format!("{cms}/keyplan-plan"),
+        Some(changed(&format!("{cms}/keyplan-plan"), &|v| {
+            v["data"]["x"] = serde_json::json!("mine")
+        })),
+    );
+    refused(
+        "A",
+        "create a ConfigMap named like the agent configuration",
+        &a,
+        "POST",
+        &cms,
+        Some(
+            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "keyplan-agent-2"}}),
+        ),
+    );
+    refused(
+        "A",
+        "delete the agent configuration",
+        &a,
+        "DELETE",
+        &format!("{cms}/keyplan-agent"),
+        None,
+    );
+    refused(
+        "A",
+        "an Event in B's name",
+        &a,
+        "POST",
+        &events,
+        Some(event("worker-2")),
+    );
+    let b_secret = format!("{secrets}/{osd_b}");
+    refused(
+        "A",
+        "vote/hold as B: B's OSD key Secret's annotation",
+        &a,
+        "PUT",
+        &b_secret,
+        Some(changed(
+            &b_secret,
+            &|v| {
+                v["metadata"]["annotations"] =
+                    serde_json::json!({"keyplan.io/versions": "{\"holders\":{}}"})
+            },
+        )),
+    );
+    refused(
+        "A",
+        "update B's OSD key",
+        &a,
+        "PUT",
+        &b_secret,
+        Some(changed(&b_secret, &|v| {
+            v["data"]["dmcrypt-key"] = serde_json::json!("Zm9yZ2Vk")
+        })),
+    );
+    refused("A", "delete B's OSD key", &a, "DELETE", &b_secret, None);
+    refused(
+        "A",
+        "create a Secret no OSD of A uses",
+        &a,
+        "POST",
+        &secrets,
+        Some(
+            serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "planted"}}),
+        ),
+    );
+    refused(
+        "no node",
+        "create its report",
+        &nameless,
+        "POST",
+        &cms,
+        Some(report("worker-1", "in_sync")),
+    );
+    refused(
+        "no node",
+        "take a slot",
+        &nameless,
+        "POST",
+        &leases,
+        Some(lease("keyplan-rollout-1", Some("worker-1"))),
+    );
+    refused(
+        "no node",
+        "update an OSD key",
+        &nameless,
+        "PUT",
+        &own_secret,
+        Some(changed(&own_secret, &|v| {
+            v["data"]["dmcrypt-key"] = serde_json::json!("Zm9yZ2Vk")
+        })),
+    );
+
+    // Nothing of B's changed.
+    let lease0 = c.get_json(&slot0).expect("slot 0");
+    assert_eq!(lease0["spec"]["holderIdentity"], "worker-2");
+    assert_eq!(
+        c.get_json(&b_secret).expect("B's Secret")["data"]["dmcrypt-key"],
+        "c2VjcmV0"
+    );
+    assert!(c.get_json(&format!("{leases}/keyplan-rollout-1")).is_none());
+    println!("| token | tried | answer | refused by |\n|---|---|---|---|");
+    for r in &rows {
+        let reason = r
+            .reason
+            .rsplit("denied request: ")
+            .next()
+            .unwrap_or(&r.reason);
+        println!(
+            "| {} | {} | {} Forbidden: {} | {} |",
+            r.who, r.what, r.status, reason, r.by
+        );
+    }
+    assert!(
+        rows.iter().filter(|r| r.by == "admission policy").count() >= 12,
+        "the policy, not only RBAC, refuses"
+    );
+}
+
+/// Issue 31: the agent re-reads its token file (the kubelet replaces a projected token at 80%
+/// of its life): once the file holds a new token, the agent uses it, and with the old token
+/// dead (its Pod deleted) the agent goes on without an authentication failure.
+#[test]
+fn a_replaced_token_file_keeps_the_agent_working() {
+    let s = Scratch::new();
+    let Some(fake) = Real::new("fleet-token") else {
+        return;
+    };
+    let node = "worker-1";
+    let kubeconfig = fake
+        .agent_kubeconfig(&[node.to_string()], None)
+        .of(node)
+        .to_path_buf();
+    let img = s.small_image("disk.img", "luks2");
+    let keys = s.path("keys");
+    let plan = format!(
+        "version: 1\nkms:\n  local: {{ provider: file, path: {} }}\nkeys:\n  k1: {{ kms: local }}\ndevices:\n  d1: {{ path: {}, node: {node}, keys: [k1], enroll_with: {} }}\n{FAST_PBKDF}",
+        keys.display(),
+        img.display(),
+        s.initial_pass().display()
+    );
+    let config = file_agent_config(&s, &keys);
+    let cm = ConfigMapDir::new(s.path("plan-volume"), &plan);
+    let mut agent = Agent {
+        args: agent_args(
+            node,
+            &cm.plan(),
+            &config,
+            &s.path("state"),
+            &kubeconfig,
+            &["--namespace", &fake.ns, "--interval", "1s", "--poll", "1s"],
+        ),
+        env: vec![],
+        log: s.path("agent.log"),
+        child: None,
+        started: 0,
+    };
+    agent.spawn();
+    let log = || std::fs::read_to_string(s.path("agent.log")).unwrap_or_default();
+    wait_for(
+        60,
+        "the enrollment",
+        || state(&fake, node) == "in_sync",
+        log,
+    );
+
+    // The kubelet's rotation: a new token (of a new Pod on the same node, so the old one can
+    // be killed) written to the file by rename, as the kubelet's atomic writer does.
+    let c = fake.c;
+    c.ensure(
+        &format!("/api/v1/namespaces/{}/pods", fake.ns),
+        &serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "keyplan-worker-1-next"},
+            "spec": {"nodeName": node, "serviceAccountName": "keyplan",
+                "automountServiceAccountToken": false,
+                "containers": [{"name": "agent", "image": "keyplan:test"}]}}),
+    );
+    let next = c.service_account_token(&fake.ns, "keyplan", &[], Some("keyplan-worker-1-next"));
+    let second = format!("{} (second token)", fake.agent_user);
+    c.register_token(&next, &second);
+    let file = fake.tokens.path().join(format!("token-{node}"));
+    let tmp = fake.tokens.path().join("..token.tmp");
+    std::fs::write(&tmp, &next).expect("write");
+    std::fs::rename(&tmp, &file).expect("rename");
+    let report_put = |r: &kube_proxy::Logged| {
+        r.method == "PUT"
+            && r.path
+                .ends_with(&format!("/configmaps/keyplan-node-{node}"))
+    };
+    // kube's client reads a token file again when its copy is a minute old.
+    wait_for(
+        90,
+        "a request with the new token",
+        || {
+            fake.proxy
+                .requests_by_user(&second)
+                .iter()
+                .any(|r| r.code == 200)
+        },
+        log,
+    );
+    // The old token dies with its Pod.
+    assert!(c.delete(&format!(
+        "/api/v1/namespaces/{}/pods/keyplan-worker-1",
+        fake.ns
+    )));
+    let mark = fake.proxy.mark();
+    wait_for(
+        30,
+        "three report updates after the old token died",
+        || {
+            fake.proxy
+                .requests_since(mark)
+                .iter()
+                .filter(|r| report_put(r) && r.code == 200 && r.user == second)
+                .count()
+                >= 3
+        },
+        log,
+    );
+    let after = fake.proxy.requests_since(mark);
+    assert!(
+        after.iter().all(|r| r.code != 401 && r.code != 403),
+        "{:?}",
+        after
+            .iter()
+            .filter(|r| r.code >= 400)
+            .map(|r| (&r.method, &r.path, r.code))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(state(&fake, node), "in_sync");
+    assert_eq!(agent.term(30), Some(0), "{}", log());
 }

@@ -948,7 +948,7 @@ fn status_warns_about_a_service_account_token_that_expires_before_the_next_rotat
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
-    // A real token of ServiceAccount `keyplan` (bound to cluster-admin), minted with the
+    // A real token of ServiceAccount `harness-admin` (bound to cluster-admin), minted with the
     // TokenRequest API for a day: its `exp` is what the API server signed.
     let jwt = kube.c.users(&kube.ns).full_token;
     let claims: Value = serde_json::from_slice(
@@ -959,7 +959,7 @@ fn status_warns_about_a_service_account_token_that_expires_before_the_next_rotat
     .expect("JWT claims are JSON");
     assert_eq!(
         claims["sub"],
-        format!("system:serviceaccount:{}:keyplan", kube.ns)
+        format!("system:serviceaccount:{}:harness-admin", kube.ns)
     );
     let exp = claims["exp"].as_u64().expect("exp");
     assert!(

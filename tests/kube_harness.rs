@@ -225,7 +225,7 @@ fn proxy_logs_users_runs_hooks_and_injects_faults() {
     let codes: Vec<u16> = log.iter().map(|r| r.code).collect();
     assert_eq!(codes, vec![200, 409, 503, 0, 403], "{log:?}");
     let full_user = log[0].user.clone();
-    assert!(full_user.ends_with(":keyplan"), "{log:?}");
+    assert!(full_user.ends_with(":harness-admin"), "{log:?}");
     assert!(log[4].user.ends_with(":nobody"), "{log:?}");
     assert!(log[1].is_secret_write());
 }

@@ -129,6 +129,15 @@ def main():
         "Leases granted (default 1)",
     )
     ap.add_argument(
+        "--policy",
+        nargs="?",
+        const="keyplan",
+        metavar="NAMESPACE",
+        help="write the plan's admission policy instead of the plan: the ValidatingAdmissionPolicy "
+        "that holds each agent (ServiceAccount keyplan of NAMESPACE, default keyplan) to its own "
+        "node's report, slot, Events and OSD Secrets, and its binding",
+    )
+    ap.add_argument(
         "--role",
         nargs="?",
         const="keyplan",
@@ -142,8 +151,10 @@ def main():
         sys.exit(
             f"--max-concurrent-nodes {args.max_concurrent_nodes} is below 1; nothing was written"
         )
-    if args.role is not None:
-        for what, ns in (("--namespace", args.namespace), ("--role", args.role)):
+    if args.role is not None and args.policy is not None:
+        sys.exit("--role and --policy write different files; give one; nothing was written")
+    for what, ns in (("--namespace", args.namespace), ("--role", args.role), ("--policy", args.policy)):
+        if ns is not None:
             if not NAMESPACE_RE.match(ns):
                 sys.exit(f"{what} {ns!r} is not a Kubernetes namespace name; nothing was written")
 
@@ -156,6 +167,8 @@ def main():
     osds = find_osds(doc.get("items") or [], args)
     if args.role is not None:
         write_role(osds, args)
+    elif args.policy is not None:
+        write_policy(osds, args)
     else:
         write_plan(osds, args)
     print(f"{len(osds)} OSDs on {len({n for _, n, _ in osds})} nodes", file=sys.stderr)
@@ -326,6 +339,109 @@ def write_role(osds, args):
         *binding(ROLE_NAME, args.namespace),
     ]
     print("\n".join(out))
+
+
+# What the agents' ServiceAccount may write, node by node (deploy/kubernetes/admission-policy.yaml
+# explains every rule). `{user}` and `{secrets}` are filled in by write_policy; CEL string
+# literals are single-quoted (Kubernetes names hold no quote).
+POLICY = """\
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: keyplan-agent-node-scope
+  labels:
+    app.kubernetes.io/name: keyplan
+    app.kubernetes.io/component: agent
+    app.kubernetes.io/part-of: keyplan
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - apiGroups: [""]
+        apiVersions: ["*"]
+        operations: ["CREATE", "UPDATE", "DELETE"]
+        resources: ["configmaps", "events", "secrets"]
+      - apiGroups: ["coordination.k8s.io"]
+        apiVersions: ["*"]
+        operations: ["CREATE", "UPDATE", "DELETE"]
+        resources: ["leases"]
+  matchConditions:
+    - name: the-keyplan-agents
+      expression: {user}
+  variables:
+    - name: node
+      expression: "has(request.userInfo.extra) && 'authentication.kubernetes.io/node-name' in request.userInfo.extra && size(request.userInfo.extra['authentication.kubernetes.io/node-name']) == 1 ? request.userInfo.extra['authentication.kubernetes.io/node-name'][0] : ''"
+    - name: name
+      expression: "request.operation == 'DELETE' ? oldObject.metadata.name : object.metadata.name"
+    - name: report
+      expression: "'keyplan-node-' + variables.node"
+    - name: holder
+      expression: "request.resource.resource == 'leases' && request.operation != 'DELETE' && has(object.spec) && has(object.spec.holderIdentity) ? object.spec.holderIdentity : ''"
+    - name: oldHolder
+      expression: "request.resource.resource == 'leases' && request.operation == 'UPDATE' && has(oldObject.spec) && has(oldObject.spec.holderIdentity) ? oldObject.spec.holderIdentity : ''"
+    - name: secretsByNode
+      expression: {secrets}
+    - name: ownSecrets
+      expression: "variables.node in variables.secretsByNode ? variables.secretsByNode[variables.node] : []"
+  validations:
+    - expression: "variables.node != ''"
+      reason: Forbidden
+      message: "a keyplan agent's credential must name its node (user extra authentication.kubernetes.io/node-name): use the pod's projected service-account token, not a token without a pod"
+    - expression: "variables.node == '' || request.resource.resource != 'configmaps' || (request.operation != 'DELETE' && variables.name == variables.report)"
+      reason: Forbidden
+      messageExpression: "'node ' + variables.node + ' may write only its own report, ConfigMap ' + variables.report + '; refused: ' + request.operation + ' of ConfigMap ' + variables.name"
+    - expression: "variables.node == '' || request.resource.resource != 'leases' || (variables.name.startsWith('keyplan-rollout-') && (request.operation == 'CREATE' ? variables.holder == variables.node : request.operation == 'UPDATE' && (variables.holder == variables.node || (variables.oldHolder == variables.node && variables.holder == ''))))"
+      reason: Forbidden
+      messageExpression: "'node ' + variables.node + ' may hold a rollout slot only as itself and release only a slot it holds; refused: ' + request.operation + ' of Lease ' + variables.name + ' (holder ' + variables.oldHolder + ' -> ' + variables.holder + ')'"
+    - expression: "variables.node == '' || request.resource.resource != 'events' || (request.operation != 'DELETE' && has(object.involvedObject.name) && object.involvedObject.name == variables.report && has(object.related) && has(object.related.name) && object.related.name == variables.node && (request.operation != 'UPDATE' || (has(oldObject.involvedObject.name) && oldObject.involvedObject.name == variables.report)))"
+      reason: Forbidden
+      messageExpression: "'node ' + variables.node + ' may write only Events about its own report (' + variables.report + ') and node; refused: ' + request.operation + ' of Event ' + variables.name"
+    - expression: "variables.node == '' || request.resource.resource != 'secrets' || variables.ownSecrets.exists(s, variables.name == s || variables.name == s + '-keyplan' || (variables.name.startsWith(s + '-v') && variables.name.substring(size(s) + 2).matches('^[0-9]+$')))"
+      reason: Forbidden
+      messageExpression: "'node ' + variables.node + ' may write only the key Secrets of its own OSDs; refused: ' + request.operation + ' of Secret ' + variables.name"
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: keyplan-agent-node-scope
+  labels:
+    app.kubernetes.io/name: keyplan
+    app.kubernetes.io/component: agent
+    app.kubernetes.io/part-of: keyplan
+spec:
+  policyName: keyplan-agent-node-scope
+  validationActions: ["Deny"]"""
+
+
+def write_policy(osds, args):
+    """Prints the plan's admission policy: POLICY for the agents' ServiceAccount of the fleet
+    namespace, with the Secrets of each node's OSDs."""
+    if not osds:
+        sys.exit(
+            f"no OSD PV found in namespace {args.namespace}; nothing was written (a policy "
+            "without OSDs would refuse every key write)"
+        )
+    by_node = {}
+    for pvc, node, _ in sorted(osds):
+        by_node.setdefault(node, []).append(SECRET_PREFIX + pvc)
+    cel = "{" + ", ".join(
+        f"'{node}': [" + ", ".join(f"'{n}'" for n in names) + "]"
+        for node, names in sorted(by_node.items())
+    ) + "}"
+    user = f"system:serviceaccount:{args.policy}:{SERVICE_ACCOUNT}"
+    print(
+        "\n".join(
+            [
+                "# Generated by examples/rook/plan-from-pvs.py --policy: what each keyplan agent may",
+                f"# write, for a plan of {len(osds)} OSD(s) on {len(by_node)} node(s). Regenerate it with rbac.yaml",
+                "# when they change; deploy/kubernetes/admission-policy.yaml explains every rule.",
+                POLICY.format(
+                    user=json.dumps(f"request.userInfo.username == '{user}'"),
+                    secrets=json.dumps(cel),
+                ),
+            ]
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -35,9 +35,7 @@ pub fn client(
     kubeconfig: Option<&std::path::Path>,
     context: Option<&str>,
 ) -> Result<kube::Client, String> {
-    // rustls is built with two crypto providers (kube's ring, reqwest's aws-lc-rs) and cannot
-    // pick one by itself; as for the kubernetes KMS, use ring. One installed earlier stays.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crate::kms::install_tls_provider();
     crate::kms::block_on(
         "fleet",
         crate::kms::kubernetes::load_client(kubeconfig, context, crate::kms::REQUEST_TIMEOUT),

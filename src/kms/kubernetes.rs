@@ -298,9 +298,7 @@ impl KubernetesKms {
             )));
         }
         let what = config_source(kubeconfig, context);
-        // rustls is built with two crypto providers here (kube's ring, vaultrs' aws-lc-rs), so
-        // it cannot pick one by itself: name kube's. A provider installed earlier stays.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        super::install_tls_provider();
         let loaded = block_on(
             &pre,
             load_client(kubeconfig, context, timeout + CLIENT_GRACE),

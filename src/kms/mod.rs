@@ -414,6 +414,14 @@ pub fn timeout_of(name: &str, config: &KmsConfig) -> Result<std::time::Duration,
     }
 }
 
+/// Installs ring as the process's rustls crypto provider, once. Every TLS client keyplan
+/// builds (kube's for the kubernetes KMS and fleet mode, reqwest's under vaultrs for Vault)
+/// takes the process default: reqwest is built with `rustls-no-provider` (Cargo.toml), so a
+/// Vault client built before this would fail. A provider installed earlier stays.
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// Runs `future` to completion on keyplan's shared tokio runtime (2 worker threads, started
 /// on first use) from synchronous engine code. Used by the providers built on async client
 /// crates (`vaultrs`, `kube`). Safe to call from several threads at once; must not be called

@@ -191,6 +191,7 @@ struct Endpoint {
 /// unreadable CA file, say).
 fn build_client(ep: &Endpoint, token: &str) -> Result<VaultClient, String> {
     let (url, namespace, ca_cert) = (&ep.url, ep.namespace.as_deref(), ep.ca_cert.as_deref());
+    super::install_tls_provider();
     let mut builder = VaultClientSettingsBuilder::default();
     builder
         // Already parsed, so vaultrs's own parse (which panics on failure) succeeds.

@@ -70,7 +70,10 @@ pub struct Reply {
 /// The identities [`Cluster::kubeconfig`] offers in one namespace (real ServiceAccounts).
 #[derive(Debug, Clone)]
 pub struct NamespaceUsers {
-    /// Token of ServiceAccount `keyplan`, bound to `cluster-admin` (context `full`).
+    /// Token of ServiceAccount `harness-admin`, bound to `cluster-admin` (context `full`). Not
+    /// `keyplan`: that is the agents' ServiceAccount in deploy/kubernetes/rbac.yaml, and a test
+    /// that deploys the agents into a namespace whose `full` context exists would hand them
+    /// cluster-admin.
     pub full_token: String,
     /// Token of ServiceAccount `reader`: get, list and watch of Secrets (context `read-only`).
     pub read_only_token: String,
@@ -1118,23 +1121,23 @@ impl Cluster {
     }
 
     /// The identities of [`Cluster::kubeconfig`]'s contexts in `ns`, created on first use:
-    /// ServiceAccounts `keyplan` (bound to `cluster-admin` by a ClusterRoleBinding: every verb
+    /// ServiceAccounts `harness-admin` (bound to `cluster-admin` by a ClusterRoleBinding: every verb
     /// everywhere, TokenReview included), `reader` (a Role: get, list, watch of Secrets) and
     /// `nobody` (no binding), each with a minted token.
     pub fn users(&self, ns: &str) -> NamespaceUsers {
         if let Some(u) = self.users.lock().unwrap_or_else(|e| e.into_inner()).get(ns) {
             return u.clone();
         }
-        for sa in ["keyplan", "reader", "nobody"] {
+        for sa in ["harness-admin", "reader", "nobody"] {
             self.service_account(ns, sa);
         }
         self.ensure(
             "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
             &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                "metadata": {"name": format!("keyplan-full-{ns}")},
+                "metadata": {"name": format!("harness-admin-{ns}")},
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                     "name": "cluster-admin"},
-                "subjects": [{"kind": "ServiceAccount", "name": "keyplan", "namespace": ns}]}),
+                "subjects": [{"kind": "ServiceAccount", "name": "harness-admin", "namespace": ns}]}),
         );
         self.ensure(
             &format!("/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles"),
@@ -1152,7 +1155,7 @@ impl Cluster {
                 "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": ns}]}),
         );
         let u = NamespaceUsers {
-            full_token: self.service_account_token(ns, "keyplan", &[], None),
+            full_token: self.service_account_token(ns, "harness-admin", &[], None),
             read_only_token: self.service_account_token(ns, "reader", &[], None),
             no_access_token: self.service_account_token(ns, "nobody", &[], None),
         };
@@ -1313,6 +1316,13 @@ impl Cluster {
                     kind.to_ascii_lowercase()
                 ),
                 "Lease" => format!("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"),
+                "ValidatingAdmissionPolicy" => {
+                    "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies".to_string()
+                }
+                "ValidatingAdmissionPolicyBinding" => {
+                    "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+                        .to_string()
+                }
                 "ServiceAccount" | "Secret" | "ConfigMap" => {
                     format!("/api/v1/namespaces/{ns}/{}s", kind.to_ascii_lowercase())
                 }

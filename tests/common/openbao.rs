@@ -191,6 +191,8 @@ impl OpenBao {
         if self.ca_cert.as_ref().is_some_and(|c| !c.exists()) {
             return false;
         }
+        // reqwest under vaultrs takes the process's rustls provider (Cargo.toml).
+        keyplan::kms::install_tls_provider();
         let Ok(client) = vaultrs::client::VaultClient::new(settings) else {
             return false;
         };
