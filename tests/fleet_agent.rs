@@ -3208,6 +3208,30 @@ fn one_nodes_token_speaks_for_its_node_only() {
     );
     refused(
         "A",
+        "pause the fleet (create keyplan-pause)",
+        &a,
+        "POST",
+        &cms,
+        Some(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "keyplan-pause",
+                "labels": {"app.kubernetes.io/component": "fleet-pause"}},
+            "data": {"reason": "forged"}})),
+    );
+    c.ensure(
+        &cms,
+        &serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "keyplan-pause"}, "data": {"reason": "operator's"}}),
+    );
+    refused(
+        "A",
+        "resume the fleet (delete keyplan-pause)",
+        &a,
+        "DELETE",
+        &format!("{cms}/keyplan-pause"),
+        None,
+    );
+    refused(
+        "A",
         "an Event in B's name",
         &a,
         "POST",
@@ -3415,5 +3439,225 @@ fn a_replaced_token_file_keeps_the_agent_working() {
             .collect::<Vec<_>>()
     );
     assert_eq!(state(&fake, node), "in_sync");
+    assert_eq!(agent.term(30), Some(0), "{}", log());
+}
+
+/// `keyplan fleet ...` as the operator (through the proxy), with `args` after the command
+/// name; returns (exit code, stdout, stderr).
+fn operator(fake: &Real, kubeconfig: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+        .arg("fleet")
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .env("USER", "alice")
+        .output()
+        .expect("run keyplan fleet");
+    let _ = fake;
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Issue 31: the operator's brake. `keyplan fleet pause` (the namespace from the plan's
+/// settings.fleet.namespace) stops a node with work from taking a slot at its next poll
+/// (state `paused` in its report, `/metrics` and `fleet status`, an Event); a node that is
+/// applying when the pause comes finishes its run and takes no new slot; the agents' tokens
+/// can neither pause nor resume; `keyplan fleet resume` lets them go on.
+#[test]
+fn an_operator_pauses_and_resumes_the_rollout() {
+    let s = Scratch::new();
+    let Some(fake) = Real::new("fleet-pause") else {
+        return;
+    };
+    let node = "worker-1";
+    let kubeconfig = fake
+        .agent_kubeconfig(&[node.to_string()], None)
+        .of(node)
+        .to_path_buf();
+    let operator_kc = fake.operator_kubeconfig();
+    let img = s.small_image("disk.img", "luks2");
+    let keys = s.path("keys");
+    let plan = |key_list: &str| {
+        format!(
+            "version: 1\nkms:\n  local: {{ provider: file, path: {} }}\nkeys:\n  k1: {{ kms: local }}\n  k2: {{ kms: local }}\ndevices:\n  d1: {{ path: {}, node: {node}, keys: [{key_list}], enroll_with: {} }}\n{FAST_PBKDF}  fleet: {{ namespace: {} }}\n",
+            keys.display(),
+            img.display(),
+            s.initial_pass().display(),
+            fake.ns
+        )
+    };
+    let mut cm = ConfigMapDir::new(s.path("plan-volume"), &plan("k1"));
+    let plan_file = s.plan("operator-plan.yaml", &plan("k1"));
+    let config = file_agent_config(&s, &keys);
+    let gate = s.path("commit-gate");
+    std::fs::write(&gate, "held").expect("gate");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut agent = Agent {
+        args: agent_args(
+            node,
+            &cm.plan(),
+            &config,
+            &s.path("state"),
+            &kubeconfig,
+            &["--interval", "2s", "--poll", "1s", "--listen", &listen],
+        ),
+        // Every run holds just before its KMS commit while `commit-gate` exists.
+        env: vec![(
+            "FAILPOINTS".into(),
+            format!("commit.before=return(wait:{})", gate.display()),
+        )],
+        log: s.path("agent.log"),
+        child: None,
+        started: 0,
+    };
+    agent.spawn();
+    let log = || std::fs::read_to_string(s.path("agent.log")).unwrap_or_default();
+    let plan_arg = plan_file.display().to_string();
+
+    // A run in progress (held at its commit) when the operator pauses.
+    wait_for(
+        60,
+        "the enrollment run to hold its slot",
+        || state(&fake, node) == "running" && holders(&fake) == [node.to_string()],
+        log,
+    );
+    let (code, out, err) = operator(
+        &fake,
+        &operator_kc,
+        &["pause", "-f", &plan_arg, "--reason", "change freeze"],
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains(&format!("Paused the rollout in namespace {}", fake.ns)),
+        "{out}"
+    );
+    let (code, out, _) = operator(&fake, &operator_kc, &["pause", "-f", &plan_arg]);
+    assert_eq!(code, Some(0));
+    assert!(
+        out.contains("already paused by alice") && out.contains("change freeze"),
+        "{out}"
+    );
+    // The run goes on to its end, and the slot is given back.
+    std::fs::remove_file(&gate).expect("open the gate");
+    wait_for(
+        60,
+        "the run in progress to finish",
+        || state(&fake, node) == "in_sync" && holders(&fake).is_empty(),
+        log,
+    );
+    assert_eq!(
+        keyslots(&img).len(),
+        2,
+        "k1 enrolled beside the initial passphrase"
+    );
+
+    // New work while paused: no slot is taken.
+    cm.write(&plan("k1, k2"));
+    wait_for(
+        60,
+        "the agent to see the pause",
+        || state(&fake, node) == "paused",
+        log,
+    );
+    let r = report(&fake, node).expect("report");
+    assert!(
+        r["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("paused by alice"),
+        "{r}"
+    );
+    let (code, metrics) = http_get(port, "/metrics").expect("metrics");
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains("keyplan_agent_fleet_paused{node=\"worker-1\"} 1"),
+        "{metrics}"
+    );
+    let (code, out, err) = operator(&fake, &operator_kc, &["status", "-f", &plan_arg]);
+    assert!(
+        out.contains("the rollout is PAUSED (paused by alice"),
+        "{out}{err}"
+    );
+    assert!(out.contains("paused"), "{out}");
+    assert_eq!(code, Some(0), "a pause is no failure: {out}{err}");
+    let (_, json, _) = operator(
+        &fake,
+        &operator_kc,
+        &["status", "-f", &plan_arg, "--format", "json"],
+    );
+    let v: Value = serde_json::from_str(&json).expect("status JSON");
+    assert_eq!(v["paused"]["reason"], "change freeze", "{v}");
+    let events = fake.c.objects("events", &fake.ns);
+    assert!(
+        events
+            .iter()
+            .any(|e| e["reason"] == "RolloutPaused"
+                && e["involvedObject"]["name"] == "keyplan-pause"),
+        "{events:?}"
+    );
+    // Several polls later, still no slot and no change.
+    let mark = fake.proxy.mark();
+    wait_for(
+        30,
+        "three polls while paused",
+        || {
+            fake.proxy
+                .requests_since(mark)
+                .iter()
+                .filter(|r| {
+                    r.method == "GET"
+                        && r.path.ends_with("/configmaps")
+                        && r.user == fake.agent_user
+                })
+                .count()
+                >= 3
+        },
+        log,
+    );
+    assert!(holders(&fake).is_empty());
+    assert_eq!(keyslots(&img).len(), 2);
+    // A node's token can neither resume nor pause the fleet.
+    let token =
+        std::fs::read_to_string(fake.tokens.path().join(format!("token-{node}"))).expect("token");
+    let path = format!("/api/v1/namespaces/{}/configmaps/keyplan-pause", fake.ns);
+    let r = fake.c.request_as(&token, "DELETE", &path, None);
+    assert_eq!(
+        (r.status, r.body["reason"].as_str()),
+        (403, Some("Forbidden")),
+        "{}",
+        r.body
+    );
+    let mut pause = fake.c.get_json(&path).expect("the pause");
+    pause["data"]["reason"] = serde_json::json!("");
+    let r = fake.c.request_as(&token, "PUT", &path, Some(&pause));
+    assert_eq!(
+        (r.status, r.body["reason"].as_str()),
+        (403, Some("Forbidden")),
+        "{}",
+        r.body
+    );
+
+    // Resume: the node takes a slot at its next poll.
+    let (code, out, err) = operator(&fake, &operator_kc, &["resume", "-f", &plan_arg]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("Resumed the rollout"), "{out}");
+    wait_for(
+        60,
+        "the run after the resume",
+        || state(&fake, node) == "in_sync" && keyslots(&img).len() == 3,
+        log,
+    );
+    let (code, out, _) = operator(&fake, &operator_kc, &["resume", "-f", &plan_arg]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("is not paused"), "{out}");
+    let (_, metrics) = http_get(port, "/metrics").expect("metrics");
+    assert!(
+        metrics.contains("keyplan_agent_fleet_paused{node=\"worker-1\"} 0"),
+        "{metrics}"
+    );
     assert_eq!(agent.term(30), Some(0), "{}", log());
 }

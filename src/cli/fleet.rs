@@ -1,5 +1,6 @@
-//! `keyplan fleet status` and `keyplan fleet clear`: read (or clear the failures of) the node
-//! reports from a workstation or CI ([`crate::fleet::status`]), render, exit status.
+//! `keyplan fleet status`, `plan`, `clear`, `pause` and `resume`: read the node reports (or
+//! clear their failures, pause or resume the rollout) from a workstation or CI
+//! ([`crate::fleet::status`], [`crate::fleet::pause`]), render, exit status.
 
 use std::path::PathBuf;
 
@@ -8,15 +9,30 @@ use super::*;
 /// Where the fleet is: namespace and Kubernetes client configuration.
 #[derive(Debug, Clone, Args)]
 pub struct FleetTarget {
-    /// The fleet namespace (the plan's settings.fleet.namespace).
-    #[arg(long, default_value = "keyplan", value_name = "NAMESPACE", value_parser = super::agent::parse_namespace)]
-    pub namespace: String,
+    /// The fleet namespace (default: the plan's settings.fleet.namespace when a plan is
+    /// given, else keyplan).
+    #[arg(long, value_name = "NAMESPACE", value_parser = super::agent::parse_namespace)]
+    pub namespace: Option<String>,
     /// kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else in-cluster).
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
     /// kubeconfig context (default: the current one).
     #[arg(long, value_name = "NAME")]
     pub context: Option<String>,
+}
+
+impl FleetTarget {
+    /// `--namespace`, else `plan`'s `settings.fleet.namespace` (a plan file to load), else
+    /// `keyplan`. Errors: the plan cannot be loaded.
+    fn namespace(&self, plan: Option<&std::path::Path>) -> Result<String> {
+        if let Some(ns) = &self.namespace {
+            return Ok(ns.clone());
+        }
+        match plan {
+            Some(p) => Ok(spec::load(p)?.fleet.namespace),
+            None => Ok(crate::spec::DEFAULT_FLEET_NAMESPACE.to_string()),
+        }
+    }
 }
 
 /// `keyplan fleet ...`.
@@ -29,6 +45,10 @@ pub enum FleetCommand {
     Status {
         #[command(flatten)]
         target: FleetTarget,
+        /// The fleet's plan file, for its settings.fleet.namespace (when --namespace is not
+        /// given).
+        #[arg(short = 'f', long = "file", value_name = "PLAN")]
+        file: Option<PathBuf>,
         /// Output format.
         #[arg(long, value_enum, default_value_t = StatusFormat::Text)]
         format: StatusFormat,
@@ -59,9 +79,41 @@ pub enum FleetCommand {
     Clear {
         #[command(flatten)]
         target: FleetTarget,
+        /// The fleet's plan file, for its settings.fleet.namespace (when --namespace is not
+        /// given).
+        #[arg(short = 'f', long = "file", value_name = "PLAN")]
+        file: Option<PathBuf>,
         /// Clear only this node's failure (default: every node's).
         #[arg(value_name = "NODE")]
         only: Option<String>,
+    },
+    /// Pause the rollout: no agent takes a new rollout slot until `keyplan fleet resume`; a
+    /// node that is applying finishes its current run and gives its slot back. Agents see it
+    /// at their next poll. Exit 0 also when it was already paused (that pause is kept).
+    Pause {
+        #[command(flatten)]
+        target: FleetTarget,
+        /// The fleet's plan file, for its settings.fleet.namespace (when --namespace is not
+        /// given).
+        #[arg(short = 'f', long = "file", value_name = "PLAN")]
+        file: Option<PathBuf>,
+        /// Why (shown by `fleet status` and in the agents' reports).
+        #[arg(long, default_value = "", value_name = "TEXT")]
+        reason: String,
+        /// Who pauses (default: $USER); informative, the API server's audit log has who
+        /// really did.
+        #[arg(long, value_name = "NAME")]
+        by: Option<String>,
+    },
+    /// Lift the pause of `keyplan fleet pause`: agents take slots again at their next poll.
+    /// Exit 0 also when the rollout was not paused.
+    Resume {
+        #[command(flatten)]
+        target: FleetTarget,
+        /// The fleet's plan file, for its settings.fleet.namespace (when --namespace is not
+        /// given).
+        #[arg(short = 'f', long = "file", value_name = "PLAN")]
+        file: Option<PathBuf>,
     },
 }
 
@@ -92,7 +144,11 @@ pub(super) fn cmd_fleet(command: &FleetCommand) -> Result<Exit> {
                 ));
             }
             let c = client(target)?;
-            let reports = crate::fleet::report::Reports::new(c, &target.namespace)
+            let namespace = target
+                .namespace
+                .clone()
+                .unwrap_or_else(|| plan.fleet.namespace.clone());
+            let reports = crate::fleet::report::Reports::new(c, &namespace)
                 .list()
                 .map_err(|e| miette!("cannot read the node reports: {e}"))?;
             let fp = crate::fleet::plan::compute(
@@ -104,10 +160,10 @@ pub(super) fn cmd_fleet(command: &FleetCommand) -> Result<Exit> {
             if *json {
                 outln!(
                     "{}",
-                    render::fleet::plan_json(&fp, &target.namespace).into_diagnostic()?
+                    render::fleet::plan_json(&fp, &namespace).into_diagnostic()?
                 );
             } else {
-                out!("{}", render::fleet::plan_text(&fp, &target.namespace));
+                out!("{}", render::fleet::plan_text(&fp, &namespace));
             }
             Ok(if fp.doubtful() {
                 Exit::Failure
@@ -117,7 +173,18 @@ pub(super) fn cmd_fleet(command: &FleetCommand) -> Result<Exit> {
                 Exit::Success
             })
         }
-        FleetCommand::Status { target, format } => {
+        FleetCommand::Status {
+            target,
+            file,
+            format,
+        } => {
+            let namespace = match target.namespace(file.as_deref()) {
+                Ok(ns) => ns,
+                Err(e) => {
+                    errln!("keyplan fleet status: {e}");
+                    return Ok(Exit::Unknown);
+                }
+            };
             let c = match crate::fleet::client(
                 target.kubeconfig.as_deref(),
                 target.context.as_deref(),
@@ -128,7 +195,7 @@ pub(super) fn cmd_fleet(command: &FleetCommand) -> Result<Exit> {
                     return Ok(Exit::Unknown);
                 }
             };
-            let s = match crate::fleet::status::read(&c, &target.namespace) {
+            let s = match crate::fleet::status::read(&c, &namespace) {
                 Ok(s) => s,
                 Err(e) => {
                     errln!("keyplan fleet status: cannot read the node reports: {e}");
@@ -147,15 +214,16 @@ pub(super) fn cmd_fleet(command: &FleetCommand) -> Result<Exit> {
                 Exit::Failure
             })
         }
-        FleetCommand::Clear { target, only } => {
+        FleetCommand::Clear { target, file, only } => {
+            let namespace = target.namespace(file.as_deref())?;
             if let Some(n) = only {
                 spec::node::this_node(Some(n)).map_err(|_| {
                     miette!("{n:?} is not a Kubernetes node name (lowercase letters, digits, `-` and `.`, as `kubectl get nodes` shows it)")
                 })?;
             }
             let c = client(target)?;
-            let cleared = crate::fleet::status::clear(&c, &target.namespace, only.as_deref())
-                .map_err(|e| {
+            let cleared =
+                crate::fleet::status::clear(&c, &namespace, only.as_deref()).map_err(|e| {
                     if e.contains("HTTP 409") {
                         miette!(
                             help = "run it again: an agent wrote its report just then",
@@ -166,14 +234,12 @@ pub(super) fn cmd_fleet(command: &FleetCommand) -> Result<Exit> {
                     }
                 })?;
             if cleared.is_empty() && only.is_some() {
-                let st = crate::fleet::status::read(&c, &target.namespace)
-                    .map_err(|e| miette!("{e}"))?;
+                let st = crate::fleet::status::read(&c, &namespace).map_err(|e| miette!("{e}"))?;
                 let node = only.as_deref().unwrap_or_default();
                 if !st.nodes.iter().any(|n| n.node == node) {
                     return Err(miette!(
                         help = "check the node name and --namespace: `keyplan fleet status` lists the nodes",
-                        "no report of node {node} in namespace {}; nothing was cleared",
-                        target.namespace
+                        "no report of node {node} in namespace {namespace}; nothing was cleared"
                     ));
                 }
             }
@@ -189,6 +255,53 @@ pub(super) fn cmd_fleet(command: &FleetCommand) -> Result<Exit> {
                     "Cleared the failure of {}: the rollout goes on at the agents' next poll.",
                     cleared.join(", ")
                 );
+            }
+            Ok(Exit::Success)
+        }
+        FleetCommand::Pause {
+            target,
+            file,
+            reason,
+            by,
+        } => {
+            let namespace = target.namespace(file.as_deref())?;
+            let by = by
+                .clone()
+                .or_else(|| std::env::var("USER").ok())
+                .unwrap_or_else(|| "unknown".into());
+            let c = client(target)?;
+            match crate::fleet::pause::pause(&c, &namespace, reason, &by)
+                .map_err(|e| miette!(help = "`keyplan fleet pause` needs create of ConfigMaps in the fleet namespace (docs/fleet.md)", "{e}; the rollout was not paused"))?
+            {
+                crate::fleet::pause::Paused::Now => {
+                    crate::fleet::events::Events::about_pause(c, &namespace).emit(
+                        crate::fleet::events::EventType::Normal,
+                        "RolloutPaused",
+                        &format!("rollout paused by {by}{}", if reason.is_empty() { String::new() } else { format!(": {reason}") }),
+                    );
+                    outln!("Paused the rollout in namespace {namespace}: agents take no new slot from their next poll; a node that is applying finishes its run. `keyplan fleet resume` lifts it.");
+                }
+                crate::fleet::pause::Paused::Already(p) => {
+                    outln!("The rollout in namespace {namespace} was already {}; that pause is kept.", p.describe());
+                }
+            }
+            Ok(Exit::Success)
+        }
+        FleetCommand::Resume { target, file } => {
+            let namespace = target.namespace(file.as_deref())?;
+            let c = client(target)?;
+            match crate::fleet::pause::resume(&c, &namespace)
+                .map_err(|e| miette!(help = "`keyplan fleet resume` needs get and delete of ConfigMaps in the fleet namespace (docs/fleet.md)", "{e}; the rollout stays paused"))?
+            {
+                Some(p) => {
+                    crate::fleet::events::Events::about_pause(c, &namespace).emit(
+                        crate::fleet::events::EventType::Normal,
+                        "RolloutResumed",
+                        &format!("rollout resumed (it was {})", p.describe()),
+                    );
+                    outln!("Resumed the rollout in namespace {namespace} (it was {}): agents take slots again from their next poll.", p.describe());
+                }
+                None => outln!("The rollout in namespace {namespace} is not paused; nothing to resume."),
             }
             Ok(Exit::Success)
         }

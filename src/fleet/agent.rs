@@ -93,6 +93,8 @@ pub(crate) struct Health {
     pub slot_held: bool,
     /// Whether the rollout was seen halted.
     pub halted: bool,
+    /// Whether the rollout was seen paused by an operator ([`super::pause`]).
+    pub paused: bool,
     /// The agent's state.
     pub state: Option<AgentState>,
     /// When the last full cycle ended, Unix seconds.
@@ -673,8 +675,23 @@ impl Agent {
             self.pending = Some(pending);
             return;
         }
-        match self.failed_nodes() {
-            Ok(failed) if failed.len() >= fleet.max_failed_nodes as usize => {
+        match self.fleet_brakes() {
+            Ok((_, Some(pause))) => {
+                let message = format!(
+                    "the rollout is {}; nothing is started until an operator runs `keyplan fleet resume`",
+                    pause.describe()
+                );
+                if !self.health().paused {
+                    tracing::info!(node = %self.opts.node, "{message}");
+                }
+                self.health().paused = true;
+                self.set_state(AgentState::Paused, Some(message));
+                self.publish(false);
+                self.pending = Some(pending);
+                return;
+            }
+            Ok((failed, None)) if failed.len() >= fleet.max_failed_nodes as usize => {
+                self.health().paused = false;
                 let message = format!(
                     "the rollout is halted: {} node run(s) failed ({}), max_failed_nodes is {}; nothing is started until they succeed or an operator runs `keyplan fleet clear`",
                     failed.len(),
@@ -696,6 +713,7 @@ impl Agent {
             Ok(_) => {
                 self.report.halted = false;
                 self.health().halted = false;
+                self.health().paused = false;
             }
             Err(e) => {
                 self.set_state(AgentState::Error, Some(e));
@@ -737,10 +755,14 @@ impl Agent {
         }
     }
 
-    /// The nodes whose failures count towards `max_failed_nodes` now.
-    fn failed_nodes(&self) -> Result<Vec<String>, String> {
-        let stored = self.reports().list().map_err(|e| e.to_string())?;
-        Ok(stored
+    /// What stops a new run now (one `list`): the nodes whose failures count towards
+    /// `max_failed_nodes`, and the operator's pause if there is one.
+    fn fleet_brakes(&self) -> Result<(Vec<String>, Option<super::pause::Pause>), String> {
+        let (stored, pause) = self
+            .reports()
+            .list_with_pause()
+            .map_err(|e| e.to_string())?;
+        let failed = stored
             .iter()
             .filter(|s| s.counts_as_failed())
             .map(|s| {
@@ -749,7 +771,8 @@ impl Agent {
                     .map(|r| r.node.clone())
                     .unwrap_or_else(|| s.name.clone())
             })
-            .collect())
+            .collect();
+        Ok((failed, pause))
     }
 
     /// Runs `pending` holding `slot`, then gives the slot back and reports.

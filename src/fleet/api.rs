@@ -67,13 +67,21 @@ pub const AGENT_CALLS: &[ApiCall] = &[
     },
 ];
 
-/// What `keyplan fleet status` (`list` of reports and Leases) and `keyplan fleet clear`
-/// (`update` of the failed nodes' reports) call in the fleet namespace.
+/// What `keyplan fleet status` (`list` of reports and Leases), `keyplan fleet clear`
+/// (`update` of the failed nodes' reports), `fleet pause` (`create` of the pause ConfigMap,
+/// `get` of it when it exists, `create` of an Event) and `fleet resume` (`get` and `delete`
+/// of it, an Event) call in the fleet namespace.
 pub const OPERATOR_CALLS: &[ApiCall] = &[
     ApiCall {
         group: "",
         resource: "configmaps",
-        verbs: &["list", "update"],
+        verbs: &["create", "delete", "get", "list", "update"],
+        by_name: false,
+    },
+    ApiCall {
+        group: "",
+        resource: "events",
+        verbs: &["create"],
         by_name: false,
     },
     ApiCall {

@@ -80,6 +80,11 @@ fn metrics(h: &Health, node: &str) -> Result<String, std::fmt::Error> {
             b(h.halted),
         ),
         ExtraGauge::single(
+            "keyplan_agent_fleet_paused",
+            "1 when this node has changes but an operator paused the rollout (keyplan fleet pause; keyplan fleet resume lifts it), else 0.",
+            b(h.paused),
+        ),
+        ExtraGauge::single(
             "keyplan_agent_plan_refused",
             "1 when the last plan was refused (invalid, or not allowed by the agent's configuration), else 0.",
             b(h.plan_refused),
@@ -135,7 +140,7 @@ fn metrics(h: &Health, node: &str) -> Result<String, std::fmt::Error> {
     if let Some(state) = h.state {
         let mut st = ExtraGauge::new(
             "keyplan_agent_state",
-            "1 for the agent's current state (in_sync, waiting, running, failed, halted, refused, error, stopped).",
+            "1 for the agent's current state (in_sync, waiting, running, failed, halted, paused, refused, error, stopped).",
         );
         st.add(vec![("state", state.name().to_string())], 1);
         extra.push(st);

@@ -3,7 +3,8 @@
 //! fleet namespace, about the node's report ConfigMap (`involvedObject`; `related` names the
 //! Node), so `kubectl get events -n keyplan` and `kubectl describe cm keyplan-node-<node>`
 //! show them. Reasons: `RunStarted`, `RunSucceeded`, `RunFailed` (Warning), `PlanRefused`
-//! (Warning), `RolloutHalted` (Warning), `AgentStopped`. Messages never hold key material:
+//! (Warning), `RolloutHalted` (Warning), `AgentStopped`; and the operator's `RolloutPaused`,
+//! `RolloutResumed`, about the pause ConfigMap ([`super::pause`]). Messages never hold key material:
 //! they are redacted (`event_message`) before they are cut to size.
 //!
 //! An Event that cannot be written is logged at `warn` and otherwise ignored: Events are a
@@ -25,12 +26,16 @@ pub enum EventType {
     Warning,
 }
 
-/// The Event writer of one node.
+/// The Event writer of one node (or of the operator's pause).
 #[derive(Clone)]
 pub struct Events {
     api: Api<Event>,
     namespace: String,
     node: String,
+    /// The ConfigMap the Events are about: the node's report, or the pause.
+    subject: String,
+    /// `source.component` / `reportingComponent`.
+    component: (&'static str, &'static str),
 }
 
 impl Events {
@@ -40,6 +45,21 @@ impl Events {
             api: Api::namespaced(client, namespace),
             namespace: namespace.to_string(),
             node: node.to_string(),
+            subject: super::report::report_name(node),
+            component: ("keyplan-agent", "keyplan.io/agent"),
+        }
+    }
+
+    /// Events of `keyplan fleet pause`/`resume` about the pause ConfigMap in `namespace` (no
+    /// node: `related` is left out, the host is the local host name). Contacts nothing.
+    pub fn about_pause(client: kube::Client, namespace: &str) -> Events {
+        Events {
+            api: Api::namespaced(client, namespace),
+            namespace: namespace.to_string(),
+            // The source host of the Events (no node: `related` is left out).
+            node: gethostname::gethostname().to_string_lossy().into_owned(),
+            subject: super::pause::PAUSE_NAME.to_string(),
+            component: ("keyplan-cli", "keyplan.io/cli"),
         }
     }
 
@@ -48,7 +68,8 @@ impl Events {
     pub fn emit(&self, kind: EventType, reason: &str, message: &str) {
         let now = Timestamp::now();
         let message = event_message(message);
-        let report = super::report::report_name(&self.node);
+        let report = self.subject.clone();
+        let about_node = self.subject != super::pause::PAUSE_NAME;
         let ev = Event {
             metadata: ObjectMeta {
                 generate_name: Some(format!("{}.", report.get(..200).unwrap_or(&report))),
@@ -62,7 +83,7 @@ impl Events {
                 namespace: Some(self.namespace.clone()),
                 ..ObjectReference::default()
             },
-            related: Some(ObjectReference {
+            related: about_node.then(|| ObjectReference {
                 api_version: Some("v1".into()),
                 kind: Some("Node".into()),
                 name: Some(self.node.clone()),
@@ -78,10 +99,10 @@ impl Events {
                 .into(),
             ),
             source: Some(EventSource {
-                component: Some("keyplan-agent".into()),
+                component: Some(self.component.0.into()),
                 host: Some(self.node.clone()),
             }),
-            reporting_component: Some("keyplan.io/agent".into()),
+            reporting_component: Some(self.component.1.into()),
             reporting_instance: Some(self.node.clone()),
             first_timestamp: Some(Time(now)),
             last_timestamp: Some(Time(now)),

@@ -6,6 +6,7 @@
 //!   that bounds how many nodes apply at once;
 //! - [`report`]: the per-node report ConfigMaps, and the fleet-wide failure count that halts
 //!   the rollout; [`status`]: `keyplan fleet status` and `fleet clear` over them;
+//! - [`pause`]: the operator's brake, `keyplan fleet pause` / `resume`;
 //! - [`events`]: Kubernetes Events of runs; `endpoint`: the agent's `/metrics` and `/healthz`;
 //! - [`source`]: the plan file of a ConfigMap volume (never a `subPath` mount);
 //! - [`trust`]: the agent's configuration, the allow-list a plan is held to;
@@ -17,6 +18,7 @@ pub mod agent;
 pub mod api;
 mod endpoint;
 pub mod events;
+pub mod pause;
 pub mod plan;
 pub mod report;
 pub mod signature;

@@ -50,6 +50,9 @@ pub enum AgentState {
     Failed,
     /// Has changes but does not start: `max_failed_nodes` node runs failed fleet-wide.
     Halted,
+    /// Has changes but does not start: an operator paused the rollout (`keyplan fleet
+    /// pause`).
+    Paused,
     /// The plan was refused (invalid, or not allowed by the agent's configuration).
     Refused,
     /// Could not observe or plan (a device or KMS could not be read).
@@ -67,6 +70,7 @@ impl AgentState {
             AgentState::Running => "running",
             AgentState::Failed => "failed",
             AgentState::Halted => "halted",
+            AgentState::Paused => "paused",
             AgentState::Refused => "refused",
             AgentState::Error => "error",
             AgentState::Stopped => "stopped",
@@ -401,10 +405,41 @@ impl Reports {
     ///
     /// Errors: the list failed (denied, unreachable).
     pub fn list(&self) -> Result<Vec<Stored>, ReportError> {
-        let lp =
-            ListParams::default().labels(&format!("{}={}", COMPONENT_LABEL.0, COMPONENT_LABEL.1));
+        Ok(self.list_with_pause()?.0)
+    }
+
+    /// Every report in the namespace and the operator's pause if there is one
+    /// ([`super::pause`]): one `list` with a set-based label selector
+    /// (`app.kubernetes.io/component in (node-report,fleet-pause)`), so the agent's check
+    /// before a slot costs no request more than the failure count did.
+    ///
+    /// Errors: the list failed (denied, unreachable).
+    pub fn list_with_pause(
+        &self,
+    ) -> Result<(Vec<Stored>, Option<super::pause::Pause>), ReportError> {
+        let lp = ListParams::default().labels(&format!(
+            "{} in ({},{})",
+            COMPONENT_LABEL.0,
+            COMPONENT_LABEL.1,
+            super::pause::COMPONENT
+        ));
         let list = self.call("listing node reports", self.api.list(&lp))?;
-        Ok(list.items.into_iter().map(stored).collect())
+        let mut pause = None;
+        let mut reports = Vec::new();
+        for cm in list.items {
+            let component = cm
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(COMPONENT_LABEL.0))
+                .cloned();
+            if component.as_deref() == Some(super::pause::COMPONENT) {
+                pause = pause.or_else(|| super::pause::Pause::of(&cm));
+            } else {
+                reports.push(stored(cm));
+            }
+        }
+        Ok((reports, pause))
     }
 
     /// `node`'s report, if it exists.

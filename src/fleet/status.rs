@@ -12,7 +12,7 @@ use crate::clock::now_unix;
 use crate::kms::block_on;
 
 /// Version of the `fleet status --format json` document.
-pub const FORMAT_VERSION: &str = "1.0";
+pub const FORMAT_VERSION: &str = "1.1";
 
 /// A report older than this many of its agent's intervals (and at least [`LOST_MIN_SECONDS`])
 /// means the node is lost: its agent stopped, or cannot reach the API.
@@ -39,6 +39,9 @@ pub struct FleetStatus {
     pub totals: Totals,
     /// Whether the rollout is halted: a live node saw `max_failed_nodes` failures.
     pub halted: bool,
+    /// The operator's pause (`keyplan fleet pause`), when the rollout is paused: no agent
+    /// takes a new slot until `keyplan fleet resume`.
+    pub paused: Option<super::pause::Pause>,
     /// The rollout slots and who holds them now.
     pub slots: Vec<SlotStatus>,
     /// Shared keys whose new version waits for nodes to verify it before it is committed, as
@@ -139,9 +142,9 @@ impl FleetStatus {
 pub fn read(client: &kube::Client, namespace: &str) -> Result<FleetStatus, String> {
     let now = now_unix();
     let until = std::time::Instant::now() + READ_TIMEOUT;
-    let stored = Reports::new(client.clone(), namespace)
+    let (stored, paused) = Reports::new(client.clone(), namespace)
         .until(until)
-        .list()
+        .list_with_pause()
         .map_err(|e| e.to_string())?;
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
     let lp = ListParams::default().labels("app.kubernetes.io/name=keyplan");
@@ -274,6 +277,7 @@ pub fn read(client: &kube::Client, namespace: &str) -> Result<FleetStatus, Strin
         nodes,
         totals,
         halted,
+        paused,
         slots,
         commits_waiting,
     })

@@ -32,6 +32,13 @@ fn clean(text: &str) -> String {
 /// control characters replaced.
 pub fn text(s: &FleetStatus) -> String {
     let mut out = String::new();
+    if let Some(p) = &s.paused {
+        let _ = writeln!(
+            out,
+            "the rollout is PAUSED ({}): no node takes a new slot until `keyplan fleet resume`",
+            clean(&p.describe())
+        );
+    }
     if s.totals.nodes == 0 {
         let _ = writeln!(
             out,
@@ -205,8 +212,8 @@ pub fn prometheus(s: &FleetStatus) -> Result<String, std::fmt::Error> {
         "Node reports by state (lost: not renewed for three agent intervals).",
     );
     for state in [
-        "in_sync", "waiting", "running", "failed", "halted", "refused", "error", "stopped", "lost",
-        "invalid",
+        "in_sync", "waiting", "running", "failed", "halted", "paused", "refused", "error",
+        "stopped", "lost", "invalid",
     ] {
         by_state.add(
             vec![("state", state.to_string())],
@@ -252,6 +259,7 @@ pub fn prometheus(s: &FleetStatus) -> Result<String, std::fmt::Error> {
         ExtraGauge::single("keyplan_fleet_status_generated_timestamp_seconds", "When keyplan fleet status read the reports (Unix seconds).", s.generated_at),
         ExtraGauge::single("keyplan_fleet_healthy", "1 when no node failed, is lost, refused its plan, is in error or halted, and nothing drifted or is overdue, else 0.", b(s.healthy())),
         ExtraGauge::single("keyplan_fleet_halted", "1 when the rollout is halted by max_failed_nodes, else 0.", b(s.halted)),
+        ExtraGauge::single("keyplan_fleet_paused", "1 while an operator has paused the rollout (keyplan fleet pause), else 0.", b(s.paused.is_some())),
         ExtraGauge::single("keyplan_fleet_failures", "Failures counting towards max_failed_nodes.", s.totals.failures as u64),
         ExtraGauge::single("keyplan_fleet_devices", "Devices the nodes report.", s.totals.devices as u64),
         ExtraGauge::single("keyplan_fleet_drifted_devices", "Devices that drifted from the plan.", s.totals.drifted_devices as u64),
