@@ -35,7 +35,7 @@ bao version
 
 # The real Kubernetes control plane for tests/common/kube.rs: etcd and kube-apiserver built
 # from the Kubernetes and etcd projects' Go modules (tools/k8s/go.mod) into a cache keyed by
-# version (a no-op once built; cold, a build takes about 9 minutes on 2 cores). The last line
+# version (a no-op once built; cold, a build takes 6.5 to 9 minutes on 2 cores). The last line
 # the script prints is the directory of the binaries.
 export PATH="$PATH:/usr/local/go/bin"
 KEYPLAN_K8S_BIN="$(nice -n 10 scripts/k8s-control-plane.sh | tee /dev/stderr | tail -n 1)"
