@@ -1732,3 +1732,35 @@ fn the_signed_plans_component_patches_the_daemonset() {
     use clap::Parser as _;
     keyplan::cli::Cli::try_parse_from(&a.argv).expect("keyplan accepts the patched args");
 }
+
+/// `--policy` writes names into CEL string literals: a name that is no Kubernetes object name
+/// (a quote would end the literal) is refused, and so are two nodes' Secrets one of which is
+/// a version name of the other's (the policy could not keep them apart); nothing is written.
+#[test]
+fn the_policy_generator_refuses_names_it_cannot_keep_apart() {
+    if Command::new(python()).arg("--version").output().is_err() {
+        eprintln!("skipped: python3 is not installed");
+        return;
+    }
+    let quoted = pv_list(
+        "rook-ceph",
+        &[("pv-a", "set1-data-0", "wor'ker-1", Some("/dev/sdb"))],
+    );
+    let overlap = pv_list(
+        "rook-ceph",
+        &[
+            ("pv-a", "set1-data-0", "worker-1", Some("/dev/sdb")),
+            ("pv-b", "set1-data-0-v1", "worker-2", Some("/dev/sdb")),
+        ],
+    );
+    for (input, why) in [
+        (quoted, "is not a Kubernetes object name"),
+        (overlap, "could not keep them apart"),
+    ] {
+        let out = generator(&["--policy"], &input);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(out.stdout.is_empty(), "nothing on stdout");
+        assert!(err.contains(why), "{err}");
+    }
+}

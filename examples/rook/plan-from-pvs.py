@@ -58,6 +58,8 @@ AGENT_ROLE_NAME = "keyplan-agent"
 SERVICE_ACCOUNT = "keyplan"
 SLOT_PREFIX = "keyplan-rollout-"
 REPORT_PREFIX = "keyplan-node-"
+# An object name: a DNS-1123 subdomain.
+DNS_SUBDOMAIN_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 # A namespace name: a DNS-1123 label.
 NAMESPACE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 # A scalar that may be written plain, in block and in flow context ...
@@ -423,7 +425,26 @@ def write_policy(osds, args):
         )
     by_node = {}
     for pvc, node, _ in sorted(osds):
+        for what, name in (("node", node), ("claim", pvc)):
+            # CEL string literals are written single-quoted: only DNS-1123 names go in.
+            if not DNS_SUBDOMAIN_RE.fullmatch(name):
+                sys.exit(
+                    f"{what} {name!r} is not a Kubernetes object name (lowercase letters, "
+                    "digits, '-' and '.'); nothing was written"
+                )
         by_node.setdefault(node, []).append(SECRET_PREFIX + pvc)
+    # The policy lets a node write its Secrets' secret-per-version names too (<name>-keyplan,
+    # <name>-v<N>): no such name may be another node's Secret.
+    for node, names in by_node.items():
+        for other, theirs in by_node.items():
+            for mine in names:
+                for t in theirs if other != node else []:
+                    if t == mine + "-keyplan" or re.fullmatch(re.escape(mine) + r"-v[0-9]+", t):
+                        sys.exit(
+                            f"Secret {t} of node {other} is also a version name of {mine} of "
+                            f"node {node}, so the policy could not keep them apart; nothing "
+                            "was written"
+                        )
     cel = "{" + ", ".join(
         f"'{node}': [" + ", ".join(f"'{n}'" for n in names) + "]"
         for node, names in sorted(by_node.items())

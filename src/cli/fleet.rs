@@ -274,12 +274,16 @@ pub(super) fn cmd_fleet(command: &FleetCommand) -> Result<Exit> {
                 .map_err(|e| miette!(help = "`keyplan fleet pause` needs create of ConfigMaps in the fleet namespace (docs/fleet.md)", "{e}; the rollout was not paused"))?
             {
                 crate::fleet::pause::Paused::Now => {
-                    crate::fleet::events::Events::about_pause(c, &namespace).emit(
+                    crate::fleet::events::Events::about_pause(c.clone(), &namespace).emit(
                         crate::fleet::events::EventType::Normal,
                         "RolloutPaused",
                         &format!("rollout paused by {by}{}", if reason.is_empty() { String::new() } else { format!(": {reason}") }),
                     );
                     outln!("Paused the rollout in namespace {namespace}: agents take no new slot from their next poll; a node that is applying finishes its run. `keyplan fleet resume` lifts it.");
+                    let reports = crate::fleet::report::Reports::new(c.clone(), &namespace).list();
+                    if reports.is_ok_and(|r| r.is_empty()) {
+                        errln!("warning: namespace {namespace} holds no node report: if the agents run in another namespace, this pause does not reach them (give -f PLAN or --namespace, and `keyplan fleet resume` this one)");
+                    }
                 }
                 crate::fleet::pause::Paused::Already(p) => {
                     outln!("The rollout in namespace {namespace} was already {}; that pause is kept.", p.describe());

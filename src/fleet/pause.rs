@@ -38,9 +38,16 @@ pub struct Pause {
 }
 
 impl Pause {
-    /// The pause a ConfigMap holds, if it is the pause ConfigMap.
+    /// The pause a ConfigMap holds, if it is the pause ConfigMap: named [`PAUSE_NAME`] and
+    /// labelled [`COMPONENT`] (both, as agents list it by label).
     pub fn of(cm: &ConfigMap) -> Option<Pause> {
-        if cm.metadata.name.as_deref() != Some(PAUSE_NAME) {
+        let labelled = cm
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("app.kubernetes.io/component"))
+            .is_some_and(|c| c == COMPONENT);
+        if cm.metadata.name.as_deref() != Some(PAUSE_NAME) || !labelled {
             return None;
         }
         let data = cm.data.clone().unwrap_or_default();
@@ -158,6 +165,10 @@ mod tests {
         let mut cm = ConfigMap {
             metadata: ObjectMeta {
                 name: Some(PAUSE_NAME.into()),
+                labels: Some(BTreeMap::from([(
+                    "app.kubernetes.io/component".to_string(),
+                    COMPONENT.to_string(),
+                )])),
                 ..ObjectMeta::default()
             },
             data: Some(BTreeMap::from([
@@ -174,6 +185,13 @@ mod tests {
             "paused by alice at 2023-11-14T22:13:20Z: change freeze"
         );
         cm.metadata.name = Some("keyplan-node-a".into());
-        assert_eq!(Pause::of(&cm), None);
+        assert_eq!(
+            Pause::of(&cm),
+            None,
+            "a report labelled as the pause is no pause"
+        );
+        cm.metadata.name = Some(PAUSE_NAME.into());
+        cm.metadata.labels = None;
+        assert_eq!(Pause::of(&cm), None, "agents would not see it");
     }
 }

@@ -427,16 +427,11 @@ impl Reports {
         let mut pause = None;
         let mut reports = Vec::new();
         for cm in list.items {
-            let component = cm
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(COMPONENT_LABEL.0))
-                .cloned();
-            if component.as_deref() == Some(super::pause::COMPONENT) {
-                pause = pause.or_else(|| super::pause::Pause::of(&cm));
-            } else {
-                reports.push(stored(cm));
+            // Only the pause ConfigMap (name and label) is the pause: a report relabelled as
+            // one stays a report (it neither vanishes from the failure count nor pauses).
+            match super::pause::Pause::of(&cm) {
+                Some(p) => pause = Some(p),
+                None => reports.push(stored(cm)),
             }
         }
         Ok((reports, pause))
