@@ -3444,7 +3444,7 @@ fn a_replaced_token_file_keeps_the_agent_working() {
 
 /// `keyplan fleet ...` as the operator (through the proxy), with `args` after the command
 /// name; returns (exit code, stdout, stderr).
-fn operator(fake: &Real, kubeconfig: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+fn operator(kubeconfig: &Path, args: &[&str]) -> (Option<i32>, String, String) {
     let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
         .arg("fleet")
         .args(args)
@@ -3453,7 +3453,6 @@ fn operator(fake: &Real, kubeconfig: &Path, args: &[&str]) -> (Option<i32>, Stri
         .env("USER", "alice")
         .output()
         .expect("run keyplan fleet");
-    let _ = fake;
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -3526,7 +3525,6 @@ fn an_operator_pauses_and_resumes_the_rollout() {
         log,
     );
     let (code, out, err) = operator(
-        &fake,
         &operator_kc,
         &["pause", "-f", &plan_arg, "--reason", "change freeze"],
     );
@@ -3535,7 +3533,7 @@ fn an_operator_pauses_and_resumes_the_rollout() {
         out.contains(&format!("Paused the rollout in namespace {}", fake.ns)),
         "{out}"
     );
-    let (code, out, _) = operator(&fake, &operator_kc, &["pause", "-f", &plan_arg]);
+    let (code, out, _) = operator(&operator_kc, &["pause", "-f", &plan_arg]);
     assert_eq!(code, Some(0));
     assert!(
         out.contains("already paused by alice") && out.contains("change freeze"),
@@ -3577,7 +3575,7 @@ fn an_operator_pauses_and_resumes_the_rollout() {
         metrics.contains("keyplan_agent_fleet_paused{node=\"worker-1\"} 1"),
         "{metrics}"
     );
-    let (code, out, err) = operator(&fake, &operator_kc, &["status", "-f", &plan_arg]);
+    let (code, out, err) = operator(&operator_kc, &["status", "-f", &plan_arg]);
     assert!(
         out.contains("the rollout is PAUSED (paused by alice"),
         "{out}{err}"
@@ -3585,7 +3583,6 @@ fn an_operator_pauses_and_resumes_the_rollout() {
     assert!(out.contains("paused"), "{out}");
     assert_eq!(code, Some(0), "a pause is no failure: {out}{err}");
     let (_, json, _) = operator(
-        &fake,
         &operator_kc,
         &["status", "-f", &plan_arg, "--format", "json"],
     );
@@ -3642,7 +3639,7 @@ fn an_operator_pauses_and_resumes_the_rollout() {
     );
 
     // Resume: the node takes a slot at its next poll.
-    let (code, out, err) = operator(&fake, &operator_kc, &["resume", "-f", &plan_arg]);
+    let (code, out, err) = operator(&operator_kc, &["resume", "-f", &plan_arg]);
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(out.contains("Resumed the rollout"), "{out}");
     wait_for(
@@ -3651,7 +3648,7 @@ fn an_operator_pauses_and_resumes_the_rollout() {
         || state(&fake, node) == "in_sync" && keyslots(&img).len() == 3,
         log,
     );
-    let (code, out, _) = operator(&fake, &operator_kc, &["resume", "-f", &plan_arg]);
+    let (code, out, _) = operator(&operator_kc, &["resume", "-f", &plan_arg]);
     assert_eq!(code, Some(0));
     assert!(out.contains("is not paused"), "{out}");
     let (_, metrics) = http_get(port, "/metrics").expect("metrics");

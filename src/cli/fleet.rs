@@ -21,14 +21,27 @@ pub struct FleetTarget {
     pub context: Option<String>,
 }
 
-impl FleetTarget {
-    /// `--namespace`, else `plan`'s `settings.fleet.namespace` (a plan file to load), else
-    /// `keyplan`. Errors: the plan cannot be loaded.
-    fn namespace(&self, plan: Option<&std::path::Path>) -> Result<String> {
-        if let Some(ns) = &self.namespace {
+/// A [`FleetTarget`] and, optionally, the fleet's plan file whose settings.fleet.namespace
+/// names the namespace when `--namespace` is not given (`status`, `clear`, `pause`, `resume`;
+/// `fleet plan` takes the plan it plans instead).
+#[derive(Debug, Clone, Args)]
+pub struct FleetOf {
+    #[command(flatten)]
+    pub target: FleetTarget,
+    /// The fleet's plan file, for its settings.fleet.namespace (when --namespace is not
+    /// given).
+    #[arg(short = 'f', long = "file", value_name = "PLAN")]
+    pub file: Option<PathBuf>,
+}
+
+impl FleetOf {
+    /// `--namespace`, else the plan file's `settings.fleet.namespace`, else `keyplan`.
+    /// Errors: the plan file cannot be loaded.
+    fn namespace(&self) -> Result<String> {
+        if let Some(ns) = &self.target.namespace {
             return Ok(ns.clone());
         }
-        match plan {
+        match &self.file {
             Some(p) => Ok(spec::load(p)?.fleet.namespace),
             None => Ok(crate::spec::DEFAULT_FLEET_NAMESPACE.to_string()),
         }
@@ -44,11 +57,7 @@ pub enum FleetCommand {
     /// is overdue, 3 when the reports cannot be read.
     Status {
         #[command(flatten)]
-        target: FleetTarget,
-        /// The fleet's plan file, for its settings.fleet.namespace (when --namespace is not
-        /// given).
-        #[arg(short = 'f', long = "file", value_name = "PLAN")]
-        file: Option<PathBuf>,
+        fleet: FleetOf,
         /// Output format.
         #[arg(long, value_enum, default_value_t = StatusFormat::Text)]
         format: StatusFormat,
@@ -78,11 +87,7 @@ pub enum FleetCommand {
     /// is fixed: those nodes retry and the others start again.
     Clear {
         #[command(flatten)]
-        target: FleetTarget,
-        /// The fleet's plan file, for its settings.fleet.namespace (when --namespace is not
-        /// given).
-        #[arg(short = 'f', long = "file", value_name = "PLAN")]
-        file: Option<PathBuf>,
+        fleet: FleetOf,
         /// Clear only this node's failure (default: every node's).
         #[arg(value_name = "NODE")]
         only: Option<String>,
@@ -92,11 +97,7 @@ pub enum FleetCommand {
     /// at their next poll. Exit 0 also when it was already paused (that pause is kept).
     Pause {
         #[command(flatten)]
-        target: FleetTarget,
-        /// The fleet's plan file, for its settings.fleet.namespace (when --namespace is not
-        /// given).
-        #[arg(short = 'f', long = "file", value_name = "PLAN")]
-        file: Option<PathBuf>,
+        fleet: FleetOf,
         /// Why (shown by `fleet status` and in the agents' reports).
         #[arg(long, default_value = "", value_name = "TEXT")]
         reason: String,
@@ -109,11 +110,7 @@ pub enum FleetCommand {
     /// Exit 0 also when the rollout was not paused.
     Resume {
         #[command(flatten)]
-        target: FleetTarget,
-        /// The fleet's plan file, for its settings.fleet.namespace (when --namespace is not
-        /// given).
-        #[arg(short = 'f', long = "file", value_name = "PLAN")]
-        file: Option<PathBuf>,
+        fleet: FleetOf,
     },
 }
 
@@ -173,12 +170,9 @@ pub(super) fn cmd_fleet(command: &FleetCommand) -> Result<Exit> {
                 Exit::Success
             })
         }
-        FleetCommand::Status {
-            target,
-            file,
-            format,
-        } => {
-            let namespace = match target.namespace(file.as_deref()) {
+        FleetCommand::Status { fleet, format } => {
+            let target = &fleet.target;
+            let namespace = match fleet.namespace() {
                 Ok(ns) => ns,
                 Err(e) => {
                     errln!("keyplan fleet status: {e}");
@@ -214,8 +208,8 @@ pub(super) fn cmd_fleet(command: &FleetCommand) -> Result<Exit> {
                 Exit::Failure
             })
         }
-        FleetCommand::Clear { target, file, only } => {
-            let namespace = target.namespace(file.as_deref())?;
+        FleetCommand::Clear { fleet, only } => {
+            let (target, namespace) = (&fleet.target, fleet.namespace()?);
             if let Some(n) = only {
                 spec::node::this_node(Some(n)).map_err(|_| {
                     miette!("{n:?} is not a Kubernetes node name (lowercase letters, digits, `-` and `.`, as `kubectl get nodes` shows it)")
@@ -258,13 +252,8 @@ pub(super) fn cmd_fleet(command: &FleetCommand) -> Result<Exit> {
             }
             Ok(Exit::Success)
         }
-        FleetCommand::Pause {
-            target,
-            file,
-            reason,
-            by,
-        } => {
-            let namespace = target.namespace(file.as_deref())?;
+        FleetCommand::Pause { fleet, reason, by } => {
+            let (target, namespace) = (&fleet.target, fleet.namespace()?);
             let by = by
                 .clone()
                 .or_else(|| std::env::var("USER").ok())
@@ -291,8 +280,8 @@ pub(super) fn cmd_fleet(command: &FleetCommand) -> Result<Exit> {
             }
             Ok(Exit::Success)
         }
-        FleetCommand::Resume { target, file } => {
-            let namespace = target.namespace(file.as_deref())?;
+        FleetCommand::Resume { fleet } => {
+            let (target, namespace) = (&fleet.target, fleet.namespace()?);
             let c = client(target)?;
             match crate::fleet::pause::resume(&c, &namespace)
                 .map_err(|e| miette!(help = "`keyplan fleet resume` needs get and delete of ConfigMaps in the fleet namespace (docs/fleet.md)", "{e}; the rollout stays paused"))?

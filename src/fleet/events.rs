@@ -31,7 +31,10 @@ pub enum EventType {
 pub struct Events {
     api: Api<Event>,
     namespace: String,
-    node: String,
+    /// `source.host` and `reportingInstance`: the node, or the operator's host.
+    host: String,
+    /// The Node named as `related` (none for the operator's Events).
+    node: Option<String>,
     /// The ConfigMap the Events are about: the node's report, or the pause.
     subject: String,
     /// `source.component` / `reportingComponent`.
@@ -44,7 +47,8 @@ impl Events {
         Events {
             api: Api::namespaced(client, namespace),
             namespace: namespace.to_string(),
-            node: node.to_string(),
+            host: node.to_string(),
+            node: Some(node.to_string()),
             subject: super::report::report_name(node),
             component: ("keyplan-agent", "keyplan.io/agent"),
         }
@@ -56,8 +60,8 @@ impl Events {
         Events {
             api: Api::namespaced(client, namespace),
             namespace: namespace.to_string(),
-            // The source host of the Events (no node: `related` is left out).
-            node: gethostname::gethostname().to_string_lossy().into_owned(),
+            host: gethostname::gethostname().to_string_lossy().into_owned(),
+            node: None,
             subject: super::pause::PAUSE_NAME.to_string(),
             component: ("keyplan-cli", "keyplan.io/cli"),
         }
@@ -69,7 +73,6 @@ impl Events {
         let now = Timestamp::now();
         let message = event_message(message);
         let report = self.subject.clone();
-        let about_node = self.subject != super::pause::PAUSE_NAME;
         let ev = Event {
             metadata: ObjectMeta {
                 generate_name: Some(format!("{}.", report.get(..200).unwrap_or(&report))),
@@ -83,10 +86,10 @@ impl Events {
                 namespace: Some(self.namespace.clone()),
                 ..ObjectReference::default()
             },
-            related: about_node.then(|| ObjectReference {
+            related: self.node.as_ref().map(|node| ObjectReference {
                 api_version: Some("v1".into()),
                 kind: Some("Node".into()),
-                name: Some(self.node.clone()),
+                name: Some(node.clone()),
                 ..ObjectReference::default()
             }),
             reason: Some(reason.to_string()),
@@ -100,10 +103,10 @@ impl Events {
             ),
             source: Some(EventSource {
                 component: Some(self.component.0.into()),
-                host: Some(self.node.clone()),
+                host: Some(self.host.clone()),
             }),
             reporting_component: Some(self.component.1.into()),
-            reporting_instance: Some(self.node.clone()),
+            reporting_instance: Some(self.host.clone()),
             first_timestamp: Some(Time(now)),
             last_timestamp: Some(Time(now)),
             count: Some(1),
