@@ -43,6 +43,7 @@ fn report(node: &str, failed: bool) -> NodeReport {
         commits_waiting: Vec::new(),
         plan_signature: None,
         observation: None,
+        waiting_since: None,
     }
 }
 

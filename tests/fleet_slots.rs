@@ -190,6 +190,94 @@ fn racing_nodes_never_hold_more_slots_than_there_are() {
     );
 }
 
+/// Issue 31: a waiting agent's watch ([`keyplan::fleet::watch`]) sees a slot released, an
+/// operator's pause and a failed node's report as they happen, with no request of its own in
+/// between (the proxy's log), and resumes after the API server ends a watch.
+#[test]
+fn a_watch_sees_releases_pauses_and_failures_without_polling() {
+    let Some(k) = Ns::new("fleet-watch") else {
+        return;
+    };
+    let proxy = KubeProxy::start(k.c);
+    let kubeconfig = proxy.kubeconfig(&k.ns, "full");
+    let client = keyplan::fleet::watch_client(Some(&kubeconfig), None).expect("client");
+    let watch = keyplan::fleet::watch::FleetWatch::start(client, &k.ns).expect("watch");
+    let until = |secs: u64| Instant::now() + Duration::from_secs(secs);
+    // Waits for the copy to satisfy `cond`, on the watch's notifications only.
+    let wait = |what: &str, cond: &dyn Fn(&keyplan::fleet::watch::Seen) -> bool| -> Duration {
+        let t0 = Instant::now();
+        loop {
+            let g = watch.generation();
+            if watch.snapshot().is_some_and(|s| cond(&s)) {
+                return t0.elapsed();
+            }
+            assert!(
+                watch.wait_change(g, until(20)),
+                "the watch did not show {what} within 20 s (error: {:?})",
+                watch.error()
+            );
+        }
+    };
+    wait("its first list", &|_| true);
+    let n1 = k.slots(2, "n1", 30);
+    let slot = held(n1.acquire().expect("n1"));
+    let holder = |s: &keyplan::fleet::watch::Seen| {
+        s.leases
+            .get(&slot_name(0))
+            .and_then(|l| l.spec.as_ref()?.holder_identity.clone())
+    };
+    wait("n1 holding slot 0", &|s| holder(s).as_deref() == Some("n1"));
+    let mark = proxy.mark();
+    n1.release(slot).expect("release");
+    let seen_free = wait("slot 0 released", &|s| holder(s).is_none());
+    assert!(
+        seen_free < Duration::from_secs(1),
+        "a released slot is seen within a second, not at a poll: {seen_free:?}"
+    );
+    // The operator's pause, then a failed node's report.
+    let cms = format!("/api/v1/namespaces/{}/configmaps", k.ns);
+    k.c.create(
+        &cms,
+        &serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "keyplan-pause",
+                "labels": {"app.kubernetes.io/name": "keyplan", "app.kubernetes.io/component": "fleet-pause"}},
+            "data": {"reason": "freeze", "paused_by": "alice", "paused_at": "1"}}),
+    );
+    wait("the pause", &|s| {
+        s.pause.as_ref().is_some_and(|p| p.reason == "freeze")
+    });
+    k.c.delete(&format!("{cms}/keyplan-pause"));
+    wait("the pause lifted", &|s| s.pause.is_none());
+    let report = serde_json::json!({"format_version": "1", "node": "n9", "agent_version": "0",
+        "updated_at": 1, "interval_seconds": 30, "plan_digest": null, "state": "failed",
+        "message": null, "changes": 1, "devices": [], "keys": [], "problems": [],
+        "unchecked": [], "last_run": null, "last_success_at": null,
+        "failure": {"at": 1, "message": "boom"}, "halted": false});
+    k.c.create(
+        &cms,
+        &serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "keyplan-node-n9",
+                "labels": {"app.kubernetes.io/name": "keyplan", "app.kubernetes.io/component": "node-report"}},
+            "data": {"report.json": report.to_string()}}),
+    );
+    wait("n9's failure", &|s| {
+        s.reports
+            .get("keyplan-node-n9")
+            .is_some_and(|r| r.counts_as_failed())
+    });
+    // Between the release and now the watch's client sent nothing: no polling.
+    let sent: Vec<_> = proxy
+        .requests_since(mark)
+        .into_iter()
+        .filter(|r| !r.query.contains("watch=true") || r.code != 200)
+        .filter(|r| {
+            r.method == "GET" && (r.path.contains("/leases") || r.path.contains("/configmaps"))
+        })
+        .collect();
+    assert!(sent.is_empty(), "the watch polled: {sent:?}");
+    drop(watch);
+}
+
 #[test]
 fn a_service_account_without_lease_access_is_told_what_to_grant() {
     let Some(k) = Ns::new("fleet-slots-rbac") else {
@@ -207,7 +295,8 @@ fn a_service_account_without_lease_access_is_told_what_to_grant() {
         Err(e @ SlotError::Denied { .. }) => {
             let text = e.to_string();
             assert!(
-                text.contains("HTTP 403") && text.contains("get, create and update on leases"),
+                text.contains("HTTP 403")
+                    && text.contains("create, update, list and watch on leases"),
                 "{text}"
             );
         }

@@ -268,7 +268,7 @@ pub(super) fn cmd_fleet(command: &FleetCommand) -> Result<Exit> {
                         "RolloutPaused",
                         &format!("rollout paused by {by}{}", if reason.is_empty() { String::new() } else { format!(": {reason}") }),
                     );
-                    outln!("Paused the rollout in namespace {namespace}: agents take no new slot from their next poll; a node that is applying finishes its run. `keyplan fleet resume` lifts it.");
+                    outln!("Paused the rollout in namespace {namespace}: agents take no new slot from now on; a node that is applying finishes its run. `keyplan fleet resume` lifts it.");
                     let reports = crate::fleet::report::Reports::new(c.clone(), &namespace).list();
                     if reports.is_ok_and(|r| r.is_empty()) {
                         errln!("warning: namespace {namespace} holds no node report: if the agents run in another namespace, this pause does not reach them (give -f PLAN or --namespace, and `keyplan fleet resume` this one)");

@@ -36,7 +36,7 @@ use super::report::{
     AgentRun, AgentState, DeviceSummary, Failure, KeySummary, NodeReport, Reports, Stored,
 };
 use super::signature::{Refusal, SignaturePolicy, Verified};
-use super::slots::{Acquired, Slot, SlotError, Slots};
+use super::slots::{Slot, SlotError, Slots};
 use super::source::{PlanSource, PlanText};
 use super::trust::AgentConfig;
 use crate::apply::StepEvent;
@@ -125,17 +125,25 @@ pub fn run(opts: AgentOptions, stop: &'static AtomicBool) -> Result<(), String> 
     let source = PlanSource::open(&opts.plan)?;
     let client = super::client(opts.kubeconfig.as_deref(), opts.context.as_deref())
         .map_err(|e| format!("cannot reach the Kubernetes API: {e}"))?;
+    let watch_client = super::watch_client(opts.kubeconfig.as_deref(), opts.context.as_deref())
+        .map_err(|e| format!("cannot reach the Kubernetes API: {e}"))?;
     let health = Arc::new(Mutex::new(Health::default()));
     if let Some(addr) = opts.listen {
         super::endpoint::serve(addr, opts.node.clone(), opts.poll, Arc::clone(&health))?;
     }
     let mut agent = Agent::new(opts, source, client, health, stop);
+    agent.watch_client = Some(watch_client);
     agent.start();
     while !stop.load(Ordering::SeqCst) {
         agent.tick();
         let until = Instant::now() + agent.opts.poll;
+        // A waiting agent goes round again as soon as its watch shows a change (a slot freed,
+        // a halt, a pause) or its turn comes; otherwise at the next poll.
         while Instant::now() < until && !stop.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(100).min(agent.opts.poll));
+            let step = (Instant::now() + Duration::from_millis(100)).min(until);
+            if agent.wait_for_fleet(step) {
+                break;
+            }
         }
     }
     agent.stopped();
@@ -160,6 +168,11 @@ struct StoredGoodPlan {
     plan: String,
     signature: String,
 }
+
+/// How long a free slot is left to the nodes ahead in the queue before a node further back
+/// takes it (a node ahead may have stopped while waiting; its report says `waiting` until its
+/// heartbeat is an interval old).
+const FREE_SLOT_GRACE: Duration = Duration::from_secs(1);
 
 /// Work found by a full cycle, waiting for a slot.
 struct Pending {
@@ -191,6 +204,18 @@ struct Agent {
     has_devices: bool,
     /// Whether the previous report was read (after the first plan that loaded).
     adopted: bool,
+    /// The client of the fleet watch (longer read timeout: [`super::watch_client`]).
+    watch_client: Option<kube::Client>,
+    /// The fleet watch, while work waits for a slot ([`super::watch`]).
+    watch: Option<super::watch::FleetWatch>,
+    /// The watch's generation the last slot attempt saw.
+    seen_generation: u64,
+    /// When this node began to wait for a slot, Unix seconds (its place in the queue).
+    waiting_since: Option<u64>,
+    /// When a free slot was first seen that a node ahead in the queue may take.
+    free_since: Option<Instant>,
+    /// This node's Events (one writer, so that repeats are aggregated).
+    events: Option<Events>,
 }
 
 impl Agent {
@@ -227,6 +252,7 @@ impl Agent {
             commits_waiting: Vec::new(),
             plan_signature: None,
             observation: None,
+            waiting_since: None,
         };
         Agent {
             opts,
@@ -245,6 +271,12 @@ impl Agent {
             pending: None,
             has_devices: true,
             adopted: false,
+            watch_client: None,
+            watch: None,
+            seen_generation: 0,
+            waiting_since: None,
+            free_since: None,
+            events: None,
         }
     }
 
@@ -252,8 +284,30 @@ impl Agent {
         Reports::new(self.client.clone(), &self.namespace)
     }
 
-    fn events(&self) -> Events {
-        Events::new(self.client.clone(), &self.namespace, &self.opts.node)
+    /// Writes an Event about this node with its one writer for the fleet namespace (kept, so
+    /// that a repeated Event updates its count: [`Events::emit`]).
+    fn emit(&mut self, kind: EventType, reason: &str, message: &str) {
+        let events = match self.events.take() {
+            Some(e) if e.namespace() == self.namespace => e,
+            _ => Events::new(self.client.clone(), &self.namespace, &self.opts.node),
+        };
+        events.emit(kind, reason, message);
+        self.events = Some(events);
+    }
+
+    /// Waits until `until`, or until the fleet watch (while work waits for a slot) shows a
+    /// change or this node's turn at a free slot comes; whether to go round now.
+    fn wait_for_fleet(&self, until: Instant) -> bool {
+        let Some(watch) = self.watch.as_ref().filter(|_| self.pending.is_some()) else {
+            std::thread::sleep(until.saturating_duration_since(Instant::now()));
+            return false;
+        };
+        let turn = self.free_since.map(|t| t + FREE_SLOT_GRACE);
+        if turn.is_some_and(|t| t <= Instant::now()) {
+            return true;
+        }
+        let until = turn.map_or(until, |t| t.min(until));
+        watch.wait_change(self.seen_generation, until) || turn.is_some_and(|t| t <= Instant::now())
     }
 
     fn health(&self) -> std::sync::MutexGuard<'_, Health> {
@@ -310,6 +364,12 @@ impl Agent {
             self.health().last_cycle_at = Some(now_unix());
         } else if self.pending.is_some() {
             self.try_slot();
+        }
+        if self.pending.is_none() {
+            // Nothing waits for a slot: no watch, no place in the queue.
+            self.watch = None;
+            self.waiting_since = None;
+            self.free_since = None;
         }
     }
 
@@ -371,7 +431,7 @@ impl Agent {
                 None => "it has no good signed plan to run, so it does nothing".to_string(),
             };
             tracing::error!(node = %self.opts.node, digest = %digest, reason = refusal.reason(), "plan refused, nothing of it is applied: {message}; {running}");
-            self.events().emit(
+            self.emit(
                 EventType::Warning,
                 "PlanRefused",
                 &format!(
@@ -575,7 +635,7 @@ impl Agent {
                 *self.health().plan_refusals.entry(reason).or_default() += 1;
             }
             tracing::error!(node = %self.opts.node, "plan refused, nothing changed: {message}");
-            self.events().emit(
+            self.emit(
                 EventType::Warning,
                 "PlanRefused",
                 &format!(
@@ -645,7 +705,7 @@ impl Agent {
             || self.report.message.as_deref() != Some(message.as_str());
         if first {
             tracing::error!(node = %self.opts.node, event = "observation_failed", "{message}");
-            self.events().emit(
+            self.emit(
                 EventType::Warning,
                 "ObservationFailed",
                 &format!("node {}: {message}", self.opts.node),
@@ -663,7 +723,16 @@ impl Agent {
         self.publish(false);
     }
 
-    /// With work pending: unless the rollout is halted, takes a slot and runs.
+    /// With work pending: unless the rollout is halted or paused, takes a slot and runs.
+    ///
+    /// What it decides on is the fleet watch's copy ([`super::watch`], started here the first
+    /// time): the reports (failures, the queue), the pause and the slot Leases, so a waiting
+    /// agent sends no request until a slot is free for it. Waiting nodes take free slots in
+    /// the order they began to wait (their reports' `waiting_since`, then node name): the
+    /// node `k` places back takes the `k`-th free slot; a slot left free for
+    /// [`FREE_SLOT_GRACE`] (a node ahead stopped while waiting) is taken by any node. Every
+    /// write is conditional ([`Slots::take`]); one that loses waits for the watch to show the
+    /// winner.
     fn try_slot(&mut self) {
         let Some(pending) = self.pending.take() else {
             return;
@@ -675,45 +744,12 @@ impl Agent {
             self.pending = Some(pending);
             return;
         }
-        match self.fleet_brakes() {
-            Ok((_, Some(pause))) => {
-                let message = format!(
-                    "the rollout is {}; nothing is started until an operator runs `keyplan fleet resume`",
-                    pause.describe()
-                );
-                if !self.health().paused {
-                    tracing::info!(node = %self.opts.node, "{message}");
-                }
-                self.health().paused = true;
-                self.set_state(AgentState::Paused, Some(message));
-                self.publish(false);
+        let seen = match self.fleet_seen() {
+            Ok(Some(seen)) => seen,
+            Ok(None) => {
+                // The watch has not listed yet: it wakes the loop when it has.
                 self.pending = Some(pending);
                 return;
-            }
-            Ok((failed, None)) if failed.len() >= fleet.max_failed_nodes as usize => {
-                self.health().paused = false;
-                let message = format!(
-                    "the rollout is halted: {} node run(s) failed ({}), max_failed_nodes is {}; nothing is started until they succeed or an operator runs `keyplan fleet clear`",
-                    failed.len(),
-                    failed.join(", "),
-                    fleet.max_failed_nodes
-                );
-                if !self.report.halted {
-                    tracing::warn!(node = %self.opts.node, "{message}");
-                    self.events()
-                        .emit(EventType::Warning, "RolloutHalted", &message);
-                }
-                self.report.halted = true;
-                self.health().halted = true;
-                self.set_state(AgentState::Halted, Some(message));
-                self.publish(false);
-                self.pending = Some(pending);
-                return;
-            }
-            Ok(_) => {
-                self.report.halted = false;
-                self.health().halted = false;
-                self.health().paused = false;
             }
             Err(e) => {
                 self.set_state(AgentState::Error, Some(e));
@@ -721,7 +757,45 @@ impl Agent {
                 self.pending = Some(pending);
                 return;
             }
+        };
+        if let Some(pause) = &seen.pause {
+            let message = format!(
+                "the rollout is {}; nothing is started until an operator runs `keyplan fleet resume`",
+                pause.describe()
+            );
+            if !self.health().paused {
+                tracing::info!(node = %self.opts.node, "{message}");
+            }
+            self.health().paused = true;
+            self.free_since = None;
+            self.set_state(AgentState::Paused, Some(message));
+            self.publish(false);
+            self.pending = Some(pending);
+            return;
         }
+        self.health().paused = false;
+        let failed = failed_nodes(seen.reports.values());
+        if failed.len() >= fleet.max_failed_nodes as usize {
+            let message = format!(
+                "the rollout is halted: {} node run(s) failed ({}), max_failed_nodes is {}; nothing is started until they succeed or an operator runs `keyplan fleet clear`",
+                failed.len(),
+                failed.join(", "),
+                fleet.max_failed_nodes
+            );
+            if !self.report.halted {
+                tracing::warn!(node = %self.opts.node, "{message}");
+                self.emit(EventType::Warning, "RolloutHalted", &message);
+            }
+            self.report.halted = true;
+            self.health().halted = true;
+            self.free_since = None;
+            self.set_state(AgentState::Halted, Some(message));
+            self.publish(false);
+            self.pending = Some(pending);
+            return;
+        }
+        self.report.halted = false;
+        self.health().halted = false;
         let slots = Slots::new(
             self.client.clone(),
             &self.namespace,
@@ -729,50 +803,86 @@ impl Agent {
             &self.opts.node,
             self.opts.slot_duration,
         );
-        match slots.acquire() {
-            Ok(Acquired::Held(slot)) => self.run_with_slot(pending, &slots, slot),
-            Ok(Acquired::Busy(holders)) => {
-                self.set_state(
-                    AgentState::Waiting,
-                    Some(format!(
-                        "{} change(s) wait for a rollout slot; all {} are held ({})",
-                        pending.changes,
-                        fleet.max_concurrent_nodes,
-                        holders.join(", ")
-                    )),
-                );
-                self.publish(false);
-                self.pending = Some(pending);
+        let now = now_unix();
+        let since = *self.waiting_since.get_or_insert(now);
+        let view = slots.view(&seen.leases);
+        let choice = match view.mine {
+            // A restarted agent's own slot.
+            Some((i, lease)) => Some((i, Some(lease))),
+            None if view.free.is_empty() => {
+                self.free_since = None;
+                None
             }
-            Err(e) => {
-                self.set_state(
-                    AgentState::Error,
-                    Some(format!("cannot take a rollout slot: {e}")),
-                );
-                self.publish(false);
-                self.pending = Some(pending);
+            None => {
+                let free_since = *self.free_since.get_or_insert_with(Instant::now);
+                let ahead = queue_ahead(seen.reports.values(), &self.opts.node, since, now);
+                if ahead < view.free.len() {
+                    view.free.get(ahead).cloned()
+                } else if free_since.elapsed() >= FREE_SLOT_GRACE {
+                    view.free.get(ahead % view.free.len()).cloned()
+                } else {
+                    None
+                }
+            }
+        };
+        if let Some((i, lease)) = choice {
+            match slots.take(i, lease) {
+                Ok(Some(slot)) => {
+                    self.waiting_since = None;
+                    self.free_since = None;
+                    self.watch = None;
+                    return self.run_with_slot(pending, &slots, slot);
+                }
+                // Another node's write came first: the watch shows it shortly; until then this
+                // node does not try again (its turn restarts).
+                Ok(None) => self.free_since = Some(Instant::now()),
+                Err(e) => {
+                    self.set_state(
+                        AgentState::Error,
+                        Some(format!("cannot take a rollout slot: {e}")),
+                    );
+                    self.publish(false);
+                    self.pending = Some(pending);
+                    return;
+                }
             }
         }
+        self.set_state(
+            AgentState::Waiting,
+            Some(format!(
+                "{} change(s) wait for one of the {} rollout slot(s), in the order nodes began to wait",
+                pending.changes, fleet.max_concurrent_nodes,
+            )),
+        );
+        self.report.waiting_since = Some(since);
+        self.publish(false);
+        self.pending = Some(pending);
     }
 
-    /// What stops a new run now (one `list`): the nodes whose failures count towards
-    /// `max_failed_nodes`, and the operator's pause if there is one.
-    fn fleet_brakes(&self) -> Result<(Vec<String>, Option<super::pause::Pause>), String> {
-        let (stored, pause) = self
-            .reports()
-            .list_with_pause()
-            .map_err(|e| e.to_string())?;
-        let failed = stored
-            .iter()
-            .filter(|s| s.counts_as_failed())
-            .map(|s| {
-                s.report
-                    .as_ref()
-                    .map(|r| r.node.clone())
-                    .unwrap_or_else(|| s.name.clone())
-            })
-            .collect();
-        Ok((failed, pause))
+    /// The fleet watch's copy of the namespace (the watch is started, or restarted for another
+    /// namespace, here); `None` until it has listed. Remembers the generation seen, so that
+    /// the loop wakes at the next change.
+    ///
+    /// Errors: the watch cannot be started, or it fails (denied, unreachable) and has no copy.
+    fn fleet_seen(&mut self) -> Result<Option<super::watch::Seen>, String> {
+        if self.watch.as_ref().map(|w| w.namespace.as_str()) != Some(self.namespace.as_str()) {
+            let client = self
+                .watch_client
+                .clone()
+                .unwrap_or_else(|| self.client.clone());
+            self.watch = Some(super::watch::FleetWatch::start(client, &self.namespace)?);
+        }
+        let Some(watch) = &self.watch else {
+            return Ok(None);
+        };
+        self.seen_generation = watch.generation();
+        match watch.snapshot() {
+            Some(seen) => Ok(Some(seen)),
+            None => match watch.error() {
+                Some(e) => Err(format!("cannot see the rollout slots and reports: {e}")),
+                None => Ok(None),
+            },
+        }
     }
 
     /// Runs `pending` holding `slot`, then gives the slot back and reports.
@@ -810,8 +920,7 @@ impl Agent {
             self.opts.node, pending.changes
         );
         tracing::info!(node = %self.opts.node, lease = %slot_name, event = "run_initiated", "{message}");
-        self.events()
-            .emit(EventType::Normal, "RunStarted", &message);
+        self.emit(EventType::Normal, "RunStarted", &message);
         self.health().running = true;
         let outcome = match Engine::open(pending.plan) {
             Ok(engine) => {
@@ -822,9 +931,13 @@ impl Agent {
             Err(e) => (Err(e), None, 0),
         };
         self.health().running = false;
-        // The slot is renewed until it is released, after the report: observing after the run
-        // may take longer than a Lease duration (a slow KMS).
+        // The slot is renewed until it is released, right after the report: after a success
+        // the report shows the node as it is now (one observation, no PBKDF), after anything
+        // else what is left is observed once the slot is free; Events are written after the
+        // release.
         let lost = renewer.lost();
+        let mut after: Vec<(EventType, &'static str, String)> = Vec::new();
+        let mut last = None;
         let (result, engine, pbkdf_runs) = outcome;
         let ended_at = now_unix();
         let mut run = AgentRun {
@@ -837,7 +950,8 @@ impl Agent {
             error: None,
         };
         let label = match result {
-            Ok(done) => {
+            Ok(mut done) => {
+                last = done.last.take();
                 run.id = done.run;
                 run.steps = done.steps;
                 run.outcome = "success".into();
@@ -851,8 +965,7 @@ impl Agent {
                     pbkdf_runs
                 );
                 tracing::info!(node = %self.opts.node, event = "run_complete", outcome = "success", steps = done.steps, pbkdf_runs, "{message}");
-                self.events()
-                    .emit(EventType::Normal, "RunSucceeded", &message);
+                after.push((EventType::Normal, "RunSucceeded", message));
                 self.set_state(AgentState::InSync, None);
                 "success"
             }
@@ -892,25 +1005,28 @@ impl Agent {
                 });
                 let message = format!("node {}: run failed: {text}", self.opts.node);
                 tracing::error!(node = %self.opts.node, event = "run_complete", outcome = "failed", "{message}");
-                self.events()
-                    .emit(EventType::Warning, "RunFailed", &message);
+                after.push((EventType::Warning, "RunFailed", message));
                 self.set_state(AgentState::Failed, Some(text));
                 "failed"
             }
         };
         *self.health().runs.entry(label).or_default() += 1;
         self.report.last_run = Some(run);
-        if let Some(engine) = &engine {
-            let observed = crate::ops::plan::make(engine, &PlanRequest::default()).ok();
-            if let Some(o) = &observed {
-                self.report.changes = change_count(&o.diff);
-                if label == "success" {
-                    self.set_waiting(o.diff.waiting.clone());
-                } else {
-                    self.report.commits_waiting = o.diff.waiting.clone();
-                }
+        if label == "success" {
+            // What the node is now, before the slot is free: a report that says `in_sync`
+            // shows the new versions. The run's last plan is that observation when it made
+            // one (a second round); else the devices' headers and the KMS are read once more
+            // (no PBKDF: every keyslot is recorded).
+            if last.is_none() {
+                last = engine
+                    .as_ref()
+                    .and_then(|e| crate::ops::plan::make(e, &PlanRequest::default()).ok());
             }
-            self.summarize(engine, observed.as_ref().map(|p| &p.observed));
+            if let (Some(engine), Some(last)) = (&engine, &last) {
+                self.report.changes = change_count(&last.diff);
+                self.set_waiting(last.diff.waiting.clone());
+                self.summarize(engine, Some(&last.observed));
+            }
         }
         // The report says the run is over before the slot is free: a sampler never sees more
         // running reports than slots.
@@ -922,6 +1038,19 @@ impl Agent {
             }
         }
         self.health().slot_held = false;
+        for (kind, reason, message) in after {
+            self.emit(kind, reason, &message);
+        }
+        if let (Some(engine), true) = (&engine, label != "success") {
+            // A run that did not finish: what is left, observed now the slot is free.
+            let observed = crate::ops::plan::make(engine, &PlanRequest::default()).ok();
+            if let Some(o) = &observed {
+                self.report.changes = change_count(&o.diff);
+                self.report.commits_waiting = o.diff.waiting.clone();
+            }
+            self.summarize(engine, observed.as_ref().map(|p| &p.observed));
+            self.publish(false);
+        }
         if label != "success" {
             // Look again at the next poll, not only after a whole interval.
             self.next_full = Instant::now();
@@ -930,7 +1059,11 @@ impl Agent {
 
     /// Puts what `status` finds (and the keyslots `observed` saw) into the report.
     fn summarize(&mut self, engine: &Engine, observed: Option<&crate::observe::Observed>) {
-        let status = crate::ops::status::status(engine);
+        // The cycle's own observation when it has one: a cycle observes once.
+        let status = match observed {
+            Some(o) => crate::ops::status::status_observed(engine, o),
+            None => crate::ops::status::status(engine),
+        };
         let keyslots = |id: &str| -> Vec<u32> {
             observed
                 .and_then(|o| o.devices.get(id))
@@ -995,8 +1128,7 @@ impl Agent {
         let message = format!("node {}: {}", self.opts.node, text.join("; "));
         if self.report.commits_waiting != waiting {
             tracing::info!(node = %self.opts.node, event = "commit_waiting", "{message}");
-            self.events()
-                .emit(EventType::Normal, "CommitWaiting", &message);
+            self.emit(EventType::Normal, "CommitWaiting", &message);
         }
         self.report.commits_waiting = waiting;
         self.set_state(AgentState::Waiting, Some(text.join("; ")));
@@ -1004,6 +1136,8 @@ impl Agent {
 
     fn set_state(&mut self, state: AgentState, message: Option<String>) {
         self.report.state = state;
+        // Only a node waiting for a slot has a place in the queue (try_slot sets it again).
+        self.report.waiting_since = None;
         self.report.message = message;
         self.health().state = Some(state);
     }
@@ -1065,6 +1199,38 @@ impl Agent {
     }
 }
 
+/// The nodes whose failures count towards `max_failed_nodes` among `reports`.
+fn failed_nodes<'a>(reports: impl Iterator<Item = &'a super::report::Stored>) -> Vec<String> {
+    reports
+        .filter(|s| s.counts_as_failed())
+        .map(|s| {
+            s.report
+                .as_ref()
+                .map(|r| r.node.clone())
+                .unwrap_or_else(|| s.name.clone())
+        })
+        .collect()
+}
+
+/// How many nodes are ahead of `node` (waiting since `since`, Unix seconds) in the queue for
+/// a slot at `now`: the other nodes whose reports say they wait for a slot since earlier (or
+/// as early, with a smaller name), and whose heartbeat is at most one interval old.
+fn queue_ahead<'a>(
+    reports: impl Iterator<Item = &'a super::report::Stored>,
+    node: &str,
+    since: u64,
+    now: u64,
+) -> usize {
+    reports
+        .filter(|s| s.genuine())
+        .filter_map(|s| s.report.as_ref())
+        .filter(|r| r.node != node && r.state == AgentState::Waiting)
+        .filter(|r| r.updated_at.saturating_add(r.interval_seconds.max(1)) >= now)
+        .filter_map(|r| r.waiting_since.map(|w| (w, r.node.as_str())))
+        .filter(|&(w, n)| (w, n) < (since, node))
+        .count()
+}
+
 /// What a full cycle found.
 enum Work {
     /// The node matches the plan, or did all it can and waits for other nodes' votes on a
@@ -1112,6 +1278,8 @@ fn change_count(diff: &crate::diff::Diff) -> usize {
 struct Done {
     run: Option<String>,
     steps: usize,
+    /// The last plan, which found nothing left to do (`None` when the run stopped early).
+    last: Option<crate::ops::plan::Planned>,
 }
 
 /// Finishes the interrupted run, if any, then plans and runs the rounds, logging each step.
@@ -1168,8 +1336,10 @@ fn run_engine(engine: &Engine, node: &str, stop: &AtomicBool) -> Result<Done, Er
         run = Some(r.run);
     }
     let req = PlanRequest::default();
+    let mut last = None;
     while let Some(planned) = session.next_plan(&req)? {
         if planned.diff.is_empty() {
+            last = Some(planned);
             break;
         }
         if stop.load(Ordering::SeqCst) {
@@ -1179,7 +1349,7 @@ fn run_engine(engine: &Engine, node: &str, stop: &AtomicBool) -> Result<Done, Er
         steps += r.steps_run;
         run = Some(r.run);
     }
-    Ok(Done { run, steps })
+    Ok(Done { run, steps, last })
 }
 
 /// Renews a slot from its own thread every third of its duration while a run lasts; sets the

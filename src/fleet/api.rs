@@ -5,7 +5,8 @@
 //!
 //! Verbs are Kubernetes authorization verbs
 //! (<https://kubernetes.io/docs/reference/access-authn-authz/authorization/#determine-the-request-verb>):
-//! `GET` of one object is `get`, of a collection `list`, `POST` is `create`, `PUT` `update`.
+//! `GET` of one object is `get`, of a collection `list` (`watch` with `?watch=true`), `POST` is
+//! `create`, `PUT` `update`, `PATCH` `patch`.
 
 /// One API resource and the verbs used on it, in the fleet namespace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,23 +29,24 @@ pub struct ApiCall {
 /// What `keyplan agent` calls in the fleet namespace (besides the Secrets of a `kubernetes`
 /// KMS, which the plan's KMS instances name: docs/kms/kubernetes.md).
 ///
-/// - Leases: the rollout slots ([`super::slots`]): `get`, then `create` (absent) or `update`
-///   (take over, renew, release).
+/// - Leases: the rollout slots ([`super::slots`]): `list` and `watch` while work waits for a
+///   slot ([`super::watch`]), then `create` (absent) or `update` (take over, renew, release).
 /// - ConfigMaps: the node reports ([`super::report`]): `get` and `update` of its own (by name),
-///   `create` of it the first time, `list` of all (the fleet-wide count of failed nodes,
-///   before a run).
-/// - Events: `create` (run started, succeeded, failed; plan refused; rollout halted).
+///   `create` of it the first time, `list` and `watch` of all and of the pause while work
+///   waits for a slot (the fleet-wide count of failed nodes, the queue of waiting nodes).
+/// - Events: `create` (run started, succeeded, failed; plan refused; rollout halted), `patch`
+///   of a repeated one's count ([`super::events`]).
 pub const AGENT_CALLS: &[ApiCall] = &[
     ApiCall {
         group: "coordination.k8s.io",
         resource: "leases",
-        verbs: &["get", "update"],
+        verbs: &["update"],
         by_name: true,
     },
     ApiCall {
         group: "coordination.k8s.io",
         resource: "leases",
-        verbs: &["create"],
+        verbs: &["create", "list", "watch"],
         by_name: false,
     },
     ApiCall {
@@ -56,13 +58,13 @@ pub const AGENT_CALLS: &[ApiCall] = &[
     ApiCall {
         group: "",
         resource: "configmaps",
-        verbs: &["create", "list"],
+        verbs: &["create", "list", "watch"],
         by_name: false,
     },
     ApiCall {
         group: "",
         resource: "events",
-        verbs: &["create"],
+        verbs: &["create", "patch"],
         by_name: false,
     },
 ];

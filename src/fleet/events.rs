@@ -7,18 +7,30 @@
 //! `RolloutResumed`, about the pause ConfigMap ([`super::pause`]). Messages never hold key material:
 //! they are redacted (`event_message`) before they are cut to size.
 //!
+//! **Repeats are aggregated** as Kubernetes' own recorders do (client-go's event correlator):
+//! an Event with the same type, reason and message as one this writer wrote less than
+//! [`AGGREGATION_WINDOW`] ago is not a new object: the existing one is patched with its
+//! `count` raised, `lastTimestamp` and `series` (`count`, `lastObservedTime`) moved on, so a
+//! node that fails the same way at every cycle leaves one Event, `(x12 over 1h)` in `kubectl
+//! get events`, not twelve. The window is the API server's default `--event-ttl` (1 h), after
+//! which the Event may be gone; a patch that finds it gone (404) creates it afresh.
+//!
 //! An Event that cannot be written is logged at `warn` and otherwise ignored: Events are a
 //! convenience; the report and the journal are the record.
 
-use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Event, EventSeries, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 
 use crate::kms::block_on;
 
 /// `Normal` or `Warning`, the two Event types.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventType {
     /// Something expected happened.
     Normal,
@@ -26,9 +38,24 @@ pub enum EventType {
     Warning,
 }
 
-/// The Event writer of one node (or of the operator's pause).
+/// How long a written Event takes repeats: 1 h, kube-apiserver's default `--event-ttl`.
+pub const AGGREGATION_WINDOW: Duration = Duration::from_secs(3600);
+
+/// What makes two Events the same: type, reason, message.
+type EventKey = (EventType, String, String);
+
+/// An Event this writer wrote, by type, reason and message.
+struct Written {
+    name: String,
+    count: i32,
+    first: Instant,
+}
+
+/// The Event writer of one node (or of the operator's pause). Clones share what was written
+/// (the aggregation).
 #[derive(Clone)]
 pub struct Events {
+    written: Arc<Mutex<HashMap<EventKey, Written>>>,
     api: Api<Event>,
     namespace: String,
     /// `source.host` and `reportingInstance`: the node, or the operator's host.
@@ -45,6 +72,7 @@ impl Events {
     /// Events about `node` in `namespace`. Contacts nothing.
     pub fn new(client: kube::Client, namespace: &str, node: &str) -> Events {
         Events {
+            written: Arc::default(),
             api: Api::namespaced(client, namespace),
             namespace: namespace.to_string(),
             host: node.to_string(),
@@ -58,6 +86,7 @@ impl Events {
     /// node: `related` is left out, the host is the local host name). Contacts nothing.
     pub fn about_pause(client: kube::Client, namespace: &str) -> Events {
         Events {
+            written: Arc::default(),
             api: Api::namespaced(client, namespace),
             namespace: namespace.to_string(),
             host: gethostname::gethostname().to_string_lossy().into_owned(),
@@ -67,11 +96,54 @@ impl Events {
         }
     }
 
-    /// Writes one Event (`reason` in CamelCase, `message` as `event_message` makes it). A
-    /// failure is logged, not returned.
+    /// The fleet namespace the Events go to.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// Writes one Event (`reason` in CamelCase, `message` as `event_message` makes it), or,
+    /// when this writer wrote the same type, reason and message within
+    /// [`AGGREGATION_WINDOW`], raises that Event's count (a `patch`). A failure is logged,
+    /// not returned.
     pub fn emit(&self, kind: EventType, reason: &str, message: &str) {
         let now = Timestamp::now();
         let message = event_message(message);
+        let key = (kind, reason.to_string(), message.clone());
+        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        written.retain(|_, w| w.first.elapsed() < AGGREGATION_WINDOW);
+        if let Some(w) = written.get_mut(&key) {
+            let count = w.count.saturating_add(1);
+            let patch = serde_json::json!({
+                "count": count,
+                "lastTimestamp": Time(now),
+                "series": EventSeries {
+                    count: Some(count),
+                    last_observed_time: Some(MicroTime(now)),
+                },
+            });
+            match block_on(
+                "fleet",
+                self.api
+                    .patch(&w.name, &PatchParams::default(), &Patch::Merge(&patch)),
+            ) {
+                Ok(Ok(_)) => {
+                    w.count = count;
+                    return;
+                }
+                // Gone (the API server's event TTL): written afresh below.
+                Ok(Err(kube::Error::Api(s))) if s.code == 404 => {}
+                Ok(Err(e)) => {
+                    return tracing::warn!(
+                        reason,
+                        "could not update a Kubernetes Event: {}",
+                        super::api_text(&e)
+                    )
+                }
+                Err(e) => {
+                    return tracing::warn!(reason, "could not update a Kubernetes Event: {e}")
+                }
+            }
+        }
         let report = self.subject.clone();
         let ev = Event {
             metadata: ObjectMeta {
@@ -113,7 +185,18 @@ impl Events {
             ..Event::default()
         };
         match block_on("fleet", self.api.create(&PostParams::default(), &ev)) {
-            Ok(Ok(_)) => {}
+            Ok(Ok(created)) => {
+                if let Some(name) = created.metadata.name {
+                    written.insert(
+                        key,
+                        Written {
+                            name,
+                            count: 1,
+                            first: Instant::now(),
+                        },
+                    );
+                }
+            }
             Ok(Err(e)) => tracing::warn!(
                 reason,
                 "could not write a Kubernetes Event: {}",

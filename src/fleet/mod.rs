@@ -12,6 +12,7 @@
 //! - [`trust`]: the agent's configuration, the allow-list a plan is held to;
 //! - [`plan`]: `keyplan fleet plan`, every node's diff of a plan from the agents' observations;
 //! - [`signature`]: signed plans (`keyplan sign`, the agent's check of a plan's signature);
+//! - [`watch`]: a waiting agent's watch of the slots, the reports and the pause;
 //! - [`api`]: the API calls each front end makes (what the RBAC manifests grant).
 
 pub mod agent;
@@ -26,6 +27,7 @@ pub mod slots;
 pub mod source;
 pub mod status;
 pub mod trust;
+pub mod watch;
 
 /// A Kubernetes client for the fleet's objects (Leases, reports, Events): from the kubeconfig
 /// file `kubeconfig` (its `context`, or its current one), else the in-cluster service account
@@ -45,6 +47,32 @@ pub fn client(
     .map_err(|e| e.to_string())?
     .map(|(_, client, _)| client)
 }
+
+/// The client of the fleet's watches ([`watch`]): as [`client`], but a read may wait
+/// [`WATCH_READ_TIMEOUT`] (a watch ends on the server's side after at most 290 s:
+/// kube-runtime's `watcher` asks for that, and resumes).
+///
+/// Errors: as [`client`].
+pub fn watch_client(
+    kubeconfig: Option<&std::path::Path>,
+    context: Option<&str>,
+) -> Result<kube::Client, String> {
+    crate::kms::install_tls_provider();
+    crate::kms::block_on(
+        "fleet",
+        crate::kms::kubernetes::load_client_reading(
+            kubeconfig,
+            context,
+            crate::kms::REQUEST_TIMEOUT,
+            WATCH_READ_TIMEOUT,
+        ),
+    )
+    .map_err(|e| e.to_string())?
+    .map(|(_, client, _)| client)
+}
+
+/// How long the watch client waits for a read: 330 s, longer than the 290 s a watch lasts.
+pub const WATCH_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(330);
 
 /// A Kubernetes client error for messages: `HTTP <code>: <message>` for an API status, else
 /// the error's text (kube's errors name no token).

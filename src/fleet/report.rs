@@ -127,6 +127,11 @@ pub struct NodeReport {
     /// nodes (holders) have not verified it (docs/fleet.md, "Keys on several nodes").
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub commits_waiting: Vec<crate::diff::CommitWait>,
+    /// When this node began to wait for a rollout slot, Unix seconds, while its state is
+    /// `waiting` for one: its place in the queue of waiting nodes (earlier first, then by node
+    /// name; docs/fleet.md, "Waiting for a slot").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_since: Option<u64>,
     /// What the agent last observed on its node, for `keyplan fleet plan`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observation: Option<Observation>,
@@ -417,12 +422,7 @@ impl Reports {
     pub fn list_with_pause(
         &self,
     ) -> Result<(Vec<Stored>, Option<super::pause::Pause>), ReportError> {
-        let lp = ListParams::default().labels(&format!(
-            "{} in ({},{})",
-            COMPONENT_LABEL.0,
-            COMPONENT_LABEL.1,
-            super::pause::COMPONENT
-        ));
+        let lp = ListParams::default().labels(&reports_and_pause_selector());
         let list = self.call("listing node reports", self.api.list(&lp))?;
         let mut pause = None;
         let mut reports = Vec::new();
@@ -521,7 +521,19 @@ pub(crate) fn document(report: &NodeReport) -> Result<String, ReportError> {
     Ok(crate::secret::redact::redact_json(&doc).into_owned())
 }
 
-fn stored(cm: ConfigMap) -> Stored {
+/// The label selector of the reports and the pause:
+/// `app.kubernetes.io/component in (node-report,fleet-pause)`.
+pub(crate) fn reports_and_pause_selector() -> String {
+    format!(
+        "{} in ({},{})",
+        COMPONENT_LABEL.0,
+        COMPONENT_LABEL.1,
+        super::pause::COMPONENT
+    )
+}
+
+/// The report a ConfigMap holds, as [`Stored`].
+pub(crate) fn stored(cm: ConfigMap) -> Stored {
     let report = cm
         .data
         .as_ref()
@@ -585,6 +597,7 @@ mod tests {
             plan_signature: None,
             commits_waiting: Vec::new(),
             observation: None,
+            waiting_since: None,
         };
         let doc = document(&report).expect("document");
         for form in [raw.as_str(), &b64, &hex, "report-material"] {

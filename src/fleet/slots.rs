@@ -22,6 +22,7 @@
 //! clocks must agree to within a small part of the Lease duration (as for Kubernetes' own
 //! leader election).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -39,7 +40,7 @@ pub const SLOT_PREFIX: &str = "keyplan-rollout-";
 pub enum SlotError {
     /// The API server refused (401/403): the service account lacks the Lease permissions of
     /// the deploy manifests' Role.
-    #[error("rollout slots in namespace {namespace}: {detail}; grant keyplan's service account get, create and update on leases (deploy/kubernetes)")]
+    #[error("rollout slots in namespace {namespace}: {detail}; grant keyplan's service account create, update, list and watch on leases (deploy/kubernetes/rbac.yaml)")]
     Denied {
         /// The fleet namespace.
         namespace: String,
@@ -81,6 +82,17 @@ pub struct Slot {
     lease: Box<Lease>,
 }
 
+/// The slots as seen at one moment ([`Slots::view`]).
+#[derive(Debug, Default)]
+pub struct View {
+    /// The slot this node holds, with its Lease.
+    pub mine: Option<(u32, Lease)>,
+    /// The slots another node may take: absent (`None`), released or expired.
+    pub free: Vec<(u32, Option<Lease>)>,
+    /// The live holders of the other slots, by slot.
+    pub holders: Vec<String>,
+}
+
 /// The outcome of [`Slots::acquire`].
 #[derive(Debug)]
 pub enum Acquired {
@@ -120,52 +132,89 @@ impl Slots {
         }
     }
 
-    /// Takes a slot for this node, or says who holds them all. A slot this node already holds
-    /// is renewed and returned first.
+    /// Takes a slot for this node, or says who holds them all (one `get` per slot, then the
+    /// writes of [`Slots::take`]). A slot this node already holds is renewed and returned
+    /// first.
     ///
     /// Errors: [`SlotError::Denied`], [`SlotError::Unavailable`]; a lost race on one slot is
     /// not an error (the next slot is tried).
     pub fn acquire(&self) -> Result<Acquired, SlotError> {
-        let mut seen: Vec<(u32, Option<Lease>)> = Vec::new();
+        let mut leases = BTreeMap::new();
         for i in 0..self.count {
-            let lease = self.get(&slot_name(i))?;
-            if let Some(l) = &lease {
-                if holder_of(l) == Some(self.holder.as_str()) {
-                    let mut slot = Slot {
-                        index: i,
-                        name: slot_name(i),
-                        lease: Box::new(l.clone()),
-                    };
-                    match self.renew(&mut slot) {
-                        Ok(()) => return Ok(Acquired::Held(slot)),
-                        Err(SlotError::Lost { .. }) => {}
-                        Err(e) => return Err(e),
-                    }
-                }
+            if let Some(l) = self.get(&slot_name(i))? {
+                leases.insert(slot_name(i), l);
             }
-            seen.push((i, lease));
         }
-        let now = Timestamp::now();
-        let mut holders = Vec::new();
-        for (i, lease) in seen {
-            let name = slot_name(i);
-            let taken = match lease {
-                None => self.create(i)?,
-                Some(l) if holder_of(&l).is_none() || expired(&l, now) => self.take_over(i, l)?,
-                Some(l) => {
-                    holders.push(holder_of(&l).unwrap_or_default().to_string());
-                    continue;
-                }
-            };
-            match taken {
-                Some(slot) => {
-                    tracing::info!(node = %self.holder, lease = %name, "took rollout slot {name}");
-                    return Ok(Acquired::Held(slot));
-                }
+        let view = self.view(&leases);
+        let mut holders = view.holders;
+        for (i, lease) in view
+            .mine
+            .into_iter()
+            .map(|(i, l)| (i, Some(l)))
+            .chain(view.free)
+        {
+            match self.take(i, lease)? {
+                Some(slot) => return Ok(Acquired::Held(slot)),
                 None => holders.push("(another node, just now)".to_string()),
             }
         }
         Ok(Acquired::Busy(holders))
+    }
+
+    /// The slots as `leases` (by name: a watch's copy, or what was just read) show them now.
+    /// Reads nothing.
+    pub fn view(&self, leases: &BTreeMap<String, Lease>) -> View {
+        let now = Timestamp::now();
+        let mut view = View::default();
+        for i in 0..self.count {
+            match leases.get(&slot_name(i)) {
+                None => view.free.push((i, None)),
+                Some(l) if holder_of(l) == Some(self.holder.as_str()) && view.mine.is_none() => {
+                    view.mine = Some((i, l.clone()));
+                }
+                Some(l) if holder_of(l).is_none() || expired(l, now) => {
+                    view.free.push((i, Some(l.clone())));
+                }
+                Some(l) => view
+                    .holders
+                    .push(holder_of(l).unwrap_or_default().to_string()),
+            }
+        }
+        view
+    }
+
+    /// Takes slot `i` for this node, its Lease being `lease` as last seen: renews it when this
+    /// node holds it (a restarted agent's own slot), creates it when absent, takes it over
+    /// when free or expired. Every write is conditional on `lease`'s `resourceVersion`:
+    /// `None` when another write came first (409), or when the Lease names another live
+    /// holder.
+    ///
+    /// Errors: [`SlotError::Denied`], [`SlotError::Unavailable`].
+    pub fn take(&self, i: u32, lease: Option<Lease>) -> Result<Option<Slot>, SlotError> {
+        let name = slot_name(i);
+        let taken = match lease {
+            None => self.create(i)?,
+            Some(l) if holder_of(&l) == Some(self.holder.as_str()) => {
+                let mut slot = Slot {
+                    index: i,
+                    name: name.clone(),
+                    lease: Box::new(l),
+                };
+                match self.renew(&mut slot) {
+                    Ok(()) => return Ok(Some(slot)),
+                    Err(SlotError::Lost { .. }) => None,
+                    Err(e) => return Err(e),
+                }
+            }
+            Some(l) if holder_of(&l).is_none() || expired(&l, Timestamp::now()) => {
+                self.take_over(i, l)?
+            }
+            Some(_) => None,
+        };
+        if taken.is_some() {
+            tracing::info!(node = %self.holder, lease = %name, "took rollout slot {name}");
+        }
+        Ok(taken)
     }
 
     /// Renews `slot` (a conditional `PUT` of `renewTime`).

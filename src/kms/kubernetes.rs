@@ -1355,6 +1355,17 @@ pub(crate) async fn load_client(
     context: Option<&str>,
     timeout: std::time::Duration,
 ) -> Result<(String, kube::Client, AuthSource), String> {
+    load_client_reading(kubeconfig, context, timeout, timeout).await
+}
+
+/// [`load_client`] with its own `read_timeout` (a watch's client waits longer for a read
+/// than `timeout`: the API server may send nothing for minutes).
+pub(crate) async fn load_client_reading(
+    kubeconfig: Option<&Path>,
+    context: Option<&str>,
+    timeout: std::time::Duration,
+    read_timeout: std::time::Duration,
+) -> Result<(String, kube::Client, AuthSource), String> {
     let options = KubeConfigOptions {
         context: context.map(str::to_string),
         ..KubeConfigOptions::default()
@@ -1382,7 +1393,7 @@ pub(crate) async fn load_client(
     let mut config = config?;
     config.default_retry = false;
     config.connect_timeout = Some(timeout);
-    config.read_timeout = Some(timeout);
+    config.read_timeout = Some(read_timeout);
     config.write_timeout = Some(timeout);
     config.reset_reader_on_write = true;
     let url = config.cluster_url.to_string();

@@ -235,6 +235,18 @@ struct Findings {
 /// `keyplan status`: KMS state per key, drift per device, the journal's last run. Never fails:
 /// what cannot be read becomes an `unchecked` line of the report.
 pub fn status(engine: &Engine) -> StatusReport {
+    status_with(engine, None)
+}
+
+/// [`status`] from an observation already made (`observed`: a plan's or an apply's, e.g. the
+/// node agent's cycle, [`crate::fleet::agent`]): the devices and keys are not read again, so a
+/// cycle observes once. The KMS credentials' lifetimes are still asked as [`status`] asks
+/// them.
+pub fn status_observed(engine: &Engine, observed: &Observed) -> StatusReport {
+    status_with(engine, Some(observed))
+}
+
+fn status_with(engine: &Engine, given: Option<&Observed>) -> StatusReport {
     let plan = engine.plan();
     // Each KMS instance's calls together wait at most its `timeout` from here on: a KMS that
     // never answers costs one `timeout` and is reported under `unchecked` (docs/monitoring.md,
@@ -249,7 +261,7 @@ pub fn status(engine: &Engine) -> StatusReport {
             Vec::new()
         }
     };
-    let (observed, mut devices) = observe_devices(engine, &mut f);
+    let (observed, mut devices) = observe_devices(engine, given, &mut f);
     let committed = committed_keys(&records);
     let keys: Vec<KeyReport> = plan
         .keys
@@ -628,7 +640,12 @@ fn no_rotation_due(plan: &Plan) -> Plan {
 /// Devices that cannot be used ([`observe::Unavailable`]) become drift of their own (the
 /// observation and the diff go around them). What stops the observation lands in `unchecked`
 /// (or `problems`), with the devices marked unchecked.
-fn observe_devices(engine: &Engine, f: &mut Findings) -> (Option<Observed>, Vec<DeviceReport>) {
+/// The devices' reports from `given`, or from an observation of their headers (no PBKDF run).
+fn observe_devices(
+    engine: &Engine,
+    given: Option<&Observed>,
+    f: &mut Findings,
+) -> (Option<Observed>, Vec<DeviceReport>) {
     let plan = engine.plan();
     let mut devices: Vec<DeviceReport> = plan
         .devices
@@ -647,12 +664,15 @@ fn observe_devices(engine: &Engine, f: &mut Findings) -> (Option<Observed>, Vec<
         .collect();
     let diff_plan = no_rotation_due(plan);
     let world = engine.world();
-    let obs = match observe::observe(&diff_plan, world, Testing::HeadersOnly) {
-        Ok(o) => o,
-        Err(e) => {
-            observation_failed(e, f);
-            return (None, devices);
-        }
+    let obs = match given {
+        Some(o) => o.clone(),
+        None => match observe::observe(&diff_plan, world, Testing::HeadersOnly) {
+            Ok(o) => o,
+            Err(e) => {
+                observation_failed(e, f);
+                return (None, devices);
+            }
+        },
     };
     // Devices that cannot be used: drift of their own, with what to do; the rest is observed.
     for (id, u) in &obs.unavailable {

@@ -881,6 +881,27 @@ impl Cluster {
         })
     }
 
+    /// `GET path` with the admin identity, as text (e.g. `/metrics`, the API server's own
+    /// Prometheus metrics). `Err` on a transport error or a status other than 200.
+    #[allow(dead_code)]
+    pub fn get_text(&self, path: &str) -> Result<String, String> {
+        let url = format!("{}{path}", self.info.url);
+        block_on(async {
+            let resp = self
+                .admin
+                .get(url)
+                .send()
+                .await
+                .map_err(|e| e.to_string())?;
+            let status = resp.status().as_u16();
+            let text = resp.text().await.map_err(|e| e.to_string())?;
+            if status != 200 {
+                return Err(format!("HTTP {status}: {text}"));
+            }
+            Ok(text)
+        })
+    }
+
     /// `method path` (path with query, e.g. `/api/v1/namespaces`) with the admin identity;
     /// JSON `body` if any. Any status is returned; a transport error panics.
     pub fn request(&self, method: &str, path: &str, body: Option<&Value>) -> Reply {
@@ -927,7 +948,11 @@ impl Cluster {
             method,
             Some(token),
             body,
-            "application/json",
+            if method == "PATCH" {
+                "application/merge-patch+json"
+            } else {
+                "application/json"
+            },
         ))
     }
 

@@ -7,8 +7,10 @@
 //! `before_write`), and injects faults (an error status, a broken answer, a delay) into
 //! matching requests.
 //!
-//! Answers are buffered whole: watches and other streams are not supported (keyplan does not
-//! use them).
+//! Answers are buffered whole, except a watch's (`?watch=true`): it is streamed on a thread
+//! of its own, each chunk written and flushed as the API server sends it (the agents' fleet
+//! watch, src/fleet/watch.rs), and logged when it starts. Faults and hooks apply to watches
+//! as to other requests.
 //!
 //! Include it after `kube.rs`: `#[path = "common/kube_proxy.rs"] mod kube_proxy;`.
 #![allow(dead_code)]
@@ -128,6 +130,8 @@ struct Shared {
     log: Vec<Logged>,
     hooks: Vec<(Pred, Option<Action>)>,
     faults: Vec<(Pred, Fault, usize)>,
+    /// Set by [`KubeProxy::stop`]: streaming watches end.
+    stopped: bool,
 }
 
 /// A running proxy (stopped on drop).
@@ -268,6 +272,7 @@ impl KubeProxy {
     /// Stops serving (waits for the workers, which poll every 50 ms).
     pub fn stop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        self.lock().stopped = true;
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -287,10 +292,100 @@ fn header(req: &tiny_http::Request, name: &str) -> Option<String> {
         .map(|h| h.value.as_str().to_string())
 }
 
+/// Forwards a watch and streams its answer: the status line and headers as the API server
+/// sent them (`Transfer-Encoding: chunked`, `Connection: close`), then every chunk as it
+/// comes, flushed. Ends when either side does.
+fn stream_watch(
+    client: &reqwest::Client,
+    shared: &Mutex<Shared>,
+    req: tiny_http::Request,
+    target: String,
+    auth: Option<String>,
+    accept: Option<String>,
+    mut entry: Logged,
+) {
+    use std::io::Write as _;
+    let resp = block_on(async {
+        let mut r = client.get(target).timeout(Duration::from_secs(600));
+        if let Some(a) = &auth {
+            r = r.header("Authorization", a);
+        }
+        if let Some(acc) = &accept {
+            r = r.header("Accept", acc);
+        }
+        r.send().await
+    });
+    let mut w = req.into_writer();
+    let mut resp = match resp {
+        Ok(resp) => resp,
+        Err(e) => {
+            entry.code = 502;
+            shared
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .log
+                .push(entry);
+            let text = format!("proxy: {e}");
+            let _ = write!(
+                w,
+                "HTTP/1.1 502 Bad Gateway\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                text.len()
+            );
+            let _ = w.flush();
+            return;
+        }
+    };
+    entry.code = resp.status().as_u16();
+    shared
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .log
+        .push(entry);
+    let ct = resp
+        .headers()
+        .get("Content-Type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json")
+        .to_string();
+    let status = resp.status();
+    let head = format!(
+        "HTTP/1.1 {} {}\r\nContent-Type: {ct}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("")
+    );
+    if w.write_all(head.as_bytes())
+        .and_then(|_| w.flush())
+        .is_err()
+    {
+        return;
+    }
+    loop {
+        if shared.lock().unwrap_or_else(|e| e.into_inner()).stopped {
+            // The proxy stopped: so do its watches (the client sees the connection end).
+            return;
+        }
+        let chunk = match block_on(async {
+            tokio::time::timeout(Duration::from_millis(500), resp.chunk()).await
+        }) {
+            Err(_) => continue,
+            Ok(Ok(Some(chunk))) => chunk,
+            Ok(_) => break,
+        };
+        let sent = write!(w, "{:x}\r\n", chunk.len())
+            .and_then(|_| w.write_all(&chunk))
+            .and_then(|_| w.write_all(b"\r\n"))
+            .and_then(|_| w.flush());
+        if sent.is_err() {
+            return;
+        }
+    }
+    let _ = w.write_all(b"0\r\n\r\n").and_then(|_| w.flush());
+}
+
 fn handle(
     cluster: &Cluster,
     client: &reqwest::Client,
-    shared: &Mutex<Shared>,
+    shared: &Arc<Mutex<Shared>>,
     mut req: tiny_http::Request,
 ) {
     let method = req.method().as_str().to_ascii_uppercase();
@@ -373,6 +468,24 @@ fn handle(
         action();
     }
     let target = format!("{}{url}", cluster.info.url);
+    if query
+        .split('&')
+        .any(|kv| kv == "watch=true" || kv == "watch=1")
+    {
+        let accept = header(&req, "Accept");
+        let (client, shared) = (client.clone(), Arc::clone(shared));
+        let entry = Logged {
+            method: method.clone(),
+            path: path.clone(),
+            query: query.clone(),
+            user: user.clone(),
+            code: 0,
+        };
+        std::thread::spawn(move || {
+            stream_watch(&client, &shared, req, target, auth, accept, entry)
+        });
+        return;
+    }
     let m = reqwest::Method::from_bytes(method.as_bytes()).expect("HTTP method");
     let result = block_on(async {
         let mut r = client.request(m, target).body(body);
