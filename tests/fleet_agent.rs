@@ -644,16 +644,23 @@ fn agent_refuses_and_reports() {
         || holders(&fake).is_empty(),
         || format!("{:?}", holders(&fake)),
     );
-    let reasons: Vec<String> = fake
-        .c
-        .events(&fake.ns)
-        .iter()
-        .filter_map(|e| e["reason"].as_str().map(str::to_string))
-        .collect();
-    assert!(
-        reasons.contains(&"RunStarted".to_string())
-            && reasons.contains(&"RunSucceeded".to_string()),
-        "{reasons:?}"
+    // The run's closing Event follows the release (a waiting node is not kept waiting for
+    // it): waited for as an API object.
+    let reasons = || -> Vec<String> {
+        fake.c
+            .events(&fake.ns)
+            .iter()
+            .filter_map(|e| e["reason"].as_str().map(str::to_string))
+            .collect()
+    };
+    wait_for(
+        30,
+        "the RunStarted and RunSucceeded Events",
+        || {
+            let r = reasons();
+            r.iter().any(|r| r == "RunStarted") && r.iter().any(|r| r == "RunSucceeded")
+        },
+        || format!("{:?}", reasons()),
     );
 
     // An idle cycle touches no Lease.
