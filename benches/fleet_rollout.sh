@@ -4,8 +4,9 @@
 # tests/common/kube.rs (KEYPLAN_K8S_BIN: see scripts/k8s-control-plane.sh), keys in a real
 # OpenBao (`bao` on PATH), CONCURRENT rollout slots, no injected delays. For each PBKDF2
 # iteration count in ITERATIONS (default: about 2.5 s and about 7 s node runs with 10 at once
-# on a 2-core machine; figures in docs/fleet.md, "How fast the rollout goes") it prints the enrollment rollout against the ideal ceil(nodes / slots) x one node's
-# run (the median run from the agents' JSON logs), and the idle cost: the agents' requests and
+# on a 2-core machine; figures in docs/fleet.md, "How fast the rollout goes") it prints the
+# enrollment rollout against the ideal ceil(nodes / slots) x one node's run (the median run
+# from the agents' JSON logs), and the idle cost: the agents' requests and
 # writes per node per interval, watches held, and the API server's own request count and CPU
 # time (its /metrics) per idle node per hour.
 #
