@@ -6,7 +6,8 @@
 # iteration count in ITERATIONS (default: about 2.5 s and about 7 s node runs with 10 at once
 # on a 2-core machine; figures in docs/fleet.md, "How fast the rollout goes") it prints the
 # enrollment rollout against the ideal ceil(nodes / slots) x one node's run (the median run
-# from the agents' JSON logs), and the idle cost: the agents' requests and
+# from the agents' JSON logs), timed from `fleet resume` (the agents start paused, as on a
+# running fleet; they run niced, as if the control plane had its own CPU), and the idle cost: the agents' requests and
 # writes per node per interval, watches held, and the API server's own request count and CPU
 # time (its /metrics) per idle node per hour.
 #
@@ -30,8 +31,10 @@ import json, sys
 f = json.load(open(sys.argv[1]))
 print(f"nodes {f['nodes']}, max_concurrent_nodes {f['max_concurrent_nodes']}, runs {f['runs']}, PBKDF2 {f['pbkdf2_iterations']} iterations")
 print(f"  one node's run (median): {f['median_node_run_seconds']:.2f} s; ideal ceil(nodes/slots) x run: {f['ideal_seconds']:.1f} s")
+print(f"  agents started, observed and reported their work (paused): {f['agents_started_up_seconds']:.1f} s")
+print(f"  rollout, resume to last run end: {f['resumed_seconds']:.1f} s = {f['resumed_over_ideal']:.2f} x ideal")
 print(f"  rollout, first run start to last run end: {f['busy_seconds']:.1f} s = {f['busy_over_ideal']:.2f} x ideal")
-print(f"  rollout, agents started to every node in sync: {f['rollout_seconds']:.1f} s = {f['rollout_over_ideal']:.2f} x ideal")
+print(f"  rollout, resume to every node's report in sync: {f['rollout_seconds']:.1f} s = {f['rollout_over_ideal']:.2f} x ideal")
 print(f"  idle ({f['idle_interval_seconds']} s interval): {f['idle_requests_per_node_per_cycle']:.2f} requests and {f['idle_writes_per_node_per_cycle']:.2f} writes per node per interval, {f['idle_watch_requests']} watch requests")
 print(f"  API server per idle node per hour: {f['apiserver_requests_per_idle_node_hour']:.0f} requests, {f['apiserver_cpu_seconds_per_idle_node_hour']:.2f} CPU seconds")
 PY

@@ -2010,8 +2010,6 @@ fn fractional_seconds(ts: &str) -> Option<f64> {
     Some(keyplan::clock::parse_rfc3339(&whole)? as f64 + frac.parse::<f64>().ok()?)
 }
 
-/// The durations (seconds) of the runs in an agent's JSON log: `run_initiated` to the next
-/// `run_complete`.
 /// The sum of the samples of metric `name` in the API server's `/metrics` (0 when absent).
 fn api_server_metric(c: &kube::Cluster, name: &str) -> f64 {
     let text = c.get_text("/metrics").unwrap_or_default();
@@ -2041,6 +2039,8 @@ fn run_events(log: &str) -> Vec<(String, f64)> {
         .collect()
 }
 
+/// The durations (seconds) of the runs in an agent's JSON log: `run_initiated` to the next
+/// `run_complete`.
 fn run_durations(log: &str) -> Vec<f64> {
     let mut out = Vec::new();
     let mut start = None;
@@ -2570,16 +2570,62 @@ fn rollout_benchmark() {
         ],
         &[("KP_AGENT_VAULT_TOKEN", bao.root_token.as_str())],
     );
+    // The rollout starts as an operator's does on a running fleet: the agents start under a
+    // pause (`keyplan fleet pause`), observe and report their work, and the rollout is timed
+    // from the resume. The agents (and the cryptsetup processes they start) run at the lowest
+    // CPU priority: on real nodes a node's key derivations do not take the control plane's
+    // CPU, here 100 nodes and the API server share two cores.
+    let cms = format!("/api/v1/namespaces/{}/configmaps", fake.ns);
+    fake.c.ensure(
+        &cms,
+        &serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "keyplan-pause",
+                "labels": {"app.kubernetes.io/name": "keyplan",
+                           "app.kubernetes.io/component": "fleet-pause"}},
+            "data": {"reason": "the benchmark starts the rollout", "paused_by": "bench"}}),
+    );
     let t0 = Instant::now();
     for a in agents.iter_mut() {
         a.spawn();
+        if let Some(child) = &a.child {
+            let _ = Command::new("renice")
+                .args(["-n", "19", "-p", &child.id().to_string()])
+                .stdout(Stdio::null())
+                .status();
+        }
     }
-    let done = || {
-        names.iter().all(|n| {
-            report(&fake, n)
-                .is_some_and(|r| r["state"] == "in_sync" && r["keys"][0]["current_version"] == 1)
-        })
+    // One list of the namespace's ConfigMaps per look, not one read per node: the harness's
+    // own requests stay out of the way of the agents'.
+    let reports = || -> Vec<Value> {
+        fake.c
+            .get_json(&cms)
+            .and_then(|l| l["items"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|cm| serde_json::from_str(cm["data"]["report.json"].as_str()?).ok())
+            .collect()
     };
+    let all = |pred: &dyn Fn(&Value) -> bool| {
+        let r = reports();
+        r.len() == nodes && r.iter().all(pred)
+    };
+    wait_for(
+        1800,
+        "every agent to report its work, paused",
+        || all(&|r: &Value| r["state"] == "paused"),
+        String::new,
+    );
+    let started_up = t0.elapsed().as_secs_f64();
+    let resumed_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    let t0 = Instant::now();
+    assert!(
+        fake.c.delete(&format!("{cms}/keyplan-pause")),
+        "resume: delete keyplan-pause"
+    );
+    let done = || all(&|r: &Value| r["state"] == "in_sync" && r["keys"][0]["current_version"] == 1);
     wait_for(3600, "the rollout", done, String::new);
     let rollout = t0.elapsed().as_secs_f64();
     let mut runs: Vec<f64> = names
@@ -2607,6 +2653,7 @@ fn rollout_benchmark() {
         }
     }
     let busy = (last - first).max(0.0);
+    let resumed = (last - resumed_at).max(0.0);
     // Two idle intervals: the agents' requests (through the proxy), the API server's own count
     // of requests and its CPU time (its /metrics).
     let server = |what: &str| api_server_metric(fake.c, what);
@@ -2638,6 +2685,9 @@ fn rollout_benchmark() {
         "runs": runs.len(),
         "median_node_run_seconds": median,
         "rollout_seconds": rollout,
+        "resumed_seconds": resumed,
+        "resumed_over_ideal": resumed / ideal.max(0.001),
+        "agents_started_up_seconds": started_up,
         "busy_seconds": busy,
         "ideal_seconds": ideal,
         "rollout_over_ideal": rollout / ideal.max(0.001),
@@ -3715,6 +3765,8 @@ fn an_operator_pauses_and_resumes_the_rollout() {
             .contains("paused by alice"),
         "{r}"
     );
+    // The node keeps its place in the queue through the pause (docs/fleet.md, "The queue").
+    assert!(r["waiting_since"].as_u64().is_some(), "{r}");
     let (code, metrics) = http_get(port, "/metrics").expect("metrics");
     assert_eq!(code, 200);
     assert!(

@@ -15,6 +15,26 @@ fn plan_text(after: &str, extra_dev: &str) -> String {
 }
 
 /// `status --format json`, asserting exit `code`.
+/// Takes the state lock of `state_dir` for the test, as a run would. The test dropped it
+/// just before: while another test's thread of this process spawns a child, the child holds a
+/// copy of the lock's open file description (flock(2) locks belong to it) from its fork until
+/// its exec closes it (close-on-exec), so the lock can outlive the drop by that long. This
+/// waits for that event, the lock free (at most 30 s), instead of failing on it.
+fn hold_state_lock(state_dir: &std::path::Path) -> keyplan::journal::StateLock {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match keyplan::journal::StateLock::acquire(state_dir) {
+            Ok(lock) => return lock,
+            Err(keyplan::journal::JournalError::Locked { .. })
+                if std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            Err(e) => panic!("take the state lock: {e}"),
+        }
+    }
+}
+
 fn status_json(s: &Scratch, code: i32) -> serde_json::Value {
     let out = s.keyplan(&["status", "--format", "json"]);
     assert_eq!(
@@ -983,7 +1003,7 @@ fn a_header_write_in_progress_is_not_damage() {
     for (name, primary, secondary) in &writes {
         put_at(&img, 0, primary);
         put_at(&img, hdr_size, secondary);
-        let lock = keyplan::journal::StateLock::acquire(&state_dir).expect("take the state lock");
+        let lock = hold_state_lock(&state_dir);
         let j = status_json(&s, 0);
         assert!(
             j["devices"][0].get("header_damage").is_none(),
@@ -1033,7 +1053,7 @@ fn a_header_write_in_progress_is_not_damage() {
     for (name, primary, secondary) in damaged {
         put_at(&img, 0, primary);
         put_at(&img, hdr_size, secondary);
-        let _lock = keyplan::journal::StateLock::acquire(&state_dir).expect("take the state lock");
+        let _lock = hold_state_lock(&state_dir);
         let j = status_json(&s, 1);
         assert!(
             j["devices"][0]["header_damage"]

@@ -758,6 +758,9 @@ impl Agent {
                 return;
             }
         };
+        // The node's place in the queue: kept through a pause, so that at `fleet resume` the
+        // nodes that waited longest take the free slots at once, in order, without racing.
+        let since = *self.waiting_since.get_or_insert(now_unix());
         if let Some(pause) = &seen.pause {
             let message = format!(
                 "the rollout is {}; nothing is started until an operator runs `keyplan fleet resume`",
@@ -769,6 +772,7 @@ impl Agent {
             self.health().paused = true;
             self.free_since = None;
             self.set_state(AgentState::Paused, Some(message));
+            self.report.waiting_since = Some(since);
             self.publish(false);
             self.pending = Some(pending);
             return;
@@ -804,7 +808,6 @@ impl Agent {
             self.opts.slot_duration,
         );
         let now = now_unix();
-        let since = *self.waiting_since.get_or_insert(now);
         let view = slots.view(&seen.leases);
         let choice = match view.mine {
             // A restarted agent's own slot.
@@ -1213,8 +1216,9 @@ fn failed_nodes<'a>(reports: impl Iterator<Item = &'a super::report::Stored>) ->
 }
 
 /// How many nodes are ahead of `node` (waiting since `since`, Unix seconds) in the queue for
-/// a slot at `now`: the other nodes whose reports say they wait for a slot since earlier (or
-/// as early, with a smaller name), and whose heartbeat is at most one interval old.
+/// a slot at `now`: the other nodes whose reports say they wait for a slot (`waiting`, or
+/// `paused` with work) since earlier (or as early, with a smaller name), and whose heartbeat
+/// is at most one interval old.
 fn queue_ahead<'a>(
     reports: impl Iterator<Item = &'a super::report::Stored>,
     node: &str,
@@ -1224,7 +1228,7 @@ fn queue_ahead<'a>(
     reports
         .filter(|s| s.genuine())
         .filter_map(|s| s.report.as_ref())
-        .filter(|r| r.node != node && r.state == AgentState::Waiting)
+        .filter(|r| r.node != node && matches!(r.state, AgentState::Waiting | AgentState::Paused))
         .filter(|r| r.updated_at.saturating_add(r.interval_seconds.max(1)) >= now)
         .filter_map(|r| r.waiting_since.map(|w| (w, r.node.as_str())))
         .filter(|&(w, n)| (w, n) < (since, node))
@@ -1355,7 +1359,9 @@ fn run_engine(engine: &Engine, node: &str, stop: &AtomicBool) -> Result<Done, Er
 /// Renews a slot from its own thread every third of its duration while a run lasts; sets the
 /// run's stop flag when the slot is lost or the agent is stopping.
 struct Renewer {
-    done: Arc<AtomicBool>,
+    /// Dropped by [`Renewer::finish`]: the thread wakes at once (not at its next 100 ms tick),
+    /// so the slot is released without waiting.
+    done: std::sync::mpsc::Sender<()>,
     /// Why the slot was lost, once it was.
     lost: Arc<Mutex<Option<String>>>,
     thread: std::thread::JoinHandle<(Option<Slot>, Option<SlotError>)>,
@@ -1369,15 +1375,16 @@ impl Renewer {
         run_stop: Arc<AtomicBool>,
         agent_stop: &'static AtomicBool,
     ) -> Renewer {
-        let done = Arc::new(AtomicBool::new(false));
-        let d = Arc::clone(&done);
+        let (done, finished) = std::sync::mpsc::channel::<()>();
         let lost = Arc::new(Mutex::new(None));
         let lost_in = Arc::clone(&lost);
         let every = (duration / 3).max(Duration::from_millis(500));
         let thread = std::thread::spawn(move || {
             let mut renewed = Instant::now();
-            while !d.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(100));
+            // Every 100 ms the agent's stop flag (set by SIGTERM) is looked at.
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                finished.recv_timeout(Duration::from_millis(100))
+            {
                 if agent_stop.load(Ordering::SeqCst) {
                     run_stop.store(true, Ordering::SeqCst);
                 }
@@ -1413,7 +1420,7 @@ impl Renewer {
 
     /// Stops renewing; the slot (unless it was lost) and the loss.
     fn finish(self) -> (Option<Slot>, Option<SlotError>) {
-        self.done.store(true, Ordering::SeqCst);
+        drop(self.done);
         self.thread.join().unwrap_or((None, None))
     }
 }
