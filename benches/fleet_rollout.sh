@@ -3,13 +3,13 @@
 # with its own LUKS image file and state directory) against the real control plane of
 # tests/common/kube.rs (KEYPLAN_K8S_BIN: see scripts/k8s-control-plane.sh), keys in a real
 # OpenBao (`bao` on PATH), CONCURRENT rollout slots, no injected delays. For each PBKDF2
-# iteration count in ITERATIONS (default: about 2.5 s and about 7 s node runs with 10 at once
-# on a 2-core machine; figures in docs/fleet.md, "How fast the rollout goes") it prints the
+# iteration count in ITERATIONS (default 300000 and 1500000; the run lengths they give with 10
+# at once on a 2-core machine are in docs/fleet.md, "How fast the rollout goes") it prints the
 # enrollment rollout against the ideal ceil(nodes / slots) x one node's run (the median run
 # from the agents' JSON logs), timed from `fleet resume` (the agents start paused, as on a
-# running fleet; they run niced, as if the control plane had its own CPU), and the idle cost: the agents' requests and
-# writes per node per interval, watches held, and the API server's own request count and CPU
-# time (its /metrics) per idle node per hour.
+# running fleet; they run niced, as if the control plane had its own CPU), and the idle cost:
+# the agents' requests and writes per node per interval, watches held, and the API server's
+# own request count and CPU time (its /metrics) per idle node per hour.
 #
 #   benches/fleet_rollout.sh [NODES [CONCURRENT [INTERVAL_SECONDS]]]     # default 100 10 30
 #   ITERATIONS="300000 1500000" PROFILE=--release benches/fleet_rollout.sh

@@ -14,7 +14,6 @@ fn plan_text(after: &str, extra_dev: &str) -> String {
     )
 }
 
-/// `status --format json`, asserting exit `code`.
 /// Takes the state lock of `state_dir` for the test, as a run would. The test dropped it
 /// just before: while another test's thread of this process spawns a child, the child holds a
 /// copy of the lock's open file description (flock(2) locks belong to it) from its fork until
@@ -35,6 +34,7 @@ fn hold_state_lock(state_dir: &std::path::Path) -> keyplan::journal::StateLock {
     }
 }
 
+/// `status --format json`, asserting exit `code`.
 fn status_json(s: &Scratch, code: i32) -> serde_json::Value {
     let out = s.keyplan(&["status", "--format", "json"]);
     assert_eq!(

@@ -128,8 +128,9 @@ pub struct NodeReport {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub commits_waiting: Vec<crate::diff::CommitWait>,
     /// When this node began to wait for a rollout slot, Unix seconds, while its state is
-    /// `waiting` for one (or `paused` with work to do: the place is kept through a pause): its place in the queue of waiting nodes (earlier first, then by node
-    /// name; docs/fleet.md, "Waiting for a slot").
+    /// `waiting` for one (or `paused` with work to do: the place is kept through a pause): its
+    /// place in the queue of waiting nodes (earlier first, then by node name; docs/fleet.md,
+    /// "Waiting for a slot").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_since: Option<u64>,
     /// What the agent last observed on its node, for `keyplan fleet plan`.
