@@ -31,7 +31,9 @@
 //! - `step.after_effect`: a step's effect is complete, its `step_done` record not yet written;
 //! - `kms.read`, `kms.get`, `kms.stage`, `kms.commit`, `kms.retire`, `kms.check`,
 //!   `kms.destroy_key`: before each KMS call (any provider); `kms.commit.lost_reply` and
-//!   `kms.stage.lost_reply`: after a successful commit or stage, as if the reply was lost.
+//!   `kms.stage.lost_reply`: after a successful commit or stage, as if the reply was lost;
+//! - `status.after_observe` (not a step's): `status` has read the journal, the devices and the
+//!   KMSs, and not yet the state lock (a run that ends here tests `status`'s second look).
 
 /// Every injection point keyplan has, for harnesses that enumerate them.
 pub const POINTS: &[&str] = &[
@@ -53,6 +55,7 @@ pub const POINTS: &[&str] = &[
     "kms.retire",
     "kms.check",
     "kms.destroy_key",
+    "status.after_observe",
 ];
 
 /// Evaluates injection point `name`.

@@ -124,12 +124,17 @@ impl ConfigMapDir {
 /// the real control plane (tests/common/kube.rs) read as admin.
 trait FleetApi {
     fn configmap_of(&self, name: &str) -> Option<Value>;
+    /// Every ConfigMap of the namespace, from one list request.
+    fn configmaps(&self) -> Vec<Value>;
     fn leases(&self) -> Vec<Value>;
 }
 
 impl<T: FleetApi> FleetApi for Arc<T> {
     fn configmap_of(&self, name: &str) -> Option<Value> {
         (**self).configmap_of(name)
+    }
+    fn configmaps(&self) -> Vec<Value> {
+        (**self).configmaps()
     }
     fn leases(&self) -> Vec<Value> {
         (**self).leases()
@@ -166,6 +171,9 @@ impl Kubeconfigs {
 impl FleetApi for Real {
     fn configmap_of(&self, name: &str) -> Option<Value> {
         self.c.configmap(&self.ns, name)
+    }
+    fn configmaps(&self) -> Vec<Value> {
+        self.c.configmaps(&self.ns)
     }
     fn leases(&self) -> Vec<Value> {
         self.c.objects("leases", &self.ns)
@@ -413,6 +421,19 @@ fn now() -> u64 {
 fn report(fake: &impl FleetApi, node: &str) -> Option<Value> {
     let cm = fake.configmap_of(&format!("keyplan-node-{node}"))?;
     serde_json::from_str(cm["data"]["report.json"].as_str()?).ok()
+}
+
+/// Every node's report by node name, from one list request: one snapshot of the API server.
+/// (Reports read one by one are not: a node that finished after its report was read is counted
+/// running beside one that started before its own was read.)
+fn reports(fake: &impl FleetApi) -> BTreeMap<String, Value> {
+    fake.configmaps()
+        .iter()
+        .filter_map(|cm| {
+            let r: Value = serde_json::from_str(cm["data"]["report.json"].as_str()?).ok()?;
+            Some((r["node"].as_str()?.to_string(), r))
+        })
+        .collect()
 }
 
 fn state(fake: &impl FleetApi, node: &str) -> String {
@@ -1543,12 +1564,13 @@ fn simulated_fleet() {
         std::thread::spawn(move || {
             while !stop.load(Ordering::SeqCst) {
                 let h = holders(&fake);
+                let now = reports(&fake);
                 let mut running = 0;
                 for n in &names {
                     if dead.lock().unwrap().contains(n) {
                         continue;
                     }
-                    let Some(r) = report(&fake, n) else { continue };
+                    let Some(r) = now.get(n) else { continue };
                     let since = restarted.lock().unwrap().get(n).copied().unwrap_or(0);
                     if r["state"] == "running" && r["updated_at"].as_u64().unwrap_or(0) > since {
                         running += 1;

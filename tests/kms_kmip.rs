@@ -576,26 +576,8 @@ fn journal_text(w: &Watched) -> String {
     std::fs::read_to_string(w.s.path(".keyplan/journal.jsonl")).unwrap_or_default()
 }
 
-/// Waits until the newest run in the journal (after byte `from`) has `n` `step_start` records.
-fn wait_for_step_starts(w: &Watched, from: usize, n: usize) {
-    let t0 = Instant::now();
-    loop {
-        let text = journal_text(w);
-        let text = text.get(from..).unwrap_or("");
-        let run = text.rfind("\"run_start\"").map_or("", |i| &text[i..]);
-        if run.matches("\"step_start\"").count() >= n {
-            return;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "run did not start:\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// An operator makes another version current between keyplan's stage and commit (keyplan is
-/// held 5 s before its commit): the commit is refused (compare-and-swap), nothing in the KMS is
+/// held before its commit by a failpoint gate): the commit is refused (compare-and-swap), nothing in the KMS is
 /// overwritten, no keyslot is killed.
 #[test]
 fn e2e_concurrent_writer_between_stage_and_commit_is_a_conflict() {
@@ -605,19 +587,34 @@ fn e2e_concurrent_writer_between_stage_and_commit_is_a_conflict() {
     let w = Watched::new();
     let (devs, v1) = enrolled(&w, &server);
     let operator = server.operator_ready("osd-kek/v9", "keyplan:osd-kek");
-    let from = journal_text(&w).len();
+    // keyplan is held before its commit for as long as the gate exists (src/failpoint.rs).
+    let gate = w.s.path("commit.gate");
+    std::fs::write(&gate, b"").expect("gate");
     let child = w
         .command(&["apply", "--auto-approve", "--rotate", "osd-kek"])
-        .env("FAILPOINTS", "kms.commit=sleep(5000)")
+        .env(
+            "FAILPOINTS",
+            format!("commit.before=return(wait:{})", gate.display()),
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
-    // stage, 3 adds, 3 verifies, then the commit step
-    wait_for_step_starts(&w, from, 8);
+    // stage, 3 adds, 3 verifies, then the commit step, held at the gate
+    let marker = std::path::PathBuf::from(format!("{}.{}", gate.display(), child.id()));
+    let t0 = Instant::now();
+    while !marker.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "keyplan never reached its commit:\n{}",
+            journal_text(&w)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let foreign = b"operator's own passphrase".to_vec();
     w.add_secret(&foreign);
     operator.finish(&foreign);
+    std::fs::remove_file(&gate).expect("open the gate");
     let out = child.wait_with_output().expect("wait");
     w.record(&out);
     let text = String::from_utf8_lossy(&out.stderr);

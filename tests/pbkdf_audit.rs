@@ -521,7 +521,7 @@ fn enroll_with_names_the_keyslot_it_opens() {
 
 /// When the keyslot named at plan time no longer opens with the enroll_with passphrase (the
 /// passphrase moved to another keyslot after keyplan observed the device), the add falls back
-/// to trying keyslots and still enrolls. The move happens while the first step (stage) sleeps
+/// to trying keyslots and still enrolls. The move happens while the first step (stage) is held
 /// at an injection point.
 #[test]
 fn enroll_with_falls_back_when_the_named_keyslot_changed() {
@@ -534,21 +534,27 @@ fn enroll_with_falls_back_when_the_named_keyslot_changed() {
     let dev = a.s.path("block.img");
     luks_format(&dev, 20 << 20, "luks2", &[], b"other passphrase 0");
     add_passphrase(&a, &dev, b"other passphrase 0", INITIAL);
+    let gate = a.s.path("first-step.gate");
+    std::fs::write(&gate, b"").expect("gate");
     let child = std::process::Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
         .current_dir(a.s.dir.path())
         .env("NO_COLOR", "1")
         .env("KEYPLAN_CRYPTSETUP", &a.wrapper)
-        .env("FAILPOINTS", "step.before_effect=1*sleep(4000)")
+        .env(
+            "FAILPOINTS",
+            format!("step.before_effect=1*return(wait:{})", gate.display()),
+        )
         .args(["apply", "--auto-approve"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn keyplan");
-    let journal = a.s.path(".keyplan/journal.jsonl");
+    // The first step waits while the gate exists (src/failpoint.rs), its marker beside it.
+    let marker = std::path::PathBuf::from(format!("{}.{}", gate.display(), child.id()));
     let started = std::time::Instant::now();
-    while !std::fs::read_to_string(&journal).is_ok_and(|j| j.contains("\"step_start\"")) {
-        assert!(started.elapsed().as_secs() < 60, "no step started");
-        std::thread::sleep(std::time::Duration::from_millis(50));
+    while !marker.exists() {
+        assert!(started.elapsed().as_secs() < 120, "no step started");
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
     // keyplan observed keyslot 1; move the passphrase to keyslot 4.
     let pass = a.s.path("initial.pass");
@@ -578,6 +584,7 @@ fn enroll_with_falls_back_when_the_named_keyslot_changed() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    std::fs::remove_file(&gate).expect("open the gate");
     let out = child.wait_with_output().expect("wait");
     let text = format!(
         "{}{}",

@@ -681,10 +681,41 @@ fn failed_last_run_is_unhealthy() {
     assert_eq!(j["devices"][0]["checked"], false);
 }
 
-/// A run going on right now (a real `apply --rotate` held at its KMS commit by a failpoint
-/// sleep, holding the state lock) is `in_progress`, not a problem: exit 0, the holder named,
-/// `keyplan_run_in_progress 1`, and `keyplan_last_run_success` still describing the run before
-/// it. Once it ends, it is the last run and `keyplan_run_in_progress` is 0.
+/// Spawns `keyplan ARGS` in `s` with `FAILPOINTS` set to `failpoints`, stdout and stderr
+/// piped.
+#[cfg(feature = "failpoints")]
+fn spawn_keyplan(s: &Scratch, failpoints: &str, args: &[&str]) -> std::process::Child {
+    std::process::Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+        .current_dir(s.dir.path())
+        .env("NO_COLOR", "1")
+        .env("FAILPOINTS", failpoints)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn keyplan")
+}
+
+/// Waits until process `pid` holds at the `return(wait:GATE)` failpoint gate `gate`: the
+/// marker `GATE.<pid>` exists while it waits there (src/failpoint.rs). Fails after 120 s.
+#[cfg(feature = "failpoints")]
+fn wait_at_gate(gate: &std::path::Path, pid: u32) {
+    let marker = std::path::PathBuf::from(format!("{}.{pid}", gate.display()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !marker.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} never reached the gate {}",
+            gate.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A run going on right now (a real `apply --rotate` held just before its KMS commit by a
+/// failpoint gate, holding the state lock) is `in_progress`, not a problem: exit 0, the holder
+/// named, `keyplan_run_in_progress 1`, and `keyplan_last_run_success` still describing the run
+/// before it. Once it ends, it is the last run and `keyplan_run_in_progress` is 0.
 #[cfg(feature = "failpoints")]
 #[test]
 fn apply_in_progress_is_not_unhealthy() {
@@ -696,30 +727,16 @@ fn apply_in_progress_is_not_unhealthy() {
     let first = status_json(&s, 0);
     let first_run = first["last_run"]["id"].clone();
 
-    let child = std::process::Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
-        .current_dir(s.dir.path())
-        .env("NO_COLOR", "1")
-        .env("FAILPOINTS", "kms.commit=sleep(8000)")
-        .args(["apply", "--auto-approve", "--rotate", "k"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn apply");
-    // Wait until the new run has started (its run_start record is in the journal).
-    let journal = s.path(".keyplan/journal.jsonl");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while std::fs::read_to_string(&journal)
-        .unwrap_or_default()
-        .matches("\"event\":\"run_start\"")
-        .count()
-        < 2
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the second apply never started"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    // The run is held at its commit for as long as the gate file exists (it was held by a
+    // fixed sleep once, and a slow machine's status calls outlasted it).
+    let gate = s.path("commit.gate");
+    std::fs::write(&gate, b"").unwrap();
+    let child = spawn_keyplan(
+        &s,
+        &format!("commit.before=return(wait:{})", gate.display()),
+        &["apply", "--auto-approve", "--rotate", "k"],
+    );
+    wait_at_gate(&gate, child.id());
 
     let j = status_json(&s, 0);
     assert_eq!(j["healthy"], true, "{j}");
@@ -745,6 +762,7 @@ fn apply_in_progress_is_not_unhealthy() {
     );
     assert_eq!(m["keyplan_status_healthy"], 1.0);
 
+    std::fs::remove_file(&gate).unwrap();
     let out = child.wait_with_output().expect("wait for apply");
     assert_eq!(
         out.status.code(),
@@ -762,6 +780,58 @@ fn apply_in_progress_is_not_unhealthy() {
         m[r#"keyplan_key_current_version{key="k",kms="local"}"#],
         2.0
     );
+}
+
+/// A run that ends while `status` looks (after status read the journal and observed the
+/// device mid-rotation, before it looked at the state lock) is not reported `unfinished` nor
+/// its device drifted: status sees the journal moved and looks again, and reports the run's
+/// success with the device as the run left it. Once, a status call that outlasted a run's end
+/// reported "last run ... unfinished" (exit 1) for a run that had succeeded.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_run_ending_while_status_looks_is_not_unfinished() {
+    let s = Scratch::new();
+    s.initial_pass();
+    s.small_image("a.img", "luks2");
+    s.plan("keyplan.yaml", &plan_text("30d", ""));
+    s.ok(&["apply", "--auto-approve"], 0);
+
+    let commit = s.path("commit.gate");
+    std::fs::write(&commit, b"").unwrap();
+    let apply = spawn_keyplan(
+        &s,
+        &format!("commit.before=return(wait:{})", commit.display()),
+        &["apply", "--auto-approve", "--rotate", "k"],
+    );
+    wait_at_gate(&commit, apply.id());
+    let look = s.path("status.gate");
+    std::fs::write(&look, b"").unwrap();
+    let status = spawn_keyplan(
+        &s,
+        &format!("status.after_observe=return(wait:{})", look.display()),
+        &["status", "--format", "json"],
+    );
+    // status has read the journal (the run in progress) and observed the device (v1 and the
+    // staged v2 both in keyslots); now the run ends, then status goes on.
+    wait_at_gate(&look, status.id());
+    std::fs::remove_file(&commit).unwrap();
+    let out = apply.wait_with_output().expect("wait for apply");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_file(&look).unwrap();
+    let out = status.wait_with_output().expect("wait for status");
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_eq!(out.status.code(), Some(0), "{j}");
+    assert_eq!(j["verdict"], "healthy", "{j}");
+    assert_eq!(j["last_run"]["outcome"], "success", "{j}");
+    assert_eq!(j["problems"], serde_json::json!([]), "{j}");
+    assert_eq!(j["unchecked"], serde_json::json!([]), "{j}");
+    assert_eq!(j["devices"][0]["drifted"], false, "{j}");
+    assert_eq!(j["keys"][0]["current"]["version"], 2, "{j}");
 }
 
 /// A run killed before its end record (SIGKILL at a failpoint) leaves the lock free: it is

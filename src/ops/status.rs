@@ -246,7 +246,49 @@ pub fn status_observed(engine: &Engine, observed: &Observed) -> StatusReport {
     status_with(engine, Some(observed))
 }
 
+/// How many times `status` looks again when a run started or ended while it looked
+/// ([`status_with`]); after the last look it reports what it saw, with an `unchecked` line.
+pub const STATUS_LOOKS: usize = 3;
+
+/// A look is one consistent snapshot only if no run started or ended while it was taken: the
+/// journal is read before the devices are observed, the state lock and the journal again after.
+/// A run that ended in between (its end record written, then its lock released) would
+/// otherwise look unfinished, and the devices it changed under the observation drifted; a look
+/// that saw the journal move is taken again, up to [`STATUS_LOOKS`] times (an observation
+/// `given` cannot be taken again: its single look is kept).
 fn status_with(engine: &Engine, given: Option<&Observed>) -> StatusReport {
+    let looks = if given.is_some() { 1 } else { STATUS_LOOKS };
+    let mut look = 1;
+    loop {
+        let (mut report, moved) = status_look(engine, given);
+        if !moved {
+            return report;
+        }
+        if look < looks {
+            look += 1;
+            continue;
+        }
+        report.unchecked.push(format!(
+            "a keyplan run started or ended while status looked ({look} looks), so what it saw may mix the devices before and after that run: run `keyplan status` again"
+        ));
+        if report.verdict == Verdict::Healthy {
+            report.verdict = Verdict::Unknown;
+            report.healthy = false;
+        }
+        return report;
+    }
+}
+
+/// Whether the journal's last run, as read in `before`, differs from the journal now (another
+/// run started, or that run wrote its end record): see [`status_with`].
+fn journal_moved(plan: &Plan, before: &[Record]) -> bool {
+    let now = crate::journal::read(&plan.state_dir).unwrap_or_default();
+    let last = |r: &[Record]| crate::journal::last_run(r).map(|s| (s.run, s.ended));
+    last(before) != last(&now)
+}
+
+/// One look of [`status_with`]: the report, and whether the journal moved while it looked.
+fn status_look(engine: &Engine, given: Option<&Observed>) -> (StatusReport, bool) {
     let plan = engine.plan();
     // Each KMS instance's calls together wait at most its `timeout` from here on: a KMS that
     // never answers costs one `timeout` and is reported under `unchecked` (docs/monitoring.md,
@@ -269,7 +311,13 @@ fn status_with(engine: &Engine, given: Option<&Observed>) -> StatusReport {
         .map(|id| key_report(engine, observed.as_ref(), id, &committed, now, &mut f))
         .collect();
     let kms = credentials(engine, &keys, now, &mut f);
-    let last_run = last_run(plan, &records);
+    let _ = crate::failpoint::check("status.after_observe");
+    // The lock first, the journal again after it: a run writes its end record before it
+    // releases the lock, so a lock found free with no end record read after it is a run that
+    // never wrote one.
+    let holder = crate::journal::lock_holder(&plan.state_dir);
+    let moved = journal_moved(plan, &records);
+    let last_run = last_run(&records, holder);
     let changing = devices_being_changed(&records, last_run.as_ref());
     let last_over_success = last_over_success(&records, last_run.as_ref());
     if let Some(r) = &last_run {
@@ -324,7 +372,7 @@ fn status_with(engine: &Engine, given: Option<&Observed>) -> StatusReport {
     } else {
         Verdict::Healthy
     };
-    StatusReport {
+    let report = StatusReport {
         format_version: FORMAT_VERSION,
         generated_at: now,
         healthy: verdict == Verdict::Healthy,
@@ -342,7 +390,8 @@ fn status_with(engine: &Engine, given: Option<&Observed>) -> StatusReport {
         last_run,
         last_success_at,
         last_over_success,
-    }
+    };
+    (report, moved)
 }
 
 /// What `status` concludes about one device's header ([`judge_header`]).
@@ -563,8 +612,9 @@ fn skipped_rotations(
 }
 
 /// The journal's last run, with its outcome; `in_progress` when it has no end record and a
-/// run holds the state lock (only a run takes it), `unfinished` when the lock is free.
-fn last_run(plan: &Plan, records: &[Record]) -> Option<RunReport> {
+/// run holds the state lock (`holder`, who holds it; only a run takes it), `unfinished` when
+/// the lock is free.
+fn last_run(records: &[Record], holder: Option<String>) -> Option<RunReport> {
     let r = crate::journal::last_run(records)?;
     let ended_at = records.iter().rev().find_map(|x| match &x.event {
         Event::RunEnd { .. } if x.run == r.run => Some(x.ts),
@@ -572,7 +622,7 @@ fn last_run(plan: &Plan, records: &[Record]) -> Option<RunReport> {
     });
     let holder = match r.ended {
         Some(_) => None,
-        None => crate::journal::lock_holder(&plan.state_dir),
+        None => holder,
     };
     let outcome = match (&r.ended, &holder) {
         (Some(o), _) => o.clone(),
