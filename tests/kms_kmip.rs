@@ -572,13 +572,9 @@ fn e2e_wrong_client_cert_is_denied_and_devices_untouched() {
     w.assert_no_leaks();
 }
 
-fn journal_text(w: &Watched) -> String {
-    std::fs::read_to_string(w.s.path(".keyplan/journal.jsonl")).unwrap_or_default()
-}
-
 /// An operator makes another version current between keyplan's stage and commit (keyplan is
-/// held before its commit by a failpoint gate): the commit is refused (compare-and-swap), nothing in the KMS is
-/// overwritten, no keyslot is killed.
+/// held before its commit by a failpoint gate): the commit is refused (compare-and-swap),
+/// nothing in the KMS is overwritten, no keyslot is killed.
 #[test]
 fn e2e_concurrent_writer_between_stage_and_commit_is_a_conflict() {
     let Some(server) = PyKmip::start() else {
@@ -601,16 +597,7 @@ fn e2e_concurrent_writer_between_stage_and_commit_is_a_conflict() {
         .spawn()
         .expect("spawn");
     // stage, 3 adds, 3 verifies, then the commit step, held at the gate
-    let marker = std::path::PathBuf::from(format!("{}.{}", gate.display(), child.id()));
-    let t0 = Instant::now();
-    while !marker.exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "keyplan never reached its commit:\n{}",
-            journal_text(&w)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_at_gate(&gate, child.id());
     let foreign = b"operator's own passphrase".to_vec();
     w.add_secret(&foreign);
     operator.finish(&foreign);

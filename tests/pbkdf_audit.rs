@@ -549,13 +549,8 @@ fn enroll_with_falls_back_when_the_named_keyslot_changed() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn keyplan");
-    // The first step waits while the gate exists (src/failpoint.rs), its marker beside it.
-    let marker = std::path::PathBuf::from(format!("{}.{}", gate.display(), child.id()));
-    let started = std::time::Instant::now();
-    while !marker.exists() {
-        assert!(started.elapsed().as_secs() < 120, "no step started");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    // The first step waits while the gate exists (src/failpoint.rs).
+    wait_at_gate(&gate, child.id());
     // keyplan observed keyslot 1; move the passphrase to keyslot 4.
     let pass = a.s.path("initial.pass");
     let out = std::process::Command::new(real_cryptsetup())

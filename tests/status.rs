@@ -696,20 +696,19 @@ fn spawn_keyplan(s: &Scratch, failpoints: &str, args: &[&str]) -> std::process::
         .expect("spawn keyplan")
 }
 
-/// Waits until process `pid` holds at the `return(wait:GATE)` failpoint gate `gate`: the
-/// marker `GATE.<pid>` exists while it waits there (src/failpoint.rs). Fails after 120 s.
+/// Starts `apply --rotate k` in `s`, held just before its KMS commit (holding the state lock)
+/// for as long as the returned gate file exists; returns once it is there.
 #[cfg(feature = "failpoints")]
-fn wait_at_gate(gate: &std::path::Path, pid: u32) {
-    let marker = std::path::PathBuf::from(format!("{}.{pid}", gate.display()));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    while !marker.exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "process {pid} never reached the gate {}",
-            gate.display()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+fn rotation_held_at_commit(s: &Scratch) -> (std::path::PathBuf, std::process::Child) {
+    let gate = s.path("commit.gate");
+    std::fs::write(&gate, b"").unwrap();
+    let child = spawn_keyplan(
+        s,
+        &format!("commit.before=return(wait:{})", gate.display()),
+        &["apply", "--auto-approve", "--rotate", "k"],
+    );
+    wait_at_gate(&gate, child.id());
+    (gate, child)
 }
 
 /// A run going on right now (a real `apply --rotate` held just before its KMS commit by a
@@ -729,14 +728,7 @@ fn apply_in_progress_is_not_unhealthy() {
 
     // The run is held at its commit for as long as the gate file exists (it was held by a
     // fixed sleep once, and a slow machine's status calls outlasted it).
-    let gate = s.path("commit.gate");
-    std::fs::write(&gate, b"").unwrap();
-    let child = spawn_keyplan(
-        &s,
-        &format!("commit.before=return(wait:{})", gate.display()),
-        &["apply", "--auto-approve", "--rotate", "k"],
-    );
-    wait_at_gate(&gate, child.id());
+    let (gate, child) = rotation_held_at_commit(&s);
 
     let j = status_json(&s, 0);
     assert_eq!(j["healthy"], true, "{j}");
@@ -796,14 +788,7 @@ fn a_run_ending_while_status_looks_is_not_unfinished() {
     s.plan("keyplan.yaml", &plan_text("30d", ""));
     s.ok(&["apply", "--auto-approve"], 0);
 
-    let commit = s.path("commit.gate");
-    std::fs::write(&commit, b"").unwrap();
-    let apply = spawn_keyplan(
-        &s,
-        &format!("commit.before=return(wait:{})", commit.display()),
-        &["apply", "--auto-approve", "--rotate", "k"],
-    );
-    wait_at_gate(&commit, apply.id());
+    let (commit, apply) = rotation_held_at_commit(&s);
     let look = s.path("status.gate");
     std::fs::write(&look, b"").unwrap();
     let status = spawn_keyplan(

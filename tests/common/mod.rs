@@ -150,6 +150,21 @@ pub fn luks_format(p: &Path, size: u64, luks: &str, extra: &[&str], pass: &[u8])
     );
 }
 
+/// Waits until process `pid` holds at the `return(wait:GATE)` failpoint gate `gate`: the
+/// marker `GATE.<pid>` exists while it waits there (src/failpoint.rs). Fails after 120 s.
+pub fn wait_at_gate(gate: &Path, pid: u32) {
+    let marker = PathBuf::from(format!("{}.{pid}", gate.display()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !marker.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} never reached the gate {}",
+            gate.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Runs the keyplan binary in `dir`.
 pub fn keyplan_in(dir: &Path, args: &[&str]) -> Output {
     assert_cmd::Command::cargo_bin("keyplan")
