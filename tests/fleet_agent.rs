@@ -2061,6 +2061,54 @@ fn run_events(log: &str) -> Vec<(String, f64)> {
         .collect()
 }
 
+/// The runs in an agent's JSON log: `(slot Lease, start, end)` in seconds, from each
+/// `run_initiated` (which names the slot) to the next `run_complete`.
+fn slot_runs(log: &str) -> Vec<(String, f64, f64)> {
+    let mut out = Vec::new();
+    let mut start = None;
+    for line in log.lines() {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        let at = v["timestamp"].as_str().and_then(fractional_seconds);
+        match (v["fields"]["event"].as_str(), at) {
+            (Some("run_initiated"), Some(t)) => {
+                start = Some((v["fields"]["lease"].as_str().unwrap_or("").to_string(), t))
+            }
+            (Some("run_complete"), Some(t)) => {
+                if let Some((lease, s)) = start.take() {
+                    out.push((lease, s, t));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// What the rollout spent beside the runs, from every agent's runs ([`slot_runs`]): the
+/// hand-overs (one node's run end to the next run's start on the same slot, seconds, sorted)
+/// and, for the slot whose last run ended last, the sum of its runs (seconds).
+fn hand_overs(runs: &[(String, f64, f64)]) -> (Vec<f64>, f64) {
+    let mut by_slot: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
+    for (lease, start, end) in runs {
+        by_slot.entry(lease).or_default().push((*start, *end));
+    }
+    let mut gaps = Vec::new();
+    let (mut last_end, mut last_slot_runs) = (0.0f64, 0.0);
+    for chain in by_slot.values_mut() {
+        chain.sort_by(|a, b| a.0.total_cmp(&b.0));
+        gaps.extend(chain.windows(2).map(|w| w[1].0 - w[0].1));
+        let end = chain.last().map_or(0.0, |r| r.1);
+        if end > last_end {
+            last_end = end;
+            last_slot_runs = chain.iter().map(|r| r.1 - r.0).sum();
+        }
+    }
+    gaps.sort_by(|a, b| a.total_cmp(b));
+    (gaps, last_slot_runs)
+}
+
 /// The durations (seconds) of the runs in an agent's JSON log: `run_initiated` to the next
 /// `run_complete`.
 fn run_durations(log: &str) -> Vec<f64> {
@@ -2676,6 +2724,18 @@ fn rollout_benchmark() {
     }
     let busy = (last - first).max(0.0);
     let resumed = (last - resumed_at).max(0.0);
+    let all_runs: Vec<(String, f64, f64)> = names
+        .iter()
+        .flat_map(|n| {
+            slot_runs(
+                &std::fs::read_to_string(s.path(&format!("{n}/agent.log"))).unwrap_or_default(),
+            )
+        })
+        .collect();
+    let (gaps, last_slot_runs) = hand_overs(&all_runs);
+    let gap_median = gaps.get(gaps.len() / 2).copied().unwrap_or(0.0);
+    let gap_max = gaps.last().copied().unwrap_or(0.0);
+    let mean_run = runs.iter().sum::<f64>() / runs.len().max(1) as f64;
     // Two idle intervals: the agents' requests (through the proxy), the API server's own count
     // of requests and its CPU time (its /metrics).
     let server = |what: &str| api_server_metric(fake.c, what);
@@ -2706,6 +2766,11 @@ fn rollout_benchmark() {
         "max_concurrent_nodes": concurrent,
         "runs": runs.len(),
         "median_node_run_seconds": median,
+        "mean_node_run_seconds": mean_run,
+        "hand_overs": gaps.len(),
+        "hand_over_median_seconds": gap_median,
+        "hand_over_max_seconds": gap_max,
+        "last_slot_runs_seconds": last_slot_runs,
         "rollout_seconds": rollout,
         "resumed_seconds": resumed,
         "resumed_over_ideal": resumed / ideal.max(0.001),

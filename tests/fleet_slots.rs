@@ -226,10 +226,20 @@ fn a_watch_sees_releases_pauses_and_failures_without_polling() {
             .get(&slot_name(0))
             .and_then(|l| l.spec.as_ref()?.holder_identity.clone())
     };
+    let mut slot = slot;
     wait("n1 holding slot 0", &|s| holder(s).as_deref() == Some("n1"));
+    // A renewal changes the copy but wakes no waiter (the generation stays): the release
+    // after it, delivered after it on the same watch, is the one bump.
+    let before = watch.generation();
+    n1.renew(&mut slot).expect("renew");
     let mark = proxy.mark();
     n1.release(slot).expect("release");
     let seen_free = wait("slot 0 released", &|s| holder(s).is_none());
+    assert_eq!(
+        watch.generation(),
+        before + 1,
+        "only the release woke the waiters, not the renewal before it"
+    );
     assert!(
         seen_free < Duration::from_secs(1),
         "a released slot is seen within a second, not at a poll: {seen_free:?}"

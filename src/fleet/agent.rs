@@ -33,7 +33,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 
 use super::events::{EventType, Events};
 use super::report::{
-    AgentRun, AgentState, DeviceSummary, Failure, KeySummary, NodeReport, Reports, Stored,
+    AgentRun, AgentState, DeviceSummary, Failure, KeySummary, NodeReport, ReportError, Reports,
+    Stored,
 };
 use super::signature::{Refusal, SignaturePolicy, Verified};
 use super::slots::{Slot, SlotError, Slots};
@@ -230,30 +231,7 @@ impl Agent {
             .namespace
             .clone()
             .unwrap_or_else(|| crate::spec::Fleet::default().namespace);
-        let report = NodeReport {
-            format_version: super::report::FORMAT_VERSION.to_string(),
-            node: opts.node.clone(),
-            agent_version: env!("CARGO_PKG_VERSION").to_string(),
-            updated_at: now_unix(),
-            interval_seconds: opts.interval.as_secs(),
-            plan_digest: None,
-            state: AgentState::InSync,
-            message: None,
-            changes: 0,
-            devices: Vec::new(),
-            keys: Vec::new(),
-            problems: Vec::new(),
-            unchecked: Vec::new(),
-            last_run: None,
-            last_success_at: None,
-            failure: None,
-            halted: false,
-            refused_plan: None,
-            commits_waiting: Vec::new(),
-            plan_signature: None,
-            observation: None,
-            waiting_since: None,
-        };
+        let report = NodeReport::fresh(&opts.node, opts.interval.as_secs(), now_unix());
         Agent {
             opts,
             source,
@@ -287,12 +265,18 @@ impl Agent {
     /// Writes an Event about this node with its one writer for the fleet namespace (kept, so
     /// that a repeated Event updates its count: [`Events::emit`]).
     fn emit(&mut self, kind: EventType, reason: &str, message: &str) {
-        let events = match self.events.take() {
-            Some(e) if e.namespace() == self.namespace => e,
-            _ => Events::new(self.client.clone(), &self.namespace, &self.opts.node),
-        };
+        let events = self.take_events();
         events.emit(kind, reason, message);
         self.events = Some(events);
+    }
+
+    /// This node's Event writer for the fleet namespace, taken out (put it back in
+    /// `self.events`, so that repeats are aggregated); a new one after a namespace change.
+    fn take_events(&mut self) -> Events {
+        match self.events.take() {
+            Some(e) if e.namespace() == self.namespace => e,
+            _ => Events::new(self.client.clone(), &self.namespace, &self.opts.node),
+        }
     }
 
     /// Waits until `until`, or until the fleet watch (while work waits for a slot) shows a
@@ -818,7 +802,13 @@ impl Agent {
             }
             None => {
                 let free_since = *self.free_since.get_or_insert_with(Instant::now);
-                let ahead = queue_ahead(seen.reports.values(), &self.opts.node, since, now);
+                let ahead = queue_ahead(
+                    seen.reports.values(),
+                    &view.holders,
+                    &self.opts.node,
+                    since,
+                    now,
+                );
                 if ahead < view.free.len() {
                     view.free.get(ahead).cloned()
                 } else if free_since.elapsed() >= FREE_SLOT_GRACE {
@@ -917,23 +907,50 @@ impl Agent {
                 pending.changes
             )),
         );
-        self.publish(true);
         let message = format!(
             "node {}: applying {} change(s) (rollout slot {slot_name})",
             self.opts.node, pending.changes
         );
         tracing::info!(node = %self.opts.node, lease = %slot_name, event = "run_initiated", "{message}");
-        self.emit(EventType::Normal, "RunStarted", &message);
-        self.health().running = true;
-        let outcome = match Engine::open(pending.plan) {
-            Ok(engine) => {
-                let out = run_engine(&engine, &self.opts.node, &run_stop);
-                let pbkdf = engine.pbkdf_runs();
-                (out, Some(engine), pbkdf)
-            }
-            Err(e) => (Err(e), None, 0),
-        };
-        self.health().running = false;
+        // The `running` report and the `RunStarted` Event are written beside the run, not
+        // before it: the slot is this node's already, so a hand-over from one node to the next
+        // waits for three writes (the releasing node's report and release, this node's take),
+        // not five. The report's next write waits for this one (its condition is this one's
+        // object); the report still says `running` only after the slot was taken, so no
+        // sampler sees more running reports than slots.
+        self.report.updated_at = now_unix();
+        let announced = self.report.clone();
+        let reports = self.reports();
+        let prior = self.prior.clone();
+        let events = self.take_events();
+        let node = self.opts.node.clone();
+        let has_devices = self.has_devices;
+        let (outcome, written) = std::thread::scope(|s| {
+            let announcing = s.spawn(|| {
+                let written =
+                    has_devices.then(|| put_report(&reports, &node, &announced, prior.as_ref()));
+                events.emit(EventType::Normal, "RunStarted", &message);
+                written
+            });
+            self.health().running = true;
+            let outcome = match Engine::open(pending.plan) {
+                Ok(engine) => {
+                    let out = run_engine(&engine, &node, &run_stop);
+                    let pbkdf = engine.pbkdf_runs();
+                    (out, Some(engine), pbkdf)
+                }
+                Err(e) => (Err(e), None, 0),
+            };
+            self.health().running = false;
+            (outcome, announcing.join())
+        });
+        self.events = Some(events);
+        match written {
+            Ok(Some(result)) => self.published_as(announced, result),
+            Ok(None) => {}
+            // The writer panicked: what it wrote is unknown, so the next write reads first.
+            Err(_) => self.prior = None,
+        }
         // The slot is renewed until it is released, right after the report: after a success
         // the report shows the node as it is now (one observation, no PBKDF), after anything
         // else what is left is observed once the slot is free; Events are written after the
@@ -1162,23 +1179,23 @@ impl Agent {
             return;
         }
         self.report.updated_at = now_unix();
-        let reports = self.reports();
-        let mut result = reports.put(&self.report, self.prior.as_ref());
-        if let Err(e) = &result {
-            if matches!(e.code, Some(409) | Some(404)) {
-                match reports.get(&self.opts.node) {
-                    Ok(stored) => {
-                        self.prior = stored.map(|s| s.object);
-                        result = reports.put(&self.report, self.prior.as_ref());
-                    }
-                    Err(e) => result = Err(e),
-                }
-            }
-        }
+        let result = put_report(
+            &self.reports(),
+            &self.opts.node,
+            &self.report,
+            self.prior.as_ref(),
+        );
+        let written = self.report.clone();
+        self.published_as(written, result);
+    }
+
+    /// Keeps what a write of the report `written` left: the object written (the next write's
+    /// condition) or, after a refusal, no prior (read it again next time).
+    fn published_as(&mut self, written: NodeReport, result: Result<ConfigMap, ReportError>) {
         match result {
             Ok(cm) => {
                 self.prior = Some(cm);
-                self.published = Some((self.report.clone(), Instant::now()));
+                self.published = Some((written, Instant::now()));
             }
             Err(e) => {
                 // A prior that may be stale: read it again next time.
@@ -1202,6 +1219,26 @@ impl Agent {
     }
 }
 
+/// Writes `report` over `prior` (a conditional update; a create when there is none). A write
+/// that loses to another writer (409: `fleet clear` annotated the report) or finds the report
+/// gone (404) reads it again and retries once. The ConfigMap written.
+///
+/// Errors: [`Reports::put`]'s and [`Reports::get`]'s (denied, unreachable, a second conflict).
+fn put_report(
+    reports: &Reports,
+    node: &str,
+    report: &NodeReport,
+    prior: Option<&ConfigMap>,
+) -> Result<ConfigMap, ReportError> {
+    match reports.put(report, prior) {
+        Err(e) if matches!(e.code, Some(409) | Some(404)) => {
+            let fresh = reports.get(node)?;
+            reports.put(report, fresh.as_ref().map(|s| &s.object))
+        }
+        written => written,
+    }
+}
+
 /// The nodes whose failures count towards `max_failed_nodes` among `reports`.
 fn failed_nodes<'a>(reports: impl Iterator<Item = &'a super::report::Stored>) -> Vec<String> {
     reports
@@ -1218,9 +1255,12 @@ fn failed_nodes<'a>(reports: impl Iterator<Item = &'a super::report::Stored>) ->
 /// How many nodes are ahead of `node` (waiting since `since`, Unix seconds) in the queue for
 /// a slot at `now`: the other nodes whose reports say they wait for a slot (`waiting`, or
 /// `paused` with work) since earlier (or as early, with a smaller name), and whose heartbeat
-/// is at most one interval old.
+/// is at most one interval old. A node among `holders` (the live holders of slot Leases) is
+/// not waiting any more, whatever its report still says: it took a slot and its `running`
+/// report is on its way, so the next free slot is not left to it.
 fn queue_ahead<'a>(
     reports: impl Iterator<Item = &'a super::report::Stored>,
+    holders: &[String],
     node: &str,
     since: u64,
     now: u64,
@@ -1229,6 +1269,7 @@ fn queue_ahead<'a>(
         .filter(|s| s.genuine())
         .filter_map(|s| s.report.as_ref())
         .filter(|r| r.node != node && matches!(r.state, AgentState::Waiting | AgentState::Paused))
+        .filter(|r| !holders.contains(&r.node))
         .filter(|r| r.updated_at.saturating_add(r.interval_seconds.max(1)) >= now)
         .filter_map(|r| r.waiting_since.map(|w| (w, r.node.as_str())))
         .filter(|&(w, n)| (w, n) < (since, node))
@@ -1422,5 +1463,43 @@ impl Renewer {
     fn finish(self) -> (Option<Slot>, Option<SlotError>) {
         drop(self.done);
         self.thread.join().unwrap_or((None, None))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::report::report_name;
+
+    fn waiting(node: &str, since: u64, now: u64) -> Stored {
+        let mut report = NodeReport::fresh(node, 300, now);
+        report.state = AgentState::Waiting;
+        report.changes = 1;
+        report.waiting_since = Some(since);
+        Stored {
+            report: Some(report),
+            name: report_name(node),
+            cleared: None,
+            object: ConfigMap::default(),
+        }
+    }
+
+    #[test]
+    fn the_queue_counts_waiting_nodes_ahead_but_not_slot_holders() {
+        let now = 1_000;
+        let reports = [
+            waiting("a", 10, now),
+            waiting("b", 10, now),
+            waiting("c", 20, now),
+            // A heartbeat more than an interval old: a node that stopped while waiting.
+            waiting("old", 5, now - 301),
+        ];
+        assert_eq!(queue_ahead(reports.iter(), &[], "c", 20, now), 2);
+        assert_eq!(queue_ahead(reports.iter(), &[], "b", 10, now), 1);
+        assert_eq!(queue_ahead(reports.iter(), &[], "a", 10, now), 0);
+        // "a" took a slot; its report still says `waiting` until its `running` report lands.
+        let holders = ["a".to_string()];
+        assert_eq!(queue_ahead(reports.iter(), &holders, "c", 20, now), 1);
+        assert_eq!(queue_ahead(reports.iter(), &holders, "b", 10, now), 0);
     }
 }

@@ -279,6 +279,37 @@ pub struct Stored {
     pub object: ConfigMap,
 }
 
+impl NodeReport {
+    /// A new agent's report for `node` (its interval in seconds, written at `now`, Unix
+    /// seconds): `in_sync`, nothing observed or run yet.
+    pub fn fresh(node: &str, interval_seconds: u64, now: u64) -> NodeReport {
+        NodeReport {
+            format_version: FORMAT_VERSION.to_string(),
+            node: node.to_string(),
+            agent_version: env!("CARGO_PKG_VERSION").to_string(),
+            updated_at: now,
+            interval_seconds,
+            plan_digest: None,
+            state: AgentState::InSync,
+            message: None,
+            changes: 0,
+            devices: Vec::new(),
+            keys: Vec::new(),
+            problems: Vec::new(),
+            unchecked: Vec::new(),
+            last_run: None,
+            last_success_at: None,
+            failure: None,
+            halted: false,
+            refused_plan: None,
+            commits_waiting: Vec::new(),
+            plan_signature: None,
+            observation: None,
+            waiting_since: None,
+        }
+    }
+}
+
 impl Stored {
     /// Whether this report's failure counts towards `max_failed_nodes`: it has one and an
     /// operator has not cleared it.

@@ -36,7 +36,11 @@ pub struct Seen {
     pub reports: BTreeMap<String, Stored>,
     /// The operator's pause, if one is in effect.
     pub pause: Option<Pause>,
-    /// Bumped at every change (or error) either watch delivers.
+    /// Bumped at every change a waiting agent acts on ([`acts_on`]): a slot taken, released
+    /// or handed on, a report entering or leaving the queue or failing, a pause set or lifted,
+    /// a (re)list, an error. Not at a slot's renewal nor a report's heartbeat, which change
+    /// the copy only: with 100 nodes waiting, each renewal and heartbeat would wake every one
+    /// of them for nothing.
     pub generation: u64,
     /// Why a watch last failed (it retries by itself), until it delivers again.
     pub error: Option<String>,
@@ -57,12 +61,48 @@ struct Shared {
 }
 
 impl Shared {
-    fn update(&self, f: impl FnOnce(&mut Seen)) {
+    /// Applies `f` to the copy; when it says the change is one a waiting agent acts on (or
+    /// the copy had an error, now cleared by `f`), bumps the generation and wakes the waiters.
+    fn update(&self, f: impl FnOnce(&mut Seen) -> bool) {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        f(&mut seen);
-        seen.generation += 1;
-        self.changed.notify_all();
+        let had_error = seen.error.is_some();
+        let acted_on = f(&mut seen);
+        if acted_on || had_error != seen.error.is_some() {
+            seen.generation += 1;
+            self.changed.notify_all();
+        }
     }
+}
+
+/// What of a slot Lease a waiting agent acts on: its holder (a renewal changes only its
+/// `renewTime`; an expiry changes nothing on the server, and the agent's poll finds it).
+fn lease_key(l: &Lease) -> Option<String> {
+    l.spec.as_ref().and_then(|s| s.holder_identity.clone())
+}
+
+/// [`report_key`]'s answer: genuine, (node, waits for a slot, waiting since), failure counts.
+type ReportKey = (bool, Option<(String, bool, Option<u64>)>, bool);
+
+/// What of a node report a waiting agent acts on ([`super::agent`]'s queue and halt): whether
+/// it is a genuine report, its node, whether it waits for a slot (`waiting`, `paused`) and
+/// since when, and whether its failure counts. Its heartbeat (`updated_at`) is not: a report
+/// whose heartbeat grows old drops out of the queue by the clock, at the agent's next poll.
+fn report_key(r: &Stored) -> ReportKey {
+    use super::report::AgentState;
+    let queue = r.report.as_ref().map(|r| {
+        (
+            r.node.clone(),
+            matches!(r.state, AgentState::Waiting | AgentState::Paused),
+            r.waiting_since,
+        )
+    });
+    (r.genuine(), queue, r.counts_as_failed())
+}
+
+/// Whether a change from `before` to `after` (by name, `None` for absent) is one a waiting
+/// agent acts on.
+fn acts_on<T, K: PartialEq>(before: Option<&T>, after: Option<&T>, key: impl Fn(&T) -> K) -> bool {
+    before.map(&key) != after.map(&key)
 }
 
 /// The two watches of one fleet namespace; they stop when this is dropped.
@@ -112,24 +152,26 @@ impl FleetWatch {
                             s.leases = std::mem::take(&mut fresh);
                             s.leases_synced = true;
                             s.error = None;
+                            true
                         }),
                         Ok(Event::Apply(l)) => {
                             if let Some(n) = slot(&l) {
                                 shared.update(|s| {
+                                    let moved = acts_on(s.leases.get(&n), Some(&l), lease_key);
                                     s.leases.insert(n, l);
                                     s.error = None;
+                                    moved
                                 });
                             }
                         }
                         Ok(Event::Delete(l)) => {
                             if let Some(n) = slot(&l) {
-                                shared.update(|s| {
-                                    s.leases.remove(&n);
-                                });
+                                shared.update(|s| s.leases.remove(&n).is_some());
                             }
                         }
                         Err(e) => shared.update(|s| {
-                            s.error = Some(format!("watching the rollout slot Leases: {e}"))
+                            s.error = Some(format!("watching the rollout slot Leases: {e}"));
+                            true
                         }),
                     }
                 }
@@ -157,20 +199,26 @@ impl FleetWatch {
                             }
                             s.reports_synced = true;
                             s.error = None;
+                            true
                         }),
                         Ok(Event::Apply(cm)) => shared.update(|s| {
-                            apply(s, cm);
+                            let acted_on = apply(s, cm);
                             s.error = None;
+                            acted_on
                         }),
                         Ok(Event::Delete(cm)) => shared.update(|s| {
                             if Pause::of(&cm).is_some() {
-                                s.pause = None;
+                                s.pause.take().is_some()
                             } else if let Some(n) = &cm.metadata.name {
-                                s.reports.remove(n);
+                                s.reports.remove(n).is_some()
+                            } else {
+                                false
                             }
                         }),
-                        Err(e) => shared
-                            .update(|s| s.error = Some(format!("watching the node reports: {e}"))),
+                        Err(e) => shared.update(|s| {
+                            s.error = Some(format!("watching the node reports: {e}"));
+                            true
+                        }),
                     }
                 }
             })?
@@ -237,13 +285,19 @@ impl Drop for FleetWatch {
 }
 
 /// Files a ConfigMap of the reports' watch: the pause (by name and label, as
-/// [`Pause::of`]) or a report.
-fn apply(s: &mut Seen, cm: ConfigMap) {
+/// [`Pause::of`]) or a report. Whether a waiting agent acts on the change ([`acts_on`]).
+fn apply(s: &mut Seen, cm: ConfigMap) -> bool {
     match Pause::of(&cm) {
-        Some(p) => s.pause = Some(p),
+        Some(p) => {
+            let new = s.pause.as_ref() != Some(&p);
+            s.pause = Some(p);
+            new
+        }
         None => {
             let stored = super::report::stored(cm);
+            let moved = acts_on(s.reports.get(&stored.name), Some(&stored), report_key);
             s.reports.insert(stored.name.clone(), stored);
+            moved
         }
     }
 }
