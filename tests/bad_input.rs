@@ -587,6 +587,42 @@ fn plan_pbkdf_iterations_zero() {
 }
 
 #[test]
+fn plan_pbkdf_memory_with_pbkdf2() {
+    plan_file_case(
+        &format!(
+            "{HEAD}settings:\n  pbkdf: {{ type: pbkdf2, iterations: 1000, memory_kib: 65536 }}\n"
+        ),
+        &[
+            "keyplan.yaml:7:",
+            "`memory_kib` with `type: pbkdf2`: PBKDF2 has no memory cost and no threads",
+            "remove `memory_kib`, or set `type: argon2id`",
+        ],
+    );
+}
+
+#[test]
+fn plan_pbkdf_parallel_with_pbkdf2() {
+    plan_file_case(
+        &format!("{HEAD}settings:\n  pbkdf: {{ type: pbkdf2, iterations: 1000, parallel: 2 }}\n"),
+        &["keyplan.yaml:7:", "`parallel` with `type: pbkdf2`"],
+    );
+}
+
+#[test]
+fn plan_pbkdf_iter_time_beside_iterations() {
+    plan_file_case(
+        &format!(
+            "{HEAD}settings:\n  pbkdf: {{ type: argon2id, iterations: 4, iter_time_ms: 2000 }}\n"
+        ),
+        &[
+            "keyplan.yaml:7:",
+            "`iter_time_ms: 2000` beside `iterations`",
+            "keep one: `iterations` for a fixed count",
+        ],
+    );
+}
+
+#[test]
 fn plan_pbkdf_absurd_memory() {
     plan_file_case(
         &format!("{HEAD}settings:\n  pbkdf: {{ type: argon2id, memory_kib: 1099511627, iterations: 4 }}\n"),

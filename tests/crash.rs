@@ -473,3 +473,25 @@ fn crash_matrix_two_keys() {
     });
     assert!(c.crashes >= 40, "{c:?}");
 }
+
+/// A PBKDF re-wrap (issue 32): the plan's PBKDF2 iterations go from 1000 to 2000, so the run
+/// adds k's current version beside each managed keyslot with the new PBKDF, verifies it and
+/// kills the old keyslot; no KMS write. Killed at any point, the next run converges.
+#[cfg(feature = "failpoints")]
+#[test]
+fn crash_matrix_pbkdf_rewrap() {
+    let before = plan_of(&three(&["k"]), false);
+    let after = before.replace("iterations: 1000", "iterations: 2000");
+    assert_ne!(before, after);
+    let c = run(&Scenario {
+        name: "pbkdf re-wrap",
+        devices: THREE,
+        setup_plan: Some(before),
+        setup_runs: &[],
+        plan: after,
+        args: &[],
+        remove: false,
+        kms_keys: &[],
+    });
+    assert!(c.crashes >= 30, "{c:?}");
+}

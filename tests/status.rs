@@ -319,7 +319,7 @@ fn healthy_after_apply_json_prometheus_and_textfile() {
 
     // Every family is documented, and every metric the sample alert rules use exists.
     let families: BTreeSet<&str> = m.keys().map(|k| k.split('{').next().unwrap()).collect();
-    assert_eq!(families.len(), 22, "{families:?}");
+    assert_eq!(families.len(), 23, "{families:?}");
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let doc = std::fs::read_to_string(root.join("docs/monitoring.md")).unwrap();
     for f in families.iter().chain(&CREDENTIAL_FAMILIES) {

@@ -159,6 +159,10 @@ pub enum ReasonCode {
     MoveToPinned,
     /// Keyslot: a temporary keyslot used while moving a key into its pinned keyslot.
     TemporaryKeyslot,
+    /// Keyslot: the key's current version is added again with the plan's PBKDF
+    /// (`settings.pbkdf`), or its keyslot with another PBKDF is killed once it is
+    /// ([`crate::luks::kdf_drift`]).
+    PbkdfRewrap,
     /// Keyslot: killed to free the keyslot a key is pinned to.
     MakeRoom,
     /// Keyslot: holds a key no longer listed for the device.

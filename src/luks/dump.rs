@@ -47,8 +47,8 @@ fn field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
 }
 
 /// Occupied keyslots of a LUKS1 text dump. Every enabled LUKS1 keyslot is bound, has priority
-/// normal and KDF `pbkdf2`; its salt is the hex of the `Salt:` field without white space, in
-/// lower case.
+/// normal and KDF `pbkdf2` with the iterations of its `Iterations:` line; its salt is the hex of
+/// the `Salt:` field without white space, in lower case.
 ///
 /// Errors: a malformed `Key Slot` line, or an enabled keyslot without a hex salt.
 pub(crate) fn luks1_keyslots(text: &str) -> Result<BTreeMap<u32, Keyslot>, String> {
@@ -75,6 +75,8 @@ pub(crate) fn luks1_keyslots(text: &str) -> Result<BTreeMap<u32, Keyslot>, Strin
                             priority: Priority::Normal,
                             kdf: "pbkdf2".to_owned(),
                             memory_kib: None,
+                            iterations: None,
+                            parallel: None,
                         },
                     );
                     Some(number)
@@ -89,7 +91,10 @@ pub(crate) fn luks1_keyslots(text: &str) -> Result<BTreeMap<u32, Keyslot>, Strin
             continue;
         };
         let trimmed = line.trim();
-        if let Some(hex) = trimmed.strip_prefix("Salt:") {
+        if let Some(n) = trimmed.strip_prefix("Iterations:") {
+            slot.iterations = n.trim().parse().ok();
+            in_salt = false;
+        } else if let Some(hex) = trimmed.strip_prefix("Salt:") {
             slot.salt.extend(hex.chars().filter(|c| !c.is_whitespace()));
             in_salt = true;
         } else if in_salt && !trimmed.is_empty() && !trimmed.contains(':') {
@@ -169,8 +174,8 @@ fn bound_keyslots(
     Ok(bound)
 }
 
-/// Keyslot `number` from its JSON object: KDF type, salt and argon2 memory (KiB; LUKS2 On-Disk
-/// Format Specification, "kdf" object), priority.
+/// Keyslot `number` from its JSON object: KDF type, salt, argon2 memory (KiB), time cost and
+/// threads or pbkdf2 iterations (LUKS2 On-Disk Format Specification, "kdf" object), priority.
 ///
 /// Errors: a `priority` other than 0, 1 or 2.
 fn keyslot(number: u32, slot: &serde_json::Value, bound: bool) -> Result<Keyslot, String> {
@@ -180,6 +185,10 @@ fn keyslot(number: u32, slot: &serde_json::Value, bound: bool) -> Result<Keyslot
             .and_then(serde_json::Value::as_str)
             .unwrap_or(default)
             .to_owned()
+    };
+    let kdf_number = |field: &str| {
+        kdf.and_then(|k| k.get(field))
+            .and_then(serde_json::Value::as_u64)
     };
     let priority = match slot.get("priority") {
         None => Priority::Normal,
@@ -192,9 +201,9 @@ fn keyslot(number: u32, slot: &serde_json::Value, bound: bool) -> Result<Keyslot
     };
     Ok(Keyslot {
         bound,
-        memory_kib: kdf
-            .and_then(|k| k.get("memory"))
-            .and_then(serde_json::Value::as_u64),
+        memory_kib: kdf_number("memory"),
+        iterations: kdf_number("iterations").or_else(|| kdf_number("time")),
+        parallel: kdf_number("cpus"),
         salt: text("salt", ""),
         priority,
         kdf: text("type", "none"),
@@ -294,6 +303,10 @@ Key Slot 3: DISABLED\n";
         assert!(slots[&0].bound);
         assert_eq!(slots[&0].priority, Priority::Normal);
         assert_eq!(slots[&0].kdf, "pbkdf2");
+        assert_eq!(
+            (slots[&0].iterations, slots[&2].iterations),
+            (Some(1000), Some(1000))
+        );
         Ok(())
     }
 
@@ -312,7 +325,7 @@ Key Slot 3: DISABLED\n";
         let json = r#"{
           "keyslots": {
             "0": {"type":"luks2","kdf":{"type":"pbkdf2","salt":"AAA="}},
-            "1": {"type":"luks2","priority":0,"kdf":{"type":"argon2id","salt":"BBB="}},
+            "1": {"type":"luks2","priority":0,"kdf":{"type":"argon2id","time":4,"memory":32768,"cpus":2,"salt":"BBB="}},
             "2": {"type":"luks2","priority":2,"kdf":{"type":"pbkdf2","salt":"CCC="}},
             "3": {"type":"reencrypt","kdf":{"type":"none"}}
           },
@@ -330,6 +343,14 @@ Key Slot 3: DISABLED\n";
         assert_eq!(slots[&0].priority, Priority::Normal);
         assert_eq!(slots[&1].kdf, "argon2id");
         assert_eq!(slots[&1].salt, "BBB=");
+        assert_eq!(
+            (
+                slots[&1].memory_kib,
+                slots[&1].iterations,
+                slots[&1].parallel
+            ),
+            (Some(32768), Some(4), Some(2))
+        );
         assert_eq!(
             (slots[&3].kdf.as_str(), slots[&3].salt.as_str()),
             ("none", "")

@@ -34,12 +34,14 @@ mod bench;
 mod door;
 mod driver;
 mod dump;
+mod kdf;
 pub mod ondisk;
 pub(crate) mod run;
 
 pub use bench::DEFAULT_ITER_TIME_MS;
 pub use door::{check_kill, LuksDoor};
 pub use driver::{pbkdf_args, AnyKeyslot, PROGRAM_ENV};
+pub use kdf::{kdf_drift, KdfDrift, KdfHost};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -104,6 +106,13 @@ pub struct Keyslot {
     /// LUKS2 metadata; `None` for pbkdf2 (and every LUKS1 keyslot), which needs no more than a
     /// few KiB.
     pub memory_kib: Option<u64>,
+    /// PBKDF2 iterations, or the argon2 time cost (LUKS2 metadata `kdf.iterations` or
+    /// `kdf.time`; LUKS1 `Iterations:`); `None` when the header does not say.
+    #[serde(default)]
+    pub iterations: Option<u64>,
+    /// Argon2 threads (LUKS2 metadata `kdf.cpus`); `None` for pbkdf2.
+    #[serde(default)]
+    pub parallel: Option<u64>,
 }
 
 /// One LUKS2 token (`tokens` object of the JSON metadata).

@@ -510,6 +510,7 @@ fn luks1(at: At<'_>) -> Result<Header, Unreadable> {
     for i in 0..8u32 {
         let base = 208 + 48 * i as usize;
         let state = be_u32(base);
+        let iterations = be_u32(base + 4);
         let salt = &h[base + 8..base + 40];
         let offset = u64::from(be_u32(base + 40));
         let stripes = be_u32(base + 44);
@@ -548,6 +549,8 @@ fn luks1(at: At<'_>) -> Result<Header, Unreadable> {
                     priority: Priority::Normal,
                     kdf: "pbkdf2".to_owned(),
                     memory_kib: None,
+                    iterations: Some(u64::from(iterations)),
+                    parallel: None,
                 },
             );
         }

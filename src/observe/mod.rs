@@ -160,6 +160,10 @@ pub struct Observed {
     /// them with this plan's id instead of taking them for another plan's.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub former_holders: BTreeMap<String, String>,
+    /// This host's CPUs and memory, on which the PBKDF parameters cryptsetup writes depend
+    /// ([`crate::luks::KdfHost`]); `None` when they could not be read.
+    #[serde(default)]
+    pub host: Option<crate::luks::KdfHost>,
 }
 
 impl Observed {
@@ -272,6 +276,7 @@ pub fn observe(plan: &Plan, world: &World, testing: Testing) -> Result<Observed,
         origins,
         now: crate::clock::now_unix(),
         staged_here,
+        host: crate::luks::KdfHost::this(),
     })
 }
 

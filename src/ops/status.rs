@@ -184,6 +184,9 @@ pub enum DriftKind {
     KeyNotListed,
     /// A keyslot keyplan did not create, under `unmanaged_keyslots: remove`.
     UnmanagedKeyslot,
+    /// A managed keyslot whose PBKDF is not the plan's `settings.pbkdf`
+    /// ([`crate::luks::kdf_drift`]): `apply` re-wraps it.
+    Pbkdf,
     /// Any other change `keyplan plan` would make on the device.
     Other,
 }
@@ -199,6 +202,7 @@ impl DriftKind {
             DriftKind::StaleVersion => "stale_version",
             DriftKind::KeyNotListed => "key_not_listed",
             DriftKind::UnmanagedKeyslot => "unmanaged_keyslot",
+            DriftKind::Pbkdf => "pbkdf",
             DriftKind::Other => "other",
         }
     }
@@ -817,7 +821,7 @@ fn record_drift(obs: &Observed, devices: &mut [DeviceReport]) {
 /// explain as drift of their device.
 fn planned_drift(plan: &Plan, obs: &Observed, d: &diff::Diff, devices: &mut [DeviceReport]) {
     let key_work: BTreeSet<&str> = d.keys.iter().map(|k| k.key.as_str()).collect();
-    for c in &d.slots {
+    for (i, c) in d.slots.iter().enumerate() {
         if c.action == SlotAction::Drift {
             continue; // reported from the records
         }
@@ -827,6 +831,27 @@ fn planned_drift(plan: &Plan, obs: &Observed, d: &diff::Diff, devices: &mut [Dev
         let Some(dev) = devices.iter_mut().find(|x| x.id == c.device) else {
             continue;
         };
+        if c.reason_code == diff::ReasonCode::PbkdfRewrap {
+            // One finding per re-wrapped keyslot: the kill of the old keyslot names it (the
+            // add beside it is the same fact, and a temporary keyslot, added before it is
+            // killed, is no finding).
+            let temporary = d.slots[..i]
+                .iter()
+                .any(|o| o.device == c.device && o.slot == c.slot && o.action == SlotAction::Add);
+            if let (SlotAction::Remove, Some(k), Some(v), false) =
+                (c.action, &c.key, c.version, temporary)
+            {
+                dev.drift.push(DriftReport {
+                    keyslot: Some(c.slot),
+                    kind: DriftKind::Pbkdf,
+                    detail: format!(
+                        "`keyplan apply` would re-wrap keyslot {} ({k} v{v}): {}",
+                        c.slot, c.reason
+                    ),
+                });
+            }
+            continue;
+        }
         let listed = plan
             .devices
             .get(&c.device)

@@ -14,7 +14,7 @@ use prometheus_client::registry::Registry;
 
 use crate::clock::rfc3339;
 use crate::diff::short_duration;
-use crate::ops::status::StatusReport;
+use crate::ops::status::{DriftKind, StatusReport};
 
 /// The report as pretty-printed JSON (one document, `format_version` first, newline at the
 /// end).
@@ -431,6 +431,10 @@ fn device_families(r: &StatusReport) -> Vec<GaugeFamily> {
         "keyplan_device_header_damage",
         "Number of LUKS header damage findings on the device (a damaged header copy, copies that disagree), read without writing; 0 for a healthy header.",
     );
+    let mut rewrap = GaugeFamily::new(
+        "keyplan_device_pbkdf_rewrap_keyslots",
+        "Number of managed keyslots on the device whose PBKDF is not the plan's settings.pbkdf (keyplan apply re-wraps them); 0 when every one matches or the plan sets no PBKDF.",
+    );
     let mut copies = GaugeFamily::new(
         "keyplan_device_retired_copies",
         "Number of keyslots on the device, not made by keyplan, that still open with a key version keyplan retired (found when it retired the version); 0 when there are none.",
@@ -441,12 +445,19 @@ fn device_families(r: &StatusReport) -> Vec<GaugeFamily> {
         findings.add(&labels, d.drift.len() as u64);
         damage.add(&labels, d.header_damage.len() as u64);
         copies.add(&labels, d.retired_copies.len() as u64);
+        let pbkdf = d
+            .drift
+            .iter()
+            .filter(|f| f.kind == DriftKind::Pbkdf)
+            .count();
+        rewrap.add(&labels, pbkdf as u64);
     }
     let count = r.devices.iter().filter(|d| d.drifted).count() as u64;
     vec![
         drift,
         findings,
         damage,
+        rewrap,
         copies,
         GaugeFamily::single(
             "keyplan_drift_devices",

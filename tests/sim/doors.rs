@@ -144,6 +144,8 @@ impl MemDev {
                             priority: s.priority,
                             kdf: "pbkdf2".into(),
                             memory_kib: None,
+                            iterations: None,
+                            parallel: None,
                         },
                     )
                 })

@@ -1,11 +1,13 @@
 //! Per key: what happens to it (create, rotate, finish a pending rotation, migrate, converge),
 //! and converging a key that does not rotate.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::Planner;
 use crate::diff::{short_duration, DiffOptions, HolderAction, KeyAction, ReasonCode, SlotAction};
 use crate::graph::{SlotHolder, VersionRef};
+use crate::luks::KdfDrift;
 use crate::world::RecordStatus;
 
 impl Planner<'_> {
@@ -446,9 +448,17 @@ impl Planner<'_> {
         };
         let recs = st.slots_of(key);
         let pinned = self.pinned(device, key);
-        let with_c: Vec<u32> = recs
+        // Keyslots of `c` whose PBKDF is not the plan's are re-wrapped: `c` goes into a new
+        // keyslot beside them (no KMS write), is verified there, and they are killed; until
+        // then they count as not holding `c`.
+        let rewrap: BTreeMap<u32, KdfDrift> = recs
             .iter()
             .filter(|(_, v)| *v == c)
+            .filter_map(|(s, _)| Some((*s, self.kdf_drift(device, *s)?)))
+            .collect();
+        let with_c: Vec<u32> = recs
+            .iter()
+            .filter(|(s, v)| *v == c && !rewrap.contains_key(s))
             .map(|(s, _)| *s)
             .collect();
         let keep = match pinned {
@@ -460,14 +470,26 @@ impl Planner<'_> {
             None => {
                 if let Some(n) = pinned.filter(|n| st.header.keyslots.contains_key(n)) {
                     match self.evictable(device, key, n) {
-                        Some(holder) => {
-                            self.move_into_pin(device, key, c, n, holder, &with_c, &recs)
-                        }
+                        Some(holder) => self.move_into_pin(
+                            device,
+                            key,
+                            c,
+                            n,
+                            holder,
+                            &with_c,
+                            &recs,
+                            rewrap.get(&n),
+                        ),
                         None => self.refuse_pin_taken(device, key, n),
                     }
                     return;
                 }
-                let Some((target, verify)) = self.enroll(device, key, c, !with_c.is_empty()) else {
+                let why = match rewrap.values().next() {
+                    Some(d) => Enrolling::Rewrap(d),
+                    None if !with_c.is_empty() => Enrolling::ToPin,
+                    None => Enrolling::Missing,
+                };
+                let Some((target, verify)) = self.enroll(device, key, c, why) else {
                     return;
                 };
                 (target, Some(verify))
@@ -488,7 +510,15 @@ impl Planner<'_> {
         self.dev(device).anchor.get_or_insert(anchor);
         for (s, v) in extras {
             let pending = self.obs.keys.get(key).and_then(|k| k.pending) == Some(v);
-            let reason = if v != c && pending {
+            let reason = if let Some(d) = rewrap.get(&s) {
+                (
+                    ReasonCode::PbkdfRewrap,
+                    format!(
+                        "re-wrapped: {key} v{c} is in keyslot {keep_slot} with {} (this one has {})",
+                        d.want, d.was
+                    ),
+                )
+            } else if v != c && pending {
                 (
                     ReasonCode::SupersededVersion,
                     format!("pending v{v} of {key}, whose rotation does not go on here (current is v{c})"),
@@ -519,27 +549,29 @@ impl Planner<'_> {
     }
 
     /// Adds the current version `c` of `key` to `device` in a free keyslot (the pinned one
-    /// when free): `elsewhere` when the device already holds it in another keyslot (a move to
-    /// the pinned keyslot). Returns the keyslot and its verify, which becomes the device's
-    /// anchor.
+    /// when free), for the reason `why`. Returns the keyslot and its verify, which becomes the
+    /// device's anchor.
     pub(super) fn enroll(
         &mut self,
         device: &str,
         key: &str,
         c: u64,
-        elsewhere: bool,
+        why: Enrolling<'_>,
     ) -> Option<(u32, usize)> {
         let target = self.target(device, key, true)?;
         let unlock = self.unlock(device, key, Some(c))?;
         let (_, v) = self.add_step(device, key, VersionRef::Version(c), target, unlock);
         self.dev(device).anchor.get_or_insert(v);
-        let reason = if elsewhere {
-            (
+        let reason = match why {
+            Enrolling::Rewrap(d) => (
+                ReasonCode::PbkdfRewrap,
+                format!("re-wrap {key} v{c} with {} (was {})", d.want, d.was),
+            ),
+            Enrolling::ToPin => (
                 ReasonCode::MoveToPinned,
                 format!("move to pinned keyslot {target}"),
-            )
-        } else {
-            (ReasonCode::Enroll, "not enrolled".to_string())
+            ),
+            Enrolling::Missing => (ReasonCode::Enroll, "not enrolled".to_string()),
         };
         self.change(device, target, SlotAction::Add, Some(key), Some(c), reason);
         Some((target, v))
@@ -597,4 +629,14 @@ fn is_peer(plan: &crate::spec::Plan, key: &str, st: &crate::kms::KeyState, holde
         .filter(|h| crate::kms::book::parse_vote(h).is_none() && node_of(h) == node)
         .count();
     records <= 1
+}
+
+/// Why [`Planner::enroll`] adds a key's current version to a device.
+pub(super) enum Enrolling<'a> {
+    /// The device holds it in no keyslot.
+    Missing,
+    /// The device holds it elsewhere; it moves to its pinned keyslot.
+    ToPin,
+    /// The device holds it only in keyslots whose PBKDF is not the plan's.
+    Rewrap(&'a KdfDrift),
 }

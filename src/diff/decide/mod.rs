@@ -300,6 +300,18 @@ impl<'a> Planner<'a> {
             .unwrap_or_default()
     }
 
+    /// Whether keyslot `slot` of `device` has another PBKDF than the plan's `settings.pbkdf`
+    /// makes on the observed host ([`crate::luks::kdf_drift`]), and how.
+    pub(super) fn kdf_drift(&self, device: &str, slot: u32) -> Option<crate::luks::KdfDrift> {
+        let st = self.state(device)?;
+        crate::luks::kdf_drift(
+            self.plan.pbkdf.as_ref(),
+            st.header.version,
+            self.obs.host.as_ref(),
+            st.header.keyslots.get(&slot)?,
+        )
+    }
+
     /// True when `device` says `unmanaged_keyslots: remove`.
     pub(super) fn removes_unmanaged(&self, device: &str) -> bool {
         self.plan

@@ -5,6 +5,7 @@
 use super::Planner;
 use crate::diff::{ReasonCode, SlotAction};
 use crate::graph::{SlotHolder, Unlock, VersionRef};
+use crate::luks::KdfDrift;
 
 impl Planner<'_> {
     /// What keyslot `n` (pinned for `key` on `device`) holds, if keyplan may kill it to make
@@ -29,6 +30,8 @@ impl Planner<'_> {
     /// (or already is in, `with_c`) a spare keyslot M, is verified there, `n` is killed, the
     /// version is added into `n` through M and verified, and M is killed. Other keyslots of the
     /// key (`recs`) are removed once `n` is verified. 3 PBKDF runs more than an unpinned key.
+    /// With `rewrap`, `n` holds v`c` already, with another PBKDF than the plan's: the same
+    /// moves re-wrap it in place, and the changes say so.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn move_into_pin(
         &mut self,
@@ -39,11 +42,13 @@ impl Planner<'_> {
         holder: SlotHolder,
         with_c: &[u32],
         recs: &[(u32, u64)],
+        rewrap: Option<&KdfDrift>,
     ) {
         let version = VersionRef::Version(c);
-        let Some((m, vm)) = self.spare(device, key, c, n, with_c) else {
+        let Some((m, vm)) = self.spare(device, key, c, n, with_c, rewrap) else {
             return;
         };
+        let rewrapping = |why: String| rewrap.map(|_| (ReasonCode::PbkdfRewrap, why));
         let (hkey, hversion) = match &holder {
             SlotHolder::Record {
                 key,
@@ -52,16 +57,26 @@ impl Planner<'_> {
             _ => (None, None),
         };
         let kn = self.kill(device, n, holder, vm);
+        let why = match rewrap {
+            Some(d) => (
+                ReasonCode::PbkdfRewrap,
+                format!(
+                    "re-wrap in place with {} (this one has {}): {key} v{c} is in keyslot {m} meanwhile",
+                    d.want, d.was
+                ),
+            ),
+            None => (
+                ReasonCode::MakeRoom,
+                format!("make room in pinned keyslot {n} for {key} v{c}"),
+            ),
+        };
         self.change(
             device,
             n,
             SlotAction::Remove,
             hkey.as_deref(),
             hversion,
-            (
-                ReasonCode::MakeRoom,
-                format!("make room in pinned keyslot {n} for {key} v{c}"),
-            ),
+            why,
         );
         let unlock = Unlock::Key {
             key: key.to_string(),
@@ -70,22 +85,25 @@ impl Planner<'_> {
         };
         let (an, vn) = self.add_step(device, key, version, n, unlock);
         self.intents.frees.push((kn, an));
-        self.change(
-            device,
-            n,
-            SlotAction::Add,
-            Some(key),
-            Some(c),
-            (
+        let why = match rewrap {
+            Some(d) => (
+                ReasonCode::PbkdfRewrap,
+                format!("re-wrap {key} v{c} with {} (was {})", d.want, d.was),
+            ),
+            None => (
                 ReasonCode::MoveToPinned,
                 format!("move {key} v{c} into pinned keyslot {n}"),
             ),
-        );
+        };
+        self.change(device, n, SlotAction::Add, Some(key), Some(c), why);
         self.dev(device).anchor = Some(vn);
-        let moved = (
-            ReasonCode::MoveToPinned,
-            format!("{key} moved to pinned keyslot {n}"),
-        );
+        let moved = rewrapping(format!("temporary keyslot of the re-wrap of keyslot {n}"))
+            .unwrap_or_else(|| {
+                (
+                    ReasonCode::MoveToPinned,
+                    format!("{key} moved to pinned keyslot {n}"),
+                )
+            });
         let record = |v: u64| SlotHolder::Record {
             key: key.to_string(),
             version: VersionRef::Version(v),
@@ -121,6 +139,7 @@ impl Planner<'_> {
         c: u64,
         n: u32,
         with_c: &[u32],
+        rewrap: Option<&KdfDrift>,
     ) -> Option<(u32, usize)> {
         let version = VersionRef::Version(c);
         if let Some(&m) = with_c.first() {
@@ -129,17 +148,20 @@ impl Planner<'_> {
         let m = self.target(device, key, false)?;
         let unlock = self.unlock(device, key, Some(c))?;
         let (_, vm) = self.add_step(device, key, version, m, unlock);
-        self.change(
-            device,
-            m,
-            SlotAction::Add,
-            Some(key),
-            Some(c),
-            (
+        let why = match rewrap {
+            Some(d) => (
+                ReasonCode::PbkdfRewrap,
+                format!(
+                    "temporary keyslot: re-wrap {key} v{c} in its pinned keyslot {n} with {} (was {})",
+                    d.want, d.was
+                ),
+            ),
+            None => (
                 ReasonCode::TemporaryKeyslot,
                 format!("temporary keyslot: pinned keyslot {n} is occupied"),
             ),
-        );
+        };
+        self.change(device, m, SlotAction::Add, Some(key), Some(c), why);
         Some((m, vm))
     }
 }

@@ -188,7 +188,7 @@ impl Planner<'_> {
             if let Some(c) = st.current.filter(|c| !recs.iter().any(|(_, v)| v == c)) {
                 // A device new to the key while its commit waits for other nodes: it gets the
                 // current version first, which stays the KMS's current one until then.
-                self.enroll(device, key, c, false);
+                self.enroll(device, key, c, super::keys::Enrolling::Missing);
             }
         }
         let already = st

@@ -77,6 +77,8 @@ impl Disk {
                 priority,
                 kdf: "pbkdf2".into(),
                 memory_kib: None,
+                iterations: None,
+                parallel: None,
             },
         );
         self

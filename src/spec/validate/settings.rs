@@ -48,8 +48,9 @@ pub(super) fn check_settings(settings: &SettingsFile, cx: &mut Ctx) -> usize {
 /// key version was staged).
 ///
 /// Issues, all `keyplan::plan::pbkdf`, in this order: `iterations` below cryptsetup's minimum
-/// for the type, `iter_time_ms: 0`, and for Argon2 `memory_kib` outside [`ARGON2_MEMORY_KIB`]
-/// and `parallel: 0`.
+/// for the type, `iter_time_ms: 0`, for Argon2 `memory_kib` outside [`ARGON2_MEMORY_KIB`],
+/// settings that would mean nothing (`iter_time_ms` beside `iterations`; `memory_kib` or
+/// `parallel` with pbkdf2), and for Argon2 `parallel: 0`.
 fn check_pbkdf(pbkdf: &PbkdfSettings, cx: &mut Ctx) {
     let at = |f: &str| p(&["settings", "pbkdf", f]);
     let argon2 = pbkdf.kind != PbkdfType::Pbkdf2;
@@ -106,6 +107,39 @@ fn check_pbkdf(pbkdf: &PbkdfSettings, cx: &mut Ctx) {
                 ),
                 also: Vec::new(),
             });
+        }
+    }
+    if let (Some(_), Some(t)) = (pbkdf.iterations, pbkdf.iter_time_ms) {
+        cx.push(Issue {
+            path: at("iter_time_ms"),
+            code: "keyplan::plan::pbkdf",
+            message: format!(
+                "`iter_time_ms: {t}` beside `iterations`: forced iterations take no benchmark, so the unlock time would be ignored"
+            ),
+            label: "meaningless beside `iterations`".to_owned(),
+            help: "keep one: `iterations` for a fixed count, or `iter_time_ms` for a count cryptsetup measures for that unlock time".to_owned(),
+            also: Vec::new(),
+        });
+    }
+    if !argon2 {
+        for (field, set) in [
+            ("memory_kib", pbkdf.memory_kib.is_some()),
+            ("parallel", pbkdf.parallel.is_some()),
+        ] {
+            if set {
+                cx.push(Issue {
+                    path: at(field),
+                    code: "keyplan::plan::pbkdf",
+                    message: format!(
+                        "`{field}` with `type: pbkdf2`: PBKDF2 has no memory cost and no threads, so it would be ignored"
+                    ),
+                    label: "meaningless for pbkdf2".to_owned(),
+                    help: format!(
+                        "remove `{field}`, or set `type: argon2id` (LUKS2) to use it"
+                    ),
+                    also: Vec::new(),
+                });
+            }
         }
     }
     if let Some(0) = pbkdf.parallel {
