@@ -495,3 +495,27 @@ fn crash_matrix_pbkdf_rewrap() {
     });
     assert!(c.crashes >= 30, "{c:?}");
 }
+
+/// A key renamed in the plan (issue 32) and rotated in the same run: the records are rewritten
+/// to the new id before the old keyslots are killed. Killed at any point, the next run
+/// converges.
+#[cfg(feature = "failpoints")]
+#[test]
+fn crash_matrix_rename_and_rotate() {
+    let before = plan_of(&three(&["k"]), false);
+    let after = plan_of(&three(&["data"]), false)
+        .replace("  data: { kms: local }", "  data: { kms: local, name: k }");
+    assert!(after.contains("name: k"), "{after}");
+    let c = run(&Scenario {
+        name: "rename+rotate",
+        // The checks read the KMS by the key's name there, `k`.
+        devices: THREE,
+        setup_plan: Some(before),
+        setup_runs: &[],
+        plan: after,
+        args: &["--rotate", "data"],
+        remove: false,
+        kms_keys: &[],
+    });
+    assert!(c.crashes >= 40, "{c:?}");
+}

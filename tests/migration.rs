@@ -280,3 +280,184 @@ fn resume_refuses_a_plan_that_changed_the_destination() {
     assert_eq!(current_in(&s, "keys-new").as_deref(), Some(&key[..]));
     s.ok(&["plan", "--detailed-exitcode"], 0);
 }
+
+/// Issue 32: a key renamed in the plan (its id changes, its KMS instance and `name` stay) is a
+/// rename: the records are rewritten to the new id, with no PBKDF run, no new keyslot and no
+/// KMS write (the holder record stays); afterwards the key rotates under its new id.
+#[test]
+fn a_renamed_key_keeps_its_keyslots_records_and_holder_record() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let a = s.small_image("a.img", "luks2");
+    let b = s.small_image("b.img", "luks1");
+    let plan = |id: &str, entry: &str| {
+        format!(
+            "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  {id}: {entry}\ndevices:\n  a:\n    path: a.img\n    keys: [{id}]\n    enroll_with: initial.pass\n  b:\n    path: b.img\n    keys: [{id}]\n    enroll_with: initial.pass\n{FAST_PBKDF}"
+        )
+    };
+    s.plan("keyplan.yaml", &plan("osd", "{ kms: local }"));
+    s.ok(&["apply", "--auto-approve"], 0);
+    let (slots_a, slots_b) = (keyslots(&a), keyslots(&b));
+    let kms_files = || -> Vec<(std::path::PathBuf, Vec<u8>)> {
+        walk(&s.path("keys"))
+            .into_iter()
+            .filter(|p| p.is_file())
+            .map(|p| {
+                let bytes = std::fs::read(&p).expect("read KMS file");
+                (p, bytes)
+            })
+            .collect()
+    };
+    let before = kms_files();
+    let meta = String::from_utf8(
+        before
+            .iter()
+            .find(|(p, _)| p.ends_with("meta.json"))
+            .expect("meta.json")
+            .1
+            .clone(),
+    )
+    .expect("utf-8");
+    assert!(meta.contains("holders"), "this plan holds the key: {meta}");
+
+    s.plan(
+        "keyplan.yaml",
+        &plan("osd-data", "{ kms: local, name: osd }"),
+    );
+    let shown = s.ok(&["plan", "--detailed-exitcode"], 2);
+    assert_eq!(
+        shown
+            .matches("(renamed: key osd is osd-data in the plan now (the same key \"osd\" in KMS local); the record is rewritten, no PBKDF)")
+            .count(),
+        2,
+        "{shown}"
+    );
+    assert!(shown.contains("Plan: 0 to add, 0 to remove"), "{shown}");
+    assert!(
+        !shown.contains("holder record"),
+        "the holder record stays: {shown}"
+    );
+    let status = s.ok(&["status"], 1);
+    assert_eq!(
+        status
+            .matches("key_renamed: `keyplan apply` would rewrite the record of keyslot")
+            .count(),
+        2,
+        "{status}"
+    );
+
+    let applied = s.ok(&["apply", "--auto-approve"], 0);
+    assert!(applied.contains("0 PBKDF runs"), "{applied}");
+    assert_eq!(
+        (keyslots(&a), keyslots(&b)),
+        (slots_a, slots_b),
+        "no keyslot added or killed"
+    );
+    assert_eq!(kms_files(), before, "no KMS write");
+    let tokens = luks2_json(&a)["tokens"].clone();
+    assert!(
+        tokens
+            .as_object()
+            .expect("tokens")
+            .values()
+            .any(|t| t["type"] == "keyplan" && t["key"] == "osd-data"),
+        "{tokens}"
+    );
+    let luks1: Vec<String> = walk(&s.path(".keyplan"))
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains("luks1") && p.is_file())
+        .map(|p| std::fs::read_to_string(p).expect("read"))
+        .collect();
+    assert!(luks1.iter().any(|r| r.contains("osd-data")), "{luks1:?}");
+    let again = s.ok(&["plan", "--detailed-exitcode"], 0);
+    assert!(again.contains("No changes"), "{again}");
+    s.ok(&["status"], 0);
+
+    let v1 = s.key_get("osd-data", None);
+    s.ok(&["apply", "--auto-approve", "--rotate", "osd-data"], 0);
+    let v2 = s.key_get("osd-data", None);
+    assert_ne!(v1, v2);
+    assert!(opens(&a, &v2, None) && opens(&b, &v2, None));
+    assert!(
+        !opens(&a, &v1, None) && !opens(&b, &v1, None),
+        "v1 rotated out"
+    );
+}
+
+/// A renamed key keeps its KMS entry's holder record even when another device drops the key
+/// (its record there names the old id), and an old id reused for a new key is a new key: the
+/// records follow the KMS entry they name, so nothing is moved or destroyed (found by a trial
+/// as a new user: before, the first released the renamed key's holder record and the second
+/// destroyed the renamed key's KMS entry as a "migration").
+#[test]
+fn a_rename_follows_the_kms_entry_not_the_id() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let a = s.small_image("a.img", "luks2");
+    let b = s.small_image("b.img", "luks2");
+    let plan = |keys: &str, a_keys: &str, b_keys: &str| {
+        format!(
+            "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n{keys}devices:\n  a:\n    path: a.img\n    keys: [{a_keys}]\n    enroll_with: initial.pass\n  b:\n    path: b.img\n    keys: [{b_keys}]\n    enroll_with: initial.pass\n{FAST_PBKDF}"
+        )
+    };
+    s.plan(
+        "keyplan.yaml",
+        &plan(
+            "  osd: { kms: local }\n  db: { kms: local }\n",
+            "osd, db",
+            "osd",
+        ),
+    );
+    s.ok(&["apply", "--auto-approve"], 0);
+    let v1 = s.key_get("osd", None);
+    let meta = || std::fs::read_to_string(s.path("keys/osd/meta.json")).expect("meta.json");
+    assert!(meta().contains("holders"), "{}", meta());
+
+    // Renamed on a; b drops it.
+    s.plan(
+        "keyplan.yaml",
+        &plan(
+            "  osd-data: { kms: local, name: osd }\n  db: { kms: local }\n",
+            "osd-data, db",
+            "db",
+        ),
+    );
+    let shown = s.ok(&["plan"], 0);
+    assert!(!shown.contains("holder record"), "{shown}");
+    assert!(shown.contains("renamed: key osd is osd-data"), "{shown}");
+    s.ok(&["apply", "--auto-approve"], 0);
+    assert!(
+        meta().contains(".keyplan"),
+        "the holder record stays: {}",
+        meta()
+    );
+    let again = s.ok(&["plan", "--detailed-exitcode"], 0);
+    assert!(again.contains("No changes"), "{again}");
+    assert!(opens(&a, &v1, None) && !opens(&b, &v1, None));
+
+    // The old id comes back for a new key with another name: a new key, nothing moved.
+    s.plan(
+        "keyplan.yaml",
+        &plan(
+            "  osd-data: { kms: local, name: osd }\n  osd: { kms: local, name: osd-meta }\n  db: { kms: local }\n",
+            "osd-data, osd, db",
+            "db, osd",
+        ),
+    );
+    let shown = s.ok(&["plan"], 0);
+    assert!(
+        !shown.contains("destroy") && !shown.contains("moved"),
+        "{shown}"
+    );
+    s.ok(&["apply", "--auto-approve"], 0);
+    assert_eq!(
+        s.key_get("osd-data", None),
+        v1,
+        "the renamed key is untouched"
+    );
+    let meta_key = s.key_get("osd", None);
+    assert_ne!(meta_key, v1);
+    assert!(opens(&a, &v1, None) && opens(&a, &meta_key, None) && opens(&b, &meta_key, None));
+    let again = s.ok(&["plan", "--detailed-exitcode"], 0);
+    assert!(again.contains("No changes"), "{again}");
+}

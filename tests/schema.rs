@@ -258,4 +258,18 @@ fn schema_rejects_typical_mistakes() {
     assert!(!errors(&argon("{ type: argon2id, memory_kib: 4194305 }")).is_empty());
     assert!(!errors(&argon("{ type: argon2id, parallel: 0 }")).is_empty());
     assert!(!errors(&argon("{ iterations: 1000 }")).is_empty());
+    // Settings that mean nothing, as `keyplan validate` refuses them.
+    assert!(!errors(&argon(
+        "{ type: pbkdf2, iterations: 1000, memory_kib: 65536 }"
+    ))
+    .is_empty());
+    assert!(!errors(&argon("{ type: pbkdf2, iterations: 1000, parallel: 2 }")).is_empty());
+    assert!(!errors(&argon(
+        "{ type: argon2id, iterations: 4, iter_time_ms: 2000 }"
+    ))
+    .is_empty());
+    assert!(errors(&argon(
+        "{ type: argon2id, memory_kib: 65536, iter_time_ms: 2000 }"
+    ))
+    .is_empty());
 }

@@ -178,6 +178,9 @@ pub enum ReasonCode {
     /// Keyslot: not recorded, and the key's current KMS version opens it: recorded as holding
     /// it (adoption), no new keyslot.
     Adopt,
+    /// Keyslot (record): the key's id changed in the plan while its KMS instance and name
+    /// stayed; the record is rewritten to the new id (no PBKDF run).
+    KeyRenamed,
 }
 
 /// What happens to a keyslot.

@@ -14,8 +14,9 @@ use super::SlotAction;
 /// its id, and its entry in the digest's keyslot list.
 const KEYSLOT_JSON_BYTES: u64 = 512;
 /// Bytes keyplan's token for a keyslot takes, counted high, without the key id, KMS and key
-/// names (added separately): `{"type":"keyplan","keyslots":["31"],"keyplan_format":1,
-/// "slot":31,"key":"","version":N,"salt":"<44>","kms":"","name":""}` and its id.
+/// names and the PBKDF settings (added separately): `{"type":"keyplan","keyslots":["31"],
+/// "keyplan_format":1,"slot":31,"key":"","version":N,"salt":"<44>","kms":"","name":"",
+/// "pbkdf":""}` and its id.
 const TOKEN_JSON_BYTES: u64 = 256;
 
 /// Every preflight check, in this order: devices that cannot be written, headers cryptsetup
@@ -156,8 +157,14 @@ fn metadata_room(p: &mut Planner<'_>) {
                 .keys
                 .get(k)
                 .map_or((0, 0), |s| (s.kms.len(), s.name.len()));
+            // The settings new keyslots are recorded with (`SlotRecord::pbkdf`: ASCII).
+            let pbkdf = p
+                .plan
+                .pbkdf
+                .as_ref()
+                .map_or(0, |s| crate::luks::pbkdf_id(s).len());
             // json-c may escape any byte of the names: count them twice.
-            KEYSLOT_JSON_BYTES + TOKEN_JSON_BYTES + 2 * (k.len() + kms + name) as u64
+            KEYSLOT_JSON_BYTES + TOKEN_JSON_BYTES + (2 * (k.len() + kms + name) + pbkdf) as u64
         };
         let longest = p
             .slots

@@ -44,6 +44,7 @@ pub const PASSES: &[(&str, Pass)] = &[
     ("retire_last", retire_last),
     ("holders_order", holders_order),
     ("migration_order", migration_order),
+    ("rerecord_before_kill", rerecord_before_kill),
 ];
 
 /// Runs every pass of [`PASSES`] over `g`.
@@ -115,6 +116,24 @@ pub fn adoptions_next(g: &mut StepGraph, _: &Intents) {
             );
             if other.device() == Some(device) && !first {
                 g.dep(*a, *s);
+            }
+        }
+    }
+}
+
+/// A keyslot's re-record (a key renamed in the plan, or moved to another KMS) comes before a
+/// kill of that keyslot: the kill refuses a keyslot whose record does not name what it must
+/// hold, and it names the key by its id in the plan.
+pub fn rerecord_before_kill(g: &mut StepGraph, _: &Intents) {
+    let steps = indexed(g);
+    for (r, step) in &steps {
+        let Step::Rerecord { device, slot, .. } = step else {
+            continue;
+        };
+        for (k, other) in &steps {
+            if matches!(other, Step::KillKeyslot { device: d, slot: s, .. } if d == device && s == slot)
+            {
+                g.dep(*r, *k);
             }
         }
     }
@@ -727,7 +746,23 @@ mod tests {
     fn every_pass_is_in_the_list_once() {
         let names: std::collections::BTreeSet<&str> = PASSES.iter().map(|(n, _)| *n).collect();
         assert_eq!(names.len(), PASSES.len());
-        assert_eq!(PASSES.len(), 13);
+        assert_eq!(PASSES.len(), 14);
+    }
+
+    #[test]
+    fn a_keyslot_is_re_recorded_before_it_is_killed() {
+        const V1: VersionRef = VersionRef::Version(1);
+        let rerecord = |slot: u32| Step::Rerecord {
+            device: D.into(),
+            key: "k".into(),
+            slot,
+            version: V1,
+            to_kms: "local".into(),
+            to_name: "old".into(),
+        };
+        // Kill of keyslot 0 after its re-record; keyslot 1's re-record orders nothing.
+        let steps = vec![verify(2, V1), kill(0, V1, 0), rerecord(0), rerecord(1)];
+        adds(rerecord_before_kill, steps, &Intents::default(), &[(2, 1)]);
     }
 
     #[test]

@@ -41,7 +41,7 @@ pub(crate) mod run;
 pub use bench::DEFAULT_ITER_TIME_MS;
 pub use door::{check_kill, LuksDoor};
 pub use driver::{pbkdf_args, AnyKeyslot, PROGRAM_ENV};
-pub use kdf::{kdf_drift, KdfDrift, KdfHost};
+pub use kdf::{kdf_drift, pbkdf_id, KdfDrift, KdfHost};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -18,6 +18,7 @@ mod enroll;
 mod former;
 mod holders;
 mod keys;
+mod rename;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -224,6 +225,7 @@ pub fn observe(plan: &Plan, world: &World, testing: Testing) -> Result<Observed,
     if !findings.is_empty() {
         return Err(Error::Findings(findings));
     }
+    rename::apply(plan, &mut devices);
     let origins = keys::origins(plan, world, &devices).map_err(Error::Findings)?;
     retired_copies(plan, &mut devices);
     if testing == Testing::HeadersOnly {

@@ -187,6 +187,9 @@ pub enum DriftKind {
     /// A managed keyslot whose PBKDF is not the plan's `settings.pbkdf`
     /// ([`crate::luks::kdf_drift`]): `apply` re-wraps it.
     Pbkdf,
+    /// A keyslot recorded under a key id the plan renamed (same KMS instance and name):
+    /// `apply` rewrites its record.
+    KeyRenamed,
     /// Any other change `keyplan plan` would make on the device.
     Other,
 }
@@ -203,6 +206,7 @@ impl DriftKind {
             DriftKind::KeyNotListed => "key_not_listed",
             DriftKind::UnmanagedKeyslot => "unmanaged_keyslot",
             DriftKind::Pbkdf => "pbkdf",
+            DriftKind::KeyRenamed => "key_renamed",
             DriftKind::Other => "other",
         }
     }
@@ -822,6 +826,19 @@ fn record_drift(obs: &Observed, devices: &mut [DeviceReport]) {
 fn planned_drift(plan: &Plan, obs: &Observed, d: &diff::Diff, devices: &mut [DeviceReport]) {
     let key_work: BTreeSet<&str> = d.keys.iter().map(|k| k.key.as_str()).collect();
     for (i, c) in d.slots.iter().enumerate() {
+        if c.reason_code == diff::ReasonCode::KeyRenamed {
+            if let Some(dev) = devices.iter_mut().find(|x| x.id == c.device) {
+                dev.drift.push(DriftReport {
+                    keyslot: Some(c.slot),
+                    kind: DriftKind::KeyRenamed,
+                    detail: format!(
+                        "`keyplan apply` would rewrite the record of keyslot {}: {}",
+                        c.slot, c.reason
+                    ),
+                });
+            }
+            continue;
+        }
         if c.action == SlotAction::Drift {
             continue; // reported from the records
         }
@@ -845,8 +862,13 @@ fn planned_drift(plan: &Plan, obs: &Observed, d: &diff::Diff, devices: &mut [Dev
                     keyslot: Some(c.slot),
                     kind: DriftKind::Pbkdf,
                     detail: format!(
-                        "`keyplan apply` would re-wrap keyslot {} ({k} v{v}): {}",
-                        c.slot, c.reason
+                        "`keyplan apply` would re-wrap keyslot {} ({k} v{v}) {}",
+                        c.slot,
+                        c.reason
+                            .strip_prefix("re-wrap: ")
+                            .map(|r| format!("for the plan's PBKDF: {r}"))
+                            .or_else(|| c.reason.strip_prefix("re-wrap ").map(str::to_string))
+                            .unwrap_or_else(|| c.reason.clone())
                     ),
                 });
             }

@@ -447,8 +447,9 @@ pub const DURATION_PATTERN: &str =
     r"^(\s*[0-9]+\s*(s|secs?|seconds?|m|mins?|minutes?|h|hrs?|hours?|d|days?|w|weeks?))+\s*$";
 
 /// The schema of `settings.pbkdf` gets the limits that depend on `type` (the same cryptsetup
-/// limits `spec::validate` enforces): PBKDF2 needs at least 1000 iterations; Argon2 at least 4,
-/// a memory cost of 32 KiB to 4 GiB and at least one thread.
+/// limits `spec::validate` enforces): PBKDF2 needs at least 1000 iterations and takes no
+/// `memory_kib` or `parallel`; Argon2 at least 4, a memory cost of 32 KiB to 4 GiB and at
+/// least one thread; `iterations` and `iter_time_ms` do not go together.
 fn pbkdf_limits(schema: &mut schemars::Schema) {
     let (mem_lo, mem_hi) = super::validate::ARGON2_MEMORY_KIB;
     schema.insert(
@@ -457,9 +458,16 @@ fn pbkdf_limits(schema: &mut schemars::Schema) {
     );
     schema.insert(
         "then".to_owned(),
-        serde_json::json!({ "properties": {
-            "iterations": { "minimum": super::validate::PBKDF2_MIN_ITERATIONS }
-        } }),
+        serde_json::json!({
+            "properties": {
+                "iterations": { "minimum": super::validate::PBKDF2_MIN_ITERATIONS }
+            },
+            "not": { "anyOf": [ { "required": ["memory_kib"] }, { "required": ["parallel"] } ] }
+        }),
+    );
+    schema.insert(
+        "not".to_owned(),
+        serde_json::json!({ "required": ["iterations", "iter_time_ms"] }),
     );
     schema.insert(
         "else".to_owned(),

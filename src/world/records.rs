@@ -34,6 +34,13 @@ pub struct SlotRecord {
     /// added.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entry: Option<(String, String)>,
+    /// The plan's `settings.pbkdf` keyplan added the keyslot with, in its short form
+    /// ([`crate::luks::pbkdf_id`], e.g. `argon2id memory_kib=1048576 iter_time_ms=2000`):
+    /// what a benchmark then made of it is taken as that plan's PBKDF
+    /// ([`crate::luks::kdf_drift`]). `None` for a keyslot added without `settings.pbkdf`,
+    /// adopted, or recorded before this field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pbkdf: Option<String>,
 }
 
 impl SlotRecord {
@@ -72,6 +79,11 @@ pub struct RecordObs {
     pub token_id: Option<u32>,
     /// Drift status.
     pub status: RecordStatus,
+    /// The key id the record names on disk, when the plan renamed that key (same KMS instance
+    /// and name, `observe::rename`): `record.key` is then the new id, and a re-record step
+    /// rewrites the record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renamed_from: Option<String>,
 }
 
 impl RecordObs {
@@ -184,6 +196,7 @@ impl RecordStore {
                     record,
                     token_id,
                     status,
+                    renamed_from: None,
                 }
             })
             .collect())
@@ -347,6 +360,9 @@ fn token_json(slot: u32, record: &SlotRecord) -> serde_json::Value {
         m.insert("kms".into(), kms.clone().into());
         m.insert("name".into(), name.clone().into());
     }
+    if let (Some(pbkdf), Some(m)) = (&record.pbkdf, json.as_object_mut()) {
+        m.insert("pbkdf".into(), pbkdf.clone().into());
+    }
     json
 }
 
@@ -362,6 +378,10 @@ fn token_record(json: &serde_json::Value) -> Option<(u32, SlotRecord)> {
         version: json.get("version")?.as_u64()?,
         salt: json.get("salt")?.as_str()?.to_string(),
         entry,
+        pbkdf: json
+            .get("pbkdf")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_string),
     };
     Some((slot, rec))
 }
@@ -377,6 +397,7 @@ mod tests {
             version: 3,
             salt: "c2FsdA==".into(),
             entry: Some(("vault".into(), "osd".into())),
+            pbkdf: Some("argon2id memory_kib=65536 iter_time_ms=2000".into()),
         };
         let json = token_json(5, &rec);
         assert_eq!(json["keyslots"], serde_json::json!(["5"]));
@@ -385,8 +406,13 @@ mod tests {
         if let Some(m) = old.as_object_mut() {
             m.remove("kms");
             m.remove("name");
+            m.remove("pbkdf");
         }
-        let expected = SlotRecord { entry: None, ..rec };
+        let expected = SlotRecord {
+            entry: None,
+            pbkdf: None,
+            ..rec
+        };
         assert_eq!(token_record(&old), Some((5, expected)));
         assert_eq!(token_record(&serde_json::json!({"type": "keyplan"})), None);
         assert_eq!(

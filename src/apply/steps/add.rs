@@ -125,11 +125,14 @@ impl Exec<'_> {
                 .get(&slot)
                 .map(|k| k.salt.clone())
                 .unwrap_or_default();
+            // Added by an interrupted run, perhaps under other settings: no PBKDF id, so
+            // its PBKDF is judged by what its header says alone.
             let record = SlotRecord {
                 key: key.to_string(),
                 version: v,
                 salt,
                 entry: self.entry(key),
+                pbkdf: None,
             };
             self.world.records.write(path, header, slot, &record)?;
             return StepOutcome::done(format!(
@@ -307,6 +310,7 @@ impl Exec<'_> {
             version: v,
             salt,
             entry: self.entry(key),
+            pbkdf: self.plan.pbkdf.as_ref().map(crate::luks::pbkdf_id),
         };
         let Err(e) = self.world.records.write(path, &header, slot, &record) else {
             return Ok(());

@@ -37,6 +37,7 @@ impl Exec<'_> {
             version,
             salt: salt.to_string(),
             entry: self.entry(key),
+            pbkdf: None,
         };
         self.world.records.write(&path, &header, slot, &record)?;
         StepOutcome::done(format!("adopted keyslot {slot} ({key} v{version})"))

@@ -107,11 +107,21 @@ impl<'a> Exec<'a> {
                 "keyslot {slot} of device {device} is empty; expected {key} v{v}"
             ))
         })?;
+        // The keyslot is the same: the PBKDF settings it was added with stay recorded (an
+        // unreadable record only loses them, so its PBKDF is judged by its header alone).
+        let pbkdf = self
+            .world
+            .records
+            .read(&header)
+            .ok()
+            .and_then(|recs| recs.into_iter().find(|r| r.slot == slot))
+            .and_then(|r| r.record.pbkdf);
         let record = SlotRecord {
             key: key.to_string(),
             version: v,
             salt: ks.salt.clone(),
             entry: self.entry(key),
+            pbkdf,
         };
         self.world.records.replace(&path, &header, slot, &record)?;
         StepOutcome::done(format!("recorded keyslot {slot} as {key} v{v}"))

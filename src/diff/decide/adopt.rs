@@ -30,9 +30,11 @@ pub(crate) fn with_adopted_records(observed: &Observed) -> Cow<'_, Observed> {
                     version: a.version,
                     salt: a.salt.clone(),
                     entry: None,
+                    pbkdf: None,
                 },
                 token_id: None,
                 status: RecordStatus::Valid,
+                renamed_from: None,
             })
             .collect();
         d.records.extend(adopted);

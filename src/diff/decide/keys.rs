@@ -256,6 +256,14 @@ impl Planner<'_> {
         // Keys the plan no longer defines whose last keyslots on its devices this plan removes:
         // their records name the KMS instance and name; the release is idempotent (this plan
         // did not read those keys, so it may not be recorded).
+        // A KMS entry the plan still defines under another id (a renamed key) is not gone: its
+        // holder record is the renamed key's, which its devices still need.
+        let defined = |kms: &str, name: &str| {
+            self.plan
+                .keys
+                .values()
+                .any(|k| k.kms == kms && k.name == name)
+        };
         let mut gone: std::collections::BTreeMap<String, (String, String)> = Default::default();
         for d in self.obs.devices.values() {
             for r in &d.records {
@@ -263,7 +271,7 @@ impl Planner<'_> {
                     continue;
                 }
                 if let Some((kms, name)) = &r.record.entry {
-                    if self.plan.kms.contains_key(kms) {
+                    if self.plan.kms.contains_key(kms) && !defined(kms, name) {
                         gone.insert(r.record.key.clone(), (kms.clone(), name.clone()));
                     }
                 }
@@ -279,7 +287,7 @@ impl Planner<'_> {
                     continue;
                 }
                 if let Some((kms, name)) = &r.record.entry {
-                    if self.plan.kms.contains_key(kms) {
+                    if self.plan.kms.contains_key(kms) && !defined(kms, name) {
                         kept.insert(
                             r.record.key.clone(),
                             (kms.clone(), name.clone(), d.id.clone()),
@@ -514,7 +522,7 @@ impl Planner<'_> {
                 (
                     ReasonCode::PbkdfRewrap,
                     format!(
-                        "re-wrapped: {key} v{c} is in keyslot {keep_slot} with {} (this one has {})",
+                        "re-wrap: {key} v{c} moves to keyslot {keep_slot} with {} (this one has {})",
                         d.want, d.was
                     ),
                 )

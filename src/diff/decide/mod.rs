@@ -13,6 +13,7 @@ mod former;
 mod keys;
 mod migrate;
 mod pins;
+mod rename;
 mod retention;
 mod rotate;
 mod unlock;
@@ -102,6 +103,7 @@ impl<'a> Planner<'a> {
     pub(super) fn decide(&mut self, opts: &DiffOptions) {
         self.drift();
         self.adopt();
+        self.renames();
         for key in self.plan.keys.keys() {
             self.key(key, opts);
         }
@@ -309,6 +311,7 @@ impl<'a> Planner<'a> {
             st.header.version,
             self.obs.host.as_ref(),
             st.header.keyslots.get(&slot)?,
+            st.record(slot).and_then(|r| r.pbkdf.as_deref()),
         )
     }
 

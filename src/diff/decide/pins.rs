@@ -61,7 +61,7 @@ impl Planner<'_> {
             Some(d) => (
                 ReasonCode::PbkdfRewrap,
                 format!(
-                    "re-wrap in place with {} (this one has {}): {key} v{c} is in keyslot {m} meanwhile",
+                    "re-wrap in place with {} (this one has {}): {key} v{c} waits in keyslot {m} meanwhile",
                     d.want, d.was
                 ),
             ),

@@ -108,9 +108,11 @@ impl Disk {
                 version,
                 salt,
                 entry: Some(("local".into(), key.into())),
+                pbkdf: None,
             },
             token_id: Some(n),
             status,
+            renamed_from: None,
         });
         self
     }
