@@ -461,3 +461,36 @@ fn a_rename_follows_the_kms_entry_not_the_id() {
     let again = s.ok(&["plan", "--detailed-exitcode"], 0);
     assert!(again.contains("No changes"), "{again}");
 }
+
+/// Two keys that swap their KMS names are two renames: each keyslot's record follows the
+/// entry it holds a version of, nothing is moved, destroyed or derived.
+#[test]
+fn swapped_key_names_are_two_renames() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let a = s.small_image("a.img", "luks2");
+    let plan = |osd: &str, db: &str| {
+        format!(
+            "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  osd: {osd}\n  db: {db}\ndevices:\n  a:\n    path: a.img\n    keys: [osd, db]\n    enroll_with: initial.pass\n{FAST_PBKDF}"
+        )
+    };
+    s.plan("keyplan.yaml", &plan("{ kms: local }", "{ kms: local }"));
+    s.ok(&["apply", "--auto-approve"], 0);
+    let (osd, db) = (s.key_get("osd", None), s.key_get("db", None));
+    s.plan(
+        "keyplan.yaml",
+        &plan("{ kms: local, name: db }", "{ kms: local, name: osd }"),
+    );
+    let shown = s.ok(&["plan"], 0);
+    assert_eq!(shown.matches("(renamed: key ").count(), 2, "{shown}");
+    assert!(!shown.contains("destroy"), "{shown}");
+    let applied = s.ok(&["apply", "--auto-approve"], 0);
+    assert!(applied.contains("0 PBKDF runs"), "{applied}");
+    assert_eq!(
+        (s.key_get("osd", None), s.key_get("db", None)),
+        (db.clone(), osd.clone())
+    );
+    assert!(opens(&a, &osd, None) && opens(&a, &db, None));
+    let again = s.ok(&["plan", "--detailed-exitcode"], 0);
+    assert!(again.contains("No changes"), "{again}");
+}

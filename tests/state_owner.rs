@@ -411,7 +411,7 @@ fn a_new_plan_at_a_moved_plans_old_path_does_not_take_its_record() {
         assert!(
             out.contains("none of this plan's devices that list the key holds a keyslot of it")
                 && out.contains(&old)
-                && out.contains("key release"),
+                && out.contains(&format!("--holder '{old}'`")),
             "{args:?}: {out}"
         );
     }

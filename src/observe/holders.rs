@@ -191,7 +191,7 @@ pub(super) fn unbacked_findings(
                     plan.state_dir.display()
                 ),
                 Some(format!(
-                    "if the plan that wrote it moved, run that plan once from its new place (it records itself under its new id), then release the old record from here: `keyplan key release {id} '{me}'`. If that plan's devices are gone for good, release it the same way. Or give this plan another state directory (`state_dir` or --state-dir)"
+                    "if the plan that wrote it moved, run that plan once from its new place (it records itself under its new id), then release the old record from here: `keyplan key release {id} --holder '{me}'`. If that plan's devices are gone for good, release it the same way. Or give this plan another state directory (`state_dir` or --state-dir)"
                 )),
             )
         })
