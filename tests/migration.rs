@@ -332,7 +332,10 @@ fn a_renamed_key_keeps_its_keyslots_records_and_holder_record() {
         2,
         "{shown}"
     );
-    assert!(shown.contains("Plan: 0 to add, 0 to remove"), "{shown}");
+    assert!(
+        shown.contains("Plan: 0 to add, 0 to remove, 0 keys to rotate, 2 records to rename."),
+        "{shown}"
+    );
     assert!(
         !shown.contains("holder record"),
         "the holder record stays: {shown}"

@@ -319,6 +319,13 @@ impl Diff {
     pub fn adoptions(&self) -> usize {
         self.count(SlotAction::Adopt)
     }
+    /// Records to rewrite for a key renamed in the plan ([`ReasonCode::KeyRenamed`]).
+    pub fn renames(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| s.reason_code == ReasonCode::KeyRenamed)
+            .count()
+    }
     /// Keys to rotate (rotations and finished rotations of existing keys; creating a key,
     /// or finishing its creation, is not a rotation; a shared key whose commit waits for other
     /// nodes, [`Diff::waiting`], is not rotated by this plan yet).

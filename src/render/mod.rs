@@ -101,9 +101,10 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
         .filter(|k| k.action == KeyAction::Migrate)
         .count();
     let adoptions = diff.adoptions();
+    let renames = diff.renames();
     let _ = writeln!(
         out,
-        "Plan: {} to add, {} to remove, {} keys to rotate{}{}{}{}.",
+        "Plan: {} to add, {} to remove, {} keys to rotate{}{}{}{}{}.",
         diff.adds(),
         diff.removes(),
         diff.rotations(),
@@ -116,6 +117,11 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
             format!(", {adoptions} to adopt")
         } else {
             String::new()
+        },
+        match renames {
+            0 => String::new(),
+            1 => ", 1 record to rename".to_string(),
+            n => format!(", {n} records to rename"),
         },
         match diff.holders.len() {
             0 => String::new(),
