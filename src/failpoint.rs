@@ -33,7 +33,11 @@
 //!   `kms.destroy_key`: before each KMS call (any provider); `kms.commit.lost_reply` and
 //!   `kms.stage.lost_reply`: after a successful commit or stage, as if the reply was lost;
 //! - `status.after_observe` (not a step's): `status` has read the journal, the devices and the
-//!   KMSs, and not yet the state lock (a run that ends here tests `status`'s second look).
+//!   KMSs, and not yet the state lock (a run that ends here tests `status`'s second look);
+//! - `journal.compact.after_archive`, `journal.compact.after_history`,
+//!   `journal.compact.after_journal` (not a step's): a compaction after a run
+//!   ([`crate::journal::compact`]) has appended expired runs to the archive, replaced the
+//!   history, replaced the journal.
 
 /// Every injection point keyplan has, for harnesses that enumerate them.
 pub const POINTS: &[&str] = &[
@@ -56,6 +60,9 @@ pub const POINTS: &[&str] = &[
     "kms.check",
     "kms.destroy_key",
     "status.after_observe",
+    "journal.compact.after_archive",
+    "journal.compact.after_history",
+    "journal.compact.after_journal",
 ];
 
 /// Evaluates injection point `name`.

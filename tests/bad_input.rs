@@ -1550,7 +1550,7 @@ fn usage_errors_exit_1_for_every_subcommand() {
         ),
         (
             vec!["status", "-o"],
-            "a value is required for '--output <FILE>'".into(),
+            "a value is required for '--out <FILE>'".into(),
         ),
         (vec!["key"], "Usage: keyplan key".into()),
         (

@@ -3955,3 +3955,205 @@ fn an_operator_pauses_and_resumes_the_rollout() {
     );
     assert_eq!(agent.term(30), Some(0), "{}", log());
 }
+
+/// What the soak samples of a running agent: resident memory (KiB, `VmRSS`), open file
+/// descriptors, and the bytes of its state directory's files (all, the journal, the audit
+/// trail).
+#[derive(Debug, Clone, Copy)]
+struct SoakSample {
+    rss_kib: u64,
+    fds: usize,
+    state: u64,
+    journal: u64,
+    history: u64,
+}
+
+fn soak_sample(pid: u32, state: &Path) -> SoakSample {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("agent status");
+    let rss_kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS");
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("agent fds")
+        .count();
+    let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    SoakSample {
+        rss_kib,
+        fds,
+        state: walk(state).iter().map(|p| size(p)).sum(),
+        journal: size(&state.join("journal.jsonl")),
+        history: size(&state.join("history.jsonl")),
+    }
+}
+
+/// The node agent over many cycles (issue 32): `KEYPLAN_SOAK_CYCLES` cycles of 1 s (default
+/// 60; the soak: `KEYPLAN_SOAK_CYCLES=5000 KEYPLAN_SOAK_ROTATE_AFTER=300s`), its key rotating
+/// every `KEYPLAN_SOAK_ROTATE_AFTER` (default 20s) and the audit trail kept to 2 runs. At the
+/// start, the middle and the end it prints `SOAK {json}`: resident memory, open descriptors,
+/// the state directory's size, and the agent's API writes in five idle cycles (their count,
+/// and how many were not its report's heartbeat). From the middle to the end memory,
+/// descriptors and state size stay flat, and an idle cycle writes only the heartbeat.
+#[test]
+fn agent_soak() {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let cycles: u64 = env("KEYPLAN_SOAK_CYCLES")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    let rotate = env("KEYPLAN_SOAK_ROTATE_AFTER").unwrap_or_else(|| "20s".into());
+    let s = Scratch::new();
+    let Some(fake) = Real::new("fleet-soak") else {
+        return;
+    };
+    let node = "worker-1";
+    let kubeconfig = fake
+        .agent_kubeconfig(&[node.to_string()], None)
+        .of(node)
+        .to_path_buf();
+    let img = s.small_image("disk.img", "luks2");
+    let keys = s.path("keys");
+    let plan = format!(
+        "version: 1\nkms:\n  local: {{ provider: file, path: {} }}\nkeys:\n  k1: {{ kms: local, rotate_after: {rotate} }}\ndevices:\n  d1: {{ path: {}, node: {node}, keys: [k1], enroll_with: {} }}\n{FAST_PBKDF}",
+        keys.display(),
+        img.display(),
+        s.initial_pass().display()
+    );
+    let config = file_agent_config(&s, &keys);
+    let cm = ConfigMapDir::new(s.path("plan-volume"), &plan);
+    let state_dir = s.path("state");
+    let mut agent = Agent {
+        args: agent_args(
+            node,
+            &cm.plan(),
+            &config,
+            &state_dir,
+            &kubeconfig,
+            &[
+                "--namespace",
+                &fake.ns,
+                "--interval",
+                "1s",
+                "--poll",
+                "1s",
+                "--journal-keep-runs",
+                "2",
+            ],
+        ),
+        env: vec![],
+        log: s.path("agent.log"),
+        child: None,
+        started: 0,
+    };
+    agent.spawn();
+    let pid = agent.child.as_ref().map(|c| c.id()).expect("agent pid");
+    let log = || std::fs::read_to_string(s.path("agent.log")).unwrap_or_default();
+    wait_for(
+        60,
+        "the enrollment",
+        || state(&fake, node) == "in_sync",
+        log,
+    );
+    let t0 = Instant::now();
+    let version = || report(&fake, node).and_then(|r| r["keys"][0]["current_version"].as_u64());
+    let heartbeat = |r: &kube_proxy::Logged| {
+        r.method == "PUT"
+            && r.path
+                .ends_with(&format!("/configmaps/keyplan-node-{node}"))
+    };
+    // Five idle cycles' writes: (all writes, writes other than the heartbeat). Writes other
+    // than the heartbeat mean a run (the key's rotation, due every `rotate`) began in the
+    // window: the test waits for it to commit its version and measures again; a window with
+    // other writes and no run after it fails here.
+    let idle_writes = || -> (usize, usize) {
+        loop {
+            let before = version().unwrap_or(0);
+            let mark = fake.proxy.mark();
+            wait_for(
+                30,
+                "five heartbeats",
+                || {
+                    fake.proxy
+                        .requests_since(mark)
+                        .iter()
+                        .filter(|r| heartbeat(r) && r.user == fake.agent_user)
+                        .count()
+                        >= 5
+                },
+                log,
+            );
+            let writes: Vec<_> = fake
+                .proxy
+                .requests_since(mark)
+                .into_iter()
+                .filter(|r| r.user == fake.agent_user && r.method != "GET")
+                .collect();
+            let other: Vec<String> = writes
+                .iter()
+                .filter(|r| !heartbeat(r))
+                .map(|r| format!("{} {} {}", r.method, r.path, r.code))
+                .collect();
+            if other.is_empty() {
+                return (writes.len(), 0);
+            }
+            wait_for(
+                60,
+                "the run whose writes fell in the idle window to commit its version",
+                || version().unwrap_or(0) > before,
+                || format!("writes other than the heartbeat: {other:?}\n{}", log()),
+            );
+        }
+    };
+    let mut samples = Vec::new();
+    for (name, at) in [("start", 2), ("middle", cycles / 2), ("end", cycles)] {
+        wait_for(
+            cycles + 120,
+            &format!("cycle {at}"),
+            || t0.elapsed() >= Duration::from_secs(at),
+            log,
+        );
+        let sample = soak_sample(pid, &state_dir);
+        let (writes, other) = idle_writes();
+        assert_eq!(other, 0);
+        let doc = serde_json::json!({
+            "at": name,
+            "cycle": t0.elapsed().as_secs(),
+            "rss_kib": sample.rss_kib,
+            "open_fds": sample.fds,
+            "state_bytes": sample.state,
+            "journal_bytes": sample.journal,
+            "history_bytes": sample.history,
+            "key_version": version(),
+            "idle_writes_in_5_cycles": writes,
+            "idle_writes_not_heartbeat": other,
+        });
+        eprintln!("SOAK {doc}");
+        samples.push(sample);
+    }
+    let (mid, end) = (samples[1], samples[2]);
+    let rotations = version().unwrap_or(0);
+    assert!(
+        rotations >= 2,
+        "the key rotated {rotations} times in {cycles} cycles\n{}",
+        log()
+    );
+    assert!(
+        end.rss_kib <= mid.rss_kib + (mid.rss_kib / 4).max(8192),
+        "memory grew from {} KiB to {} KiB",
+        mid.rss_kib,
+        end.rss_kib
+    );
+    assert!(
+        end.fds <= mid.fds + 2,
+        "descriptors: {} then {}",
+        mid.fds,
+        end.fds
+    );
+    assert!(
+        end.state <= mid.state + mid.state / 2,
+        "state directory: {} bytes then {}",
+        mid.state,
+        end.state
+    );
+    assert_eq!(agent.term(30), Some(0), "{}", log());
+}

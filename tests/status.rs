@@ -666,16 +666,25 @@ fn failed_last_run_is_unhealthy() {
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(j["verdict"], "unknown");
     assert_eq!(j["problems"], serde_json::json!([]));
+    // One statement per fact: the KMS's error once (the observation's, which asked it
+    // first), the key's own read not asked again.
     let unchecked = j["unchecked"].as_array().unwrap();
+    let kms_lines: Vec<&str> = unchecked
+        .iter()
+        .filter_map(|u| u.as_str())
+        .filter(|u| u.contains("injected"))
+        .collect();
+    assert_eq!(kms_lines.len(), 1, "{j}");
     assert!(
-        unchecked
-            .iter()
-            .any(|u| u.as_str().unwrap().contains("key k: KMS local unreadable")),
+        kms_lines[0].starts_with("KMS local unreadable (key k): "),
         "{j}"
     );
     assert_eq!(j["keys"][0]["readable"], false);
     assert!(
-        j["keys"][0]["error"].as_str().unwrap().contains("injected"),
+        j["keys"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("not asked: it was unavailable earlier in this command"),
         "{j}"
     );
     assert_eq!(j["devices"][0]["checked"], false);

@@ -60,6 +60,8 @@ pub struct AgentArgs {
     /// --cluster`), so a plan signed for one cluster is refused by another.
     #[arg(long, value_name = "NAME", requires = "trusted_keys")]
     pub cluster: Option<String>,
+    #[command(flatten)]
+    pub journal: JournalArgs,
 }
 
 /// A duration as `humantime` reads it (`30s`, `5m`, `1h 30m`), from one second to 30 days.
@@ -129,6 +131,7 @@ pub(super) fn cmd_agent(cli: &Cli, args: &AgentArgs) -> Result<Exit> {
         context: args.context.clone(),
         listen: args.listen,
         signatures,
+        journal: args.journal.retention()?,
     };
     crate::fleet::agent::run(opts, stop).map_err(|e| miette!("keyplan agent cannot start: {e}"))?;
     Ok(Exit::Success)

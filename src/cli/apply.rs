@@ -45,8 +45,10 @@ pub(super) fn cmd_apply(
     auto_approve: bool,
     req: PlanRequest,
     parallelism: Option<usize>,
+    journal: &JournalArgs,
 ) -> Result<Exit> {
-    let plan = load_plan(cli, arg)?;
+    let mut plan = load_plan(cli, arg)?;
+    plan.journal = journal.retention()?;
     ops::check_rotate_keys(&plan, &req.rotate).or_report(&plan)?;
     if !auto_approve && !io::stdin().is_terminal() {
         let pending = match ops::plan::interrupted_run(&plan) {
@@ -133,6 +135,7 @@ pub(super) fn cmd_apply_saved(
     arg: &PlanArg,
     path: &std::path::Path,
     parallelism: Option<usize>,
+    journal: &JournalArgs,
 ) -> Result<Exit> {
     let (saved, _) = ops::saved::read(path).map_err(report::bare)?;
     // Advice names the operator's own plan file (`-f` as given), never a path from the file.
@@ -144,7 +147,8 @@ pub(super) fn cmd_apply_saved(
             .unwrap_or_default(),
         path.display()
     );
-    let (plan, bytes) = load_plan_with_bytes(cli, arg)?;
+    let (mut plan, bytes) = load_plan_with_bytes(cli, arg)?;
+    plan.journal = journal.retention()?;
     match ops::saved::check_plan_file(&saved, &plan, &bytes) {
         Ok(()) => {}
         Err(PlanFileProblem::Differs(m)) => {

@@ -122,6 +122,41 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// The journal's audit trail options of `apply` and `agent` ([`crate::journal::compact`]).
+#[derive(Debug, Clone, Args)]
+pub struct JournalArgs {
+    /// Finished runs the audit trail (`<state_dir>/history.jsonl`, shown by `keyplan
+    /// journal`) keeps, at least 1; older runs leave it after each run.
+    #[arg(
+        long,
+        env = "KEYPLAN_JOURNAL_KEEP_RUNS",
+        value_name = "N",
+        default_value_t = spec::DEFAULT_JOURNAL_KEEP_RUNS as u32,
+        value_parser = clap::value_parser!(u32).range(1..=100_000)
+    )]
+    pub journal_keep_runs: u32,
+    /// Append the records of runs that leave the audit trail to FILE (JSON Lines, as
+    /// `journal.jsonl` holds them; created mode 0600) instead of dropping them, e.g. for a
+    /// log shipper to tail. A run's records may reach it twice after a crash.
+    #[arg(long, env = "KEYPLAN_JOURNAL_ARCHIVE", value_name = "FILE")]
+    pub journal_archive: Option<PathBuf>,
+}
+
+impl JournalArgs {
+    /// The retention these options ask for (the archive path made absolute).
+    ///
+    /// Errors: the current directory is unknown.
+    pub fn retention(&self) -> Result<spec::JournalRetention> {
+        Ok(spec::JournalRetention {
+            keep_runs: self.journal_keep_runs as usize,
+            archive: match &self.journal_archive {
+                Some(p) => Some(std::path::absolute(p).into_diagnostic()?),
+                None => None,
+            },
+        })
+    }
+}
+
 /// `--color`.
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum ColorChoice {
@@ -211,7 +246,7 @@ pub enum Command {
         json: bool,
         /// Also save the plan to SAVED (with a digest of the state it was made from), for
         /// `keyplan apply SAVED`.
-        #[arg(short = 'o', long = "out", value_name = "SAVED")]
+        #[arg(short = 'o', long = "out", alias = "output", value_name = "SAVED")]
         out: Option<PathBuf>,
     },
     /// Make devices and KMS match the plan (finishing an interrupted run first); or, given a
@@ -239,6 +274,8 @@ pub enum Command {
         /// Steps (devices) worked on at once, at least 1 (overrides settings.parallelism).
         #[arg(long, value_name = "N", value_parser = parse_parallelism)]
         parallelism: Option<usize>,
+        #[command(flatten)]
+        journal: JournalArgs,
     },
     /// Render a saved plan; warn (on stderr) when it is stale. Read-only; exit 0 either way.
     Show {
@@ -276,7 +313,7 @@ pub enum Command {
         format: StatusFormat,
         /// Write to FILE atomically (temporary file + rename) instead of stdout, e.g. into
         /// node_exporter's textfile collector directory.
-        #[arg(short = 'o', long, value_name = "FILE")]
+        #[arg(short = 'o', long = "out", alias = "output", value_name = "FILE")]
         output: Option<PathBuf>,
     },
     /// Show the journal of runs.
@@ -550,8 +587,9 @@ fn run(cli: &Cli) -> Result<Exit> {
             saved: Some(saved),
             parallelism,
             plan,
+            journal,
             ..
-        } => cmd_apply_saved(cli, plan, saved, *parallelism),
+        } => cmd_apply_saved(cli, plan, saved, *parallelism, journal),
         Command::Apply {
             saved: None,
             plan,
@@ -560,6 +598,7 @@ fn run(cli: &Cli) -> Result<Exit> {
             verify,
             repair_headers,
             parallelism,
+            journal,
         } => cmd_apply(
             cli,
             plan,
@@ -570,6 +609,7 @@ fn run(cli: &Cli) -> Result<Exit> {
                 repair_headers: *repair_headers,
             },
             *parallelism,
+            journal,
         ),
         Command::Show { saved, plan, json } => cmd_show(cli, plan, saved, *json),
         Command::Verify { plan } => cmd_verify(cli, plan),

@@ -22,14 +22,14 @@ const TOKEN_JSON_BYTES: u64 = 256;
 /// Every preflight check, in this order: devices that cannot be written, headers cryptsetup
 /// will not change or whose copies disagree, LUKS2 JSON areas too full for the new keyslots and
 /// tokens (refusals), then notes: header damage on devices left unchanged, devices left
-/// without a free keyslot, versions the KMS retains, keyslots that still open with a retired
-/// version.
+/// without a free keyslot, keyslots that still open with a retired version. (Versions a KMS
+/// retains are state, not news: `status` lists them, and a rotation's plan the ones it
+/// destroys.)
 pub(super) fn check(p: &mut Planner<'_>) {
     writable(p);
     header_state(p);
     metadata_room(p);
     headroom(p);
-    retained(p);
     retired_copies(p);
 }
 
@@ -223,28 +223,5 @@ fn headroom(p: &mut Planner<'_>) {
             );
             p.notes.push(note);
         }
-    }
-}
-
-/// Notes old versions a KMS still holds the material of (retention), for keys this plan does
-/// not rotate (a rotation lists what it destroys itself).
-fn retained(p: &mut Planner<'_>) {
-    for (id, key) in &p.plan.keys {
-        if p.keys.iter().any(|k| k.key == *id) {
-            continue;
-        }
-        let Some(st) = p.obs.keys.get(id) else {
-            continue;
-        };
-        let kept = st.retained_previous();
-        if kept.is_empty() {
-            continue;
-        }
-        let list: Vec<String> = kept.iter().map(|v| format!("v{v}")).collect();
-        p.notes.push(format!(
-            "KMS {} retains {id} {} (previous version, kept while a device may hold it; destroyed by the next rotation)",
-            key.kms,
-            list.join(", ")
-        ));
     }
 }

@@ -77,6 +77,9 @@ pub struct AgentOptions {
     /// The signature check plans must pass (`--trusted-keys`, `--cluster`); `None`: plans
     /// need no signature.
     pub signatures: Option<SignaturePolicy>,
+    /// The journal's audit trail (`--journal-keep-runs`, `--journal-archive`): the agent's
+    /// own, never the plan's.
+    pub journal: crate::spec::JournalRetention,
 }
 
 /// What the metrics endpoint shows: the last status and the agent's counters.
@@ -651,6 +654,7 @@ impl Agent {
         }
         let mut plan = plan.for_node(&self.opts.node);
         plan.state_dir = self.opts.state_dir.clone();
+        plan.journal = self.opts.journal.clone();
         self.opts
             .config
             .restrict(&mut plan)

@@ -11,6 +11,12 @@
 //! The lock is `<state_dir>/lock`, held with `flock(2)` (through `File::try_lock`) for the
 //! whole run, so a lock left by a dead process never blocks the next run: the kernel drops it.
 //! The file's content names the holder (pid, host, start time) for the refusal message.
+//!
+//! Finished runs do not stay in the journal: [`compact`] moves them to the audit trail
+//! `<state_dir>/history.jsonl` (bounded), leaving a [`Event::Checkpoint`] with what observation
+//! still needs from them, so reading the journal costs O(unfinished work), not O(all runs).
+
+pub mod compact;
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -96,6 +102,49 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         message: Option<String>,
     },
+    /// The first record of a compacted journal ([`compact`]): what the finished runs moved out
+    /// of it (to `history.jsonl`, where they are an audit trail only) said that observation
+    /// still needs. Its run id is [`compact::CHECKPOINT_RUN`].
+    Checkpoint(Checkpoint),
+}
+
+/// What a compacted journal keeps of the runs it no longer holds ([`Event::Checkpoint`]).
+/// Every field is bounded by the plan's keys and devices, not by the number of runs.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Checkpoint {
+    /// Runs moved out of the journal by all compactions so far.
+    pub compacted_runs: u64,
+    /// Id of the last run moved out.
+    pub through: String,
+    /// [`staged_versions`] of the runs moved out: `(key id, Some(version))` staged (at most
+    /// [`compact::STAGED_PER_KEY`] highest per key), `(key id, None)` for a stage whose reply
+    /// was lost and that no later run of the key's stage has since settled.
+    #[serde(default)]
+    pub staged: Vec<(String, Option<u64>)>,
+    /// [`unfinished_adds`] of the runs moved out.
+    #[serde(default)]
+    pub unfinished_adds: Vec<UnfinishedAdd>,
+    /// Keys whose KMS entry a step of a run moved out wrote or was to write
+    /// ([`Step::kms_key`]), for [`planned_kms_keys`].
+    #[serde(default)]
+    pub kms_keys: Vec<String>,
+    /// Keys a run moved out committed a version of (or copied to another KMS), for
+    /// [`committed_keys`].
+    #[serde(default)]
+    pub committed: Vec<String>,
+    /// When the last successful run moved out ended (Unix seconds), for [`last_success_at`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_success_at: Option<u64>,
+}
+
+/// When the last successful run in `records` ended (its `run_end` record's time, Unix
+/// seconds), or what a [`Event::Checkpoint`] says of the runs compacted away.
+pub fn last_success_at(records: &[Record]) -> Option<u64> {
+    records.iter().rev().find_map(|x| match &x.event {
+        Event::RunEnd { outcome, .. } if outcome == "success" => Some(x.ts),
+        Event::Checkpoint(c) => c.last_success_at,
+        _ => None,
+    })
 }
 
 /// Errors reading or writing the journal or the lock.
@@ -219,13 +268,55 @@ impl Journal {
     }
 }
 
+impl Journal {
+    /// Replaces the journal's content with `bytes` atomically: a temporary file beside it
+    /// (mode 0600) is written and `fsync`ed, renamed over the journal, and the directory
+    /// `fsync`ed; appends then go to the new file (the temporary file's descriptor, which the
+    /// rename made the journal's). A crash leaves the old journal or the new one.
+    ///
+    /// Errors: [`JournalError::Io`], with the journal and this handle unchanged.
+    pub(crate) fn replace(&mut self, bytes: &[u8]) -> Result<(), JournalError> {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let tmp = self.path.with_extension("jsonl.tmp");
+        let io_err = |what, source| JournalError::Io {
+            what,
+            path: self.path.clone(),
+            source,
+        };
+        let mut file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| io_err("writing the new content of", e))?;
+        file.write_all(bytes)
+            .and_then(|()| file.sync_all())
+            .map_err(|e| io_err("writing the new content of", e))?;
+        fs::rename(&tmp, &self.path).map_err(|e| io_err("replacing", e))?;
+        self.file = file;
+        if let Some(dir) = self.path.parent() {
+            fsutil::sync_dir(dir).map_err(|e| io_err("syncing the directory of", e))?;
+        }
+        Ok(())
+    }
+}
+
 /// Reads every record of `<state_dir>/journal.jsonl` (none if the file does not exist), as
 /// [`parse`] does: a last line that does not parse is a torn write and is ignored; any other bad
 /// line is an error.
 ///
 /// Errors: [`JournalError::Io`], [`JournalError::Corrupt`].
 pub fn read(state_dir: &Path) -> Result<Vec<Record>, JournalError> {
-    let path = state_dir.join(JOURNAL_FILE);
+    read_path(&state_dir.join(JOURNAL_FILE))
+}
+
+/// Reads the JSON Lines file `path` as [`read`] does (none if it does not exist).
+///
+/// Errors: [`JournalError::Io`], [`JournalError::Corrupt`].
+pub(crate) fn read_path(path: &Path) -> Result<Vec<Record>, JournalError> {
+    let path = path.to_path_buf();
     let mut file = match fs::File::open(&path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -316,7 +407,7 @@ pub struct RunSummary {
 /// for a `stage` step of any run that started but has no done record (its KMS write may have
 /// happened with the reply lost, so a pending version may be its own). One pass over the
 /// records; a run's records are those after its `run_start` with its id, as for
-/// [`last_run`].
+/// [`last_run`]. A [`Event::Checkpoint`] adds what the runs compacted away staged.
 pub fn staged_versions(records: &[Record]) -> BTreeSet<(String, Option<u64>)> {
     let mut out = BTreeSet::new();
     // Per run id: its steps and, per step, (done, started and not done).
@@ -365,6 +456,7 @@ pub fn staged_versions(records: &[Record]) -> BTreeSet<(String, Option<u64>)> {
                     }
                 }
             }
+            Event::Checkpoint(c) => out.extend(c.staged.iter().cloned()),
             _ => {}
         }
     }
@@ -374,10 +466,52 @@ pub fn staged_versions(records: &[Record]) -> BTreeSet<(String, Option<u64>)> {
     out
 }
 
+/// Keys whose KMS entry a step of some run in `records` writes or was to write
+/// ([`Step::kms_key`]: a stage, a holder record, a vote, ...), whether or not the step ran,
+/// with those of a [`Event::Checkpoint`]: the keys this state directory's plan may have
+/// written to.
+pub fn planned_kms_keys(records: &[Record]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for r in records {
+        match &r.event {
+            Event::RunStart { steps, .. } => {
+                out.extend(steps.iter().filter_map(Step::kms_key).map(str::to_owned));
+            }
+            Event::Checkpoint(c) => out.extend(c.kms_keys.iter().cloned()),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Keys of which some run in `records` committed a version (a done `commit` step) or copied
+/// one to another KMS (a done migration copy), with those of a [`Event::Checkpoint`].
+pub fn committed_keys(records: &[Record]) -> BTreeSet<String> {
+    let mut steps: std::collections::HashMap<&str, &Vec<Step>> = std::collections::HashMap::new();
+    let mut out = BTreeSet::new();
+    for r in records {
+        match &r.event {
+            Event::RunStart { steps: s, .. } => {
+                steps.insert(r.run.as_str(), s);
+            }
+            Event::StepDone { step, .. } => {
+                if let Some(Step::Commit { key, .. } | Step::MigrateCopy { key, .. }) =
+                    steps.get(r.run.as_str()).and_then(|s| s.get(*step))
+                {
+                    out.insert(key.clone());
+                }
+            }
+            Event::Checkpoint(c) => out.extend(c.committed.iter().cloned()),
+            _ => {}
+        }
+    }
+    out
+}
+
 /// An `add keyslot` step of some run of this state directory that started and never
 /// finished: its `luksAddKey` may have written the keyslot before the process died or the run
 /// failed, so the keyslot may open with `version` of `key` while no record names it.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct UnfinishedAdd {
     /// Device id in the run's plan.
     pub device: String,
@@ -396,7 +530,8 @@ pub struct UnfinishedAdd {
 /// (interrupted, failed, or never resumed), deduplicated and sorted. A step adding the run's
 /// staged version whose run has no done `stage` (or migration copy) of its key is left out:
 /// it cannot have started. One pass over the records; a run's records are those after its
-/// `run_start` with its id, as for [`last_run`].
+/// `run_start` with its id, as for [`last_run`]. A [`Event::Checkpoint`] adds those of the runs
+/// compacted away.
 pub fn unfinished_adds(records: &[Record]) -> Vec<UnfinishedAdd> {
     struct Run<'a> {
         steps: &'a [Step],
@@ -483,6 +618,7 @@ pub fn unfinished_adds(records: &[Record]) -> Vec<UnfinishedAdd> {
                     run.staged.insert(key.as_str(), *v);
                 }
             }
+            Event::Checkpoint(c) => out.extend(c.unfinished_adds.iter().cloned()),
             _ => {}
         }
     }

@@ -134,6 +134,11 @@ impl WaitPolicy {
 struct GuardState {
     /// Why the instance is not asked again: a call of it timed out, or its budget is spent.
     silent: Option<String>,
+    /// Under a bounded policy (read-only commands): why the instance is not asked again
+    /// because a call found it unavailable (after that call's own retries), so one
+    /// unreachable KMS costs one round of retries and one message per command, not one per
+    /// key.
+    unavailable: Option<String>,
     /// The budget generation `spent` counts for.
     generation: u64,
     /// Time spent in calls since that budget started.
@@ -177,6 +182,12 @@ impl Guarded {
                     detail: format!("{what}: not asked: {why}"),
                 });
             }
+            if let Some(why) = &st.unavailable {
+                return Err(KmsError::Unavailable {
+                    kms: self.inner.describe(),
+                    detail: format!("{what}: not asked: {why}"),
+                });
+            }
             if generation == 0 {
                 self.timeout
             } else {
@@ -205,13 +216,18 @@ impl Guarded {
         if generation != 0 && st.generation == generation {
             st.spent += started.elapsed();
         }
-        if let Err(KmsError::Timeout { detail, .. }) = &result {
-            if st.silent.is_none() {
+        match &result {
+            Err(KmsError::Timeout { detail, .. }) if st.silent.is_none() => {
                 st.silent = Some(format!(
                     "it did not answer within {} earlier in this command ({detail})",
                     seconds(self.timeout)
                 ));
             }
+            Err(KmsError::Unavailable { .. }) if generation != 0 => {
+                st.unavailable
+                    .get_or_insert_with(|| "it was unavailable earlier in this command".into());
+            }
+            _ => {}
         }
         result
     }

@@ -189,7 +189,7 @@ pub enum KmsError {
         detail: String,
     },
     /// The store answered but refused the operation (authentication or authorization).
-    #[error("{kms} refused: {detail}. Fix keyplan's credentials or their permissions as said above, then run keyplan again (what this command changed before the refusal, if anything, is listed above)")]
+    #[error("{kms} refused: {detail}. Fix keyplan's credentials or their permissions, then run keyplan again")]
     Denied {
         /// KMS description.
         kms: String,

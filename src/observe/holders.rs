@@ -160,12 +160,7 @@ pub fn unbacked_own(
     // stage, a vote, ...): the record is this directory's own, from a run that failed or was
     // killed before its devices got a keyslot.
     match crate::journal::read(&plan.state_dir) {
-        Ok(records) => !records.iter().any(|r| match &r.event {
-            crate::journal::Event::RunStart { steps, .. } => {
-                steps.iter().any(|s| s.kms_key() == Some(key_id))
-            }
-            _ => false,
-        }),
+        Ok(records) => !crate::journal::planned_kms_keys(&records).contains(key_id),
         Err(_) => false,
     }
 }

@@ -136,11 +136,12 @@ impl<'e> ApplySession<'e> {
             stop: opts.stop,
             enroll_with_keyslots: &none,
         };
-        let report =
-            apply::run_graph(input, &mut self.journal, progress).map_err(|failure| Error::Run {
-                failure,
-                resumed: true,
-            })?;
+        let report = apply::run_graph(input, &mut self.journal, progress);
+        self.compact();
+        let report = report.map_err(|failure| Error::Run {
+            failure,
+            resumed: true,
+        })?;
         self.interrupted = None;
         // Not in the totals: "Apply complete!" counts the steps of this command's own plans.
         Ok(report)
@@ -223,11 +224,12 @@ impl<'e> ApplySession<'e> {
             stop: opts.stop,
             enroll_with_keyslots: &enroll_with_keyslots,
         };
-        let report =
-            apply::run_graph(input, &mut self.journal, progress).map_err(|failure| Error::Run {
-                failure,
-                resumed: false,
-            })?;
+        let report = apply::run_graph(input, &mut self.journal, progress);
+        self.compact();
+        let report = report.map_err(|failure| Error::Run {
+            failure,
+            resumed: false,
+        })?;
         let d = &planned.diff;
         self.totals.added += d.adds();
         self.totals.removed += d.removes();
@@ -236,6 +238,29 @@ impl<'e> ApplySession<'e> {
         self.totals.steps += report.steps_run;
         self.last_migrated = d.migrates();
         Ok(report)
+    }
+
+    /// Compacts the journal after a run ([`crate::journal::compact`]): finished runs but the
+    /// last move to the audit trail. Best effort: a failure is logged at `warn` and the
+    /// journal stays as it was (it only grows until a later compaction succeeds).
+    fn compact(&mut self) {
+        let plan = self.engine.plan();
+        match crate::journal::compact::compact(&plan.state_dir, &mut self.journal, &plan.journal) {
+            Ok(Some(c)) => tracing::info!(
+                moved_runs = c.moved,
+                expired_runs = c.expired,
+                archived = c.archived,
+                journal_bytes_before = c.journal_bytes.0,
+                journal_bytes_after = c.journal_bytes.1,
+                "journal compacted: {} finished run{} moved to the audit trail",
+                c.moved,
+                if c.moved == 1 { "" } else { "s" }
+            ),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(
+                "could not compact the journal, which stays as it was (nothing is lost; the next run tries again): {e}"
+            ),
+        }
     }
 
     /// What this session's runs did so far.

@@ -26,14 +26,15 @@ pub struct RunInfo {
     pub done: usize,
 }
 
-/// The records of `plan`'s journal (none when it does not exist).
+/// The records of `plan`'s audit trail and journal, oldest first (none when neither exists):
+/// [`crate::journal::compact::read_with_history`].
 ///
-/// Errors: [`Error::Journal`] when it cannot be read or is corrupt.
+/// Errors: [`Error::Journal`] when either cannot be read or is corrupt.
 pub fn read(plan: &Plan) -> Result<Vec<Record>, Error> {
     // Another plan's journal is not this plan's history (a state directory belongs to one
     // plan: world::owner).
     crate::world::owner::check(plan)?;
-    Ok(crate::journal::read(&plan.state_dir)?)
+    Ok(crate::journal::compact::read_with_history(&plan.state_dir)?)
 }
 
 /// Summarizes every run in `records`, in journal order (resumed runs keep their id, so a

@@ -13,7 +13,6 @@ use serde::Serialize;
 use super::credentials::KmsCredentials;
 use super::Engine;
 use crate::diff::{self, DiffOptions, SlotAction};
-use crate::graph::Step;
 use crate::journal::{Event, Record};
 use crate::kms::KeyState;
 use crate::observe::{self, Observed, Testing};
@@ -238,6 +237,44 @@ pub struct RunReport {
 struct Findings {
     problems: Vec<String>,
     unchecked: Vec<String>,
+    /// What kept the devices from being checked for drift, said once when the reason is a
+    /// KMS that could not be read ([`Findings::settle`]).
+    not_observed: Vec<String>,
+    /// Per KMS instance that could not be read: its keys, and the first error.
+    unreadable: BTreeMap<String, (Vec<String>, String)>,
+}
+
+impl Findings {
+    /// Files the grouped findings as `unchecked` lines, one statement per fact: one line per
+    /// KMS instance that could not be read (naming its keys, with the first key's error), and
+    /// for the devices either the observation's own reasons or, when a KMS could not be read
+    /// (which is what stopped it), one line pointing at those.
+    fn settle(&mut self) {
+        let line = |m: &str| format!("devices could not be checked for drift: {}", first_line(m));
+        // The observation asked the KMS first: its message has the error itself, the keys'
+        // reads after it were not asked again.
+        let first = self.not_observed.first().cloned();
+        if self.unreadable.is_empty() {
+            let lines: Vec<String> = self.not_observed.iter().map(|m| line(m)).collect();
+            self.unchecked.extend(lines);
+        } else if first.is_some() {
+            self.unchecked
+                .push(line("a KMS of their keys could not be read"));
+        }
+        self.not_observed.clear();
+        for (kms, (keys, e)) in std::mem::take(&mut self.unreadable) {
+            let which = match keys.as_slice() {
+                [one] => format!("key {one}"),
+                many => format!("keys {}", many.join(", ")),
+            };
+            let e = match &first {
+                Some(m) if e.contains("not asked: it was unavailable") => first_line(m).to_string(),
+                _ => e,
+            };
+            self.unchecked
+                .push(format!("KMS {kms} unreadable ({which}): {e}"));
+        }
+    }
 }
 
 /// `keyplan status`: KMS state per key, drift per device, the journal's last run. Never fails:
@@ -312,12 +349,13 @@ fn status_look(engine: &Engine, given: Option<&Observed>) -> (StatusReport, bool
         }
     };
     let (observed, mut devices) = observe_devices(engine, given, &mut f);
-    let committed = committed_keys(&records);
+    let committed = crate::journal::committed_keys(&records);
     let keys: Vec<KeyReport> = plan
         .keys
         .keys()
         .map(|id| key_report(engine, observed.as_ref(), id, &committed, now, &mut f))
         .collect();
+    f.settle();
     let kms = credentials(engine, &keys, now, &mut f);
     let _ = crate::failpoint::check("status.after_observe");
     // The lock first, the journal again after it: a run writes its end record before it
@@ -336,10 +374,7 @@ fn status_look(engine: &Engine, given: Option<&Observed>) -> (StatusReport, bool
             ));
         }
     }
-    let last_success_at = records.iter().rev().find_map(|x| match &x.event {
-        Event::RunEnd { outcome, .. } if outcome == "success" => Some(x.ts),
-        _ => None,
-    });
+    let last_success_at = crate::journal::last_success_at(&records);
     for d in &mut devices {
         if let Some(st) = observed.as_ref().and_then(|o| o.devices.get(&d.id)) {
             match judge_header(engine, st) {
@@ -543,11 +578,15 @@ fn key_report(
     let st = match state {
         Ok(st) => st,
         Err((e, damaged)) => {
-            let line = format!("key {id}: KMS {} unreadable: {e}", key.kms);
             if damaged {
-                f.problems.push(line);
+                f.problems
+                    .push(format!("key {id}: KMS {} unreadable: {e}", key.kms));
             } else {
-                f.unchecked.push(line);
+                let (keys, _) = f
+                    .unreadable
+                    .entry(key.kms.clone())
+                    .or_insert_with(|| (Vec::new(), e.clone()));
+                keys.push(id.to_string());
             }
             kr.readable = false;
             kr.error = Some(e);
@@ -780,11 +819,11 @@ fn observation_failed(e: crate::error::Error, f: &mut Findings) {
             for x in findings {
                 match x.kind {
                     FindingKind::Wrong => f.problems.push(line(&x.message)),
-                    FindingKind::Unreachable => f.unchecked.push(line(&x.message)),
+                    FindingKind::Unreachable => f.not_observed.push(x.message),
                 }
             }
         }
-        other => f.unchecked.push(line(&other.to_string())),
+        other => f.not_observed.push(other.to_string()),
     }
 }
 
@@ -927,27 +966,4 @@ fn untested_adoption(obs: &Observed, id: &str) -> Option<String> {
 /// The first line of a (possibly multi-line) message.
 fn first_line(s: &str) -> &str {
     s.lines().next().unwrap_or(s)
-}
-
-/// Key ids for which a run of the journal finished a commit or a migration copy (the key
-/// existed in its KMS then).
-fn committed_keys(records: &[Record]) -> BTreeSet<String> {
-    let mut steps: BTreeMap<&str, &Vec<Step>> = BTreeMap::new();
-    let mut out = BTreeSet::new();
-    for r in records {
-        match &r.event {
-            Event::RunStart { steps: s, .. } => {
-                steps.insert(r.run.as_str(), s);
-            }
-            Event::StepDone { step, .. } => {
-                if let Some(Step::Commit { key, .. } | Step::MigrateCopy { key, .. }) =
-                    steps.get(r.run.as_str()).and_then(|s| s.get(*step))
-                {
-                    out.insert(key.clone());
-                }
-            }
-            _ => {}
-        }
-    }
-    out
 }

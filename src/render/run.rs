@@ -120,6 +120,12 @@ pub fn journal_lines(records: &[Record]) -> Vec<String> {
                 Some(m) => format!("run ended: {outcome}: {m}"),
                 None => format!("run ended: {outcome}"),
             },
+            Event::Checkpoint(c) => format!(
+                "journal compacted: {} finished run{} moved out so far, the last {}; the runs above are those the audit trail keeps",
+                c.compacted_runs,
+                if c.compacted_runs == 1 { "" } else { "s" },
+                c.through
+            ),
         };
         out.push(format!(
             "{}  {}  {line}",

@@ -201,6 +201,7 @@ pub fn load_str(
             scope: None,
             node: None,
             peers: BTreeMap::new(),
+            journal: JournalRetention::default(),
             source,
         }),
         Err(issues) => {
@@ -279,8 +280,36 @@ pub struct Plan {
     /// peers in the key's two-phase commit (docs/fleet.md, "Keys on several nodes"); empty for
     /// a key of this node alone and for a plan that names no nodes.
     pub peers: BTreeMap<String, std::collections::BTreeSet<String>>,
+    /// How much of the journal's finished history the state directory keeps, and where the
+    /// rest goes. Not part of the plan file: the front end sets it (`apply` and `agent`
+    /// options `--journal-keep-runs` and `--journal-archive`), so a plan that reaches an agent
+    /// through the cluster cannot name a file for it to write.
+    pub journal: JournalRetention,
     /// The raw text and a span index, for diagnostics.
     source: Source,
+}
+
+/// The journal's audit trail ([`crate::journal::compact`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalRetention {
+    /// Finished runs the audit trail `<state_dir>/history.jsonl` keeps (>= 1; default
+    /// [`DEFAULT_JOURNAL_KEEP_RUNS`]).
+    pub keep_runs: usize,
+    /// File the records of runs leaving the audit trail are appended to, as JSON Lines (e.g.
+    /// one a log shipper tails); `None`: they are dropped.
+    pub archive: Option<PathBuf>,
+}
+
+/// Finished runs the audit trail keeps when `--journal-keep-runs` is not given.
+pub const DEFAULT_JOURNAL_KEEP_RUNS: usize = 100;
+
+impl Default for JournalRetention {
+    fn default() -> JournalRetention {
+        JournalRetention {
+            keep_runs: DEFAULT_JOURNAL_KEEP_RUNS,
+            archive: None,
+        }
+    }
 }
 
 /// `settings.fleet`, resolved (docs/fleet.md).
