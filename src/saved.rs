@@ -154,6 +154,8 @@ impl SavedPlan {
             // Not saved: a wait is a fact of the moment of planning, not a change.
             waiting: Vec::new(),
             unavailable: Default::default(),
+            // Not saved either: what the plan leaves alone is not a change.
+            unmanaged: Vec::new(),
         })
     }
 }
@@ -543,12 +545,19 @@ fn order_of(n: usize, deps: &[(usize, usize)]) -> std::collections::BTreeSet<(us
 }
 
 /// `doc` (a `plan --json` document) without what may differ between two plans of the same
-/// changes: the reason and note texts (they name ages) and the steps (compared on their own).
+/// changes: the reason and note texts (they name ages), the steps (compared on their own) and
+/// the keyslots the plan leaves alone (`unmanaged_keyslots`: a view of the headers, which the
+/// state digest covers, not a change).
 fn without_texts(doc: &serde_json::Value) -> serde_json::Value {
     match doc {
         serde_json::Value::Object(m) => serde_json::Value::Object(
             m.iter()
-                .filter(|(k, _)| !matches!(k.as_str(), "reason" | "notes" | "steps"))
+                .filter(|(k, _)| {
+                    !matches!(
+                        k.as_str(),
+                        "reason" | "notes" | "steps" | "unmanaged_keyslots"
+                    )
+                })
                 .map(|(k, v)| (k.clone(), without_texts(v)))
                 .collect(),
         ),

@@ -279,7 +279,7 @@ fn a_copy_of_a_retired_version_is_found_and_reported() {
     );
     let json = s.ok(&["status", "--format", "json"], 1);
     let doc: serde_json::Value = serde_json::from_str(&json).expect("status json");
-    assert_eq!(doc["format_version"], "1.3");
+    assert_eq!(doc["format_version"], "1.4");
     assert_eq!(
         doc["devices"][0]["retired_copies"].as_array().map(Vec::len),
         Some(1),

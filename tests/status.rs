@@ -265,7 +265,7 @@ fn healthy_after_apply_json_prometheus_and_textfile() {
     );
 
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(j["format_version"], "1.3");
+    assert_eq!(j["format_version"], "1.4");
     assert_eq!(j["healthy"], true);
     assert_eq!(j["problems"], serde_json::json!([]));
     let k = &j["keys"][0];

@@ -26,6 +26,7 @@ pub use decide::foreign_holders;
 mod preflight;
 #[cfg(test)]
 mod tests;
+pub mod unmanaged;
 
 use std::fmt;
 use std::time::Duration;
@@ -239,6 +240,9 @@ pub struct Diff {
     /// goes around them, and the command that made it ends with exit status 1, because
     /// something needs a person (a failed disk to replace, a device to take out of the plan).
     pub unavailable: std::collections::BTreeMap<String, crate::observe::Unavailable>,
+    /// Per device, bound keyslots with no keyplan record and tokens of other tools, with what
+    /// this diff does with each ([`unmanaged::unmanaged`]); devices with none are left out.
+    pub unmanaged: Vec<unmanaged::DeviceUnmanaged>,
 }
 
 /// A shared key's commit that waits for other holders (docs/fleet.md, "Keys on several
@@ -425,6 +429,7 @@ pub fn short_duration(d: Duration) -> String {
 /// a kill that would leave no verified keyslot, a device that cannot be written, a LUKS2 JSON
 /// area too full, ...).
 pub fn diff(plan: &Plan, observed: &Observed, opts: &DiffOptions) -> Result<Diff, Vec<Refusal>> {
+    let before_adoption = observed;
     // Adopted keyslots count as recorded from the start: the rest plans as for a keyslot
     // keyplan made (a rotation replaces it, a pin moves it), and the adopt steps come first.
     let observed = decide::with_adopted_records(observed);
@@ -462,6 +467,7 @@ pub fn diff(plan: &Plan, observed: &Observed, opts: &DiffOptions) -> Result<Diff
     crate::graph::passes::order(&mut g, &intents);
     // Stable order for display: by device, keeping planning order within a device.
     slots.sort_by(|a, b| a.device.cmp(&b.device));
+    let unmanaged = unmanaged::unmanaged(plan, before_adoption.devices.values(), &slots);
     Ok(Diff {
         keys,
         slots,
@@ -470,5 +476,6 @@ pub fn diff(plan: &Plan, observed: &Observed, opts: &DiffOptions) -> Result<Diff
         notes,
         waiting,
         unavailable: observed.unavailable.clone(),
+        unmanaged,
     })
 }

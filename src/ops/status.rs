@@ -20,7 +20,7 @@ use crate::spec::Plan;
 use crate::world::RecordStatus;
 
 /// Version of the JSON document `status --format json` writes (minor versions only add fields).
-pub const FORMAT_VERSION: &str = "1.3";
+pub const FORMAT_VERSION: &str = "1.4";
 
 /// How many times `status` reads a header again after a read that found damage, before it
 /// reports it (each read is a few dozen microseconds; nothing else is waited for).
@@ -151,6 +151,11 @@ pub struct DeviceReport {
     /// one line each with what to do; each is a problem (since format 1.3).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub retired_copies: Vec<String>,
+    /// Bound keyslots with no keyplan record and tokens of other tools (systemd-tpm2,
+    /// clevis, ...), with what `keyplan plan` would do with each keyslot (`kept`, `removed`,
+    /// `adopted`); `None` when the device was not observed (since format 1.4).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unmanaged: Option<crate::diff::unmanaged::DeviceUnmanaged>,
 }
 
 /// One drift finding.
@@ -757,6 +762,7 @@ fn observe_devices(
             header_write_in_progress: None,
             being_changed: None,
             retired_copies: Vec::new(),
+            unmanaged: None,
         })
         .collect();
     let diff_plan = no_rotation_due(plan);
@@ -803,9 +809,40 @@ fn observe_devices(
                 }
             }
         }
-        Ok(d) => planned_drift(plan, &obs, &d, &mut devices),
+        Ok(d) => {
+            planned_drift(plan, &obs, &d, &mut devices);
+            set_unmanaged(&mut devices, d.unmanaged);
+        }
+    }
+    if devices.iter().all(|d| d.unmanaged.is_none()) {
+        // The diff refused: what the headers show, every keyslot left as it is.
+        set_unmanaged(
+            &mut devices,
+            crate::diff::unmanaged::unmanaged(plan, obs.devices.values(), &[]),
+        );
     }
     (Some(obs), devices)
+}
+
+/// Gives each observed device of `devices` its entry of `unmanaged` (an empty one when it has
+/// none).
+fn set_unmanaged(
+    devices: &mut [DeviceReport],
+    unmanaged: Vec<crate::diff::unmanaged::DeviceUnmanaged>,
+) {
+    for d in devices.iter_mut().filter(|d| d.checked) {
+        d.unmanaged = Some(
+            unmanaged
+                .iter()
+                .find(|u| u.device == d.id)
+                .cloned()
+                .unwrap_or_else(|| crate::diff::unmanaged::DeviceUnmanaged {
+                    device: d.id.clone(),
+                    keyslots: Vec::new(),
+                    tokens: Vec::new(),
+                }),
+        );
+    }
 }
 
 /// Files what stopped the observation of the devices: what is wrong (a device listed twice, a

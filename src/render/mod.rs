@@ -66,6 +66,7 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
     let mut out = String::new();
     unavailable_lines(&mut out, diff);
     if diff.is_empty() {
+        unmanaged_lines(&mut out, plan, diff);
         for n in &diff.notes {
             let _ = writeln!(out, "Note: {n}\n");
         }
@@ -86,6 +87,7 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
     }
     holder_lines(&mut out, plan, diff);
     device_blocks(&mut out, plan, &diff.slots);
+    unmanaged_lines(&mut out, plan, diff);
     for n in &diff.notes {
         let _ = writeln!(out, "Note: {n}");
     }
@@ -134,6 +136,34 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
         }
     );
     out
+}
+
+/// The keyslots keyplan does not manage and leaves as they are, and tokens of other tools, one
+/// line per device under `Keyslots keyplan does not manage (left as they are):`, then a blank
+/// line; nothing when there are none. Those this plan removes or adopts are changes, listed in
+/// the device blocks.
+fn unmanaged_lines(out: &mut String, plan: &Plan, diff: &Diff) {
+    let lines: Vec<String> = diff
+        .unmanaged
+        .iter()
+        .filter_map(|d| {
+            let what = d.describe_kept()?;
+            let path = plan
+                .devices
+                .get(&d.device)
+                .map(|x| format!(" ({})", x.path.display()))
+                .unwrap_or_default();
+            Some(format!("  {}{path}: {what}", d.device))
+        })
+        .collect();
+    if lines.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "Keyslots keyplan does not manage (left as they are):");
+    for l in lines {
+        let _ = writeln!(out, "{l}");
+    }
+    out.push('\n');
 }
 
 /// One block per device of the plan that cannot be used now (`! device ...`), first: the
@@ -370,6 +400,12 @@ pub fn plan_json(diff: &Diff) -> serde_json::Value {
     // compare this document).
     if diff.adoptions() > 0 {
         doc["summary"]["adopt"] = diff.adoptions().into();
+    }
+    // Likewise: only devices with keyslots keyplan does not manage, or tokens of other
+    // tools, add `unmanaged_keyslots` (one object per device: its keyslots with their fate,
+    // `kept`, `removed` or `adopted`, and its tokens of other tools).
+    if !diff.unmanaged.is_empty() {
+        doc["unmanaged_keyslots"] = serde_json::to_value(&diff.unmanaged).unwrap_or_default();
     }
     // Likewise: only a shared key's commit that waits for other nodes adds `waiting`.
     if !diff.waiting.is_empty() {

@@ -65,6 +65,9 @@ pub fn text(r: &StatusReport) -> String {
         if let Some(w) = &d.header_write_in_progress {
             let _ = writeln!(s, "  header: {w}");
         }
+        if let Some(what) = d.unmanaged.as_ref().and_then(|u| u.describe_kept()) {
+            let _ = writeln!(s, "  not managed by keyplan: {what}");
+        }
     }
     match &r.last_run {
         None => {
@@ -439,9 +442,16 @@ fn device_families(r: &StatusReport) -> Vec<GaugeFamily> {
         "keyplan_device_retired_copies",
         "Number of keyslots on the device, not made by keyplan, that still open with a key version keyplan retired (found when it retired the version); 0 when there are none.",
     );
+    let mut unmanaged = GaugeFamily::new(
+        "keyplan_device_unmanaged_keyslots",
+        "Number of bound keyslots on the device with no keyplan record (a recovery passphrase, a TPM or FIDO2 binding, a keyslot added behind keyplan's back); keyplan status lists them.",
+    );
     for d in r.devices.iter().filter(|d| d.checked) {
         let labels = [("device", d.id.as_str())];
         drift.add(&labels, u64::from(d.drifted));
+        if let Some(u) = &d.unmanaged {
+            unmanaged.add(&labels, u.keyslots.len() as u64);
+        }
         findings.add(&labels, d.drift.len() as u64);
         damage.add(&labels, d.header_damage.len() as u64);
         copies.add(&labels, d.retired_copies.len() as u64);
@@ -458,6 +468,7 @@ fn device_families(r: &StatusReport) -> Vec<GaugeFamily> {
         findings,
         damage,
         rewrap,
+        unmanaged,
         copies,
         GaugeFamily::single(
             "keyplan_drift_devices",

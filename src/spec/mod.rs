@@ -31,7 +31,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use diag::{json_diagnostics, JsonDiagnostic, Position, Range, Severity};
-pub use model::{KmsConfig, PbkdfSettings, PbkdfType, UnmanagedKeyslots, VaultAuth};
+pub use model::{
+    KmsConfig, PbkdfSettings, PbkdfType, UnmanagedKeyslots, UnmanagedKeyslotsFile, VaultAuth,
+};
 pub use validate::parse_kms_timeout;
 
 use diag::{Label, PlanError, SourceFile};
@@ -366,6 +368,9 @@ pub struct Device {
     pub keys: Vec<DeviceKey>,
     /// Policy for keyslots keyplan cannot attribute.
     pub unmanaged: UnmanagedKeyslots,
+    /// With `unmanaged: Remove`: unmanaged keyslots to keep nevertheless
+    /// (`unmanaged_keyslots: { keep: [...] }`); empty otherwise.
+    pub keep_keyslots: std::collections::BTreeSet<u32>,
     /// Absolute path of the `enroll_with` passphrase file.
     pub enroll_with: Option<PathBuf>,
     /// The Kubernetes node the device is on; `None`: the host keyplan runs on.

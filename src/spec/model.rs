@@ -248,9 +248,10 @@ pub struct DeviceFile {
     /// Keys that must open this device.
     #[serde(default)]
     pub keys: Vec<DeviceKeyFile>,
-    /// What to do with keyslots keyplan cannot attribute to a managed key.
+    /// What to do with keyslots keyplan cannot attribute to a managed key: `keep` (default),
+    /// `remove`, or `{ keep: [N, ...] }` (remove all but the keyslots listed).
     #[serde(default)]
-    pub unmanaged_keyslots: UnmanagedKeyslots,
+    pub unmanaged_keyslots: UnmanagedKeyslotsFile,
     /// File holding a passphrase that opens the device today (read whole, no newline
     /// stripping), used only to enroll keys no keyslot holds yet. Relative to the plan file.
     #[serde(default)]
@@ -340,6 +341,78 @@ pub enum UnmanagedKeyslots {
     Keep,
     /// Kill them, once a managed key has been verified to open the device.
     Remove,
+}
+
+/// `unmanaged_keyslots` as written: a word, or `{ keep: [N, ...] }`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, JsonSchema)]
+#[serde(untagged)]
+pub enum UnmanagedKeyslotsFile {
+    /// `keep` or `remove`.
+    Mode(UnmanagedKeyslots),
+    /// `{ keep: [N, ...] }`: remove every unmanaged keyslot but these (keyslot numbers), e.g.
+    /// the recovery passphrase's, once a managed key is verified on the device.
+    KeepOnly(KeepOnlyFile),
+}
+
+/// `unmanaged_keyslots: { keep: [N, ...] }`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KeepOnlyFile {
+    /// Keyslot numbers to keep (0-31; LUKS1 devices have 0-7).
+    pub keep: Vec<u32>,
+}
+
+impl<'de> Deserialize<'de> for UnmanagedKeyslotsFile {
+    /// A word (`keep`, `remove`) or a mapping `{ keep: [...] }`, with errors that say which
+    /// forms are accepted (serde's untagged enums only say that none matched).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = UnmanagedKeyslotsFile;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("`keep`, `remove` or `{ keep: [keyslot numbers] }`")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                match v {
+                    "keep" => Ok(UnmanagedKeyslotsFile::Mode(UnmanagedKeyslots::Keep)),
+                    "remove" => Ok(UnmanagedKeyslotsFile::Mode(UnmanagedKeyslots::Remove)),
+                    other => Err(E::unknown_variant(other, &["keep", "remove"])),
+                }
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Self::Value, A::Error> {
+                KeepOnlyFile::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(UnmanagedKeyslotsFile::KeepOnly)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+impl Default for UnmanagedKeyslotsFile {
+    fn default() -> UnmanagedKeyslotsFile {
+        UnmanagedKeyslotsFile::Mode(UnmanagedKeyslots::Keep)
+    }
+}
+
+impl UnmanagedKeyslotsFile {
+    /// `Remove` for `remove` and for a keep list, else `Keep`.
+    pub fn mode(&self) -> UnmanagedKeyslots {
+        match self {
+            UnmanagedKeyslotsFile::Mode(m) => *m,
+            UnmanagedKeyslotsFile::KeepOnly(_) => UnmanagedKeyslots::Remove,
+        }
+    }
+
+    /// The keyslots of a keep list (none for a word).
+    pub fn kept(&self) -> &[u32] {
+        match self {
+            UnmanagedKeyslotsFile::Mode(_) => &[],
+            UnmanagedKeyslotsFile::KeepOnly(k) => &k.keep,
+        }
+    }
 }
 
 /// `settings:`.

@@ -140,7 +140,7 @@ impl Planner<'_> {
         }
         if spec.unmanaged == UnmanagedKeyslots::Remove {
             for (slot, ks) in &st.header.keyslots {
-                if st.record(*slot).is_some() {
+                if st.record(*slot).is_some() || spec.keep_keyslots.contains(slot) {
                     continue;
                 }
                 victims.push((

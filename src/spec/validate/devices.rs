@@ -49,6 +49,7 @@ pub(super) fn check_devices(file: &PlanFile, cx: &mut Ctx) -> BTreeMap<String, D
         let enroll_with = device_enroll_with(id, d, cx);
         let keys = device_keys(file, id, d, cx);
         check_lockout(id, d, cx);
+        check_keep_list(id, d, cx);
         devices.insert(
             id.clone(),
             Device {
@@ -56,7 +57,8 @@ pub(super) fn check_devices(file: &PlanFile, cx: &mut Ctx) -> BTreeMap<String, D
                 path: path.unwrap_or_default(),
                 uuid,
                 keys,
-                unmanaged: d.unmanaged_keyslots,
+                unmanaged: d.unmanaged_keyslots.mode(),
+                keep_keyslots: d.unmanaged_keyslots.kept().iter().copied().collect(),
                 enroll_with,
                 node: d.node.as_deref().map(str::trim).map(str::to_string),
             },
@@ -342,10 +344,41 @@ fn check_keyslot<'k>(
     }
 }
 
+/// `keyplan::plan::keyslot_range` for a keyslot of `unmanaged_keyslots: { keep: [...] }` past
+/// 31 (LUKS2 has keyslots 0-31), `keyplan::plan::duplicate_keyslot` for one listed twice.
+fn check_keep_list(id: &str, d: &DeviceFile, cx: &mut Ctx) {
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, n) in d.unmanaged_keyslots.kept().iter().enumerate() {
+        let mut path = p(&["devices", id, "unmanaged_keyslots", "keep"]);
+        path.push(PathSeg::Index(i));
+        if *n > 31 {
+            cx.push(Issue {
+                path,
+                code: "keyplan::plan::keyslot_range",
+                message: format!(
+                    "device `{id}`: unmanaged_keyslots keeps keyslot {n}, but a LUKS2 device has keyslots 0-31 (LUKS1: 0-7)"
+                ),
+                label: "no such keyslot".to_owned(),
+                help: "list the keyslot numbers `cryptsetup luksDump` shows for the device".to_owned(),
+                also: Vec::new(),
+            });
+        } else if !seen.insert(*n) {
+            cx.push(Issue {
+                path,
+                code: "keyplan::plan::duplicate_keyslot",
+                message: format!("device `{id}`: unmanaged_keyslots keeps keyslot {n} twice"),
+                label: "listed twice".to_owned(),
+                help: "list each keyslot once".to_owned(),
+                also: Vec::new(),
+            });
+        }
+    }
+}
+
 /// `keyplan::plan::lockout` when device `id` lists no key but says
 /// `unmanaged_keyslots: remove`: every keyslot would be removed.
 fn check_lockout(id: &str, d: &DeviceFile, cx: &mut Ctx) {
-    if d.keys.is_empty() && d.unmanaged_keyslots == UnmanagedKeyslots::Remove {
+    if d.keys.is_empty() && d.unmanaged_keyslots.mode() == UnmanagedKeyslots::Remove {
         cx.push(Issue {
             path: p(&["devices", id, "unmanaged_keyslots"]),
             code: "keyplan::plan::lockout",
