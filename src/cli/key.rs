@@ -1,5 +1,5 @@
 //! `keyplan key get`: the break-glass read of a key version; `key holders` and `key release`:
-//! the plans holding a key ([`crate::ops::key`]).
+//! the plans holding a key ([`crate::ops::key`]); `device forget` ([`crate::ops::device`]).
 
 use super::*;
 
@@ -77,5 +77,69 @@ pub(super) fn cmd_key_release(cli: &Cli, arg: &PlanArg, key: &str, holder: &str)
             "Removed holder {holder} from key {key}. If that plan's devices still hold the key, the next rotation from another plan locks them out: run this only for a host gone for good."
         ),
     }
+    Ok(Exit::Success)
+}
+
+/// `keyplan device forget ID`: removes a device gone for good from the state directory's
+/// registry ([`ops::device::forget`]).
+pub(super) fn cmd_device_forget(
+    cli: &Cli,
+    arg: &PlanArg,
+    id: &str,
+    uuid: Option<&str>,
+    even_if_present: bool,
+) -> Result<Exit> {
+    let plan = load_plan(cli, arg)?;
+    let engine = Engine::open(plan.clone()).or_report(&plan)?;
+    let gone = ops::device::forget(&engine, id, uuid, even_if_present).or_report(&plan)?;
+    for (u, e) in &gone {
+        outln!(
+            "Forgot device {} ({}, LUKS UUID {u}): the key versions it may hold are no longer kept for it.",
+            e.id,
+            e.path.display()
+        );
+    }
+    Ok(Exit::Success)
+}
+
+/// Longest passphrase `key import` reads from stdin, bytes.
+const MAX_IMPORT_BYTES: u64 = 8192;
+
+/// `keyplan key import KEY < passphrase`: [`ops::key::import`].
+pub(super) fn cmd_key_import(cli: &Cli, arg: &PlanArg, key: &str) -> Result<Exit> {
+    let plan = load_plan(cli, arg)?;
+    ops::key::check_key(&plan, key).or_report(&plan)?;
+    let stdin = io::stdin();
+    if stdin.is_terminal() {
+        return Err(miette!(
+            help = format!("pipe it: `keyplan key import {key} < FILE`, or from your secret store"),
+            "refusing to read a passphrase from a terminal (it would echo); nothing was imported"
+        ));
+    }
+    let mut bytes = zeroize::Zeroizing::new(Vec::new());
+    io::Read::read_to_end(
+        &mut io::Read::take(stdin.lock(), MAX_IMPORT_BYTES + 1),
+        &mut bytes,
+    )
+    .into_diagnostic()?;
+    if bytes.len() as u64 > MAX_IMPORT_BYTES {
+        return Err(miette!(
+            "the passphrase on stdin is longer than {MAX_IMPORT_BYTES} bytes; nothing was imported"
+        ));
+    }
+    let pass = crate::secret::Passphrase::new(std::mem::take(&mut *bytes));
+    let engine = Engine::open(plan.clone()).or_report(&plan)?;
+    let done = ops::key::import(&engine, key, &pass).or_report(&plan)?;
+    outln!(
+        "Imported key {key} v{} ({}): it opens device {} keyslot {}. `keyplan apply` records the keyslots it opens.",
+        done.version,
+        if done.finished_earlier {
+            "the pending version an interrupted import left, committed now"
+        } else {
+            "now current"
+        },
+        done.opens.0,
+        done.opens.1
+    );
     Ok(Exit::Success)
 }

@@ -300,6 +300,12 @@ pub enum Command {
         #[command(subcommand)]
         command: KeyCommand,
     },
+    /// Device operations.
+    Device {
+        /// The device subcommand.
+        #[command(subcommand)]
+        command: DeviceCommand,
+    },
     /// Per key: its KMS, current version and age, next rotation due, pending and retained
     /// versions; per device: drift from the plan; and the last run's outcome. Reads KMSs,
     /// journal and LUKS headers (no PBKDF run), writes nothing. Exit 1 when a rotation is
@@ -382,6 +388,16 @@ pub enum KeyCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Import a passphrase that opens the plan's devices today as the key's first version in
+    /// its KMS, read from stdin (its exact bytes; never from a terminal). Refused when the KMS
+    /// already holds the key, or when the passphrase opens no device that lists it (one PBKDF
+    /// run per device tried). The next `apply` then adopts the keyslots it opens.
+    Import {
+        /// Key id from the plan.
+        key: String,
+        #[command(flatten)]
+        plan: PlanArg,
+    },
     /// Remove a plan's holder record from the key's KMS: only for a host or plan gone for
     /// good (its devices no longer hold the key), whose record refuses every rotation.
     Release {
@@ -393,6 +409,28 @@ pub enum KeyCommand {
         /// directory>`).
         #[arg(long, value_name = "HOLDER")]
         holder: String,
+    },
+}
+
+/// `keyplan device` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum DeviceCommand {
+    /// Stop remembering a device that left the plan for good (the state directory's
+    /// devices.json): the key versions it may hold are then no longer kept for it, and a
+    /// device that cannot be read no longer holds back every version's destruction.
+    Forget {
+        /// The device's id when keyplan last worked on it (as `plan` names it).
+        id: String,
+        #[command(flatten)]
+        plan: PlanArg,
+        /// The LUKS UUID of the one to forget, when several devices had that id.
+        #[arg(long, value_name = "UUID")]
+        uuid: Option<String>,
+        /// Forget it even though it is present now with the same LUKS UUID: the next
+        /// rotation may retire the key versions it holds, and it then opens with no key the
+        /// KMS holds.
+        #[arg(long)]
+        even_if_present: bool,
     },
 }
 
@@ -628,7 +666,19 @@ fn run(cli: &Cli) -> Result<Exit> {
         Command::Key {
             command: KeyCommand::Release { key, plan, holder },
         } => key::cmd_key_release(cli, plan, key, holder),
+        Command::Key {
+            command: KeyCommand::Import { key, plan },
+        } => key::cmd_key_import(cli, plan, key),
         Command::Journal { plan, json } => cmd_journal(cli, plan, *json),
+        Command::Device {
+            command:
+                DeviceCommand::Forget {
+                    id,
+                    plan,
+                    uuid,
+                    even_if_present,
+                },
+        } => key::cmd_device_forget(cli, plan, id, uuid.as_deref(), *even_if_present),
         Command::Status {
             plan,
             format,

@@ -31,6 +31,18 @@ pub struct SignArgs {
     /// overwritten) and its public key to FILE.pub, for the agents' --trusted-keys.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["plan", "cluster", "key", "out"])]
     pub generate_key: Option<PathBuf>,
+    /// Check PLAN's signature instead of signing, as an agent started with --trusted-keys and
+    /// --cluster checks it (and the plan as the agent loads it): exit 0 when such an agent
+    /// would run the plan, 1 with the reason when it would refuse it. Writes nothing.
+    #[arg(long, requires_all = ["plan", "cluster", "trusted_keys"], conflicts_with_all = ["key", "out", "generate_key"])]
+    pub verify: bool,
+    /// With --verify: the public keys (PEM) to trust, each a file or a directory of files,
+    /// as `keyplan agent --trusted-keys` takes them (repeatable).
+    #[arg(long, value_name = "FILE|DIR", requires = "verify")]
+    pub trusted_keys: Vec<PathBuf>,
+    /// With --verify: the signature file (default: PLAN.sig).
+    #[arg(long, value_name = "FILE", requires = "verify")]
+    pub signature: Option<PathBuf>,
 }
 
 /// Runs `keyplan sign`. Exit 0 when the signature (or the key) is written, 1 otherwise.
@@ -43,6 +55,9 @@ pub(super) fn cmd_sign(args: &SignArgs) -> Result<Exit> {
         return Err(miette!("keyplan sign needs PLAN and --cluster"));
     };
     signature::check_cluster(cluster).map_err(|e| miette!("--cluster: {e}"))?;
+    if args.verify {
+        return verify(args, plan_path, cluster);
+    }
     let key_file = args.key.clone().or_else(|| {
         std::env::var_os(signature::KEY_FILE_ENV)
             .filter(|v| !v.is_empty())
@@ -99,6 +114,79 @@ pub(super) fn cmd_sign(args: &SignArgs) -> Result<Exit> {
         sig.plan_sha256,
         key.fingerprint(),
         out.display()
+    );
+    Ok(Exit::Success)
+}
+
+/// `keyplan sign --verify`: the agent's signature check ([`signature::SignaturePolicy`])
+/// and plan load, run locally on the files an operator is about to push.
+fn verify(args: &SignArgs, plan_path: &Path, cluster: &str) -> Result<Exit> {
+    let policy = signature::SignaturePolicy::load(&args.trusted_keys, cluster)
+        .map_err(|e| miette!("--trusted-keys: {e}"))?;
+    let sig_path = args
+        .signature
+        .clone()
+        .unwrap_or_else(|| signature::signature_path(plan_path));
+    let bytes = std::fs::read(plan_path)
+        .map_err(|e| miette!("cannot read the plan {}: {e}", plan_path.display()))?;
+    let sig = match std::fs::File::open(&sig_path) {
+        Ok(f) => {
+            let mut buf = Vec::new();
+            std::io::Read::read_to_end(
+                &mut std::io::Read::take(f, signature::MAX_SIGNATURE_BYTES + 1),
+                &mut buf,
+            )
+            .map_err(|e| miette!("cannot read the signature {}: {e}", sig_path.display()))?;
+            Some(buf)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            return Err(miette!(
+                "cannot read the signature {}: {e}",
+                sig_path.display()
+            ))
+        }
+    };
+    let verified = match policy.verify(
+        &bytes,
+        sig.as_deref(),
+        &sig_path.display().to_string(),
+        None,
+    ) {
+        Ok(v) => v,
+        Err(refusal) => {
+            errln!(
+                "An agent with these trusted keys and --cluster {cluster:?} would refuse {} ({}): {refusal}",
+                plan_path.display(),
+                refusal.reason()
+            );
+            return Ok(Exit::Failure);
+        }
+    };
+    // What the agent does next with the bytes it verified.
+    let (plan, checked) = spec::load_with_bytes(plan_path).map_err(|e| {
+        e.wrap_err(format!(
+            "the signature of {} verifies, but an agent would refuse the plan itself",
+            plan_path.display()
+        ))
+    })?;
+    if checked != bytes {
+        return Err(miette!(
+            "{} changed while it was checked; run the check again",
+            plan_path.display()
+        ));
+    }
+    if !plan.devices.is_empty() && !plan.names_nodes() {
+        return Err(miette!(
+            "the signature of {} verifies, but no device of the plan names its node, and agents refuse such a plan: give each device `node: <node name>`",
+            plan_path.display()
+        ));
+    }
+    outln!(
+        "{} verifies: signed for cluster {cluster:?} by key {} at {}; an agent with these trusted keys and --cluster {cluster:?} runs this plan",
+        sig_path.display(),
+        verified.key,
+        crate::clock::rfc3339(verified.signed_at)
     );
     Ok(Exit::Success)
 }

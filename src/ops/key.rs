@@ -227,3 +227,131 @@ fn key_and_kms<'e>(
         .map_err(|e| Error::request(e.to_string(), None))?;
     Ok((spec, kms))
 }
+
+/// What [`import`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Imported {
+    /// The version the passphrase is now (the key's current version).
+    pub version: u64,
+    /// The device and keyslot the passphrase was found to open.
+    pub opens: (String, u32),
+    /// Whether the version was already pending from an earlier, interrupted import and was only
+    /// committed now.
+    pub finished_earlier: bool,
+}
+
+/// Imports `pass`, a passphrase that opens the plan's devices today, as the first version of
+/// `key` in its KMS (before: writing the file KMS's `meta.json` by hand), so the next `apply`
+/// adopts the keyslots it opens instead of enrolling a new key through `enroll_with`. Under
+/// the state lock. Checked first: the KMS holds no version of the key, and the passphrase opens
+/// a bound keyslot of a device that lists the key (PBKDF runs: one per device tried). Then the
+/// KMS stages it and commits it as the current version (compare-and-swap, on behalf of this
+/// plan's holder id). Crash-safe by being repeatable: a run killed between the stage and the
+/// commit leaves the passphrase pending, and importing the same passphrase again commits it.
+///
+/// Errors: [`Error::Request`] when the key is not in the plan, the KMS already holds a
+/// version (another passphrase pending, or a current one: `apply --rotate` replaces a key),
+/// the passphrase is empty, or it opens no device that lists the key (nothing imported);
+/// [`Error::Journal`] when a run holds the state lock; [`Error::Kms`] from the KMS.
+pub fn import(engine: &Engine, key: &str, pass: &Passphrase) -> Result<Imported, Error> {
+    let (spec, kms) = key_and_kms(engine, key)?;
+    let plan = engine.plan();
+    let _lock = crate::journal::StateLock::acquire(&plan.state_dir)?;
+    if pass.is_empty() {
+        return Err(Error::request(
+            format!("the passphrase for key {key} is empty; nothing was imported"),
+            Some("pipe the passphrase's exact bytes on stdin".into()),
+        ));
+    }
+    let st = kms.read(&spec.name)?;
+    let pending_is_this = match (st.current, st.pending) {
+        (None, None) if st.versions.is_empty() => None,
+        (None, Some(p)) => {
+            let there = kms.get(&spec.name, p)?;
+            if there.expose() != pass.expose() {
+                return Err(Error::request(
+                    format!(
+                        "{} holds a pending v{p} of key {key} that is another passphrase: another import or plan is creating the key; nothing was imported",
+                        kms.describe()
+                    ),
+                    Some("wait for it, or remove the pending version in the KMS by hand if it is a leftover".into()),
+                ));
+            }
+            Some(p)
+        }
+        (current, _) => {
+            return Err(Error::request(
+                format!(
+                    "{} already holds key {key} ({}): import is for a key the KMS does not hold yet; nothing was imported",
+                    kms.describe(),
+                    match current {
+                        Some(c) => format!("current v{c}"),
+                        None => "retired versions".into(),
+                    }
+                ),
+                Some(format!("`keyplan apply --rotate {key}` replaces the key with a new version")),
+            ))
+        }
+    };
+    let opens = opening_keyslot(engine, key, pass)?;
+    let (version, finished_earlier) = match pending_is_this {
+        Some(p) => (p, true),
+        None => (kms.stage(&spec.name, pass, 1)?, false),
+    };
+    kms.commit_as(&spec.name, None, version, Some(&plan.holder()))?;
+    Ok(Imported {
+        version,
+        opens,
+        finished_earlier,
+    })
+}
+
+/// The first device listing `key` (in plan order) and the bound keyslot `pass` opens there.
+///
+/// Errors: [`Error::Request`] when it opens none of them (naming what was tried).
+fn opening_keyslot(engine: &Engine, key: &str, pass: &Passphrase) -> Result<(String, u32), Error> {
+    let plan = engine.plan();
+    let mut tried = Vec::new();
+    for d in plan
+        .devices
+        .values()
+        .filter(|d| d.keys.iter().any(|k| k.key == key))
+    {
+        let luks = &engine.world().luks;
+        let header = match luks.dump(&d.path) {
+            Ok(h) => h,
+            Err(e) => {
+                tried.push(format!("{} (cannot be read: {e})", d.id));
+                continue;
+            }
+        };
+        match luks.test_any_keyslot(&d.path, pass) {
+            Ok(crate::luks::AnyKeyslot::Keyslot(n))
+                if header.keyslots.get(&n).is_some_and(|k| k.bound) =>
+            {
+                return Ok((d.id.clone(), n));
+            }
+            Ok(crate::luks::AnyKeyslot::Unknown) => {
+                for (n, _) in header.keyslots.iter().filter(|(_, k)| k.bound) {
+                    if luks.test_passphrase(&d.path, *n, pass)? {
+                        return Ok((d.id.clone(), *n));
+                    }
+                }
+                tried.push(format!("{} (opens no bound keyslot)", d.id));
+            }
+            Ok(_) => tried.push(format!("{} (opens no bound keyslot)", d.id)),
+            Err(e) => tried.push(format!("{} ({e})", d.id)),
+        }
+    }
+    Err(Error::request(
+        format!(
+            "the passphrase opens no device that lists key {key}{}; nothing was imported",
+            if tried.is_empty() {
+                ": no device of the plan lists it".to_string()
+            } else {
+                format!(" (tried {})", tried.join(", "))
+            }
+        ),
+        Some("check that stdin holds the passphrase's exact bytes (no added newline)".into()),
+    ))
+}

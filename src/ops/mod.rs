@@ -14,11 +14,13 @@
 //! | verify | [`verify::verify`] | nothing |
 //! | key get | [`key::resolve_version`], [`key::material`] | nothing |
 //! | journal | [`journal::read`] | nothing |
+//! | device forget | [`device::forget`] | the state directory's device registry |
 //!
 //! Every operation starts from an [`Engine`]: a loaded plan with its doors opened.
 
 pub mod apply;
 pub mod credentials;
+pub mod device;
 pub mod journal;
 pub mod key;
 pub mod plan;

@@ -80,6 +80,36 @@ pub fn read(state_dir: &Path) -> Result<Registry, RegistryError> {
     }
 }
 
+/// Removes the entries of LUKS UUIDs `uuids` from `<state_dir>/devices.json` (atomically),
+/// for a device gone for good (`keyplan device forget`); returns the entries removed.
+///
+/// Errors: the registry is corrupt, or could not be written.
+pub fn remove(
+    state_dir: &Path,
+    uuids: &[String],
+) -> Result<Vec<(String, RegistryEntry)>, RegistryError> {
+    let mut reg = read(state_dir)?;
+    reg.format = 1;
+    let gone: Vec<(String, RegistryEntry)> = uuids
+        .iter()
+        .filter_map(|u| {
+            let u = u.to_lowercase();
+            reg.devices.remove(&u).map(|e| (u, e))
+        })
+        .collect();
+    if gone.is_empty() {
+        return Ok(gone);
+    }
+    fsutil::write_json_private(state_dir, REGISTRY_FILE, &reg).map_err(|source| {
+        RegistryError::Io {
+            what: "writing",
+            path: state_dir.join(REGISTRY_FILE),
+            source,
+        }
+    })?;
+    Ok(gone)
+}
+
 /// Adds `devices` (`(device id, LUKS UUID, path)`) to `<state_dir>/devices.json` (atomically,
 /// mode 0600, in a 0700 directory), keeping entries of devices no longer in the plan, so later
 /// rotations keep what they hold.

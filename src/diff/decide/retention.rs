@@ -145,11 +145,10 @@ impl Planner<'_> {
             .map(|(id, path, why)| format!("{id} ({}: {why})", path.display()))
             .collect();
         self.notes.push(format!(
-            "{key} v{} {} kept in the KMS: device(s) keyplan knows cannot be read now, so nobody knows which versions they hold: {}. Once such a device is gone for good, take it out of the plan file if it is listed there, and delete its entry from {}",
+            "{key} v{} {} kept in the KMS: device(s) keyplan knows cannot be read now, so nobody knows which versions they hold: {}. Once such a device is gone for good, take it out of the plan file if it is listed there, and run `keyplan device forget ID`",
             old.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", v"),
             if old.len() == 1 { "is" } else { "are" },
             list.join("; "),
-            self.plan.state_dir.join(crate::world::REGISTRY_FILE).display()
         ));
     }
 }

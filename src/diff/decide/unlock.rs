@@ -68,7 +68,7 @@ impl Planner<'_> {
         }
         let lost = self.lost_records(device);
         let message = format!(
-            "{}: keyplan holds no key that opens it{lost}, so it cannot enroll {key}; nothing was changed. Set `enroll_with:` to a file holding a passphrase that opens the device today",
+            "{}: keyplan holds no key that opens it{lost}, so it cannot enroll {key}; nothing was changed. Set `enroll_with:` to a file holding a passphrase that opens the device today, or, when that passphrase is to be {key}'s first version, import it into the KMS: `keyplan key import {key} < FILE`",
             self.at(device)
         );
         self.refuse_device(device, message);
