@@ -667,3 +667,43 @@ fn github_actions_fleet_example_parses() {
     );
     assert!(!v["jobs"]["fleet-plan"].to_string().contains("SIGNING_KEY"));
 }
+
+/// A command's help lists only the global options it uses (issue 32): `sign`, `fleet ...`,
+/// `completions` and `man` do not offer `--state-dir` or `--node`, `validate` does not offer
+/// `--node` (it checks the whole file); the commands that use them do. The hidden ones are
+/// still accepted, so scripts that pass them everywhere keep working.
+#[test]
+fn help_lists_only_the_global_options_a_command_uses() {
+    let s = Scratch::new();
+    let help = |args: &[&str]| {
+        let mut a = args.to_vec();
+        a.push("--help");
+        s.ok(&a, 0)
+    };
+    for args in [
+        &["sign"][..],
+        &["fleet", "status"],
+        &["fleet", "plan"],
+        &["completions"],
+        &["man"],
+    ] {
+        let text = help(args);
+        assert!(
+            !text.contains("--state-dir") && !text.contains("--node"),
+            "keyplan {args:?} --help:\n{text}"
+        );
+    }
+    let text = help(&["validate"]);
+    assert!(!text.contains("--node") && text.contains("--state-dir"), "{text}");
+    for args in [&["plan"][..], &["apply"], &["status"], &["agent"]] {
+        let text = help(args);
+        assert!(
+            text.contains("--state-dir") && text.contains("--node"),
+            "keyplan {args:?} --help:\n{text}"
+        );
+    }
+    let text = s.ok(&["completions", "bash", "--state-dir", "/nonexistent"], 0);
+    assert!(text.contains("complete"), "{text}");
+    let man = s.ok(&["man"], 0);
+    assert!(man.contains("state\\-dir") || man.contains("state-dir"), "the top page lists it");
+}

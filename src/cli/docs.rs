@@ -2,13 +2,12 @@
 //! [`super::Cli`] (`clap_complete`, `clap_mangen`), so they always match the binary.
 
 use super::*;
-use clap::CommandFactory as _;
 
 /// Writes the completion script for `shell` to stdout.
 ///
 /// Errors: none of its own; a closed stdout is ignored like all other output.
 pub(super) fn cmd_completions(shell: clap_complete::Shell) -> Result<Exit> {
-    let mut cmd = Cli::command();
+    let mut cmd = super::command();
     let mut buf = Vec::new();
     clap_complete::generate(shell, &mut cmd, "keyplan", &mut buf);
     let _ = io::stdout().write_all(&buf);
@@ -21,7 +20,7 @@ pub(super) fn cmd_completions(shell: clap_complete::Shell) -> Result<Exit> {
 ///
 /// Errors: the directory cannot be created or a page cannot be written (names the path).
 pub(super) fn cmd_man(out_dir: Option<&std::path::Path>) -> Result<Exit> {
-    let cmd = Cli::command();
+    let cmd = super::command();
     match out_dir {
         None => {
             let mut buf = Vec::new();

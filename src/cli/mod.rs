@@ -441,13 +441,53 @@ fn parse_parallelism(s: &str) -> std::result::Result<usize, String> {
     }
 }
 
+/// Global options each command ignores, hidden from its help and man page: the command still
+/// takes them (a script that passes them to every command keeps working), but they mean nothing
+/// to it. `fleet` works on the cluster, `sign` on a file; `validate` always checks the whole
+/// plan; `completions` and `man` only print.
+const IGNORED_GLOBALS: &[(&str, &[&str])] = &[
+    ("validate", &["node"]),
+    ("sign", &["state_dir", "node"]),
+    ("fleet", &["state_dir", "node"]),
+    (
+        "completions",
+        &["state_dir", "node", "log_format", "verbose", "quiet"],
+    ),
+    ("man", &["state_dir", "node", "log_format", "verbose", "quiet"]),
+];
+
+/// The command-line definition: [`Cli`]'s, with each command's ignored global options
+/// ([`IGNORED_GLOBALS`]) hidden. A copy of the global option, hidden, in the command stops
+/// clap from propagating the visible one to it (and, being global too, reaches its own
+/// subcommands).
+pub fn command() -> clap::Command {
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    let globals: Vec<clap::Arg> = cmd
+        .get_arguments()
+        .filter(|a| a.is_global_set())
+        .cloned()
+        .collect();
+    for (name, ids) in IGNORED_GLOBALS {
+        cmd = cmd.mut_subcommand(name, |mut sc| {
+            for a in globals.iter().filter(|a| ids.contains(&a.get_id().as_str())) {
+                sc = sc.arg(a.clone().hide(true));
+            }
+            sc
+        });
+    }
+    cmd
+}
+
 /// Process entry point: parses arguments, runs the command, maps the outcome to an exit code.
 /// A usage error (unknown flag or subcommand, missing or bad value) exits 1 like every other
 /// error, never clap's default 2, which means "changes present" to `plan --detailed-exitcode`.
 pub fn main() -> ExitCode {
     let _failpoints = crate::failpoint::setup();
     redacting_panic_hook();
-    let cli = match Cli::try_parse() {
+    let cli = match command()
+        .try_get_matches()
+        .and_then(|m| <Cli as clap::FromArgMatches>::from_arg_matches(&m))
+    {
         Ok(cli) => cli,
         Err(e) => return usage_exit(&e),
     };
