@@ -694,7 +694,10 @@ fn help_lists_only_the_global_options_a_command_uses() {
         );
     }
     let text = help(&["validate"]);
-    assert!(!text.contains("--node") && text.contains("--state-dir"), "{text}");
+    assert!(
+        !text.contains("--node") && text.contains("--state-dir"),
+        "{text}"
+    );
     for args in [&["plan"][..], &["apply"], &["status"], &["agent"]] {
         let text = help(args);
         assert!(
@@ -705,5 +708,8 @@ fn help_lists_only_the_global_options_a_command_uses() {
     let text = s.ok(&["completions", "bash", "--state-dir", "/nonexistent"], 0);
     assert!(text.contains("complete"), "{text}");
     let man = s.ok(&["man"], 0);
-    assert!(man.contains("state\\-dir") || man.contains("state-dir"), "the top page lists it");
+    assert!(
+        man.contains("state\\-dir") || man.contains("state-dir"),
+        "the top page lists it"
+    );
 }

@@ -83,10 +83,24 @@ fn enroll_then_idempotent() {
         assert_eq!(tok["version"], 1);
         assert_eq!(tok["salt"], json["keyslots"]["1"]["kdf"]["salt"]);
     }
-    assert_eq!(
-        s.ok(&["plan", "--detailed-exitcode"], 0).trim(),
-        "No changes. Devices and KMS match the plan."
+    // No changes; the initial keyslots, kept, are listed as keyplan's to leave alone.
+    let shown = s.ok(&["plan", "--detailed-exitcode"], 0);
+    assert!(
+        shown
+            .trim()
+            .ends_with("\n\nNo changes. Devices and KMS match the plan."),
+        "{shown}"
     );
+    assert!(
+        shown.starts_with("Keyslots keyplan does not manage (left as they are):\n"),
+        "{shown}"
+    );
+    for d in &devs {
+        assert!(
+            shown.contains(&format!("({}): keyslot 0 (pbkdf2)\n", d.display())),
+            "{shown}"
+        );
+    }
     let out = s.ok(&["apply", "--auto-approve"], 0);
     assert!(out.contains("No changes."), "{out}");
     let out = s.ok(&["verify"], 0);

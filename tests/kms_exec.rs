@@ -1235,8 +1235,12 @@ fn cli_echoing_helper_never_leaks_material_in_any_form() {
         assert!(text.contains("echo: nothing seen"), "{text}");
     }
 
-    // The journal recorded the failures, redacted.
-    let journal = std::fs::read_to_string(root.join(".keyplan/journal.jsonl")).unwrap();
+    // The journal recorded the failures, redacted (the runs compacted away are in the audit
+    // trail beside it).
+    let journal = ["history.jsonl", "journal.jsonl"]
+        .iter()
+        .map(|f| std::fs::read_to_string(root.join(".keyplan").join(f)).unwrap_or_default())
+        .collect::<String>();
     assert!(journal.contains("echo: raw=<redacted>"), "{journal}");
     assert!(journal.contains("HEX=<redacted>"), "{journal}");
 

@@ -453,7 +453,10 @@ const IGNORED_GLOBALS: &[(&str, &[&str])] = &[
         "completions",
         &["state_dir", "node", "log_format", "verbose", "quiet"],
     ),
-    ("man", &["state_dir", "node", "log_format", "verbose", "quiet"]),
+    (
+        "man",
+        &["state_dir", "node", "log_format", "verbose", "quiet"],
+    ),
 ];
 
 /// The command-line definition: [`Cli`]'s, with each command's ignored global options
@@ -469,7 +472,10 @@ pub fn command() -> clap::Command {
         .collect();
     for (name, ids) in IGNORED_GLOBALS {
         cmd = cmd.mut_subcommand(name, |mut sc| {
-            for a in globals.iter().filter(|a| ids.contains(&a.get_id().as_str())) {
+            for a in globals
+                .iter()
+                .filter(|a| ids.contains(&a.get_id().as_str()))
+            {
                 sc = sc.arg(a.clone().hide(true));
             }
             sc
