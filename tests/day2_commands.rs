@@ -96,17 +96,36 @@ fn an_existing_passphrase_is_imported_as_a_keys_first_version() {
     let out = keyplan_stdin(s.dir.path(), &["key", "import", "k"], b"a typo");
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(
-        text(&out).contains("opens no device that lists key k"),
+        text(&out).contains("it opens no device that lists the key"),
         "{}",
         text(&out)
     );
     assert_eq!(file_kms_state(s.dir.path(), "k").0, None);
     assert!(!contains(&out.stdout, b"a typo") && !contains(&out.stderr, b"a typo"));
 
+    // A device of the key that the passphrase does not open, with no enroll_with: the plan
+    // could not enroll it afterwards, so nothing is imported.
+    luks_format(&s.path("c.img"), 16 << 20, "luks2", &[], b"another KEK");
+    s.plan(
+        "keyplan.yaml",
+        &plan.replace("devices:\n", "devices:\n  c: { path: c.img, keys: [k] }\n"),
+    );
+    let out = keyplan_stdin(s.dir.path(), &["key", "import", "k"], kek);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("it opens no bound keyslot of c (which has no enroll_with)"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(file_kms_state(s.dir.path(), "k").0, None);
+    s.plan("keyplan.yaml", plan);
+
     let out = keyplan_stdin(s.dir.path(), &["key", "import", "k"], kek);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(
-        text(&out).contains("Imported key k v1 (now current)"),
+        text(&out).contains(
+            "Imported key k v1 (now current): it opens device a keyslot 0, device b keyslot 0"
+        ),
         "{}",
         text(&out)
     );
@@ -209,5 +228,86 @@ fn a_plan_signature_is_verified_locally_as_an_agent_would() {
     assert!(
         !s.path("plan.yaml.sig").exists(),
         "--verify wrote a signature"
+    );
+}
+
+/// `status -o` and `--journal-archive` never write the plan's own files: the plan, a device, an
+/// `enroll_with` file, the state directory, the file KMS, or a file that is not theirs.
+#[test]
+fn output_files_never_replace_the_plans_own_files() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let a = s.small_image("a.img", "luks2");
+    s.plan("keyplan.yaml", ONE);
+    s.ok(&["apply", "--auto-approve"], 0);
+    std::fs::write(s.path("notes.txt"), b"an operator's notes\n").expect("write");
+    let protected = [
+        "keyplan.yaml",
+        "a.img",
+        "initial.pass",
+        ".keyplan/owner.json",
+        "keys/k/meta.json",
+        "notes.txt",
+    ];
+    let before: Vec<Vec<u8>> = protected
+        .iter()
+        .map(|f| std::fs::read(s.path(f)).expect("read"))
+        .collect();
+    for f in protected {
+        let text = s.ok(&["status", "--format", "json", "-o", f], 1);
+        assert!(
+            text.contains("refusing to write the status to"),
+            "{f}: {text}"
+        );
+        let text = s.ok(
+            &[
+                "apply",
+                "--auto-approve",
+                "--rotate",
+                "k",
+                "--journal-archive",
+                f,
+            ],
+            1,
+        );
+        assert!(text.contains("refusing --journal-archive"), "{f}: {text}");
+    }
+    for (f, b) in protected.iter().zip(&before) {
+        assert_eq!(
+            &std::fs::read(s.path(f)).expect("read"),
+            b,
+            "{f} was written"
+        );
+    }
+    assert!(opens(&a, &s.key_get("k", None), None));
+    // Their own files are written again.
+    s.ok(
+        &["status", "--format", "prometheus", "-o", "metrics.prom"],
+        0,
+    );
+    s.ok(
+        &["status", "--format", "prometheus", "-o", "metrics.prom"],
+        0,
+    );
+    for _ in 0..3 {
+        s.ok(
+            &[
+                "apply",
+                "--auto-approve",
+                "--rotate",
+                "k",
+                "--journal-keep-runs",
+                "1",
+                "--journal-archive",
+                "archive.jsonl",
+            ],
+            0,
+        );
+    }
+    assert!(
+        std::fs::metadata(s.path("archive.jsonl"))
+            .expect("archive")
+            .len()
+            > 0
     );
 }

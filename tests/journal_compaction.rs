@@ -185,3 +185,31 @@ fn a_crash_at_any_instant_of_a_compaction_loses_no_run() {
         }
     }
 }
+
+/// A damaged audit trail is set aside (kept, renamed) and a new one started: it is not the
+/// write-ahead journal, and must not stop every later compaction.
+#[test]
+fn a_damaged_audit_trail_is_set_aside() {
+    let s = Scratch::new();
+    setup(&s);
+    for _ in 0..2 {
+        s.ok(ROTATE, 0);
+    }
+    let history = s.path(".keyplan/history.jsonl");
+    let mut bytes = b"{not json}\n".to_vec();
+    bytes.extend(std::fs::read(&history).expect("history"));
+    std::fs::write(&history, &bytes).expect("write");
+    let text = s.ok(&["-v", "apply", "--auto-approve", "--rotate", "k"], 0);
+    assert!(text.contains("was damaged at line 1"), "{text}");
+    let aside: Vec<_> = walk(&s.path(".keyplan"))
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains("history.jsonl.corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(std::fs::read(&aside[0]).expect("aside"), bytes);
+    assert_eq!(listed(&s).len(), 2);
+    assert_eq!(
+        records(&s.path(".keyplan/journal.jsonl"))[0]["event"],
+        "checkpoint"
+    );
+}

@@ -157,3 +157,30 @@ fn a_keep_list_is_validated() {
     let text = s.ok(&["validate"], 1);
     assert!(text.contains("unmanaged_keyslots"), "{text}");
 }
+
+/// A keep list that names a keyslot the device does not have, or one keyplan manages, is
+/// refused on that device: a typo must not remove the keyslot that was meant to stay.
+#[test]
+fn a_keep_list_with_a_typo_removes_nothing() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let a = s.small_image("a.img", "luks2");
+    s.plan("keyplan.yaml", &plan(""));
+    s.ok(&["apply", "--auto-approve"], 0);
+    add_keyslot(&a, 5, b"recovery passphrase");
+    let before = keyslots(&a);
+    for (keep, says) in [
+        ("[9]", "keyslot 9 does not exist"),
+        ("[1]", "keyslot 1 is keyplan's own (k v1)"),
+    ] {
+        s.plan(
+            "keyplan.yaml",
+            &plan(&format!(", unmanaged_keyslots: {{ keep: {keep} }}")),
+        );
+        let text = s.ok(&["apply", "--auto-approve"], 1);
+        assert!(text.contains(says), "{text}");
+        assert!(text.contains("this device has: 0, 5"), "{text}");
+        assert_eq!(keyslots(&a), before);
+    }
+    assert!(opens(&a, b"recovery passphrase", Some(5)));
+}

@@ -131,15 +131,18 @@ pub(super) fn cmd_key_import(cli: &Cli, arg: &PlanArg, key: &str) -> Result<Exit
     let engine = Engine::open(plan.clone()).or_report(&plan)?;
     let done = ops::key::import(&engine, key, &pass).or_report(&plan)?;
     outln!(
-        "Imported key {key} v{} ({}): it opens device {} keyslot {}. `keyplan apply` records the keyslots it opens.",
+        "Imported key {key} v{} ({}): it opens {}. `keyplan apply` records the keyslots it opens.",
         done.version,
         if done.finished_earlier {
             "the pending version an interrupted import left, committed now"
         } else {
             "now current"
         },
-        done.opens.0,
-        done.opens.1
+        done.opens
+            .iter()
+            .map(|(d, n)| format!("device {d} keyslot {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     Ok(Exit::Success)
 }

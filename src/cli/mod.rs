@@ -308,9 +308,9 @@ pub enum Command {
     },
     /// Per key: its KMS, current version and age, next rotation due, pending and retained
     /// versions; per device: drift from the plan; and the last run's outcome. Reads KMSs,
-    /// journal and LUKS headers (no PBKDF run), writes nothing. Exit 1 when a rotation is
-    /// overdue, the last run failed, a device drifted or a KMS is unreadable
-    /// (docs/monitoring.md).
+    /// journal and LUKS headers (no PBKDF run), writes nothing but `-o FILE`. Exit 1 when a
+    /// rotation is overdue, the last run failed or a device drifted; 3 when something could
+    /// not be checked (a KMS unreadable) and nothing wrong was found (docs/monitoring.md).
     Status {
         #[command(flatten)]
         plan: PlanArg,
@@ -390,8 +390,9 @@ pub enum KeyCommand {
     },
     /// Import a passphrase that opens the plan's devices today as the key's first version in
     /// its KMS, read from stdin (its exact bytes; never from a terminal). Refused when the KMS
-    /// already holds the key, or when the passphrase opens no device that lists it (one PBKDF
-    /// run per device tried). The next `apply` then adopts the keyslots it opens.
+    /// already holds the key, or when a device that lists the key does not open with it and
+    /// has no enroll_with (about one PBKDF run per device). The next `apply` then adopts the
+    /// keyslots it opens.
     Import {
         /// Key id from the plan.
         key: String,

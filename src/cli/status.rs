@@ -26,6 +26,9 @@ pub(super) fn cmd_status(
         Ok(p) => p,
         Err(e) => return unknown(e),
     };
+    if let Some(path) = output {
+        ops::status::check_out_path(&plan, path).or_report(&plan)?;
+    }
     let engine = match Engine::open(plan.clone()) {
         Ok(e) => e,
         // Another plan's state directory is a problem of this plan's setup, not something

@@ -75,7 +75,29 @@ pub fn compact(
 
     // 1. The history, with the runs moved out added, cut to the newest `keep_runs`.
     let history_path = state_dir.join(HISTORY_FILE);
-    let history = super::read_path(&history_path)?;
+    let history = match super::read_path(&history_path) {
+        Err(JournalError::Corrupt { line, message, .. }) => {
+            // The audit trail is not the write-ahead log: nothing resumes from it, so a
+            // damaged one is set aside (kept for a person to read) rather than stopping every
+            // compaction, and the journal keeps growing.
+            let aside = state_dir.join(format!(
+                "{HISTORY_FILE}.corrupt-{}",
+                crate::clock::now_unix()
+            ));
+            fs::rename(&history_path, &aside).map_err(|source| JournalError::Io {
+                what: "setting aside the damaged audit trail",
+                path: history_path.clone(),
+                source,
+            })?;
+            tracing::warn!(
+                "the audit trail {} was damaged at line {line} ({message}); it was moved to {} and a new one is started",
+                history_path.display(),
+                aside.display()
+            );
+            Vec::new()
+        }
+        other => other?,
+    };
     let known: HashSet<&str> = history.iter().map(|r| r.run.as_str()).collect();
     let mut trail: Vec<&Record> = history.iter().collect();
     trail.extend(
@@ -123,6 +145,47 @@ pub fn compact(
         archived,
         journal_bytes: (before, after),
     }))
+}
+
+/// Checks the archive `plan.journal.archive` names, if any, before a run: it must not be one
+/// of the plan's own files ([`crate::spec::Plan::protected_path`]: the plan, a device, an
+/// `enroll_with` file, the state directory, a file KMS), and a file that exists must be a
+/// regular file whose first line is a journal record (an archive written before), so that
+/// `--journal-archive keyplan.yaml` or `--journal-archive /dev/sdb` appends to nothing.
+///
+/// Errors: a text saying why the file is refused.
+pub fn check_archive(plan: &crate::spec::Plan) -> Result<(), String> {
+    let Some(path) = &plan.journal.archive else {
+        return Ok(());
+    };
+    let refuse = |why: String| {
+        Err(format!(
+            "refusing --journal-archive {}: {why}; nothing was run. Name a file of its own (a new one, or an archive keyplan wrote)",
+            path.display()
+        ))
+    };
+    if let Some(why) = plan.protected_path(path) {
+        return refuse(why);
+    }
+    let Ok(meta) = fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    if !meta.is_file() {
+        return refuse("it exists and is not a regular file".into());
+    }
+    let mut head = Vec::new();
+    if fs::File::open(path)
+        .and_then(|f| io::Read::read_to_end(&mut io::Read::take(f, 1 << 20), &mut head))
+        .is_err()
+    {
+        return refuse("it exists and cannot be read to check what it is".into());
+    }
+    let first = head.split(|b| *b == b'\n').next().unwrap_or_default();
+    if head.is_empty() || serde_json::from_slice::<Record>(first).is_ok() {
+        Ok(())
+    } else {
+        refuse("it exists and is not a journal archive".into())
+    }
 }
 
 /// The records of the audit trail and the journal of `state_dir`, oldest first: the history's

@@ -64,6 +64,8 @@ impl<'e> ApplySession<'e> {
     /// or read; [`Error::Owner`]: the state directory belongs to another plan.
     pub fn open(engine: &'e Engine) -> Result<ApplySession<'e>, Error> {
         let state_dir = &engine.plan().state_dir;
+        crate::journal::compact::check_archive(engine.plan())
+            .map_err(|e| Error::request(e, None))?;
         let lock = StateLock::acquire(state_dir)?;
         // Under the lock, before anything is written: this plan owns the directory (I5).
         crate::world::owner::claim(engine.plan())?;

@@ -233,8 +233,8 @@ fn key_and_kms<'e>(
 pub struct Imported {
     /// The version the passphrase is now (the key's current version).
     pub version: u64,
-    /// The device and keyslot the passphrase was found to open.
-    pub opens: (String, u32),
+    /// The devices and keyslots the passphrase was found to open (one per device).
+    pub opens: Vec<(String, u32)>,
     /// Whether the version was already pending from an earlier, interrupted import and was only
     /// committed now.
     pub finished_earlier: bool,
@@ -244,14 +244,16 @@ pub struct Imported {
 /// `key` in its KMS (before: writing the file KMS's `meta.json` by hand), so the next `apply`
 /// adopts the keyslots it opens instead of enrolling a new key through `enroll_with`. Under
 /// the state lock. Checked first: the KMS holds no version of the key, and the passphrase opens
-/// a bound keyslot of a device that lists the key (PBKDF runs: one per device tried). Then the
+/// a bound keyslot of every device that lists the key, or that device has an `enroll_with`
+/// passphrase (PBKDF runs: about one per device). Then the
 /// KMS stages it and commits it as the current version (compare-and-swap, on behalf of this
 /// plan's holder id). Crash-safe by being repeatable: a run killed between the stage and the
 /// commit leaves the passphrase pending, and importing the same passphrase again commits it.
 ///
 /// Errors: [`Error::Request`] when the key is not in the plan, the KMS already holds a
 /// version (another passphrase pending, or a current one: `apply --rotate` replaces a key),
-/// the passphrase is empty, or it opens no device that lists the key (nothing imported);
+/// the passphrase is empty, or a device that lists the key is unreadable or does not open with
+/// it and has no `enroll_with` (nothing imported);
 /// [`Error::Journal`] when a run holds the state lock; [`Error::Kms`] from the KMS.
 pub fn import(engine: &Engine, key: &str, pass: &Passphrase) -> Result<Imported, Error> {
     let (spec, kms) = key_and_kms(engine, key)?;
@@ -293,7 +295,7 @@ pub fn import(engine: &Engine, key: &str, pass: &Passphrase) -> Result<Imported,
             ))
         }
     };
-    let opens = opening_keyslot(engine, key, pass)?;
+    let opens = opening_keyslots(engine, key, pass)?;
     let (version, finished_earlier) = match pending_is_this {
         Some(p) => (p, true),
         None => (kms.stage(&spec.name, pass, 1)?, false),
@@ -306,52 +308,79 @@ pub fn import(engine: &Engine, key: &str, pass: &Passphrase) -> Result<Imported,
     })
 }
 
-/// The first device listing `key` (in plan order) and the bound keyslot `pass` opens there.
+/// Every device listing `key` (in plan order) and the bound keyslot `pass` opens there.
+/// A device it does not open is fine when it has an `enroll_with` passphrase (`apply` enrolls
+/// the key through it); otherwise the import would leave a device the plan cannot enroll.
 ///
-/// Errors: [`Error::Request`] when it opens none of them (naming what was tried).
-fn opening_keyslot(engine: &Engine, key: &str, pass: &Passphrase) -> Result<(String, u32), Error> {
+/// Errors: [`Error::Request`] when no device lists the key, a device cannot be read, one it
+/// does not open has no `enroll_with`, or it opens none of them (naming each).
+fn opening_keyslots(
+    engine: &Engine,
+    key: &str,
+    pass: &Passphrase,
+) -> Result<Vec<(String, u32)>, Error> {
     let plan = engine.plan();
-    let mut tried = Vec::new();
-    for d in plan
+    let luks = &engine.world().luks;
+    let mut opens = Vec::new();
+    let mut problems = Vec::new();
+    let devices: Vec<_> = plan
         .devices
         .values()
         .filter(|d| d.keys.iter().any(|k| k.key == key))
-    {
-        let luks = &engine.world().luks;
+        .collect();
+    if devices.is_empty() {
+        return Err(Error::request(
+            format!("no device of the plan lists key {key}, so nothing can check the passphrase; nothing was imported"),
+            Some(format!("list {key} under a device's `keys` first")),
+        ));
+    }
+    for d in devices {
         let header = match luks.dump(&d.path) {
             Ok(h) => h,
             Err(e) => {
-                tried.push(format!("{} (cannot be read: {e})", d.id));
+                problems.push(format!("{} cannot be read ({e})", d.id));
                 continue;
             }
         };
-        match luks.test_any_keyslot(&d.path, pass) {
-            Ok(crate::luks::AnyKeyslot::Keyslot(n))
+        let found = match luks.test_any_keyslot(&d.path, pass)? {
+            crate::luks::AnyKeyslot::Keyslot(n)
                 if header.keyslots.get(&n).is_some_and(|k| k.bound) =>
             {
-                return Ok((d.id.clone(), n));
+                Some(n)
             }
-            Ok(crate::luks::AnyKeyslot::Unknown) => {
+            crate::luks::AnyKeyslot::Fails | crate::luks::AnyKeyslot::Keyslot(_) => None,
+            crate::luks::AnyKeyslot::Unknown => {
+                let mut hit = None;
                 for (n, _) in header.keyslots.iter().filter(|(_, k)| k.bound) {
                     if luks.test_passphrase(&d.path, *n, pass)? {
-                        return Ok((d.id.clone(), *n));
+                        hit = Some(*n);
+                        break;
                     }
                 }
-                tried.push(format!("{} (opens no bound keyslot)", d.id));
+                hit
             }
-            Ok(_) => tried.push(format!("{} (opens no bound keyslot)", d.id)),
-            Err(e) => tried.push(format!("{} ({e})", d.id)),
+        };
+        match found {
+            Some(n) => opens.push((d.id.clone(), n)),
+            None if d.enroll_with.is_some() => {}
+            None => problems.push(format!(
+                "it opens no bound keyslot of {} (which has no enroll_with)",
+                d.id
+            )),
         }
     }
-    Err(Error::request(
-        format!(
-            "the passphrase opens no device that lists key {key}{}; nothing was imported",
-            if tried.is_empty() {
-                ": no device of the plan lists it".to_string()
-            } else {
-                format!(" (tried {})", tried.join(", "))
-            }
-        ),
-        Some("check that stdin holds the passphrase's exact bytes (no added newline)".into()),
-    ))
+    if opens.is_empty() || !problems.is_empty() {
+        let mut why = problems;
+        if opens.is_empty() {
+            why.push("it opens no device that lists the key".into());
+        }
+        return Err(Error::request(
+            format!(
+                "key {key} not imported: {}; nothing was imported",
+                why.join("; ")
+            ),
+            Some("every device that lists the key must open with the passphrase (or have an enroll_with passphrase to enroll it); check that stdin holds the passphrase's exact bytes (no added newline)".into()),
+        ));
+    }
+    Ok(opens)
 }

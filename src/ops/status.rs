@@ -282,6 +282,53 @@ impl Findings {
     }
 }
 
+/// Refuses `status -o path` when `path` is one of the plan's own files
+/// ([`Plan::protected_path`]) or exists and is not a status document keyplan wrote (a
+/// Prometheus textfile whose first line is a `# HELP keyplan_` comment, a status JSON document,
+/// or status text): `-o keyplan.yaml` or `-o disk.img` would replace them.
+///
+/// Errors: [`Error::Request`] saying why, before anything is observed.
+pub fn check_out_path(plan: &Plan, path: &std::path::Path) -> Result<(), crate::error::Error> {
+    let refuse = |why: String| {
+        Err(crate::error::Error::request(
+            format!(
+                "refusing to write the status to {}: {why}; nothing was written",
+                path.display()
+            ),
+            Some(
+                "choose another file, e.g. one in node_exporter's textfile collector directory"
+                    .into(),
+            ),
+        ))
+    };
+    if let Some(why) = plan.protected_path(path) {
+        return refuse(why);
+    }
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    if !meta.is_file() {
+        return refuse("it exists and is not a regular file".into());
+    }
+    let mut head = Vec::new();
+    let read = std::fs::File::open(path)
+        .and_then(|f| std::io::Read::read_to_end(&mut std::io::Read::take(f, 1 << 20), &mut head));
+    if read.is_err() {
+        return refuse("it exists and cannot be read to check what it is".into());
+    }
+    let text = String::from_utf8_lossy(&head);
+    let ours = head.is_empty()
+        || text.starts_with("# HELP keyplan_")
+        || serde_json::from_slice::<serde_json::Value>(&head)
+            .is_ok_and(|v| v.get("verdict").is_some() && v.get("format_version").is_some())
+        || text.lines().any(|l| l.starts_with("last run: "));
+    if ours {
+        Ok(())
+    } else {
+        refuse("it exists and is not a status keyplan wrote".into())
+    }
+}
+
 /// `keyplan status`: KMS state per key, drift per device, the journal's last run. Never fails:
 /// what cannot be read becomes an `unchecked` line of the report.
 pub fn status(engine: &Engine) -> StatusReport {

@@ -387,6 +387,60 @@ pub struct DeviceKey {
 }
 
 impl Plan {
+    /// Why an output option (`status -o`, `--journal-archive`) must not write `path`: it is
+    /// the plan file, a device of the plan or its `enroll_with` file, or inside the state
+    /// directory or a file KMS's directory. `None` when it is none of these. Paths are compared
+    /// resolved (symbolic links followed; a file that does not exist yet by its directory).
+    pub fn protected_path(&self, path: &Path) -> Option<String> {
+        fn resolve(p: &Path) -> PathBuf {
+            if let Ok(c) = std::fs::canonicalize(p) {
+                return c;
+            }
+            match (p.parent(), p.file_name()) {
+                (Some(dir), Some(name)) => {
+                    let dir = if dir.as_os_str().is_empty() {
+                        Path::new(".")
+                    } else {
+                        dir
+                    };
+                    std::fs::canonicalize(dir)
+                        .map(|d| d.join(name))
+                        .unwrap_or_else(|_| absolute_dir(p))
+                }
+                _ => absolute_dir(p),
+            }
+        }
+        let target = resolve(path);
+        if target == resolve(&self.source_path) {
+            return Some("it is the plan file".into());
+        }
+        for d in self.devices.values() {
+            if target == resolve(&d.path) {
+                return Some(format!("it is device {} of the plan", d.id));
+            }
+            if d.enroll_with
+                .as_deref()
+                .is_some_and(|e| target == resolve(e))
+            {
+                return Some(format!("it is the enroll_with file of device {}", d.id));
+            }
+        }
+        if target.starts_with(resolve(&self.state_dir)) {
+            return Some(format!(
+                "it is inside the state directory {}",
+                self.state_dir.display()
+            ));
+        }
+        for (name, k) in &self.kms {
+            if let KmsConfig::File { path: dir, .. } = k {
+                if target.starts_with(resolve(Path::new(dir))) {
+                    return Some(format!("it is inside the directory of file KMS {name}"));
+                }
+            }
+        }
+        None
+    }
+
     /// A diagnostic pointing at the plan-file location of `path`, e.g.
     /// `[Key("devices"), Key("osd0"), Key("keys"), Index(1), Key("keyslot")]`, for errors found
     /// after reading the plan (e.g. keyslot 9 on a LUKS1 device).

@@ -77,6 +77,10 @@ impl Planner<'_> {
     pub(super) fn removals(&mut self) {
         let obs = self.obs;
         for id in obs.devices.keys() {
+            if let Some(message) = self.bad_keep_list(id) {
+                self.refuse_device(id, message);
+                continue;
+            }
             let victims = self.victims(id);
             if victims.is_empty() {
                 continue;
@@ -109,6 +113,50 @@ impl Planner<'_> {
                 );
             }
         }
+    }
+
+    /// Why device `id`'s keep list (`unmanaged_keyslots: { keep: [...] }`) cannot be trusted to
+    /// say what to keep: it names a keyslot the device does not have, or one keyplan manages
+    /// (a typo would otherwise remove the keyslot that was meant to stay). `None` when every
+    /// keyslot it names is an unmanaged keyslot of the device, or it names none.
+    fn bad_keep_list(&self, id: &str) -> Option<String> {
+        let (st, spec) = (self.state(id)?, self.plan.devices.get(id)?);
+        let unmanaged: Vec<String> = st
+            .header
+            .keyslots
+            .keys()
+            .filter(|n| st.record(**n).is_none())
+            .map(u32::to_string)
+            .collect();
+        let problems: Vec<String> = spec
+            .keep_keyslots
+            .iter()
+            .filter_map(|n| match (st.header.keyslots.get(n), st.record(*n)) {
+                (None, _) => Some(format!("keyslot {n} does not exist")),
+                (Some(_), Some(r)) => Some(format!(
+                    "keyslot {n} is keyplan's own ({} v{})",
+                    r.key, r.version
+                )),
+                (Some(_), None) => None,
+            })
+            .collect();
+        (!problems.is_empty()).then(|| {
+            format!(
+                "{}: unmanaged_keyslots keeps keyslot(s) {}, but {}; nothing is removed from a device whose keep list may hold a typo, and nothing was changed. Name the unmanaged keyslots to keep (this device has: {})",
+                self.at(id),
+                spec.keep_keyslots
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                problems.join(", "),
+                if unmanaged.is_empty() {
+                    "none".to_string()
+                } else {
+                    unmanaged.join(", ")
+                }
+            )
+        })
     }
 
     /// The keyslots of device `id` that `removals` would kill.
@@ -152,7 +200,11 @@ impl Planner<'_> {
                     None,
                     (
                         ReasonCode::UnmanagedRemove,
-                        "not created by keyplan (unmanaged_keyslots: remove)".to_string(),
+                        if spec.keep_keyslots.is_empty() {
+                            "not created by keyplan (unmanaged_keyslots: remove)".to_string()
+                        } else {
+                            "not created by keyplan, not in unmanaged_keyslots.keep".to_string()
+                        },
                     ),
                 ));
             }
