@@ -126,6 +126,24 @@ fn unmanaged_keyslots_and_other_tools_tokens_are_listed_on_every_run() {
     assert!(opens(&a, &s.key_get("k", None), None));
     let text = s.ok(&["plan", "--detailed-exitcode"], 0);
     assert!(text.contains("No changes"), "{text}");
+
+    // Another tool's token on keyplan's own keyslot: a rotation kills that keyslot, and the
+    // plan says the token is left naming nothing.
+    let [managed] = keyslots(&a)
+        .into_iter()
+        .filter(|n| *n != 5)
+        .collect::<Vec<_>>()[..]
+    else {
+        panic!("one managed keyslot: {:?}", keyslots(&a));
+    };
+    clevis_token(&a, managed);
+    let text = s.ok(&["plan", "--rotate", "k"], 0);
+    assert!(
+        text.contains(&format!(
+            "Note: device a: keyslot {managed} is killed, and the clevis token 2 names it"
+        )),
+        "{text}"
+    );
 }
 
 /// A keep list names keyslots that exist on a LUKS2 device, once each; with no key listed it

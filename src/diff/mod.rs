@@ -468,6 +468,7 @@ pub fn diff(plan: &Plan, observed: &Observed, opts: &DiffOptions) -> Result<Diff
     // Stable order for display: by device, keeping planning order within a device.
     slots.sort_by(|a, b| a.device.cmp(&b.device));
     let unmanaged = unmanaged::unmanaged(plan, before_adoption.devices.values(), &slots);
+    notes.extend(unmanaged::orphaned_tokens(&unmanaged, &slots));
     Ok(Diff {
         keys,
         slots,

@@ -187,3 +187,25 @@ pub fn unmanaged<'a>(
     }
     out
 }
+
+/// Notes for the keyslots `slots` kills that a token of another tool names (a Clevis or
+/// systemd-tpm2 binding of a keyslot keyplan manages or removes): the token then names a
+/// keyslot that is gone, and that tool no longer opens the device through it.
+pub fn orphaned_tokens(unmanaged: &[DeviceUnmanaged], slots: &[SlotChange]) -> Vec<String> {
+    let mut out = Vec::new();
+    for d in unmanaged {
+        for t in &d.tokens {
+            for c in slots.iter().filter(|c| {
+                c.device == d.device
+                    && c.action == SlotAction::Remove
+                    && t.keyslots.contains(&c.slot)
+            }) {
+                out.push(format!(
+                    "device {}: keyslot {} is killed, and the {} token {} names it: that token is then left naming no keyslot, so {} no longer opens the device through it. Bind it again to a new keyslot afterwards, or remove the token",
+                    d.device, c.slot, t.token_type, t.id, t.token_type
+                ));
+            }
+        }
+    }
+    out
+}
