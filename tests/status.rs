@@ -630,6 +630,17 @@ fn failed_last_run_is_unhealthy() {
             .any(|p| p.as_str().unwrap().contains("failed")),
         "{j}"
     );
+    // The text says when the last success was (the first run, compacted out of the journal
+    // by the failed one: the checkpoint keeps its time).
+    let text = s.ok(&["status"], 1);
+    let when = j["last_success_at"].as_u64().expect("last_success_at");
+    assert!(
+        text.contains(&format!(
+            "  last success: {}",
+            keyplan::clock::rfc3339(when)
+        )),
+        "{text}"
+    );
     // the next apply finishes the rotation: healthy again
     s.ok(&["apply", "--auto-approve"], 0);
     let m = prometheus(&s, 0);

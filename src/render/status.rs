@@ -87,6 +87,12 @@ pub fn text(r: &StatusReport) -> String {
             if let Some(e) = &run.error {
                 let _ = writeln!(s, "  error: {}", e.lines().next().unwrap_or(e));
             }
+            if run.outcome != "success" {
+                let _ = match r.last_success_at {
+                    Some(t) => writeln!(s, "  last success: {}", rfc3339(t)),
+                    None => writeln!(s, "  last success: none"),
+                };
+            }
         }
     }
     if !r.problems.is_empty() {
