@@ -241,6 +241,16 @@ fn output_files_never_replace_the_plans_own_files() {
     s.plan("keyplan.yaml", ONE);
     s.ok(&["apply", "--auto-approve"], 0);
     std::fs::write(s.path("notes.txt"), b"an operator's notes\n").expect("write");
+    std::fs::write(s.path("empty.lock"), b"").expect("write");
+    // Another plan's state directory beside this one.
+    let other = s.path("other");
+    std::fs::create_dir_all(other.join("state")).expect("mkdir");
+    std::fs::copy(
+        s.path(".keyplan/journal.jsonl"),
+        other.join("state/journal.jsonl"),
+    )
+    .expect("copy");
+    std::fs::write(other.join("state/history.jsonl"), b"").expect("write");
     let protected = [
         "keyplan.yaml",
         "a.img",
@@ -248,6 +258,9 @@ fn output_files_never_replace_the_plans_own_files() {
         ".keyplan/owner.json",
         "keys/k/meta.json",
         "notes.txt",
+        "empty.lock",
+        "other/state/journal.jsonl",
+        "other/state/history.jsonl",
     ];
     let before: Vec<Vec<u8>> = protected
         .iter()

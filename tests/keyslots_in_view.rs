@@ -144,6 +144,18 @@ fn unmanaged_keyslots_and_other_tools_tokens_are_listed_on_every_run() {
         )),
         "{text}"
     );
+    // A token that names another keyslot too keeps that one.
+    let mut cmd = std::process::Command::new(real_cryptsetup());
+    cmd.args(["token", "import"]).arg(&a);
+    let json = format!("{{\"type\":\"clevis\",\"keyslots\":[\"5\",\"{managed}\"],\"jwe\":{{}}}}");
+    assert!(run_with_stdin(cmd, json.as_bytes()).status.success());
+    let text = s.ok(&["plan", "--rotate", "k"], 0);
+    assert!(
+        text.contains(&format!(
+            "Note: device a: keyslot {managed} is killed, which the clevis token 3 names; the token keeps keyslot 5"
+        )),
+        "{text}"
+    );
 }
 
 /// A keep list names keyslots that exist on a LUKS2 device, once each; with no key listed it
@@ -168,6 +180,9 @@ fn a_keep_list_is_validated() {
     );
     let text = s.ok(&["validate"], 1);
     assert!(text.contains("keyplan::plan::lockout"), "{text}");
+    s.plan("keyplan.yaml", &plan(", unmanaged_keyslots: { keep: [] }"));
+    let text = s.ok(&["validate"], 1);
+    assert!(text.contains("keeps no keyslot (`keep: []`)"), "{text}");
     s.plan(
         "keyplan.yaml",
         &plan(", unmanaged_keyslots: { keep: [7], drop: [1] }"),

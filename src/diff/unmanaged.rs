@@ -192,19 +192,47 @@ pub fn unmanaged<'a>(
 /// systemd-tpm2 binding of a keyslot keyplan manages or removes): the token then names a
 /// keyslot that is gone, and that tool no longer opens the device through it.
 pub fn orphaned_tokens(unmanaged: &[DeviceUnmanaged], slots: &[SlotChange]) -> Vec<String> {
+    let list = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
     let mut out = Vec::new();
     for d in unmanaged {
         for t in &d.tokens {
-            for c in slots.iter().filter(|c| {
-                c.device == d.device
-                    && c.action == SlotAction::Remove
-                    && t.keyslots.contains(&c.slot)
-            }) {
-                out.push(format!(
-                    "device {}: keyslot {} is killed, and the {} token {} names it: that token is then left naming no keyslot, so {} no longer opens the device through it. Bind it again to a new keyslot afterwards, or remove the token",
-                    d.device, c.slot, t.token_type, t.id, t.token_type
-                ));
+            let killed: Vec<u32> = slots
+                .iter()
+                .filter(|c| {
+                    c.device == d.device
+                        && c.action == SlotAction::Remove
+                        && t.keyslots.contains(&c.slot)
+                })
+                .map(|c| c.slot)
+                .collect();
+            if killed.is_empty() {
+                continue;
             }
+            let left: Vec<u32> = t
+                .keyslots
+                .iter()
+                .copied()
+                .filter(|n| !killed.contains(n))
+                .collect();
+            out.push(if left.is_empty() {
+                format!(
+                    "device {}: keyslot {} is killed, and the {} token {} names it: that token is then left naming no keyslot, so {} no longer opens the device through it. Bind it again to a new keyslot afterwards, or remove the token",
+                    d.device,
+                    list(&killed),
+                    t.token_type,
+                    t.id,
+                    t.token_type
+                )
+            } else {
+                format!(
+                    "device {}: keyslot {} is killed, which the {} token {} names; the token keeps keyslot {}",
+                    d.device,
+                    list(&killed),
+                    t.token_type,
+                    t.id,
+                    list(&left)
+                )
+            });
         }
     }
     out

@@ -180,8 +180,10 @@ pub fn check_archive(plan: &crate::spec::Plan) -> Result<(), String> {
     {
         return refuse("it exists and cannot be read to check what it is".into());
     }
+    // An empty file is no archive (keyplan writes whole records into a new one): a lock file,
+    // say.
     let first = head.split(|b| *b == b'\n').next().unwrap_or_default();
-    if head.is_empty() || serde_json::from_slice::<Record>(first).is_ok() {
+    if serde_json::from_slice::<Record>(first).is_ok() {
         Ok(())
     } else {
         refuse("it exists and is not a journal archive".into())

@@ -317,8 +317,8 @@ pub fn check_out_path(plan: &Plan, path: &std::path::Path) -> Result<(), crate::
         return refuse("it exists and cannot be read to check what it is".into());
     }
     let text = String::from_utf8_lossy(&head);
-    let ours = head.is_empty()
-        || text.starts_with("# HELP keyplan_")
+    // An empty file is nobody's status (keyplan never writes one): a lock file, say.
+    let ours = text.starts_with("# HELP keyplan_")
         || serde_json::from_slice::<serde_json::Value>(&head)
             .is_ok_and(|v| v.get("verdict").is_some() && v.get("format_version").is_some())
         || text.lines().any(|l| l.starts_with("last run: "));

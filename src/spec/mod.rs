@@ -388,8 +388,10 @@ pub struct DeviceKey {
 
 impl Plan {
     /// Why an output option (`status -o`, `--journal-archive`) must not write `path`: it is
-    /// the plan file, a device of the plan or its `enroll_with` file, or inside the state
-    /// directory or a file KMS's directory. `None` when it is none of these. Paths are compared
+    /// the plan file, a device of the plan or its `enroll_with` file, inside the state
+    /// directory or a file KMS's directory, or a state directory's file (any plan's: a
+    /// `journal.jsonl`, `history.jsonl`, `owner.json` or `devices.json`, or a file beside one).
+    /// `None` when it is none of these. Paths are compared
     /// resolved (symbolic links followed; a file that does not exist yet by its directory).
     pub fn protected_path(&self, path: &Path) -> Option<String> {
         fn resolve(p: &Path) -> PathBuf {
@@ -437,6 +439,16 @@ impl Plan {
                     return Some(format!("it is inside the directory of file KMS {name}"));
                 }
             }
+        }
+        // Another plan's state directory: its journal, audit trail, lock and records.
+        let name = target.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if matches!(
+            name,
+            "journal.jsonl" | "history.jsonl" | "owner.json" | "devices.json"
+        ) || target.parent().is_some_and(|dir| {
+            dir.join("owner.json").exists() || dir.join("journal.jsonl").exists()
+        }) {
+            return Some("it is in a keyplan state directory (another plan's?)".into());
         }
         None
     }

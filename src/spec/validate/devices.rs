@@ -345,8 +345,24 @@ fn check_keyslot<'k>(
 }
 
 /// `keyplan::plan::keyslot_range` for a keyslot of `unmanaged_keyslots: { keep: [...] }` past
-/// 31 (LUKS2 has keyslots 0-31), `keyplan::plan::duplicate_keyslot` for one listed twice.
+/// 31 (LUKS2 has keyslots 0-31), `keyplan::plan::duplicate_keyslot` for one listed twice,
+/// `keyplan::plan::empty` for an empty list (`remove` says that).
 fn check_keep_list(id: &str, d: &DeviceFile, cx: &mut Ctx) {
+    if matches!(
+        &d.unmanaged_keyslots,
+        crate::spec::UnmanagedKeyslotsFile::KeepOnly(k) if k.keep.is_empty()
+    ) {
+        cx.push(Issue {
+            path: p(&["devices", id, "unmanaged_keyslots", "keep"]),
+            code: "keyplan::plan::empty",
+            message: format!(
+                "device `{id}`: unmanaged_keyslots keeps no keyslot (`keep: []`), which removes every unmanaged keyslot"
+            ),
+            label: "empty keep list".to_owned(),
+            help: "list the keyslots to keep, or say `unmanaged_keyslots: remove` if every unmanaged keyslot is to go".to_owned(),
+            also: Vec::new(),
+        });
+    }
     let mut seen = std::collections::BTreeSet::new();
     for (i, n) in d.unmanaged_keyslots.kept().iter().enumerate() {
         let mut path = p(&["devices", id, "unmanaged_keyslots", "keep"]);
