@@ -171,7 +171,7 @@ pub enum KmsError {
     },
     /// The store could not be reached or refused to answer (network, server, permissions).
     /// Whether a write took effect is unknown; keyplan re-reads before acting again.
-    #[error("{kms} is unavailable: {detail}. Nothing further was asked of it; once the KMS is reachable, run the keyplan command again")]
+    #[error("{kms} is unavailable: {detail}. Nothing further was attempted; once the KMS is reachable, run `keyplan apply` again")]
     Unavailable {
         /// KMS description.
         kms: String,
