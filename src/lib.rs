@@ -50,6 +50,7 @@ pub mod clock;
 pub mod diff;
 pub mod error;
 pub mod failpoint;
+pub mod finding;
 pub mod fleet;
 pub mod fsutil;
 #[doc(hidden)]

@@ -157,10 +157,10 @@ pub(super) fn cmd_fleet(command: &FleetCommand) -> Result<Exit> {
             if *json {
                 outln!(
                     "{}",
-                    render::fleet::plan_json(&fp, &namespace).into_diagnostic()?
+                    crate::fleet::render::plan_json(&fp, &namespace).into_diagnostic()?
                 );
             } else {
-                out!("{}", render::fleet::plan_text(&fp, &namespace));
+                out!("{}", crate::fleet::render::plan_text(&fp, &namespace));
             }
             Ok(if fp.doubtful() {
                 Exit::Failure
@@ -197,9 +197,11 @@ pub(super) fn cmd_fleet(command: &FleetCommand) -> Result<Exit> {
                 }
             };
             let text = match format {
-                StatusFormat::Text => render::fleet::text(&s),
-                StatusFormat::Json => render::fleet::json(&s).into_diagnostic()?,
-                StatusFormat::Prometheus => render::fleet::prometheus(&s).into_diagnostic()?,
+                StatusFormat::Text => crate::fleet::render::text(&s),
+                StatusFormat::Json => crate::fleet::render::json(&s).into_diagnostic()?,
+                StatusFormat::Prometheus => {
+                    crate::fleet::render::prometheus(&s).into_diagnostic()?
+                }
             };
             out!("{text}");
             Ok(if s.healthy() {

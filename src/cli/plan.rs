@@ -51,7 +51,7 @@ pub(super) fn cmd_plan(
     if json {
         outln!(
             "{}",
-            render::json_text(&render::plan_json(d)).into_diagnostic()?
+            render::json_text(&crate::diff::json::plan_json(d)).into_diagnostic()?
         );
     } else {
         out!("{}", render::plan_text_styled(&plan, d, stdout_color(cli)));

@@ -55,7 +55,7 @@ pub(super) fn cmd_show(
     // notes from keyplan itself); otherwise the file's own texts, under a warning.
     let d = fresh.unwrap_or_else(|| defang(saved_d));
     if json {
-        let mut doc = render::plan_json(&d);
+        let mut doc = crate::diff::json::plan_json(&d);
         if let Some(obj) = doc.as_object_mut() {
             obj.insert(
                 "saved_plan".into(),

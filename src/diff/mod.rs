@@ -22,6 +22,7 @@
 //! It costs no PBKDF run.
 
 mod decide;
+pub mod json;
 pub use decide::foreign_holders;
 mod preflight;
 #[cfg(test)]

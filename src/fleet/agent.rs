@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 
+use super::endpoint::Health;
 use super::events::{EventType, Events};
 use super::report::{
     AgentRun, AgentState, DeviceSummary, Failure, KeySummary, NodeReport, ReportError, Reports,
@@ -45,7 +46,6 @@ use crate::clock::now_unix;
 use crate::error::Error;
 use crate::ops::apply::{ApplySession, RunOptions};
 use crate::ops::plan::PlanRequest;
-use crate::ops::status::StatusReport;
 use crate::ops::Engine;
 use crate::spec::Plan;
 
@@ -80,44 +80,6 @@ pub struct AgentOptions {
     /// The journal's audit trail (`--journal-keep-runs`, `--journal-archive`): the agent's
     /// own, never the plan's.
     pub journal: crate::spec::JournalRetention,
-}
-
-/// What the metrics endpoint shows: the last status and the agent's counters.
-#[derive(Debug, Default)]
-pub(crate) struct Health {
-    /// When the loop last went round.
-    pub last_tick: Option<Instant>,
-    /// Whether a run is going on (the loop is busy, not stuck).
-    pub running: bool,
-    /// The last status report of this node.
-    pub status: Option<StatusReport>,
-    /// Runs by outcome (`success`, `failed`, `stopped`).
-    pub runs: std::collections::BTreeMap<&'static str, u64>,
-    /// Whether a slot is held.
-    pub slot_held: bool,
-    /// Whether the rollout was seen halted.
-    pub halted: bool,
-    /// Whether the rollout was seen paused by an operator ([`super::pause`]).
-    pub paused: bool,
-    /// The agent's state.
-    pub state: Option<AgentState>,
-    /// When the last full cycle ended, Unix seconds.
-    pub last_cycle_at: Option<u64>,
-    /// Whether the last plan was refused.
-    pub plan_refused: bool,
-    /// Plans refused, by reason ([`Refusal::reason`], `unreadable`, `invalid`), counted once
-    /// per refused plan version.
-    pub plan_refusals: std::collections::BTreeMap<&'static str, u64>,
-    /// Whether the plan the agent runs has a verified signature (`None`: signatures are not
-    /// required).
-    pub plan_signed: Option<bool>,
-    /// Shared keys whose commit waits for other nodes: key id and the number of nodes it
-    /// waits for.
-    pub commits_waiting: Vec<(String, usize)>,
-    /// Cycles and runs that stopped before changing anything because something could not be
-    /// looked at (a KMS unreachable, sealed or silent): [`Agent::could_not_look`]. They do not
-    /// count towards `max_failed_nodes`.
-    pub observation_failures: u64,
 }
 
 /// Runs the agent until `stop` is set (SIGTERM), then releases what it holds, reports

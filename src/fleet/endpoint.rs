@@ -5,10 +5,50 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::agent::Health;
+use super::report::AgentState;
+use crate::ops::status::StatusReport;
+
 use crate::render::status::{prometheus_for_node, ExtraGauge};
+
+/// What the metrics endpoint shows: the last status and the agent's counters.
+#[derive(Debug, Default)]
+pub(crate) struct Health {
+    /// When the loop last went round.
+    pub last_tick: Option<Instant>,
+    /// Whether a run is going on (the loop is busy, not stuck).
+    pub running: bool,
+    /// The last status report of this node.
+    pub status: Option<StatusReport>,
+    /// Runs by outcome (`success`, `failed`, `stopped`).
+    pub runs: std::collections::BTreeMap<&'static str, u64>,
+    /// Whether a slot is held.
+    pub slot_held: bool,
+    /// Whether the rollout was seen halted.
+    pub halted: bool,
+    /// Whether the rollout was seen paused by an operator ([`super::pause`]).
+    pub paused: bool,
+    /// The agent's state.
+    pub state: Option<AgentState>,
+    /// When the last full cycle ended, Unix seconds.
+    pub last_cycle_at: Option<u64>,
+    /// Whether the last plan was refused.
+    pub plan_refused: bool,
+    /// Plans refused, by reason ([`super::signature::Refusal::reason`], `unreadable`, `invalid`), counted once
+    /// per refused plan version.
+    pub plan_refusals: std::collections::BTreeMap<&'static str, u64>,
+    /// Whether the plan the agent runs has a verified signature (`None`: signatures are not
+    /// required).
+    pub plan_signed: Option<bool>,
+    /// Shared keys whose commit waits for other nodes: key id and the number of nodes it
+    /// waits for.
+    pub commits_waiting: Vec<(String, usize)>,
+    /// Cycles and runs that stopped before changing anything because something could not be
+    /// looked at (a KMS unreachable, sealed or silent): [`super::agent::Agent::could_not_look`]. They do not
+    /// count towards `max_failed_nodes`.
+    pub observation_failures: u64,
+}
 
 /// Starts serving on `addr` from a background thread.
 ///

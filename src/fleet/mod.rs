@@ -21,6 +21,7 @@ mod endpoint;
 pub mod events;
 pub mod pause;
 pub mod plan;
+pub mod render;
 pub mod report;
 pub mod signature;
 pub mod slots;

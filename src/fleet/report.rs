@@ -25,6 +25,11 @@ use sha2::{Digest as _, Sha256};
 
 use crate::kms::block_on;
 
+/// How long [`super::status::read`] waits for the API server in all (its two lists together): what does not
+/// answer by then makes `fleet status` exit 3, naming it (docs/fleet.md). Shorter than the
+/// fleet client's own 30 s per-read timeout ([`crate::kms::REQUEST_TIMEOUT`]), a backstop.
+pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// Version of the report document.
 pub const FORMAT_VERSION: &str = "1";
 /// The data key of the report document.
@@ -416,7 +421,7 @@ impl Reports {
         .map_err(|_| ReportError {
             message: format!(
                 "{what}: the API server did not answer in time (`fleet status` waits {} in all)",
-                crate::kms::deadline::seconds(super::status::READ_TIMEOUT)
+                crate::kms::deadline::seconds(READ_TIMEOUT)
             ),
             code: None,
         })?

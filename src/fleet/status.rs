@@ -7,7 +7,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams};
 use serde::Serialize;
 
-use super::report::{AgentState, NodeReport, Reports};
+use super::report::{AgentState, NodeReport, Reports, READ_TIMEOUT};
 use crate::clock::now_unix;
 use crate::kms::block_on;
 
@@ -19,10 +19,6 @@ pub const FORMAT_VERSION: &str = "1.1";
 pub const LOST_INTERVALS: u64 = 3;
 /// The least age, in seconds, at which a report counts as lost.
 pub const LOST_MIN_SECONDS: u64 = 120;
-/// How long [`read`] waits for the API server in all (its two lists together): what does not
-/// answer by then makes `fleet status` exit 3, naming it (docs/fleet.md). Shorter than the
-/// fleet client's own 30 s per-read timeout ([`crate::kms::REQUEST_TIMEOUT`]), a backstop.
-pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// The whole fleet.
 #[derive(Debug, Clone, Serialize)]

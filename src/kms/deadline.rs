@@ -33,10 +33,7 @@ use std::time::{Duration, Instant};
 use super::{Credential, KeyState, Kms, KmsError};
 use crate::secret::Passphrase;
 
-/// Shortest `timeout` a plan may give a KMS instance.
-pub const MIN_TIMEOUT: Duration = Duration::from_secs(1);
-/// Longest `timeout` a plan may give a KMS instance (one hour).
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+pub use crate::spec::{MAX_TIMEOUT, MIN_TIMEOUT};
 
 /// The deadline of the KMS call running on this thread, and the limit it came from.
 #[derive(Debug, Clone, Copy)]

@@ -7,7 +7,6 @@
 use std::fmt;
 use std::path::Path;
 
-use super::driver::{check_slot, refused};
 use super::{AddTarget, AnyKeyslot, Cryptsetup, Header, LuksError};
 use crate::secret::Passphrase;
 use crate::spec::PbkdfSettings;
@@ -167,5 +166,34 @@ impl LuksDoor for Cryptsetup {
     }
     fn pbkdf_runs(&self) -> u64 {
         Cryptsetup::pbkdf_runs(self)
+    }
+}
+
+/// Refuses keyslot numbers at or above `max`.
+pub(super) fn check_slot(
+    operation: &str,
+    dev: &Path,
+    slot: u32,
+    max: u32,
+) -> Result<(), LuksError> {
+    if slot >= max {
+        Err(refused(
+            operation,
+            dev,
+            &format!(
+                "keyslot {slot} is out of range (this device has keyslots 0-{})",
+                max - 1
+            ),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+pub(super) fn refused(operation: &str, dev: &Path, reason: &str) -> LuksError {
+    LuksError::Refused {
+        operation: operation.to_owned(),
+        path: dev.to_owned(),
+        reason: reason.to_owned(),
     }
 }

@@ -21,6 +21,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::door::{check_kill, check_slot, refused};
 use super::run::{self, Outcome};
 use super::{bench, dump, AddTarget, Cryptsetup, Header, LuksError, LuksVersion, PbkdfCounter};
 use crate::secret::Passphrase;
@@ -465,7 +466,7 @@ impl Cryptsetup {
     /// [`LuksError::Failed`] when cryptsetup fails.
     pub fn kill_keyslot(&self, dev: &Path, slot: u32) -> Result<(), LuksError> {
         let header = self.dump(dev)?;
-        super::door::check_kill(dev, slot, &header)?;
+        check_kill(dev, slot, &header)?;
         self.kill_keyslot_unchecked(dev, slot)
     }
 
@@ -934,35 +935,6 @@ fn damaged_luks(dev: &Path) -> Option<String> {
     Some(format!(
         "starts with a LUKS signature, but cryptsetup cannot read its header: it is damaged or truncated{size}; nothing was changed. Restore the header from a backup (`cryptsetup luksHeaderRestore DEVICE --header-backup-file FILE`) or check that `path` names the whole device"
     ))
-}
-
-/// Refuses keyslot numbers at or above `max`.
-pub(super) fn check_slot(
-    operation: &str,
-    dev: &Path,
-    slot: u32,
-    max: u32,
-) -> Result<(), LuksError> {
-    if slot >= max {
-        Err(refused(
-            operation,
-            dev,
-            &format!(
-                "keyslot {slot} is out of range (this device has keyslots 0-{})",
-                max - 1
-            ),
-        ))
-    } else {
-        Ok(())
-    }
-}
-
-pub(super) fn refused(operation: &str, dev: &Path, reason: &str) -> LuksError {
-    LuksError::Refused {
-        operation: operation.to_owned(),
-        path: dev.to_owned(),
-        reason: reason.to_owned(),
-    }
 }
 
 /// A [`LuksError::Failed`] from a finished child; `note` says what was left untouched.

@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::{DeviceState, Origin};
-use crate::error::Finding;
+use crate::finding::Finding;
 use crate::journal::UnfinishedAdd;
 use crate::kms::KeyState;
 use crate::luks::Priority;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::{device_path, observe_workers, DeviceState};
-use crate::error::Finding;
+use crate::finding::Finding;
 use crate::luks::{Header, LuksError};
 use crate::spec::{Device, PathSeg, Plan};
 use crate::world::{RecordError, RecordObs, World};

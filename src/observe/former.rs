@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use super::{observe_workers, DeviceState};
-use crate::error::Finding;
+use crate::finding::Finding;
 use crate::spec::Plan;
 use crate::world::{registry, RegistryEntry, World};
 

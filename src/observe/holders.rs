@@ -171,12 +171,12 @@ pub(super) fn unbacked_findings(
     plan: &Plan,
     keys: &BTreeMap<String, KeyState>,
     devices: &BTreeMap<String, DeviceState>,
-) -> Vec<crate::error::Finding> {
+) -> Vec<crate::finding::Finding> {
     let me = plan.holder();
     keys.iter()
         .filter(|(id, st)| unbacked_own(plan, id, st, devices))
         .map(|(id, _)| {
-            crate::error::Finding::at(
+            crate::finding::Finding::at(
                 vec![
                     crate::spec::PathSeg::Key("keys".into()),
                     crate::spec::PathSeg::Key(id.clone()),

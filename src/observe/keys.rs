@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::{DeviceState, Origin};
-use crate::error::Finding;
+use crate::finding::Finding;
 use crate::kms::KeyState;
 use crate::spec::{PathSeg, Plan};
 use crate::world::{RecordStatus, World};

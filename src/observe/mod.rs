@@ -23,7 +23,7 @@ mod rename;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use crate::error::{Error, Finding};
+use crate::finding::Finding;
 use crate::kms::KeyState;
 use crate::luks::Header;
 use crate::spec::{PathSeg, Plan};
@@ -210,11 +210,11 @@ pub enum Testing {
 /// for keyslots to adopt ([`adopt`]) and an `enroll_with` passphrase that enrolling needs
 /// ([`enroll`]).
 ///
-/// Errors: [`Error::Findings`], all collected, each pointing at the plan file where it can: a
+/// Errors: the [`Finding`]s, all collected, each pointing at the plan file where it can: a
 /// device missing, not LUKS, or with an unexpected UUID; two devices with the same LUKS UUID;
 /// a pinned keyslot out of range for the device's LUKS version; unreadable records; a KMS that
 /// cannot be read; a corrupt registry.
-pub fn observe(plan: &Plan, world: &World, testing: Testing) -> Result<Observed, Error> {
+pub fn observe(plan: &Plan, world: &World, testing: Testing) -> Result<Observed, Vec<Finding>> {
     let mut findings: Vec<Finding> = Vec::new();
     let devices::Read {
         mut devices,
@@ -223,10 +223,10 @@ pub fn observe(plan: &Plan, world: &World, testing: Testing) -> Result<Observed,
     } = devices::read(plan, world, &mut findings);
     let keys = keys::read(plan, world, &mut findings);
     if !findings.is_empty() {
-        return Err(Error::Findings(findings));
+        return Err(findings);
     }
     rename::apply(plan, &mut devices);
-    let origins = keys::origins(plan, world, &devices).map_err(Error::Findings)?;
+    let origins = keys::origins(plan, world, &devices)?;
     retired_copies(plan, &mut devices);
     if testing == Testing::HeadersOnly {
         for (id, st) in devices.iter_mut() {
@@ -255,18 +255,18 @@ pub fn observe(plan: &Plan, world: &World, testing: Testing) -> Result<Observed,
             st.enroll_with_problem = enroll::check(world, dev, st, &keys, &origins, &here);
         }
         if !findings.is_empty() {
-            return Err(Error::Findings(findings));
+            return Err(findings);
         }
     }
     let (former, former_unreadable) =
         former::read(plan, world, &uuids, &unavailable, &mut findings);
     if !findings.is_empty() {
-        return Err(Error::Findings(findings));
+        return Err(findings);
     }
     let former_holders = holders::own_former(plan, &keys, &devices);
     findings.extend(holders::unbacked_findings(plan, &keys, &devices));
     if !findings.is_empty() {
-        return Err(Error::Findings(findings));
+        return Err(findings);
     }
     Ok(Observed {
         former_holders,

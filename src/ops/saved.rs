@@ -77,7 +77,7 @@ pub fn save(
 ) -> Result<(), Error> {
     let plan = engine.plan();
     let journal = crate::journal::read(&plan.state_dir)?;
-    let mut changes = crate::render::plan_json(&planned.diff);
+    let mut changes = crate::diff::json::plan_json(&planned.diff);
     if let Some(o) = changes.as_object_mut() {
         o.remove("steps");
     }
@@ -179,7 +179,7 @@ pub fn freshness(saved: &SavedPlan, plan: &Plan, bytes: &[u8]) -> Freshness {
         Ok((digest, d)) => {
             let mut changed = saved::changes_since(&saved.state, &digest);
             if changed.is_empty() {
-                changed = saved::mismatch(saved, &d, &crate::render::plan_json(&d));
+                changed = saved::mismatch(saved, &d, &crate::diff::json::plan_json(&d));
             }
             if changed.is_empty() {
                 Freshness::Current(Box::new(d))
@@ -245,7 +245,7 @@ impl ApplySession<'_> {
             });
         }
         let d = &planned.diff;
-        let differences = saved::mismatch(saved, d, &crate::render::plan_json(d));
+        let differences = saved::mismatch(saved, d, &crate::diff::json::plan_json(d));
         if !differences.is_empty() {
             return Err(Error::SavedMismatch {
                 saved: path.to_path_buf(),

@@ -895,19 +895,14 @@ fn set_unmanaged(
 /// Files what stopped the observation of the devices: what is wrong (a device listed twice, a
 /// pinned keyslot out of range, corrupt records) as problems, what could not be looked at (a
 /// KMS that cannot be read) as unchecked.
-fn observation_failed(e: crate::error::Error, f: &mut Findings) {
-    use crate::error::{Error, FindingKind};
+fn observation_failed(findings: Vec<crate::finding::Finding>, f: &mut Findings) {
+    use crate::finding::FindingKind;
     let line = |m: &str| format!("devices could not be checked for drift: {}", first_line(m));
-    match e {
-        Error::Findings(findings) => {
-            for x in findings {
-                match x.kind {
-                    FindingKind::Wrong => f.problems.push(line(&x.message)),
-                    FindingKind::Unreachable => f.not_observed.push(x.message),
-                }
-            }
+    for x in findings {
+        match x.kind {
+            FindingKind::Wrong => f.problems.push(line(&x.message)),
+            FindingKind::Unreachable => f.not_observed.push(x.message),
         }
-        other => f.not_observed.push(other.to_string()),
     }
 }
 

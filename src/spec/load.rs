@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::diag::{Label, PlanError, SourceFile};
 use super::locate::{self, Located, Node};
 use super::model::PlanFile;
-use super::parse_error::{schema_error, syntax_error, toml_raw, yaml_raw};
+use super::parse_error::{schema_error, syntax_error, toml_raw, version_line, yaml_raw};
 use super::Format;
 
 /// File names [`super::find_default`] looks for, in order.
@@ -185,14 +185,6 @@ pub(crate) fn parse(
 fn is_blank(text: &str) -> bool {
     text.lines()
         .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
-}
-
-/// The `version` line of a plan file in `format`, e.g. `version: 1`.
-pub(super) fn version_line(format: Format) -> &'static str {
-    match format {
-        Format::Yaml => "version: 1",
-        Format::Toml => "version = 1",
-    }
 }
 
 /// `version` is checked before the model, because another version may well have other fields.

@@ -34,7 +34,7 @@ pub use diag::{json_diagnostics, JsonDiagnostic, Position, Range, Severity};
 pub use model::{
     KmsConfig, PbkdfSettings, PbkdfType, UnmanagedKeyslots, UnmanagedKeyslotsFile, VaultAuth,
 };
-pub use validate::parse_kms_timeout;
+pub use validate::{parse_kms_timeout, MAX_TIMEOUT, MIN_TIMEOUT};
 
 use diag::{Label, PlanError, SourceFile};
 use locate::Located;

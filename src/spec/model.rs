@@ -7,6 +7,12 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// Lowest forced PBKDF2 iteration count cryptsetup accepts (2.6: "minimum is 1000").
+pub(crate) const PBKDF2_MIN_ITERATIONS: u32 = 1000;
+/// Lowest forced Argon2 time cost cryptsetup accepts (2.6: "minimum is 4").
+pub(crate) const ARGON2_MIN_ITERATIONS: u32 = 4;
+/// Argon2 memory cost limits in KiB that cryptsetup accepts (2.6: 32 KiB to 4 GiB).
+pub(crate) const ARGON2_MEMORY_KIB: (u32, u32) = (32, 4 * 1024 * 1024);
 /// The whole plan file as written (`version: 1`).
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -524,7 +530,7 @@ pub const DURATION_PATTERN: &str =
 /// `memory_kib` or `parallel`; Argon2 at least 4, a memory cost of 32 KiB to 4 GiB and at
 /// least one thread; `iterations` and `iter_time_ms` do not go together.
 fn pbkdf_limits(schema: &mut schemars::Schema) {
-    let (mem_lo, mem_hi) = super::validate::ARGON2_MEMORY_KIB;
+    let (mem_lo, mem_hi) = ARGON2_MEMORY_KIB;
     schema.insert(
         "if".to_owned(),
         serde_json::json!({ "properties": { "type": { "const": "pbkdf2" } } }),
@@ -533,7 +539,7 @@ fn pbkdf_limits(schema: &mut schemars::Schema) {
         "then".to_owned(),
         serde_json::json!({
             "properties": {
-                "iterations": { "minimum": super::validate::PBKDF2_MIN_ITERATIONS }
+                "iterations": { "minimum": PBKDF2_MIN_ITERATIONS }
             },
             "not": { "anyOf": [ { "required": ["memory_kib"] }, { "required": ["parallel"] } ] }
         }),
@@ -545,7 +551,7 @@ fn pbkdf_limits(schema: &mut schemars::Schema) {
     schema.insert(
         "else".to_owned(),
         serde_json::json!({ "properties": {
-            "iterations": { "minimum": super::validate::ARGON2_MIN_ITERATIONS },
+            "iterations": { "minimum": ARGON2_MIN_ITERATIONS },
             "memory_kib": { "minimum": mem_lo, "maximum": mem_hi },
             "parallel": { "minimum": 1 }
         } }),

@@ -9,7 +9,6 @@
 use serde_saphyr::MessageFormatter;
 
 use super::diag::{Label, PlanError, SourceFile};
-use super::load::version_line;
 use super::locate::{self, display_path, Hit, Located, Node, Span};
 use super::{Format, PathSeg};
 
@@ -466,5 +465,13 @@ fn short_label(code: &str) -> &'static str {
         "keyplan::plan::missing_field" => "a required field is missing here",
         "keyplan::plan::bad_value" => "not an allowed value",
         _ => "wrong type",
+    }
+}
+
+/// The `version` line of a plan file in `format`, e.g. `version: 1`.
+pub(super) fn version_line(format: Format) -> &'static str {
+    match format {
+        Format::Yaml => "version: 1",
+        Format::Toml => "version = 1",
     }
 }

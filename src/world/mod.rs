@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::error::{Error, Finding};
+use crate::finding::Finding;
 use crate::kms::{self, Kms};
 use crate::luks::{Cryptsetup, LuksDoor};
 use crate::spec::{PathSeg, Plan};
@@ -58,15 +58,15 @@ pub enum NotInPlan {
 impl World {
     /// Opens every KMS instance of `plan` (contacting none) and finds cryptsetup.
     ///
-    /// Errors: [`Error::Findings`]: the state directory exists but is not a directory; a KMS
+    /// Errors: [`Finding`]s: the state directory exists but is not a directory; a KMS
     /// instance that cannot be opened (unusable settings or credentials), pointing at its
     /// place in the plan file.
-    pub fn open(plan: &Plan) -> Result<World, Error> {
+    pub fn open(plan: &Plan) -> Result<World, Vec<Finding>> {
         // A `state_dir` written in the plan was checked when it was loaded; this catches
         // `--state-dir`, which replaces it afterwards.
         if let Ok(m) = std::fs::metadata(&plan.state_dir) {
             if !m.is_dir() {
-                return Err(Error::Findings(vec![Finding::bare(
+                return Err(vec![Finding::bare(
                     format!(
                         "the state directory {} exists but is not a directory; nothing was changed",
                         plan.state_dir.display()
@@ -75,18 +75,18 @@ impl World {
                         "move the file {} out of the way, or choose another directory with `--state-dir` (or `state_dir` in the plan)",
                         plan.state_dir.display()
                     )),
-                )]));
+                )]);
             }
         }
         let mut map = BTreeMap::new();
         let waits = Arc::new(kms::deadline::WaitPolicy::default());
         for (name, cfg) in &plan.kms {
             let k = kms::open(name, cfg, &waits).map_err(|e| {
-                Error::Findings(vec![Finding::at(
+                vec![Finding::at(
                     vec![PathSeg::Key("kms".into()), PathSeg::Key(name.clone())],
                     e.to_string(),
                     None,
-                )])
+                )]
             })?;
             map.insert(name.clone(), k);
         }

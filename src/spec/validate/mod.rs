@@ -21,12 +21,15 @@ mod paths;
 mod settings;
 mod syntax;
 
-pub use syntax::parse_kms_timeout;
+pub use syntax::{parse_kms_timeout, MAX_TIMEOUT, MIN_TIMEOUT};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::model::{KmsConfig, PbkdfSettings, PlanFile, VaultAuth};
+use super::model::{
+    KmsConfig, PbkdfSettings, PlanFile, VaultAuth, ARGON2_MEMORY_KIB, ARGON2_MIN_ITERATIONS,
+    PBKDF2_MIN_ITERATIONS,
+};
 use super::{Device, Key, PathSeg};
 
 /// Lowest and highest `bytes` of a key.
@@ -37,12 +40,6 @@ pub(crate) const MAX_KEYSLOT: u32 = 31;
 pub(crate) const DEFAULT_BYTES: usize = 32;
 /// Default `parallelism`.
 pub(crate) const DEFAULT_PARALLELISM: usize = 4;
-/// Lowest forced PBKDF2 iteration count cryptsetup accepts (2.6: "minimum is 1000").
-pub(crate) const PBKDF2_MIN_ITERATIONS: u32 = 1000;
-/// Lowest forced Argon2 time cost cryptsetup accepts (2.6: "minimum is 4").
-pub(crate) const ARGON2_MIN_ITERATIONS: u32 = 4;
-/// Argon2 memory cost limits in KiB that cryptsetup accepts (2.6: 32 KiB to 4 GiB).
-pub(crate) const ARGON2_MEMORY_KIB: (u32, u32) = (32, 4 * 1024 * 1024);
 
 /// One semantic problem.
 #[derive(Debug)]

@@ -40,11 +40,15 @@ pub(crate) fn parse_rotate_after(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// Shortest `timeout` a plan may give a KMS instance.
+pub const MIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+/// Longest `timeout` a plan may give a KMS instance (one hour).
+pub const MAX_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// Parses a KMS instance's `timeout` (the syntax of `rotate_after`), from
-/// [`crate::kms::deadline::MIN_TIMEOUT`] to [`crate::kms::deadline::MAX_TIMEOUT`]. Errors
+/// [`MIN_TIMEOUT`] to [`MAX_TIMEOUT`]. Errors
 /// carry a message saying what is accepted.
 pub fn parse_kms_timeout(text: &str) -> Result<Duration, String> {
-    use crate::kms::deadline::{MAX_TIMEOUT, MIN_TIMEOUT};
     let d = parse_duration("timeout", text)?;
     if !(MIN_TIMEOUT..=MAX_TIMEOUT).contains(&d) {
         return Err(format!(

@@ -1,11 +1,11 @@
-//! `keyplan fleet status` output: text for people, JSON (`format_version` "1.0") and
+//! `keyplan fleet status` and `keyplan fleet plan` output: text for people, JSON (`format_version` "1.0") and
 //! Prometheus text exposition format (docs/fleet.md documents the fields and metrics).
 
 use std::fmt::Write as _;
 
+use super::report::AgentState;
+use super::status::FleetStatus;
 use crate::clock::rfc3339;
-use crate::fleet::report::AgentState;
-use crate::fleet::status::FleetStatus;
 use crate::render::status::ExtraGauge;
 
 /// The fleet status as pretty-printed JSON, with a newline at the end.
@@ -391,7 +391,7 @@ pub fn plan_json(
                 "refused": matches!(&n.result, Some(Err(_))),
                 "refusals": match &n.result { Some(Err(r)) => r.clone(), _ => Vec::new() },
                 "plan": match &n.result {
-                    Some(Ok(d)) => crate::render::plan_json(d),
+                    Some(Ok(d)) => crate::diff::json::plan_json(d),
                     _ => serde_json::Value::Null,
                 },
             })
