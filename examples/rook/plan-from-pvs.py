@@ -2,7 +2,7 @@
 """Write a keyplan plan for the encrypted OSDs of a Rook cluster (OSDs on PVCs backed by local
 block PersistentVolumes), one device per OSD, each on its node, each with its own key: the
 Secret `rook-ceph-osd-encryption-key-<pvc>` Rook wrote (data key `dmcrypt-key`), adopted in
-place by the first `keyplan apply` (README, "Migrating from Rook").
+place by the first `keyplan apply` (docs/operations.md, "Migrating from Rook").
 
     kubectl get pv -o json | examples/rook/plan-from-pvs.py --namespace rook-ceph > keyplan.yaml
     keyplan validate -f keyplan.yaml

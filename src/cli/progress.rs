@@ -6,7 +6,7 @@ use std::io::IsTerminal as _;
 
 use super::Cli;
 
-/// How an `apply` run shows its steps (see README "Operator comfort"):
+/// How an `apply` run shows its steps (see docs/commands.md "Operator comfort"):
 /// - stdout a terminal, no `--quiet`, no `-v` (log lines would tear the display): one spinner
 ///   line per running step (device, step, elapsed) under a bar of steps done/total, drawn by
 ///   `indicatif`; each finished step also leaves a line in the scrollback.

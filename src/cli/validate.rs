@@ -1,6 +1,6 @@
 //! `keyplan validate`: load and check the plan file; with `--json`, one JSON document on
-//! stdout listing every diagnostic with its place in the file (see README "Checking a plan
-//! file").
+//! stdout listing every diagnostic with its place in the file (see docs/plan-file.md
+//! "Checking a plan file").
 
 use super::*;
 

@@ -161,7 +161,7 @@ pub enum JournalError {
         source: io::Error,
     },
     /// A line other than the last cannot be parsed.
-    #[error("journal {path} line {line} is corrupt ({message}); keyplan will not guess: move the file aside to start a fresh journal. A fresh journal forgets the run's unfinished steps: first check `cryptsetup luksDump` of this plan's devices for keyslots without a keyplan token, which a killed add may have left (README, \"Journal, lock and resume\")")]
+    #[error("journal {path} line {line} is corrupt ({message}); keyplan will not guess: move the file aside to start a fresh journal. A fresh journal forgets the run's unfinished steps: first check `cryptsetup luksDump` of this plan's devices for keyslots without a keyplan token, which a killed add may have left (docs/operations.md, \"Journal, lock and resume\")")]
     Corrupt {
         /// Journal path.
         path: PathBuf,

@@ -1,6 +1,6 @@
 //! The `file` KMS: a local directory key store (the embedded default).
 //!
-//! Layout, documented for operators in the README ("Recovering a key by hand"):
+//! Layout, documented for operators in docs/operations.md ("File KMS layout"):
 //!
 //! ```text
 //! <path>/                     mode 0700
@@ -78,7 +78,7 @@ impl FileKms {
                 kms: self.describe(),
                 key: key.to_string(),
                 detail: format!(
-                    "{} is not valid: {e}; restore it from a backup or fix it by hand (see README, file KMS layout)",
+                    "{} is not valid: {e}; restore it from a backup or fix it by hand (see docs/operations.md, file KMS layout)",
                     path.display()
                 ),
             }),

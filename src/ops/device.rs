@@ -1,6 +1,6 @@
 //! `device forget`: the state directory stops remembering a device that left the plan for
-//! good, so the key versions it may hold are no longer kept for it (README, "Devices worked
-//! on"). Before: editing `<state_dir>/devices.json` by hand.
+//! good, so the key versions it may hold are no longer kept for it (docs/operations.md,
+//! "Where keyplan keeps its records"). Before: editing `<state_dir>/devices.json` by hand.
 
 use super::Engine;
 use crate::error::Error;

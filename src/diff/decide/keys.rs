@@ -25,7 +25,7 @@ impl Planner<'_> {
         if let Some(c) = st.current {
             if st.current_info().is_none() {
                 self.refuse_key(key, format!(
-                    "key {key}: the KMS names v{c} as current but has no such version; its metadata is damaged. Nothing was changed: repair it (see README, file KMS layout) or restore it from a backup"
+                    "key {key}: the KMS names v{c} as current but has no such version; its metadata is damaged. Nothing was changed: repair it (see docs/operations.md, file KMS layout) or restore it from a backup"
                 ));
                 return;
             }
