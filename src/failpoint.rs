@@ -1,6 +1,6 @@
 //! Crash and error injection points for tests (cargo feature `failpoints`).
 //!
-//! keyplan's promise that a run killed at any instant converges (DESIGN.md §2, I1 and I3) is
+//! keyplan's promise that a run killed at any instant converges (docs/rotation.md "The invariants", I1 and I3) is
 //! tested by killing the process at named points: between journal records, before and after a
 //! step's effect, and between the two halves of compound effects (a keyslot added but not yet
 //! recorded, a KMS version written but not yet listed). The points are fail points of the

@@ -37,7 +37,7 @@ fn with_progress(
     Ok(out)
 }
 
-/// `keyplan apply` (DESIGN.md §4): refuses without a terminal unless `--auto-approve`;
+/// `keyplan apply` (docs/commands.md): refuses without a terminal unless `--auto-approve`;
 /// finishes an interrupted run first (asking), then shows each round's plan, asks, and runs it.
 pub(super) fn cmd_apply(
     cli: &Cli,

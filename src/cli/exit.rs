@@ -1,4 +1,4 @@
-//! Exit statuses of the command line (DESIGN.md §4, docs/monitoring.md).
+//! Exit statuses of the command line (docs/commands.md, docs/monitoring.md).
 
 use std::process::ExitCode;
 

@@ -1,4 +1,4 @@
-//! The command line (DESIGN.md §4): clap definitions, and one thin module per command that
+//! The command line (docs/commands.md): clap definitions, and one thin module per command that
 //! parses its arguments, asks for confirmation where needed, calls [`crate::ops`], renders
 //! with [`crate::render`] and maps the outcome to an [`Exit`] status (`0` success / no
 //! changes, `1` error, usage errors included, `2` changes present with `--detailed-exitcode`,

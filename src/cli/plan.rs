@@ -5,7 +5,7 @@ use super::*;
 use crate::ops::plan::{PlanOutcome, PlanRequest};
 use crate::render::run::{interrupted_json, interrupted_text};
 
-/// `keyplan plan` (DESIGN.md §4); with `out` (`-o FILE`) it also saves the plan.
+/// `keyplan plan` (docs/commands.md); with `out` (`-o FILE`) it also saves the plan.
 pub(super) fn cmd_plan(
     cli: &Cli,
     arg: &PlanArg,

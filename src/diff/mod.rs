@@ -1,5 +1,5 @@
 //! The planner: desired vs observed state, as the changes a run would make (each with a
-//! reason) and the step graph that makes them (DESIGN.md §5).
+//! reason) and the step graph that makes them (docs/rotation.md).
 //!
 //! [`diff`] is a pure function of the plan and an [`Observed`] state: it reads no device, no
 //! KMS, no file and no clock (the observation carries its time), so it is tested on synthetic

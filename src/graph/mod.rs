@@ -1,6 +1,6 @@
 //! Steps and the step graph.
 //!
-//! A [`Step`] is one idempotent operation of DESIGN.md §5 (stage, add keyslot, verify, commit,
+//! A [`Step`] is one idempotent operation of docs/rotation.md (stage, add keyslot, verify, commit,
 //! kill keyslot, forget record, retire). [`StepGraph`] holds steps and their dependencies in a
 //! petgraph DAG; the executor runs a step once all its predecessors are done. Steps are
 //! serializable (they go into the journal's `run_start` record) and hold no key material.

@@ -1,7 +1,7 @@
 //! The version book of one key: the rules every provider applies to a key's `current`,
 //! `pending` and known versions, written once, with one wording for every refusal.
 //!
-//! The rules ([`super::Kms`] docs, DESIGN.md §5 steps stage, commit and retire, invariants I3
+//! The rules ([`super::Kms`] docs, docs/rotation.md, steps stage, commit and retire, invariants I3
 //! and I5):
 //!
 //! - **stage**: refused while a version is pending (the engine reuses it instead); the new

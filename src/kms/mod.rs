@@ -2,7 +2,7 @@
 //!
 //! Every provider implements [`Kms`]: read a key's version metadata, fetch one version's
 //! passphrase, stage a new `pending` version, commit it as `current` with compare-and-swap,
-//! and retire old versions (DESIGN.md §5). Providers: `file` (local directory), `vault`
+//! and retire old versions (docs/rotation.md). Providers: `file` (local directory), `vault`
 //! (HashiCorp Vault / OpenBao KV v2), `kubernetes` (core/v1 Secrets), `kmip` (KMIP 1.x over
 //! mutual TLS) and `exec` (an external program speaking a JSON protocol).
 //!
@@ -268,7 +268,7 @@ impl KmsError {
     }
 }
 
-/// A key store holding passphrase versions (DESIGN.md §5 steps stage, commit, retire).
+/// A key store holding passphrase versions (docs/rotation.md, steps stage, commit, retire).
 ///
 /// Implementations are safe to call from several threads; writes are atomic and
 /// [`Kms::commit`] is compare-and-swap, so a concurrent writer causes
@@ -324,8 +324,8 @@ pub trait Kms: Send + Sync {
     /// Destroys the material of a non-current version and marks it `Retired`. Idempotent.
     fn retire(&self, name: &str, version: u64) -> Result<(), KmsError>;
     /// Checks, without writing anything, that the store is reachable and that keyplan's
-    /// credentials may stage, commit and retire versions of each key in `names` (DESIGN.md
-    /// §2 I6: `plan` calls it, so it must leave no trace). The default reads each key.
+    /// credentials may stage, commit and retire versions of each key in `names` (I6,
+    /// docs/rotation.md: `plan` calls it, so it must leave no trace). The default reads each key.
     ///
     /// Errors: [`KmsError::Unavailable`] (unreachable), [`KmsError::Denied`] (missing
     /// permission), [`KmsError::Config`].

@@ -390,7 +390,7 @@ pub fn saved_text(diff: &Diff) -> String {
 
 /// A JSON document that serializes with its `format_version` member first (then the other
 /// members in key order), so that readers and people see the version before anything else
-/// (DESIGN.md §4: the document starts with `format_version`). Nested values are unchanged.
+/// (docs/commands.md: the document starts with `format_version`). Nested values are unchanged.
 pub struct VersionFirst<'a>(pub &'a serde_json::Value);
 
 impl serde::Serialize for VersionFirst<'_> {

@@ -35,7 +35,7 @@ impl Passphrase {
 
     /// Generates a new passphrase: `random_bytes` bytes from the operating system's CSPRNG
     /// (`getrandom(2)` through `rand::rngs::OsRng`), encoded as standard base64 text with
-    /// padding, as DESIGN.md §3 (`bytes`) specifies. 32 random bytes give 44 characters.
+    /// padding, as docs/plan-file.md (`bytes`) specifies. 32 random bytes give 44 characters.
     /// Registered with [`redact::register`], as [`Passphrase::new`] does.
     ///
     /// Errors: the OS random source failed (reported as a string without key material).

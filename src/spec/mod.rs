@@ -1,4 +1,4 @@
-//! Plan files: loading YAML/TOML (DESIGN.md §3), validation, and diagnostics that point at
+//! Plan files: loading YAML/TOML (docs/plan-file.md), validation, and diagnostics that point at
 //! `file:line:column`.
 //!
 //! [`load`] turns a plan file into a validated [`Plan`]; every error it returns is a

@@ -1,4 +1,4 @@
-//! Plan file format version 1 (DESIGN.md §3): the raw serde model, exactly as written by the
+//! Plan file format version 1 (docs/plan-file.md): the raw serde model, exactly as written by the
 //! user, in YAML or TOML. Unknown fields are errors everywhere. [`super::Plan`] is the validated,
 //! resolved form the engine works with.
 

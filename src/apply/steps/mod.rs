@@ -1,4 +1,4 @@
-//! Step executors: one function per step kind (DESIGN.md §5), sharing the run's context
+//! Step executors: one function per step kind (docs/rotation.md), sharing the run's context
 //! ([`Exec`]): the plan, the doors to the world, the versions staged and the keyslots verified
 //! so far, the PBKDF memory budget.
 //!

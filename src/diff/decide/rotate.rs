@@ -1,4 +1,4 @@
-//! A rotation (DESIGN.md §5): stage a new version, add it on every device, verify it, commit,
+//! A rotation (docs/rotation.md): stage a new version, add it on every device, verify it, commit,
 //! kill the keyslots of the old version; a pinned key's new version moves back into its pinned
 //! keyslot after the commit (docs/architecture.md, "Pinned keys cost more to rotate").
 
