@@ -122,6 +122,10 @@ fn hold_while_exists(gate: &str) {
 
 /// Kills this process with `SIGKILL`: no unwinding, no destructors, no buffered output
 /// flushed, no journal record. Used only by injection points.
+#[allow(
+    clippy::print_stderr,
+    reason = "the line tests wait for; no logger is sure to flush before SIGKILL"
+)]
 pub fn crash(name: &str) -> ! {
     // Tests look for this line to tell an injected crash from a real one.
     eprintln!("keyplan: injected crash at {name}");

@@ -5,6 +5,13 @@
 //! layouts, with the KMS's own reader (real OpenBao; for Secrets, the real kube-apiserver of
 //! tests/common/kube.rs, in a fresh namespace, read back as admin).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 #[path = "common/kube.rs"]
 mod kube;

@@ -5,6 +5,13 @@
 //! and what to do, without a panic, and that every LUKS image and the KMS (`keys/`) are
 //! byte-for-byte unchanged.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 
 use std::io::Write;

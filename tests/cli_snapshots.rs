@@ -9,6 +9,13 @@
 //! `CI` set insta writes nothing (`INSTA_UPDATE=no` behaviour), otherwise it writes a
 //! `.snap.new` file next to the others and still fails.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 
 use std::process::Output;

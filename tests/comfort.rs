@@ -3,6 +3,13 @@
 //! CI and systemd examples. Terminals are real pseudo-terminals (`script(1)`); apply runs the
 //! real cryptsetup on LUKS image files.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 
 use std::path::Path;

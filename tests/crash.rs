@@ -1,4 +1,4 @@
-//! The deterministic crash matrix (DESIGN.md §2: I1 never locked out, I3 converge).
+//! The deterministic crash matrix (docs/rotation.md "The invariants": I1 never locked out, I3 converge).
 //!
 //! For each scenario, every crash point of `keyplan::failpoint` is fired at each of its hits in
 //! turn (`FAILPOINTS="<point>=<k>*off->return"`): keyplan kills itself with SIGKILL there (no
@@ -11,6 +11,13 @@
 //!
 //! Needs the `failpoints` feature (scripts/test.sh enables it); without it this file reports
 //! SKIPPED.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
 
 mod common;
 

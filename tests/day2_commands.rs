@@ -3,6 +3,13 @@
 //! `keyplan sign --verify` (before: pushing a plan and reading the agent's refusal). Judged
 //! with the real cryptsetup on LUKS image files and the file KMS.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 
 use std::path::Path;

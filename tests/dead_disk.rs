@@ -4,6 +4,13 @@
 //! rotates, a key the dead device lists is not committed (its current version still opens
 //! every device listing it), and no key version is destroyed while the device is unreadable.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 
 use std::path::{Path, PathBuf};

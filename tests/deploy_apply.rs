@@ -14,6 +14,13 @@
 //! Each test maps the manifests' namespaces (`keyplan`, `rook-ceph`) to fresh ones, so the
 //! tests share one control plane with the others.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 #[path = "common/kube.rs"]
 mod kube;
 

@@ -6,6 +6,13 @@
 //! and alert on metrics that exist; and `examples/rook/plan-from-pvs.py --role` writes the
 //! RBAC of a cluster's plan (for the example plan, rbac.yaml itself).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -1,6 +1,13 @@
 //! End-to-end tests: the keyplan binary against real cryptsetup on LUKS image files, with the
 //! file KMS. Every assertion is checked with cryptsetup directly.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 
 use common::*;

@@ -1,6 +1,13 @@
-//! Signals, concurrency and KMS failures during `apply` (DESIGN.md §2: I1, I3, I5), against the
+//! Signals, concurrency and KMS failures during `apply` (docs/rotation.md "The invariants": I1, I3, I5), against the
 //! real cryptsetup. Steps are made slow with a cryptsetup wrapper that sleeps before
 //! `luksAddKey`, so a signal or a second run reliably arrives in the middle of a run.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
 
 mod common;
 

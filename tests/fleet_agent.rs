@@ -49,6 +49,13 @@
 //!   a witness polling that the current version opens every device; a node stopped for good
 //!   blocks the commit (reported by name) until it returns, or leaves the plan.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 #[path = "common/kube.rs"]
 mod kube;

@@ -3,6 +3,13 @@
 //! `$NODE_NAME`, else the host name) and say what is left to other nodes; `settings.fleet`;
 //! a key on several nodes is valid, and each node's part knows the key's other nodes (peers).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 
 use std::path::Path;

@@ -5,6 +5,13 @@
 //! and deletes the namespace. Skipped (with a note) otherwise: no cluster can run where the
 //! default suite runs.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;

@@ -6,6 +6,13 @@
 //! released slot is free at once; an expired one is taken over; a renewal after someone else
 //! wrote is a lost slot.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 #[path = "common/kube.rs"]
 mod kube;
 #[path = "common/kube_proxy.rs"]

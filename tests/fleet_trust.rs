@@ -2,6 +2,13 @@
 //! plan is untrusted input"): a plan may use only the agent's KMS instances, with their
 //! endpoints and exec helpers; the credentials are always the agent's.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 use std::path::Path;
 
 use keyplan::fleet::trust::AgentConfig;

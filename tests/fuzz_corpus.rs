@@ -4,6 +4,13 @@
 //! cargo-fuzz: every input that once reached new code (or crashed) must still load, fail
 //! cleanly, or parse without a panic. See docs/fuzzing.md.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 use std::path::{Path, PathBuf};
 
 use keyplan::fuzzing;

@@ -1,5 +1,12 @@
 //! Secret hygiene and enroll_with edge cases, against the real cryptsetup.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 
 use std::path::Path;

@@ -8,6 +8,13 @@
 //! runs only with KEYPLAN_IMAGE_TEST=1. Later runs reuse the cached base
 //! (~/.cache/keyplan/image/) and the release build.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 

@@ -6,6 +6,13 @@
 //! any instant of a compaction loses no run and no convergence (also in every scenario of the
 //! crash matrix, tests/crash.rs, which fires the `journal.compact.*` points too).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -3,6 +3,13 @@
 //! `unmanaged_keyslots: { keep: [N] }` removes the other unmanaged keyslots and keeps those.
 //! Judged with the real cryptsetup on LUKS2 image files.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 
 use common::*;

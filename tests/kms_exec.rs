@@ -7,6 +7,13 @@
 //! Python 3 plays the part of the "server": without it these tests print "skipped: ..." (or
 //! fail when `KEYPLAN_REQUIRE_SERVERS=1`).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 
 #[path = "common/kms_contract.rs"]

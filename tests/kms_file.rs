@@ -1,6 +1,13 @@
 //! The file KMS against a real directory: stage/commit/retire cycle, compare-and-swap,
 //! file modes.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

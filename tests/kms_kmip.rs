@@ -2,6 +2,13 @@
 //! port, see `common/pykmip.rs`): the provider contract, configuration and TLS failures, and
 //! the keyplan binary end to end, judged by cryptsetup and by PyKMIP's own client.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 #[path = "common/kms_contract.rs"]
 mod kms_contract;

@@ -8,6 +8,13 @@
 //! from the API server as admin (an independent reader, not keyplan). Skipped when the
 //! control plane's binaries are missing (failed with KEYPLAN_REQUIRE_SERVERS=1).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 
 #[path = "common/kms_contract.rs"]

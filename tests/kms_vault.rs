@@ -5,6 +5,13 @@
 //! Every outcome is judged through the server's own CLI (`bao kv ...`) and cryptsetup, never
 //! through keyplan's code.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 #[path = "common/kms_contract.rs"]
 mod kms_contract;
@@ -697,7 +704,7 @@ fn cli_enroll_rotate_retire_with_rook_reader() {
         assert!(opens(d, &v2, None), "v2 opens {}", d.display());
         assert!(!opens(d, &v1, None), "v1 no longer opens {}", d.display());
     }
-    // The engine keeps the superseded version as `previous` (DESIGN.md §5 retention): KV
+    // The engine keeps the superseded version as `previous` (docs/rotation.md retention): KV
     // version 2 (v1 written again with its holder record, which destroyed its first copy, KV
     // version 1) still holds v1; keyplan's fields record it.
     let meta = bao.kv_metadata("rook/osd-kek").unwrap();

@@ -9,6 +9,13 @@
 //! It serves until its standard input closes (the script that started it exits or closes
 //! the pipe); etcd and kube-apiserver die with it. See `scripts/test.sh`.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 #[path = "common/kube.rs"]
 mod kube;
 

@@ -4,6 +4,13 @@
 //! tokens and RBAC denials. Skipped when the binaries are missing (failed with
 //! KEYPLAN_REQUIRE_SERVERS=1).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 #[path = "common/kube.rs"]
 mod kube;
 #[path = "common/kube_proxy.rs"]

@@ -4,6 +4,13 @@
 //! `KEYPLAN_DIFF_STEPS=N` (default 40 per image) and `KEYPLAN_DIFF_SEED=S` (default 0) run
 //! longer or other sequences.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod sim;
 
 use std::collections::BTreeMap;

@@ -2,6 +2,13 @@
 //! on image files, plus the cryptsetup project's own compatibility images from
 //! `../shared/testdata/cryptsetup` (or `$KEYPLAN_TESTDATA`).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 

@@ -5,6 +5,13 @@
 //! test that `plan`, `status`, `verify` and `show` change no byte of a damaged device, whose
 //! damage they report.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -3,6 +3,13 @@
 //! holds several lets them overlap. Measured with a cryptsetup wrapper that logs when each
 //! PBKDF-running call (`luksAddKey`, `open --test-passphrase`) starts and ends.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 
 use common::*;

@@ -3,6 +3,13 @@
 //! the migration runs right after it, in the same apply. Two file KMSs here; the vault and
 //! kubernetes providers run the same engine path in their own tests.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 
 use common::*;

@@ -3,6 +3,13 @@
 //! with the server's own reader (OpenBao's KV; the Secrets read as admin), not through keyplan;
 //! a rotation asked for during the migration runs right after it.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 #[path = "common/kube.rs"]
 mod kube;

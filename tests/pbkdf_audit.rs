@@ -3,6 +3,13 @@
 //! its standard input) to a log and then runs the real cryptsetup; the tests judge the log, the
 //! `(N steps, M PBKDF runs)` summary and the headers (read with the real cryptsetup directly).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 
 use common::*;

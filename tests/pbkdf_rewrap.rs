@@ -5,6 +5,13 @@
 //! the real cryptsetup on LUKS image files. The crash matrix runs the same re-wrap killed at
 //! every point (tests/crash.rs, `crash_matrix_pbkdf_rewrap`).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 
 use common::*;

@@ -5,6 +5,13 @@
 //!
 //! `KEYPLAN_MODEL_LARGE=1` adds larger scenarios (more crashes; three nodes with a crash).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod model;
 
 use std::time::Instant;

@@ -9,6 +9,13 @@
 //!    the version is retired (the plan states the keyslots it tests and the PBKDF runs), and
 //!    is reported by `plan`, `status` (text, JSON, Prometheus) for as long as it stays.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 
 use std::path::Path;

@@ -2,6 +2,13 @@
 //! JSON. Real cryptsetup on LUKS image files, file KMS; every outcome is checked with cryptsetup
 //! or the KMS directly.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 
 use std::path::PathBuf;

@@ -4,6 +4,13 @@
 //!
 //! Regenerate the committed file with `KEYPLAN_UPDATE_SCHEMA=1 cargo test --test schema`.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 
 use std::path::{Path, PathBuf};

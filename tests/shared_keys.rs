@@ -11,6 +11,13 @@
 //!    removes its record;
 //! 5. A's rotation now goes through, and A's device opens with the new current version.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 #[path = "common/kube.rs"]
 mod kube;

@@ -1,6 +1,13 @@
 //! `keyplan sign` from the command line: what it refuses to sign or overwrite, where the key
 //! comes from, and that the signature it writes verifies as an agent checks it.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 
 use common::*;

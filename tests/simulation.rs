@@ -12,6 +12,13 @@
 //! `KEYPLAN_SIM_SEED=S` runs only seed `S` and prints its whole trace (with
 //! `KEYPLAN_SIM_SCRIPT=i=v,...`, the minimised choice stream a failure prints).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod sim;
 
 use std::path::{Path, PathBuf};

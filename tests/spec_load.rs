@@ -1,5 +1,12 @@
-//! Plan-file loading (DESIGN.md §3): valid plans in YAML and TOML, and every error class with
+//! Plan-file loading (docs/plan-file.md): valid plans in YAML and TOML, and every error class with
 //! the `file:line:column` the rendered report points at.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

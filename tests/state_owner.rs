@@ -12,6 +12,13 @@
 //!    `status` and `key release` takes it after saying why; another plan's record on the same
 //!    host still stops the rotation.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 #[path = "common/openbao.rs"]
 mod openbao;

@@ -2,6 +2,13 @@
 //! the LUKS headers, the last run; exit 1 when unhealthy; `--format json` and `--format
 //! prometheus` (node_exporter textfile, `-o` written atomically); and `journal --json`.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};

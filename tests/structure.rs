@@ -12,6 +12,13 @@
 //! prefix that is a file. A module and its own direct child importing each other (`mod.rs`
 //! re-exporting a child that uses its parent's items) is normal Rust and is not a circle.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 

@@ -2,6 +2,13 @@
 //! diagnostic with its range) and the human report of the same errors, both driven through the
 //! real binary on plan files in a temp dir.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 
 use common::Scratch;

@@ -5,6 +5,13 @@
 //! `status` reporting the token's expiry; refused logins and expired tokens stop with an error
 //! naming the KMS and change nothing. Everything against the real OpenBao server, from the CLI.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // a test: a panic is its failure, output its report
+
 mod common;
 #[path = "common/kube.rs"]
 mod kube;

@@ -218,6 +218,7 @@ pub struct PlanArg {
 pub enum Command {
     /// Check a plan file: syntax, references, values. Touches no device and no KMS.
     Validate {
+        /// The plan file (`-f`, `--plan`).
         #[command(flatten)]
         plan: PlanArg,
         /// Print a JSON document instead of text.
@@ -226,6 +227,7 @@ pub enum Command {
     },
     /// Show what `apply` would change. Writes nothing anywhere.
     Plan {
+        /// The plan file (`-f`, `--plan`).
         #[command(flatten)]
         plan: PlanArg,
         /// Exit 0 when there are no changes, 2 when there are, 1 on error.
@@ -255,6 +257,7 @@ pub enum Command {
         /// A plan saved by `keyplan plan -o SAVED`: applied without a prompt.
         #[arg(value_name = "SAVED", conflicts_with_all = ["rotate", "verify", "repair_headers"])]
         saved: Option<PathBuf>,
+        /// The plan file (`-f`, `--plan`).
         #[command(flatten)]
         plan: PlanArg,
         /// Do not ask for confirmation.
@@ -274,6 +277,7 @@ pub enum Command {
         /// Steps (devices) worked on at once, at least 1 (overrides settings.parallelism).
         #[arg(long, value_name = "N", value_parser = parse_parallelism)]
         parallelism: Option<usize>,
+        /// The `journal` options.
         #[command(flatten)]
         journal: JournalArgs,
     },
@@ -282,6 +286,7 @@ pub enum Command {
         /// The saved plan file.
         #[arg(value_name = "SAVED")]
         saved: PathBuf,
+        /// The plan file (`-f`, `--plan`).
         #[command(flatten)]
         plan: PlanArg,
         /// Print the saved plan as JSON (the `plan --json` shape plus `stale`).
@@ -291,6 +296,7 @@ pub enum Command {
     /// Check that every enrolled key's current version opens a bound keyslot of each device
     /// (one PBKDF run per key and device). Read-only.
     Verify {
+        /// The plan file (`-f`, `--plan`).
         #[command(flatten)]
         plan: PlanArg,
     },
@@ -312,6 +318,7 @@ pub enum Command {
     /// rotation is overdue, the last run failed or a device drifted; 3 when something could
     /// not be checked (a KMS unreadable) and nothing wrong was found (docs/monitoring.md).
     Status {
+        /// The plan file (`-f`, `--plan`).
         #[command(flatten)]
         plan: PlanArg,
         /// Output format: text, a JSON document, or Prometheus textfile metrics.
@@ -324,6 +331,7 @@ pub enum Command {
     },
     /// Show the journal of runs.
     Journal {
+        /// The plan file (`-f`, `--plan`).
         #[command(flatten)]
         plan: PlanArg,
         /// Print one JSON document (format_version, records, runs) instead of text.
@@ -368,6 +376,7 @@ pub enum KeyCommand {
     Get {
         /// Key id from the plan.
         key: String,
+        /// The plan file (`-f`, `--plan`).
         #[command(flatten)]
         plan: PlanArg,
         /// Version (default: current).
@@ -382,6 +391,7 @@ pub enum KeyCommand {
     Holders {
         /// Key id from the plan.
         key: String,
+        /// The plan file (`-f`, `--plan`).
         #[command(flatten)]
         plan: PlanArg,
         /// Print a JSON document instead of text.
@@ -396,6 +406,7 @@ pub enum KeyCommand {
     Import {
         /// Key id from the plan.
         key: String,
+        /// The plan file (`-f`, `--plan`).
         #[command(flatten)]
         plan: PlanArg,
     },
@@ -404,6 +415,7 @@ pub enum KeyCommand {
     Release {
         /// Key id from the plan.
         key: String,
+        /// The plan file (`-f`, `--plan`).
         #[command(flatten)]
         plan: PlanArg,
         /// The holder id, exactly as `keyplan key holders` shows it (`<node or host>:<state
@@ -422,6 +434,7 @@ pub enum DeviceCommand {
     Forget {
         /// The device's id when keyplan last worked on it (as `plan` names it).
         id: String,
+        /// The plan file (`-f`, `--plan`).
         #[command(flatten)]
         plan: PlanArg,
         /// The LUKS UUID of the one to forget, when several devices had that id.

@@ -1,4 +1,4 @@
-//! The KMS provider contract (DESIGN.md §5, `keyplan::kms::Kms` docs), as one function every
+//! The KMS provider contract (docs/rotation.md, `keyplan::kms::Kms` docs), as one function every
 //! provider's test calls against a real (or, for Kubernetes, faithfully faked) server. It uses
 //! the key names `<prefix>-a` and `<prefix>-b`, which must not exist yet.
 
