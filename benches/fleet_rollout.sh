@@ -22,8 +22,8 @@ figures="$(mktemp)"
 trap 'rm -f "$figures"' EXIT
 for iterations in ${ITERATIONS:-300000 1500000}; do
     KEYPLAN_FLEET_ITERATIONS="$iterations" KEYPLAN_FLEET_FIGURES="$figures" \
-        cargo test $profile --locked --test fleet_agent rollout_benchmark -- --ignored --nocapture >/dev/null 2>&1 || {
-        echo "the benchmark failed; run: cargo test $profile --test fleet_agent rollout_benchmark -- --ignored --nocapture" >&2
+        cargo test $profile --locked --test fleet rollout_benchmark -- --ignored --nocapture >/dev/null 2>&1 || {
+        echo "the benchmark failed; run: cargo test $profile --test fleet rollout_benchmark -- --ignored --nocapture" >&2
         exit 1
     }
     python3 - "$figures" <<'PY'

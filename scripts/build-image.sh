@@ -26,7 +26,7 @@
 # Environment: KEYPLAN_IMAGE_CACHE (default ~/.cache/keyplan/image), DEBIAN_MIRROR (default
 # http://deb.debian.org/debian), CARGO_TARGET_DIR.
 #
-# Prints each phase's time, the image's size, and "smoke:" lines (tests/image.rs reads them).
+# Prints each phase's time, the image's size, and "smoke:" lines (tests/engine/image.rs reads them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -177,7 +177,7 @@ fi
 # --- 3. release build -------------------------------------------------------------------
 say "cargo build --release --locked"
 t=$(now)
-# Run from `cargo test` (tests/image.rs), the environment holds the test's CARGO_PKG_*,
+# Run from `cargo test` (tests/engine/image.rs), the environment holds the test's CARGO_PKG_*,
 # CARGO_MANIFEST_DIR and the like; build scripts that watch them (ring's) would make every
 # nested build a rebuild of half the release tree.
 for v in $(compgen -e | grep -E '^(CARGO_(PKG|MANIFEST|CRATE|BIN|PRIMARY|TARGET_TMPDIR)|OUT_DIR$)' || true); do

@@ -70,7 +70,7 @@ if [ "${1:-}" = gen-mod ]; then
 fi
 
 # The Prometheus Operator's published CRDs (PodMonitor, PrometheusRule), for the server-side
-# dry run of deploy/kubernetes/components/prometheus-operator (tests/deploy_apply.rs): from the
+# dry run of deploy/kubernetes/components/prometheus-operator (tests/fleet/deploy_apply.rs): from the
 # operator's Go module (example/prometheus-operator-crd), pinned by version and by the module's
 # h1: hash (GOSUMDB is off), into $cache/$key/crds.
 promop_version=v0.85.0

@@ -41,16 +41,16 @@ export KEYPLAN_REQUIRE_SERVERS=1
 # instead of writing a new one. Review changes with `cargo insta review` locally.
 export CI=true INSTA_UPDATE=no
 
-# KEYPLAN_KUBE_SHARED=1: one control plane for every test process (tests/kube_cluster.rs
+# KEYPLAN_KUBE_SHARED=1: one control plane for every test process (tests/fleet/kube_cluster.rs
 # serves it until the pipe on its stdin closes, i.e. until this script exits) instead of one
 # per test binary that uses it.
 if [ "${KEYPLAN_KUBE_SHARED:-0}" = 1 ]; then
   KEYPLAN_KUBE_DIR="$(mktemp -d)"
   export KEYPLAN_KUBE_DIR
   # The test binary itself, not `cargo test`: cargo would hold the build directory's lock.
-  serve_bin="$(cargo test --locked --features failpoints --test kube_cluster --no-run \
+  serve_bin="$(cargo test --locked --features failpoints --test fleet --no-run \
     --message-format=json | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)"
-  exec 7> >("$serve_bin" --ignored --exact serve --nocapture >"$KEYPLAN_KUBE_DIR/serve.log" 2>&1)
+  exec 7> >("$serve_bin" --ignored --exact kube_cluster::serve --nocapture >"$KEYPLAN_KUBE_DIR/serve.log" 2>&1)
   for _ in $(seq 900); do
     [ -f "$KEYPLAN_KUBE_DIR/cluster.json" ] && break
     sleep 1

@@ -14,8 +14,8 @@ cargo fmt --all -- --check
 cargo clippy --locked --all-targets -- -D warnings
 cargo clippy --locked --all-targets --features failpoints -- -D warnings
 # `failpoints` compiles keyplan's crash/error injection points (src/failpoint.rs), which the
-# crash matrix (tests/crash.rs) and the KMS fault tests (tests/faults.rs) fire. Set
-# KEYPLAN_CHAOS_RUNS for a longer chaos soak (tests/chaos.rs).
+# crash matrix (tests/engine/crash.rs) and the KMS fault tests (tests/kms/faults.rs) fire. Set
+# KEYPLAN_CHAOS_RUNS for a longer chaos soak (tests/engine/chaos.rs).
 # Four test threads: the crash matrix and chaos tests wait on fsync and cryptsetup more than
 # they compute, so they overlap well even on 2 cores.
 cargo test --locked --features failpoints -- --test-threads=4 7>&-

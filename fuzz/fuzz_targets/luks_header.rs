@@ -1,6 +1,6 @@
 //! LUKS header reader: arbitrary bytes as the start of a device, through
 //! `luks::ondisk::parse`. The harness is `keyplan::fuzzing::luks_header`, which
-//! `tests/fuzz_corpus.rs` replays over the committed corpus (headers keyplan's tests make, and
+//! `tests/verification/fuzz_corpus.rs` replays over the committed corpus (headers keyplan's tests make, and
 //! damaged copies of them).
 #![no_main]
 

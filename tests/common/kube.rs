@@ -12,7 +12,7 @@
 //! - Binaries: `$KEYPLAN_K8S_BIN/{kube-apiserver,etcd}`, else the build script's default cache
 //!   directory (`${KEYPLAN_K8S_CACHE:-~/.cache/keyplan/k8s}/v1.37.2-etcd3.7.3/bin`).
 //! - Sharing across processes: when `KEYPLAN_KUBE_DIR` names a directory holding
-//!   `cluster.json` (written by [`serve`], `tests/kube_cluster.rs`), that cluster is used and
+//!   `cluster.json` (written by [`serve`], `tests/fleet/kube_cluster.rs`), that cluster is used and
 //!   nothing is started.
 //! - Lifetime: etcd and kube-apiserver get `PR_SET_PDEATHSIG` = SIGKILL, set from one spawner
 //!   thread that lives as long as the process (the signal follows the *thread* that forked),
@@ -1568,7 +1568,7 @@ impl Cluster {
 
 /// Starts a cluster with its files in `dir`, writes `dir/cluster.json` (atomically, once
 /// ready) for other processes (`KEYPLAN_KUBE_DIR=dir`), then serves until standard input
-/// closes, and stops it. For `tests/kube_cluster.rs`.
+/// closes, and stops it. For `tests/fleet/kube_cluster.rs`.
 pub fn serve(dir: &Path) {
     let bin = bin_dir();
     std::fs::create_dir_all(dir).expect("create the shared cluster dir");

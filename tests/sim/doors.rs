@@ -11,7 +11,7 @@
 //!   `token import` needs the keyslots it names and, with an id, replaces; `token remove` of
 //!   an unused id fails (exit 1); every metadata write raises the epoch. keyplan's own guard
 //!   (never the only bound keyslot) is the trait's provided `kill_keyslot`, shared with the
-//!   real driver. The differential test (tests/luks_door_differential.rs) checks these against
+//!   real driver. The differential test (tests/verification/luks_door_differential.rs) checks these against
 //!   real images.
 //! - KMS: the version rules are `keyplan::kms::book`'s, as every provider applies them; every
 //!   write is a read followed by a compare-and-swap write on the key's revision (Vault KV v2

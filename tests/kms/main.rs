@@ -1,0 +1,23 @@
+//! The KMS providers against real servers (OpenBao, PyKMIP, kube-apiserver, exec helpers): the contract test, faults, authentication, migration between providers.
+//!
+//! One test binary per area (`cargo test --test kms`), one module per file; the support
+//! code every area shares is tests/common/ (CONTRIBUTING.md, "Tests").
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)] // tests: a panic is a failure, output the report
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod exec;
+mod faults;
+mod file;
+mod kmip;
+mod kubernetes;
+mod migration_providers;
+mod vault;
+mod vault_auth;
