@@ -1,4 +1,4 @@
-//! Fuzz harnesses, shared by the `cargo fuzz` targets in `fuzz/` and by `tests/fuzz_corpus.rs`,
+//! Fuzz harnesses, shared by the `cargo fuzz` targets in `fuzz/` and by `tests/verification/fuzz_corpus.rs`,
 //! which replays the committed corpora on stable Rust (see `docs/fuzzing.md`).
 //!
 //! Each harness takes arbitrary bytes and must never panic: errors are the expected outcome for

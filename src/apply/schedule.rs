@@ -10,7 +10,7 @@ use crate::graph::{Step, StepGraph};
 /// entry it writes. A retire also holds every device on which the graph searches for copies of
 /// the version it destroys: in a resumed run it searches them again first
 /// (`src/apply/steps/keys.rs`, `retire`), and a `cryptsetup open --test-passphrase` beside a
-/// `luksKillSlot` on the same header reads a half-written header (found by tests/chaos.rs).
+/// `luksKillSlot` on the same header reads a half-written header (found by tests/engine/chaos.rs).
 fn resources(g: &StepGraph, i: usize) -> Vec<String> {
     let s = g.step(i);
     let mut out: Vec<String> = s

@@ -61,7 +61,7 @@ pub struct AgentArgs {
     #[arg(long, value_name = "NAME", requires = "trusted_keys")]
     pub cluster: Option<String>,
     #[command(flatten)]
-    pub journal: JournalArgs,
+    pub journal: RetentionArgs,
 }
 
 /// A duration as `humantime` reads it (`30s`, `5m`, `1h 30m`), from one second to 30 days.

@@ -8,6 +8,57 @@ use crate::ops::plan::PlanRequest;
 use crate::ops::saved::PlanFileProblem;
 use crate::render::run::{apply_complete, interrupted_text};
 
+/// `keyplan apply` options.
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    /// A plan saved by `keyplan plan -o SAVED`: applied without a prompt.
+    #[arg(value_name = "SAVED", conflicts_with_all = ["rotate", "verify", "repair_headers"])]
+    pub saved: Option<PathBuf>,
+    /// The plan file (`-f`, `--plan`).
+    #[command(flatten)]
+    pub plan: PlanArg,
+    /// Do not ask for confirmation.
+    #[arg(long)]
+    pub auto_approve: bool,
+    /// Rotate KEY now, whatever its age (repeatable).
+    #[arg(long, value_name = "KEY")]
+    pub rotate: Vec<String>,
+    /// Also test every recorded keyslot first (one PBKDF run each) and repair those whose
+    /// recorded version does not open them.
+    #[arg(long)]
+    pub verify: bool,
+    /// Write to devices whose two LUKS2 header copies disagree (one damaged): the first
+    /// cryptsetup write rewrites the damaged copy from the one keyplan read.
+    #[arg(long)]
+    pub repair_headers: bool,
+    /// Steps (devices) worked on at once, at least 1 (overrides settings.parallelism).
+    #[arg(long, value_name = "N", value_parser = parse_parallelism)]
+    pub parallelism: Option<usize>,
+    /// The `journal` options.
+    #[command(flatten)]
+    pub journal: RetentionArgs,
+}
+
+/// Runs `keyplan apply`, of the plan file or of a saved plan.
+pub(super) fn run(cli: &Cli, args: &ApplyArgs) -> Result<Exit> {
+    if let Some(saved) = &args.saved {
+        return cmd_apply_saved(cli, &args.plan, saved, args.parallelism, &args.journal);
+    }
+    let req = crate::ops::plan::PlanRequest {
+        rotate: args.rotate.clone(),
+        verify: args.verify,
+        repair_headers: args.repair_headers,
+    };
+    cmd_apply(
+        cli,
+        &args.plan,
+        args.auto_approve,
+        req,
+        args.parallelism,
+        &args.journal,
+    )
+}
+
 /// Asks `question` on the terminal; true only for the answer `yes`.
 fn confirm(question: &str) -> Result<bool> {
     out!("\n{question} Only 'yes' will be accepted: ");
@@ -45,7 +96,7 @@ pub(super) fn cmd_apply(
     auto_approve: bool,
     req: PlanRequest,
     parallelism: Option<usize>,
-    journal: &JournalArgs,
+    journal: &RetentionArgs,
 ) -> Result<Exit> {
     let mut plan = load_plan(cli, arg)?;
     plan.journal = journal.retention()?;
@@ -135,7 +186,7 @@ pub(super) fn cmd_apply_saved(
     arg: &PlanArg,
     path: &std::path::Path,
     parallelism: Option<usize>,
-    journal: &JournalArgs,
+    journal: &RetentionArgs,
 ) -> Result<Exit> {
     let (saved, _) = ops::saved::read(path).map_err(report::bare)?;
     // Advice names the operator's own plan file (`-f` as given), never a path from the file.

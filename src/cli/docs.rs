@@ -3,6 +3,22 @@
 
 use super::*;
 
+/// `keyplan completions` options.
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+/// `keyplan man` options.
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// Write `keyplan.1`, `keyplan-plan.1`, ... into DIR (created if missing) instead.
+    #[arg(long, value_name = "DIR")]
+    pub out_dir: Option<PathBuf>,
+}
+
 /// Writes the completion script for `shell` to stdout.
 ///
 /// Errors: none of its own; a closed stdout is ignored like all other output.

@@ -2,6 +2,22 @@
 
 use super::*;
 
+/// `keyplan journal` options.
+#[derive(Debug, Args)]
+pub struct JournalArgs {
+    /// The plan file (`-f`, `--plan`).
+    #[command(flatten)]
+    pub plan: PlanArg,
+    /// Print one JSON document (format_version, records, runs) instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `keyplan journal`.
+pub(super) fn run(cli: &Cli, args: &JournalArgs) -> Result<Exit> {
+    cmd_journal(cli, &args.plan, args.json)
+}
+
 /// `keyplan journal`: the journal's records as text lines, or with `--json` one document
 /// `{format_version, state_dir, records, runs}` (docs/monitoring.md).
 ///

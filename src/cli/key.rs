@@ -1,7 +1,87 @@
 //! `keyplan key get`: the break-glass read of a key version; `key holders` and `key release`:
-//! the plans holding a key ([`crate::ops::key`]); `device forget` ([`crate::ops::device`]).
+//! the plans holding a key ([`crate::ops::key`]).
 
 use super::*;
+
+/// `keyplan key` and its subcommand.
+#[derive(Debug, Args)]
+pub struct KeyArgs {
+    /// The key subcommand.
+    #[command(subcommand)]
+    pub command: KeyCommand,
+}
+
+/// `keyplan key ...`.
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Break-glass: write a key version's passphrase bytes to stdout (exactly, no newline).
+    /// Refuses when stdout is a terminal unless --reveal is given.
+    Get {
+        /// Key id from the plan.
+        key: String,
+        /// The plan file (`-f`, `--plan`).
+        #[command(flatten)]
+        plan: PlanArg,
+        /// Version (default: current).
+        #[arg(long)]
+        version: Option<u64>,
+        /// Allow printing to a terminal.
+        #[arg(long)]
+        reveal: bool,
+    },
+    /// The plans recorded in the key's KMS as holding it (their devices hold it); a rotation
+    /// from one is refused while another is recorded. Read-only.
+    Holders {
+        /// Key id from the plan.
+        key: String,
+        /// The plan file (`-f`, `--plan`).
+        #[command(flatten)]
+        plan: PlanArg,
+        /// Print a JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Import a passphrase that opens the plan's devices today as the key's first version in
+    /// its KMS, read from stdin (its exact bytes; never from a terminal). Refused when the KMS
+    /// already holds the key, or when a device that lists the key does not open with it and
+    /// has no enroll_with (about one PBKDF run per device). The next `apply` then adopts the
+    /// keyslots it opens.
+    Import {
+        /// Key id from the plan.
+        key: String,
+        /// The plan file (`-f`, `--plan`).
+        #[command(flatten)]
+        plan: PlanArg,
+    },
+    /// Remove a plan's holder record from the key's KMS: only for a host or plan gone for
+    /// good (its devices no longer hold the key), whose record refuses every rotation.
+    Release {
+        /// Key id from the plan.
+        key: String,
+        /// The plan file (`-f`, `--plan`).
+        #[command(flatten)]
+        plan: PlanArg,
+        /// The holder id, exactly as `keyplan key holders` shows it (`<node or host>:<state
+        /// directory>`).
+        #[arg(long, value_name = "HOLDER")]
+        holder: String,
+    },
+}
+
+/// Runs `keyplan key ...`.
+pub(super) fn run(cli: &Cli, args: &KeyArgs) -> Result<Exit> {
+    match &args.command {
+        KeyCommand::Get {
+            key,
+            plan,
+            version,
+            reveal,
+        } => cmd_key_get(cli, plan, key, *version, *reveal),
+        KeyCommand::Holders { key, plan, json } => cmd_key_holders(cli, plan, key, *json),
+        KeyCommand::Release { key, plan, holder } => cmd_key_release(cli, plan, key, holder),
+        KeyCommand::Import { key, plan } => cmd_key_import(cli, plan, key),
+    }
+}
 
 /// `keyplan key get KEY [--version N]`: the passphrase bytes to stdout, exactly (no newline);
 /// refuses a terminal without `--reveal`.
@@ -76,28 +156,6 @@ pub(super) fn cmd_key_release(cli: &Cli, arg: &PlanArg, key: &str, holder: &str)
         None => outln!(
             "Removed holder {holder} from key {key}. If that plan's devices still hold the key, the next rotation from another plan locks them out: run this only for a host gone for good."
         ),
-    }
-    Ok(Exit::Success)
-}
-
-/// `keyplan device forget ID`: removes a device gone for good from the state directory's
-/// registry ([`ops::device::forget`]).
-pub(super) fn cmd_device_forget(
-    cli: &Cli,
-    arg: &PlanArg,
-    id: &str,
-    uuid: Option<&str>,
-    even_if_present: bool,
-) -> Result<Exit> {
-    let plan = load_plan(cli, arg)?;
-    let engine = Engine::open(plan.clone()).or_report(&plan)?;
-    let gone = ops::device::forget(&engine, id, uuid, even_if_present).or_report(&plan)?;
-    for (u, e) in &gone {
-        outln!(
-            "Forgot device {} ({}, LUKS UUID {u}): the key versions it may hold are no longer kept for it.",
-            e.id,
-            e.path.display()
-        );
     }
     Ok(Exit::Success)
 }

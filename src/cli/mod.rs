@@ -56,6 +56,7 @@ macro_rules! errln {
 
 mod agent;
 mod apply;
+mod device;
 mod docs;
 pub mod exit;
 mod fleet;
@@ -71,20 +72,11 @@ mod status;
 mod validate;
 mod verify;
 
-use agent::{cmd_agent, AgentArgs};
-use apply::{cmd_apply, cmd_apply_saved};
+use agent::AgentArgs;
 pub use exit::Exit;
-use fleet::{cmd_fleet, FleetCommand};
-use journal::cmd_journal;
-use key::cmd_key_get;
-use plan::cmd_plan;
 use progress::ProgressView;
 use report::OrReport as _;
-use show::cmd_show;
 use sign::SignArgs;
-use status::cmd_status;
-use validate::cmd_validate;
-use verify::cmd_verify;
 
 /// keyplan: declarative, crash-safe rotation of LUKS keyslots whose passphrases live in a KMS.
 #[derive(Debug, Parser)]
@@ -124,7 +116,7 @@ pub struct Cli {
 
 /// The journal's audit trail options of `apply` and `agent` ([`crate::journal::compact`]).
 #[derive(Debug, Clone, Args)]
-pub struct JournalArgs {
+pub struct RetentionArgs {
     /// Finished runs the audit trail (`<state_dir>/history.jsonl`, shown by `keyplan
     /// journal`) keeps, at least 1; older runs leave it after each run.
     #[arg(
@@ -142,7 +134,7 @@ pub struct JournalArgs {
     pub journal_archive: Option<PathBuf>,
 }
 
-impl JournalArgs {
+impl RetentionArgs {
     /// The retention these options ask for (the archive path made absolute).
     ///
     /// Errors: the current directory is unknown.
@@ -217,127 +209,29 @@ pub struct PlanArg {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Check a plan file: syntax, references, values. Touches no device and no KMS.
-    Validate {
-        /// The plan file (`-f`, `--plan`).
-        #[command(flatten)]
-        plan: PlanArg,
-        /// Print a JSON document instead of text.
-        #[arg(long)]
-        json: bool,
-    },
+    Validate(validate::ValidateArgs),
     /// Show what `apply` would change. Writes nothing anywhere.
-    Plan {
-        /// The plan file (`-f`, `--plan`).
-        #[command(flatten)]
-        plan: PlanArg,
-        /// Exit 0 when there are no changes, 2 when there are, 1 on error.
-        #[arg(long)]
-        detailed_exitcode: bool,
-        /// Rotate KEY now, whatever its age (repeatable).
-        #[arg(long, value_name = "KEY")]
-        rotate: Vec<String>,
-        /// Also test every managed keyslot with its KMS version (one PBKDF run each).
-        #[arg(long)]
-        verify: bool,
-        /// Plan changes on devices whose two LUKS2 header copies disagree (one damaged): the
-        /// first cryptsetup write rewrites the damaged copy from the one keyplan read.
-        #[arg(long)]
-        repair_headers: bool,
-        /// Print a JSON document instead of text.
-        #[arg(long)]
-        json: bool,
-        /// Also save the plan to SAVED (with a digest of the state it was made from), for
-        /// `keyplan apply SAVED`.
-        #[arg(short = 'o', long = "out", alias = "output", value_name = "SAVED")]
-        out: Option<PathBuf>,
-    },
+    Plan(plan::PlanArgs),
     /// Make devices and KMS match the plan (finishing an interrupted run first); or, given a
     /// saved plan, apply exactly its changes, refusing if anything changed since it was made.
-    Apply {
-        /// A plan saved by `keyplan plan -o SAVED`: applied without a prompt.
-        #[arg(value_name = "SAVED", conflicts_with_all = ["rotate", "verify", "repair_headers"])]
-        saved: Option<PathBuf>,
-        /// The plan file (`-f`, `--plan`).
-        #[command(flatten)]
-        plan: PlanArg,
-        /// Do not ask for confirmation.
-        #[arg(long)]
-        auto_approve: bool,
-        /// Rotate KEY now, whatever its age (repeatable).
-        #[arg(long, value_name = "KEY")]
-        rotate: Vec<String>,
-        /// Also test every recorded keyslot first (one PBKDF run each) and repair those whose
-        /// recorded version does not open them.
-        #[arg(long)]
-        verify: bool,
-        /// Write to devices whose two LUKS2 header copies disagree (one damaged): the first
-        /// cryptsetup write rewrites the damaged copy from the one keyplan read.
-        #[arg(long)]
-        repair_headers: bool,
-        /// Steps (devices) worked on at once, at least 1 (overrides settings.parallelism).
-        #[arg(long, value_name = "N", value_parser = parse_parallelism)]
-        parallelism: Option<usize>,
-        /// The `journal` options.
-        #[command(flatten)]
-        journal: JournalArgs,
-    },
+    Apply(apply::ApplyArgs),
     /// Render a saved plan; warn (on stderr) when it is stale. Read-only; exit 0 either way.
-    Show {
-        /// The saved plan file.
-        #[arg(value_name = "SAVED")]
-        saved: PathBuf,
-        /// The plan file (`-f`, `--plan`).
-        #[command(flatten)]
-        plan: PlanArg,
-        /// Print the saved plan as JSON (the `plan --json` shape plus `stale`).
-        #[arg(long)]
-        json: bool,
-    },
+    Show(show::ShowArgs),
     /// Check that every enrolled key's current version opens a bound keyslot of each device
     /// (one PBKDF run per key and device). Read-only.
-    Verify {
-        /// The plan file (`-f`, `--plan`).
-        #[command(flatten)]
-        plan: PlanArg,
-    },
+    Verify(verify::VerifyArgs),
     /// Key operations.
-    Key {
-        /// The key subcommand.
-        #[command(subcommand)]
-        command: KeyCommand,
-    },
+    Key(key::KeyArgs),
     /// Device operations.
-    Device {
-        /// The device subcommand.
-        #[command(subcommand)]
-        command: DeviceCommand,
-    },
+    Device(device::DeviceArgs),
     /// Per key: its KMS, current version and age, next rotation due, pending and retained
     /// versions; per device: drift from the plan; and the last run's outcome. Reads KMSs,
     /// journal and LUKS headers (no PBKDF run), writes nothing but `-o FILE`. Exit 1 when a
     /// rotation is overdue, the last run failed or a device drifted; 3 when something could
     /// not be checked (a KMS unreadable) and nothing wrong was found (docs/monitoring.md).
-    Status {
-        /// The plan file (`-f`, `--plan`).
-        #[command(flatten)]
-        plan: PlanArg,
-        /// Output format: text, a JSON document, or Prometheus textfile metrics.
-        #[arg(long, value_enum, default_value_t = StatusFormat::Text)]
-        format: StatusFormat,
-        /// Write to FILE atomically (temporary file + rename) instead of stdout, e.g. into
-        /// node_exporter's textfile collector directory.
-        #[arg(short = 'o', long = "out", alias = "output", value_name = "FILE")]
-        output: Option<PathBuf>,
-    },
+    Status(status::StatusArgs),
     /// Show the journal of runs.
-    Journal {
-        /// The plan file (`-f`, `--plan`).
-        #[command(flatten)]
-        plan: PlanArg,
-        /// Print one JSON document (format_version, records, runs) instead of text.
-        #[arg(long)]
-        json: bool,
-    },
+    Journal(journal::JournalArgs),
     /// Fleet mode: the per-node reconcile loop (a DaemonSet pod). Reads the plan from a
     /// ConfigMap volume at every poll, applies this node's changes while holding one of
     /// `settings.fleet.max_concurrent_nodes` rollout Leases, and publishes a report, Events
@@ -348,104 +242,12 @@ pub enum Command {
     /// signing key with --generate-key.
     Sign(SignArgs),
     /// Fleet mode, from a workstation or CI: the agents' reports.
-    Fleet {
-        /// The fleet subcommand.
-        #[command(subcommand)]
-        command: FleetCommand,
-    },
+    Fleet(fleet::FleetArgs),
     /// Print a shell completion script to stdout, e.g.
     /// `keyplan completions bash > /etc/bash_completion.d/keyplan`.
-    Completions {
-        /// The shell.
-        #[arg(value_enum)]
-        shell: clap_complete::Shell,
-    },
+    Completions(docs::CompletionsArgs),
     /// Print the man page (roff) to stdout, or write one page per command into a directory.
-    Man {
-        /// Write `keyplan.1`, `keyplan-plan.1`, ... into DIR (created if missing) instead.
-        #[arg(long, value_name = "DIR")]
-        out_dir: Option<PathBuf>,
-    },
-}
-
-/// `keyplan key ...`.
-#[derive(Debug, Subcommand)]
-pub enum KeyCommand {
-    /// Break-glass: write a key version's passphrase bytes to stdout (exactly, no newline).
-    /// Refuses when stdout is a terminal unless --reveal is given.
-    Get {
-        /// Key id from the plan.
-        key: String,
-        /// The plan file (`-f`, `--plan`).
-        #[command(flatten)]
-        plan: PlanArg,
-        /// Version (default: current).
-        #[arg(long)]
-        version: Option<u64>,
-        /// Allow printing to a terminal.
-        #[arg(long)]
-        reveal: bool,
-    },
-    /// The plans recorded in the key's KMS as holding it (their devices hold it); a rotation
-    /// from one is refused while another is recorded. Read-only.
-    Holders {
-        /// Key id from the plan.
-        key: String,
-        /// The plan file (`-f`, `--plan`).
-        #[command(flatten)]
-        plan: PlanArg,
-        /// Print a JSON document instead of text.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Import a passphrase that opens the plan's devices today as the key's first version in
-    /// its KMS, read from stdin (its exact bytes; never from a terminal). Refused when the KMS
-    /// already holds the key, or when a device that lists the key does not open with it and
-    /// has no enroll_with (about one PBKDF run per device). The next `apply` then adopts the
-    /// keyslots it opens.
-    Import {
-        /// Key id from the plan.
-        key: String,
-        /// The plan file (`-f`, `--plan`).
-        #[command(flatten)]
-        plan: PlanArg,
-    },
-    /// Remove a plan's holder record from the key's KMS: only for a host or plan gone for
-    /// good (its devices no longer hold the key), whose record refuses every rotation.
-    Release {
-        /// Key id from the plan.
-        key: String,
-        /// The plan file (`-f`, `--plan`).
-        #[command(flatten)]
-        plan: PlanArg,
-        /// The holder id, exactly as `keyplan key holders` shows it (`<node or host>:<state
-        /// directory>`).
-        #[arg(long, value_name = "HOLDER")]
-        holder: String,
-    },
-}
-
-/// `keyplan device` subcommands.
-#[derive(Debug, Subcommand)]
-pub enum DeviceCommand {
-    /// Stop remembering a device that left the plan for good (the state directory's
-    /// devices.json): the key versions it may hold are then no longer kept for it, and a
-    /// device that cannot be read no longer holds back every version's destruction.
-    Forget {
-        /// The device's id when keyplan last worked on it (as `plan` names it).
-        id: String,
-        /// The plan file (`-f`, `--plan`).
-        #[command(flatten)]
-        plan: PlanArg,
-        /// The LUKS UUID of the one to forget, when several devices had that id.
-        #[arg(long, value_name = "UUID")]
-        uuid: Option<String>,
-        /// Forget it even though it is present now with the same LUKS UUID: the next
-        /// rotation may retire the key versions it holds, and it then opens with no key the
-        /// KMS holds.
-        #[arg(long)]
-        even_if_present: bool,
-    },
+    Man(docs::ManArgs),
 }
 
 fn parse_parallelism(s: &str) -> std::result::Result<usize, String> {
@@ -657,94 +459,19 @@ fn load_plan_with_bytes(cli: &Cli, arg: &PlanArg) -> Result<(Plan, Vec<u8>)> {
 
 fn run(cli: &Cli) -> Result<Exit> {
     match &cli.command {
-        Command::Validate { plan, json } => cmd_validate(cli, plan, *json),
-        Command::Agent(args) => cmd_agent(cli, args),
-        Command::Fleet { command } => cmd_fleet(command),
+        Command::Validate(args) => validate::run(cli, args),
+        Command::Plan(args) => plan::run(cli, args),
+        Command::Apply(args) => apply::run(cli, args),
+        Command::Show(args) => show::run(cli, args),
+        Command::Verify(args) => verify::run(cli, args),
+        Command::Key(args) => key::run(cli, args),
+        Command::Device(args) => device::run(cli, args),
+        Command::Status(args) => status::run(cli, args),
+        Command::Journal(args) => journal::run(cli, args),
+        Command::Agent(args) => agent::cmd_agent(cli, args),
         Command::Sign(args) => sign::cmd_sign(args),
-        Command::Plan {
-            plan,
-            detailed_exitcode,
-            rotate,
-            verify,
-            repair_headers,
-            json,
-            out,
-        } => cmd_plan(
-            cli,
-            plan,
-            *detailed_exitcode,
-            crate::ops::plan::PlanRequest {
-                rotate: rotate.clone(),
-                verify: *verify,
-                repair_headers: *repair_headers,
-            },
-            *json,
-            out.as_deref(),
-        ),
-        Command::Apply {
-            saved: Some(saved),
-            parallelism,
-            plan,
-            journal,
-            ..
-        } => cmd_apply_saved(cli, plan, saved, *parallelism, journal),
-        Command::Apply {
-            saved: None,
-            plan,
-            auto_approve,
-            rotate,
-            verify,
-            repair_headers,
-            parallelism,
-            journal,
-        } => cmd_apply(
-            cli,
-            plan,
-            *auto_approve,
-            crate::ops::plan::PlanRequest {
-                rotate: rotate.clone(),
-                verify: *verify,
-                repair_headers: *repair_headers,
-            },
-            *parallelism,
-            journal,
-        ),
-        Command::Show { saved, plan, json } => cmd_show(cli, plan, saved, *json),
-        Command::Verify { plan } => cmd_verify(cli, plan),
-        Command::Key {
-            command:
-                KeyCommand::Get {
-                    key,
-                    plan,
-                    version,
-                    reveal,
-                },
-        } => cmd_key_get(cli, plan, key, *version, *reveal),
-        Command::Key {
-            command: KeyCommand::Holders { key, plan, json },
-        } => key::cmd_key_holders(cli, plan, key, *json),
-        Command::Key {
-            command: KeyCommand::Release { key, plan, holder },
-        } => key::cmd_key_release(cli, plan, key, holder),
-        Command::Key {
-            command: KeyCommand::Import { key, plan },
-        } => key::cmd_key_import(cli, plan, key),
-        Command::Journal { plan, json } => cmd_journal(cli, plan, *json),
-        Command::Device {
-            command:
-                DeviceCommand::Forget {
-                    id,
-                    plan,
-                    uuid,
-                    even_if_present,
-                },
-        } => key::cmd_device_forget(cli, plan, id, uuid.as_deref(), *even_if_present),
-        Command::Status {
-            plan,
-            format,
-            output,
-        } => cmd_status(cli, plan, *format, output.as_deref()),
-        Command::Completions { shell } => docs::cmd_completions(*shell),
-        Command::Man { out_dir } => docs::cmd_man(out_dir.as_deref()),
+        Command::Fleet(args) => fleet::run(args),
+        Command::Completions(args) => docs::cmd_completions(args.shell),
+        Command::Man(args) => docs::cmd_man(args.out_dir.as_deref()),
     }
 }

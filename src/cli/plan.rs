@@ -5,6 +5,51 @@ use super::*;
 use crate::ops::plan::{PlanOutcome, PlanRequest};
 use crate::render::run::{interrupted_json, interrupted_text};
 
+/// `keyplan plan` options.
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// The plan file (`-f`, `--plan`).
+    #[command(flatten)]
+    pub plan: PlanArg,
+    /// Exit 0 when there are no changes, 2 when there are, 1 on error.
+    #[arg(long)]
+    pub detailed_exitcode: bool,
+    /// Rotate KEY now, whatever its age (repeatable).
+    #[arg(long, value_name = "KEY")]
+    pub rotate: Vec<String>,
+    /// Also test every managed keyslot with its KMS version (one PBKDF run each).
+    #[arg(long)]
+    pub verify: bool,
+    /// Plan changes on devices whose two LUKS2 header copies disagree (one damaged): the
+    /// first cryptsetup write rewrites the damaged copy from the one keyplan read.
+    #[arg(long)]
+    pub repair_headers: bool,
+    /// Print a JSON document instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Also save the plan to SAVED (with a digest of the state it was made from), for
+    /// `keyplan apply SAVED`.
+    #[arg(short = 'o', long = "out", alias = "output", value_name = "SAVED")]
+    pub out: Option<PathBuf>,
+}
+
+/// Runs `keyplan plan`.
+pub(super) fn run(cli: &Cli, args: &PlanArgs) -> Result<Exit> {
+    let req = PlanRequest {
+        rotate: args.rotate.clone(),
+        verify: args.verify,
+        repair_headers: args.repair_headers,
+    };
+    cmd_plan(
+        cli,
+        &args.plan,
+        args.detailed_exitcode,
+        req,
+        args.json,
+        args.out.as_deref(),
+    )
+}
+
 /// `keyplan plan` (docs/commands.md); with `out` (`-o FILE`) it also saves the plan.
 pub(super) fn cmd_plan(
     cli: &Cli,

@@ -4,6 +4,25 @@
 use super::*;
 use crate::ops::saved::Freshness;
 
+/// `keyplan show` options.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The saved plan file.
+    #[arg(value_name = "SAVED")]
+    pub saved: PathBuf,
+    /// The plan file (`-f`, `--plan`).
+    #[command(flatten)]
+    pub plan: PlanArg,
+    /// Print the saved plan as JSON (the `plan --json` shape plus `stale`).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `keyplan show`.
+pub(super) fn run(cli: &Cli, args: &ShowArgs) -> Result<Exit> {
+    cmd_show(cli, &args.plan, &args.saved, args.json)
+}
+
 /// What `show` says about a saved plan's freshness.
 enum Shown {
     /// Nothing changed: `keyplan apply SAVED` would run it.

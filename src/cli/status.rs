@@ -7,6 +7,26 @@
 use super::*;
 use crate::ops::status::Verdict;
 
+/// `keyplan status` options.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The plan file (`-f`, `--plan`).
+    #[command(flatten)]
+    pub plan: PlanArg,
+    /// Output format: text, a JSON document, or Prometheus textfile metrics.
+    #[arg(long, value_enum, default_value_t = StatusFormat::Text)]
+    pub format: StatusFormat,
+    /// Write to FILE atomically (temporary file + rename) instead of stdout, e.g. into
+    /// node_exporter's textfile collector directory.
+    #[arg(short = 'o', long = "out", alias = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+/// Runs `keyplan status`.
+pub(super) fn run(cli: &Cli, args: &StatusArgs) -> Result<Exit> {
+    cmd_status(cli, &args.plan, args.format, args.output.as_deref())
+}
+
 /// `keyplan status`. Reads the KMSs, the journal and the LUKS headers; writes nothing but
 /// `output`; costs no PBKDF run.
 ///

@@ -4,6 +4,22 @@
 
 use super::*;
 
+/// `keyplan validate` options.
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// The plan file (`-f`, `--plan`).
+    #[command(flatten)]
+    pub plan: PlanArg,
+    /// Print a JSON document instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `keyplan validate`.
+pub(super) fn run(cli: &Cli, args: &ValidateArgs) -> Result<Exit> {
+    cmd_validate(cli, &args.plan, args.json)
+}
+
 /// The `format_version` of the `validate --json` document.
 const JSON_FORMAT_VERSION: &str = "1.0";
 

@@ -3,6 +3,19 @@
 use super::*;
 use crate::render::run::verify_line;
 
+/// `keyplan verify` options.
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// The plan file (`-f`, `--plan`).
+    #[command(flatten)]
+    pub plan: PlanArg,
+}
+
+/// Runs `keyplan verify`.
+pub(super) fn run(cli: &Cli, args: &VerifyArgs) -> Result<Exit> {
+    cmd_verify(cli, &args.plan)
+}
+
 /// `keyplan verify`: exit 0 when every check passed; exit 3 when a KMS could not be asked
 /// (unreachable, too slow, refusing keyplan's credentials): nothing failed, but not everything
 /// was checked.

@@ -3,8 +3,8 @@
 
 use std::fmt::Write as _;
 
-use super::report::AgentState;
-use super::status::FleetStatus;
+use super::report::{AgentState, NodeReport};
+use super::status::{FleetStatus, NodeStatus};
 use crate::clock::rfc3339;
 use crate::render::status::ExtraGauge;
 
@@ -64,94 +64,7 @@ pub fn text(s: &FleetStatus) -> String {
         "NODE", "STATE", "DEVICES", "KEYS", "VERSIONS", "LAST RUN"
     );
     for n in &s.nodes {
-        let Some(r) = &n.report else {
-            let _ = writeln!(
-                out,
-                "{:<30} {:<9} (no readable report)",
-                clean(&n.node),
-                n.state
-            );
-            continue;
-        };
-        let versions: Vec<String> = r
-            .keys
-            .iter()
-            .map(|k| {
-                k.current_version
-                    .map(|v| format!("v{v}"))
-                    .unwrap_or_else(|| "-".into())
-            })
-            .collect();
-        let last = r
-            .last_run
-            .as_ref()
-            .map(|l| {
-                format!(
-                    "{} {}",
-                    l.outcome,
-                    rfc3339(l.ended_at.unwrap_or(l.started_at))
-                        .get(..16)
-                        .unwrap_or("")
-                )
-            })
-            .unwrap_or_else(|| "-".into());
-        let mut notes = Vec::new();
-        if n.lost {
-            notes.push(format!("no report for {} s", n.report_age_seconds));
-        }
-        let drifted = r.devices.iter().filter(|d| d.drifted).count();
-        if drifted > 0 {
-            notes.push(format!("{drifted} drifted"));
-        }
-        let overdue = r.keys.iter().filter(|k| k.overdue).count();
-        if overdue > 0 {
-            notes.push(format!("{overdue} rotation(s) overdue"));
-        }
-        if let Some(due) = r.keys.iter().filter_map(|k| k.rotation_due_at).min() {
-            if overdue == 0 {
-                notes.push(format!(
-                    "next rotation {}",
-                    rfc3339(due).get(..10).unwrap_or("")
-                ));
-            }
-        }
-        if r.changes > 0 && !n.lost {
-            notes.push(format!("{} change(s) to apply", r.changes));
-        }
-        if let Some(refused) = &r.refused_plan {
-            notes.push(format!(
-                "plan sha256 {} refused ({}){}",
-                refused.digest.get(..12).unwrap_or(&refused.digest),
-                refused.reason,
-                match (&r.plan_signature, &r.plan_digest) {
-                    (Some(_), Some(d)) if r.state != AgentState::Refused => format!(
-                        ", running the last good signed plan {}",
-                        d.get(..12).unwrap_or(d)
-                    ),
-                    _ => String::new(),
-                }
-            ));
-        }
-        if let Some(f) = &r.failure {
-            notes.push(format!(
-                "failure{}: {}",
-                if n.failure_counts { "" } else { " (cleared)" },
-                f.message
-            ));
-        } else if let Some(m) = &r.message {
-            notes.push(m.clone());
-        }
-        let _ = writeln!(
-            out,
-            "{:<30} {:<9} {:>7} {:>5} {:<18} {:<22} {}",
-            clean(&n.node),
-            n.state,
-            r.devices.len(),
-            r.keys.len(),
-            versions.join(","),
-            clean(&last),
-            clean(&notes.join("; "))
-        );
+        node_row(&mut out, n);
     }
     let states: Vec<String> = s
         .totals
@@ -199,6 +112,105 @@ pub fn text(s: &FleetStatus) -> String {
         }
     );
     out
+}
+
+/// One node's row of the `fleet status` table.
+fn node_row(out: &mut String, n: &NodeStatus) {
+    let Some(r) = &n.report else {
+        let _ = writeln!(
+            out,
+            "{:<30} {:<9} (no readable report)",
+            clean(&n.node),
+            n.state
+        );
+        return;
+    };
+    let versions: Vec<String> = r
+        .keys
+        .iter()
+        .map(|k| {
+            k.current_version
+                .map(|v| format!("v{v}"))
+                .unwrap_or_else(|| "-".into())
+        })
+        .collect();
+    let last = r
+        .last_run
+        .as_ref()
+        .map(|l| {
+            format!(
+                "{} {}",
+                l.outcome,
+                rfc3339(l.ended_at.unwrap_or(l.started_at))
+                    .get(..16)
+                    .unwrap_or("")
+            )
+        })
+        .unwrap_or_else(|| "-".into());
+    let notes = node_notes(n, r);
+    let _ = writeln!(
+        out,
+        "{:<30} {:<9} {:>7} {:>5} {:<18} {:<22} {}",
+        clean(&n.node),
+        n.state,
+        r.devices.len(),
+        r.keys.len(),
+        versions.join(","),
+        clean(&last),
+        clean(&notes.join("; "))
+    );
+}
+
+/// The NOTE column of a node's row: lost, drift, overdue or next rotation, changes, a refused
+/// plan, the failure or the agent's message.
+fn node_notes(n: &NodeStatus, r: &NodeReport) -> Vec<String> {
+    let mut notes = Vec::new();
+    if n.lost {
+        notes.push(format!("no report for {} s", n.report_age_seconds));
+    }
+    let drifted = r.devices.iter().filter(|d| d.drifted).count();
+    if drifted > 0 {
+        notes.push(format!("{drifted} drifted"));
+    }
+    let overdue = r.keys.iter().filter(|k| k.overdue).count();
+    if overdue > 0 {
+        notes.push(format!("{overdue} rotation(s) overdue"));
+    }
+    if let Some(due) = r.keys.iter().filter_map(|k| k.rotation_due_at).min() {
+        if overdue == 0 {
+            notes.push(format!(
+                "next rotation {}",
+                rfc3339(due).get(..10).unwrap_or("")
+            ));
+        }
+    }
+    if r.changes > 0 && !n.lost {
+        notes.push(format!("{} change(s) to apply", r.changes));
+    }
+    if let Some(refused) = &r.refused_plan {
+        notes.push(format!(
+            "plan sha256 {} refused ({}){}",
+            refused.digest.get(..12).unwrap_or(&refused.digest),
+            refused.reason,
+            match (&r.plan_signature, &r.plan_digest) {
+                (Some(_), Some(d)) if r.state != AgentState::Refused => format!(
+                    ", running the last good signed plan {}",
+                    d.get(..12).unwrap_or(d)
+                ),
+                _ => String::new(),
+            }
+        ));
+    }
+    if let Some(f) = &r.failure {
+        notes.push(format!(
+            "failure{}: {}",
+            if n.failure_counts { "" } else { " (cleared)" },
+            f.message
+        ));
+    } else if let Some(m) = &r.message {
+        notes.push(m.clone());
+    }
+    notes
 }
 
 /// Fleet metrics (for a CI job or a textfile collector): per-state node counts, per-node

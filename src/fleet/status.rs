@@ -161,52 +161,84 @@ pub fn read(client: &kube::Client, namespace: &str) -> Result<FleetStatus, Strin
                 super::api_text(&e)
             )
         })?;
-    let mut nodes: Vec<NodeStatus> = stored
+    let mut nodes: Vec<NodeStatus> = stored.iter().map(|s| node_status(s, now)).collect();
+    nodes.sort_by(|a, b| a.node.cmp(&b.node));
+    let (totals, halted) = totals(&nodes);
+    let commits_waiting = commits_waiting(&nodes);
+    let mut slots: Vec<SlotStatus> = leases
+        .items
         .iter()
-        .map(|s| {
-            let age = s
-                .report
-                .as_ref()
-                .map(|r| now.saturating_sub(r.updated_at))
-                .unwrap_or(u64::MAX);
-            let lost = s
-                .report
-                .as_ref()
-                .is_none_or(|r| age > (r.interval_seconds * LOST_INTERVALS).max(LOST_MIN_SECONDS));
-            let genuine = s
-                .report
-                .as_ref()
-                .is_some_and(|r| super::report::report_name(&r.node) == s.name);
-            let state = match &s.report {
-                _ if !genuine => "invalid".to_string(),
-                Some(_) if lost => "lost".to_string(),
-                Some(r) => r.state.name().to_string(),
-                None => "invalid".to_string(),
-            };
-            NodeStatus {
-                node: if genuine {
-                    s.report
-                        .as_ref()
-                        .map(|r| r.node.clone())
-                        .unwrap_or_default()
-                } else {
-                    format!("(ConfigMap {})", s.name)
-                },
-                state,
-                lost,
-                report_age_seconds: if age == u64::MAX { 0 } else { age },
-                failure_counts: s.counts_as_failed(),
-                report: s.report.clone(),
-            }
+        .filter_map(|l| {
+            let name = l.metadata.name.clone()?;
+            name.starts_with(super::slots::SLOT_PREFIX)
+                .then(|| SlotStatus {
+                    lease: name,
+                    holder: super::slots::live_holder(l, now),
+                })
         })
         .collect();
-    nodes.sort_by(|a, b| a.node.cmp(&b.node));
+    slots.sort_by(|a, b| a.lease.cmp(&b.lease));
+    Ok(FleetStatus {
+        format_version: FORMAT_VERSION,
+        generated_at: now,
+        namespace: namespace.to_string(),
+        nodes,
+        totals,
+        halted,
+        paused,
+        slots,
+        commits_waiting,
+    })
+}
+
+/// One node's line of the status: its report, whether it is lost (no update within
+/// [`LOST_INTERVALS`] intervals, at least [`LOST_MIN_SECONDS`]), and whether the report is genuine
+/// (stored under its own node's name).
+fn node_status(s: &super::report::Stored, now: u64) -> NodeStatus {
+    let age = s
+        .report
+        .as_ref()
+        .map(|r| now.saturating_sub(r.updated_at))
+        .unwrap_or(u64::MAX);
+    let lost = s
+        .report
+        .as_ref()
+        .is_none_or(|r| age > (r.interval_seconds * LOST_INTERVALS).max(LOST_MIN_SECONDS));
+    let genuine = s
+        .report
+        .as_ref()
+        .is_some_and(|r| super::report::report_name(&r.node) == s.name);
+    let state = match &s.report {
+        _ if !genuine => "invalid".to_string(),
+        Some(_) if lost => "lost".to_string(),
+        Some(r) => r.state.name().to_string(),
+        None => "invalid".to_string(),
+    };
+    NodeStatus {
+        node: if genuine {
+            s.report
+                .as_ref()
+                .map(|r| r.node.clone())
+                .unwrap_or_default()
+        } else {
+            format!("(ConfigMap {})", s.name)
+        },
+        state,
+        lost,
+        report_age_seconds: if age == u64::MAX { 0 } else { age },
+        failure_counts: s.counts_as_failed(),
+        report: s.report.clone(),
+    }
+}
+
+/// The fleet's totals over `nodes`, and whether a node reports the rollout halted.
+fn totals(nodes: &[NodeStatus]) -> (Totals, bool) {
     let mut totals = Totals {
         nodes: nodes.len(),
         ..Totals::default()
     };
     let mut halted = false;
-    for n in &nodes {
+    for n in nodes {
         *totals.by_state.entry(n.state.clone()).or_default() += 1;
         totals.failures += usize::from(n.failure_counts);
         if let Some(r) = n.report.as_ref().filter(|_| n.state != "invalid") {
@@ -218,6 +250,12 @@ pub fn read(client: &kube::Client, namespace: &str) -> Result<FleetStatus, Strin
             halted |= !n.lost && r.halted && r.state == AgentState::Halted;
         }
     }
+    (totals, halted)
+}
+
+/// Shared keys whose commit waits for other nodes, merged over the live nodes' reports: a node
+/// that reports it verified the version is not waited for.
+fn commits_waiting(nodes: &[NodeStatus]) -> Vec<FleetCommitWait> {
     let mut waits: std::collections::BTreeMap<(String, u64), FleetCommitWait> = Default::default();
     // Nodes whose report says they verified the version: not waited for, whatever an older
     // report of another node says.
@@ -244,7 +282,7 @@ pub fn read(client: &kube::Client, namespace: &str) -> Result<FleetStatus, Strin
             }
         }
     }
-    let commits_waiting: Vec<FleetCommitWait> = waits
+    waits
         .into_values()
         .map(|mut w| {
             w.waiting_for
@@ -252,31 +290,7 @@ pub fn read(client: &kube::Client, namespace: &str) -> Result<FleetStatus, Strin
             w.waiting_for.sort();
             w
         })
-        .collect();
-    let mut slots: Vec<SlotStatus> = leases
-        .items
-        .iter()
-        .filter_map(|l| {
-            let name = l.metadata.name.clone()?;
-            name.starts_with(super::slots::SLOT_PREFIX)
-                .then(|| SlotStatus {
-                    lease: name,
-                    holder: super::slots::live_holder(l, now),
-                })
-        })
-        .collect();
-    slots.sort_by(|a, b| a.lease.cmp(&b.lease));
-    Ok(FleetStatus {
-        format_version: FORMAT_VERSION,
-        generated_at: now,
-        namespace: namespace.to_string(),
-        nodes,
-        totals,
-        halted,
-        paused,
-        slots,
-        commits_waiting,
-    })
+        .collect()
 }
 
 /// Clears the failures that count towards `max_failed_nodes` (of `node` only, or of every

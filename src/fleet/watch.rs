@@ -128,101 +128,8 @@ impl FleetWatch {
         let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
         let reports: Api<ConfigMap> = Api::namespaced(client, namespace);
         let config = watcher::Config::default().any_semantic();
-        let lease_task = {
-            let shared = Arc::clone(&shared);
-            let stream = watcher(leases, config.clone()).default_backoff();
-            crate::kms::spawn(async move {
-                let mut stream = std::pin::pin!(stream);
-                let mut fresh: BTreeMap<String, Lease> = BTreeMap::new();
-                while let Some(ev) = stream.next().await {
-                    let slot = |l: &Lease| {
-                        l.metadata
-                            .name
-                            .clone()
-                            .filter(|n| n.starts_with(super::slots::SLOT_PREFIX))
-                    };
-                    match ev {
-                        Ok(Event::Init) => fresh.clear(),
-                        Ok(Event::InitApply(l)) => {
-                            if let Some(n) = slot(&l) {
-                                fresh.insert(n, l);
-                            }
-                        }
-                        Ok(Event::InitDone) => shared.update(|s| {
-                            s.leases = std::mem::take(&mut fresh);
-                            s.leases_synced = true;
-                            s.error = None;
-                            true
-                        }),
-                        Ok(Event::Apply(l)) => {
-                            if let Some(n) = slot(&l) {
-                                shared.update(|s| {
-                                    let moved = acts_on(s.leases.get(&n), Some(&l), lease_key);
-                                    s.leases.insert(n, l);
-                                    s.error = None;
-                                    moved
-                                });
-                            }
-                        }
-                        Ok(Event::Delete(l)) => {
-                            if let Some(n) = slot(&l) {
-                                shared.update(|s| s.leases.remove(&n).is_some());
-                            }
-                        }
-                        Err(e) => shared.update(|s| {
-                            s.error = Some(format!("watching the rollout slot Leases: {e}"));
-                            true
-                        }),
-                    }
-                }
-            })?
-        };
-        let report_task = {
-            let shared = Arc::clone(&shared);
-            let stream = watcher(
-                reports,
-                config.labels(&super::report::reports_and_pause_selector()),
-            )
-            .default_backoff();
-            crate::kms::spawn(async move {
-                let mut stream = std::pin::pin!(stream);
-                let mut fresh: Vec<ConfigMap> = Vec::new();
-                while let Some(ev) = stream.next().await {
-                    match ev {
-                        Ok(Event::Init) => fresh.clear(),
-                        Ok(Event::InitApply(cm)) => fresh.push(cm),
-                        Ok(Event::InitDone) => shared.update(|s| {
-                            s.reports.clear();
-                            s.pause = None;
-                            for cm in std::mem::take(&mut fresh) {
-                                apply(s, cm);
-                            }
-                            s.reports_synced = true;
-                            s.error = None;
-                            true
-                        }),
-                        Ok(Event::Apply(cm)) => shared.update(|s| {
-                            let acted_on = apply(s, cm);
-                            s.error = None;
-                            acted_on
-                        }),
-                        Ok(Event::Delete(cm)) => shared.update(|s| {
-                            if Pause::of(&cm).is_some() {
-                                s.pause.take().is_some()
-                            } else if let Some(n) = &cm.metadata.name {
-                                s.reports.remove(n).is_some()
-                            } else {
-                                false
-                            }
-                        }),
-                        Err(e) => shared.update(|s| {
-                            s.error = Some(format!("watching the node reports: {e}"));
-                            true
-                        }),
-                    }
-                }
-            })?
-        };
+        let lease_task = watch_leases(Arc::clone(&shared), leases, config.clone())?;
+        let report_task = watch_reports(Arc::clone(&shared), reports, config)?;
         Ok(FleetWatch {
             shared,
             tasks: vec![lease_task, report_task],
@@ -274,6 +181,116 @@ impl FleetWatch {
                 .unwrap_or_else(|p| p.into_inner().0);
         }
     }
+}
+
+/// Keeps `shared.leases` (the rollout slot Leases) up to date from a watch on `leases`.
+///
+/// Errors: the async runtime could not be started.
+fn watch_leases(
+    shared: Arc<Shared>,
+    leases: Api<Lease>,
+    config: watcher::Config,
+) -> Result<tokio::task::JoinHandle<()>, String> {
+    let stream = watcher(leases, config).default_backoff();
+    crate::kms::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        let mut fresh: BTreeMap<String, Lease> = BTreeMap::new();
+        while let Some(ev) = stream.next().await {
+            let slot = |l: &Lease| {
+                l.metadata
+                    .name
+                    .clone()
+                    .filter(|n| n.starts_with(super::slots::SLOT_PREFIX))
+            };
+            match ev {
+                Ok(Event::Init) => fresh.clear(),
+                Ok(Event::InitApply(l)) => {
+                    if let Some(n) = slot(&l) {
+                        fresh.insert(n, l);
+                    }
+                }
+                Ok(Event::InitDone) => shared.update(|s| {
+                    s.leases = std::mem::take(&mut fresh);
+                    s.leases_synced = true;
+                    s.error = None;
+                    true
+                }),
+                Ok(Event::Apply(l)) => {
+                    if let Some(n) = slot(&l) {
+                        shared.update(|s| {
+                            let moved = acts_on(s.leases.get(&n), Some(&l), lease_key);
+                            s.leases.insert(n, l);
+                            s.error = None;
+                            moved
+                        });
+                    }
+                }
+                Ok(Event::Delete(l)) => {
+                    if let Some(n) = slot(&l) {
+                        shared.update(|s| s.leases.remove(&n).is_some());
+                    }
+                }
+                Err(e) => shared.update(|s| {
+                    s.error = Some(format!("watching the rollout slot Leases: {e}"));
+                    true
+                }),
+            }
+        }
+    })
+}
+
+/// Keeps `shared.reports` and `shared.pause` up to date from a watch on the node report and
+/// pause ConfigMaps.
+///
+/// Errors: the async runtime could not be started.
+fn watch_reports(
+    shared: Arc<Shared>,
+    reports: Api<ConfigMap>,
+    config: watcher::Config,
+) -> Result<tokio::task::JoinHandle<()>, String> {
+    let stream = watcher(
+        reports,
+        config.labels(&super::report::reports_and_pause_selector()),
+    )
+    .default_backoff();
+    crate::kms::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        let mut fresh: Vec<ConfigMap> = Vec::new();
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(Event::Init) => fresh.clear(),
+                Ok(Event::InitApply(cm)) => fresh.push(cm),
+                Ok(Event::InitDone) => shared.update(|s| {
+                    s.reports.clear();
+                    s.pause = None;
+                    for cm in std::mem::take(&mut fresh) {
+                        apply(s, cm);
+                    }
+                    s.reports_synced = true;
+                    s.error = None;
+                    true
+                }),
+                Ok(Event::Apply(cm)) => shared.update(|s| {
+                    let acted_on = apply(s, cm);
+                    s.error = None;
+                    acted_on
+                }),
+                Ok(Event::Delete(cm)) => shared.update(|s| {
+                    if Pause::of(&cm).is_some() {
+                        s.pause.take().is_some()
+                    } else if let Some(n) = &cm.metadata.name {
+                        s.reports.remove(n).is_some()
+                    } else {
+                        false
+                    }
+                }),
+                Err(e) => shared.update(|s| {
+                    s.error = Some(format!("watching the node reports: {e}"));
+                    true
+                }),
+            }
+        }
+    })
 }
 
 impl Drop for FleetWatch {

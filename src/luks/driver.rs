@@ -119,7 +119,7 @@ impl Cryptsetup {
     }
 
     /// The header of `dev` as `cryptsetup luksDump` reports it, for the differential test of
-    /// [`Cryptsetup::dump`] (tests/luks_ondisk.rs) only: **luksDump rewrites a damaged LUKS2
+    /// [`Cryptsetup::dump`] (tests/engine/luks_ondisk.rs) only: **luksDump rewrites a damaged LUKS2
     /// header copy on a writable device**, so keyplan never runs it on a device it manages.
     ///
     /// A LUKS2 device whose two binary headers agree takes one process: keyplan reads the UUID

@@ -23,7 +23,7 @@
 //!   (`LUKS_check_keyslots`: a known state, 4000 stripes, key material after the header and
 //!   before the payload, no two keyslot areas overlapping).
 //!
-//! The result is the same [`Header`] the cryptsetup dump gave (tests/luks_ondisk.rs compares
+//! The result is the same [`Header`] the cryptsetup dump gave (tests/engine/luks_ondisk.rs compares
 //! both over every header the suite makes, the cryptsetup project's images and damaged
 //! copies), plus the header's [`Condition`].
 
@@ -238,30 +238,7 @@ fn luks2(at: At<'_>) -> Result<Header, Unreadable> {
     let primary = copy_at(at, 0, true);
     let secondary = match &primary {
         Ok(p) => copy_at(at, p.bytes.len() as u64, false),
-        Err(_) => {
-            // The primary is unusable: look at every offset the specification allows, as
-            // cryptsetup does, and take the first valid secondary; else say what is wrong
-            // with the first one that has the secondary's signature.
-            let mut first_bad: Option<String> = None;
-            let mut found = None;
-            for offset in SECONDARY_OFFSETS {
-                match copy_at(at, offset, false) {
-                    Ok(c) => {
-                        found = Some(c);
-                        break;
-                    }
-                    Err(why) if first_bad.is_none() && why != NO_SIGNATURE => {
-                        first_bad = Some(format!("the copy at offset {offset}: {why}"));
-                    }
-                    Err(_) => {}
-                }
-            }
-            found.ok_or_else(|| {
-                first_bad.unwrap_or_else(|| {
-                    "no valid copy at any of the offsets the LUKS2 specification lists".to_string()
-                })
-            })
-        }
+        Err(_) => any_secondary(at),
     };
     let mut condition = Condition::default();
     let chosen = match (primary, secondary) {
@@ -357,6 +334,34 @@ fn luks2(at: At<'_>) -> Result<Header, Unreadable> {
             dump::luks2_key_bits(&chosen.json),
         ),
         condition,
+    })
+}
+
+/// With the primary header unusable: the first valid secondary copy at any offset the LUKS2
+/// specification allows (as cryptsetup looks), else what is wrong with the first copy that has
+/// the secondary's signature.
+fn any_secondary(at: At<'_>) -> Result<Copy, String> {
+    // The primary is unusable: look at every offset the specification allows, as
+    // cryptsetup does, and take the first valid secondary; else say what is wrong
+    // with the first one that has the secondary's signature.
+    let mut first_bad: Option<String> = None;
+    let mut found = None;
+    for offset in SECONDARY_OFFSETS {
+        match copy_at(at, offset, false) {
+            Ok(c) => {
+                found = Some(c);
+                break;
+            }
+            Err(why) if first_bad.is_none() && why != NO_SIGNATURE => {
+                first_bad = Some(format!("the copy at offset {offset}: {why}"));
+            }
+            Err(_) => {}
+        }
+    }
+    found.ok_or_else(|| {
+        first_bad.unwrap_or_else(|| {
+            "no valid copy at any of the offsets the LUKS2 specification lists".to_string()
+        })
     })
 }
 

@@ -562,7 +562,7 @@ fn pbkdf_limits(schema: &mut schemars::Schema) {
 /// comments become descriptions; unknown fields, provider tags, enum values, id and duration
 /// patterns and numeric limits are as strict as `keyplan validate` where a schema can say so.
 /// Checks that need more than one field at a time (undefined references, duplicates) are left
-/// to `keyplan validate`. Committed as `schemas/keyplan-plan-v1.schema.json` (`tests/schema.rs`
+/// to `keyplan validate`. Committed as `schemas/keyplan-plan-v1.schema.json` (`tests/cli/schema.rs`
 /// keeps it up to date).
 pub fn plan_schema() -> serde_json::Value {
     let mut schema = schemars::generate::SchemaSettings::draft2020_12()

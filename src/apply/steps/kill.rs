@@ -65,7 +65,7 @@ impl Exec<'_> {
         let mut verified = Self::lock(&self.verified)?.get(&anchor).cloned();
         if verified.is_none() {
             // Verified by the interrupted process: the keyslot may have changed since (found
-            // by the protocol model, tests/protocol_model.rs), so this process verifies it
+            // by the protocol model, tests/verification/protocol_model.rs), so this process verifies it
             // again (one PBKDF run) before relying on it.
             if let Some(Step::Verify {
                 device: vdev,

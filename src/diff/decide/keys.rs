@@ -517,42 +517,59 @@ impl Planner<'_> {
         };
         self.dev(device).anchor.get_or_insert(anchor);
         for (s, v) in extras {
-            let pending = self.obs.keys.get(key).and_then(|k| k.pending) == Some(v);
-            let reason = if let Some(d) = rewrap.get(&s) {
-                (
-                    ReasonCode::PbkdfRewrap,
-                    format!(
-                        "re-wrap: {key} v{c} moves to keyslot {keep_slot} with {} (this one has {})",
-                        d.want, d.was
-                    ),
-                )
-            } else if v != c && pending {
-                (
-                    ReasonCode::SupersededVersion,
-                    format!("pending v{v} of {key}, whose rotation does not go on here (current is v{c})"),
-                )
-            } else if v != c {
-                (
-                    ReasonCode::SupersededVersion,
-                    format!("old version v{v} of {key} (current is v{c})"),
-                )
-            } else if pinned.is_some() {
-                (
-                    ReasonCode::MoveToPinned,
-                    format!("{key} moved to pinned keyslot {keep_slot}"),
-                )
-            } else {
-                (
-                    ReasonCode::DuplicateKeyslot,
-                    format!("duplicate keyslot of {key} v{c} (keeping keyslot {keep_slot})"),
-                )
-            };
+            let reason = self.extra_reason(key, c, (s, v), keep_slot, pinned, &rewrap);
             let holder = SlotHolder::Record {
                 key: key.to_string(),
                 version: VersionRef::Version(v),
             };
             self.kill(device, s, holder, anchor);
             self.change(device, s, SlotAction::Remove, Some(key), Some(v), reason);
+        }
+    }
+
+    /// Why keyslot `s` (holding v`v` of `key`) goes, when `key`'s current version `c` stays in
+    /// `keep_slot`: a re-wrap, a superseded or pending version, a move to the pinned keyslot,
+    /// or a duplicate.
+    fn extra_reason(
+        &self,
+        key: &str,
+        c: u64,
+        (s, v): (u32, u64),
+        keep_slot: u32,
+        pinned: Option<u32>,
+        rewrap: &BTreeMap<u32, KdfDrift>,
+    ) -> (ReasonCode, String) {
+        let pending = self.obs.keys.get(key).and_then(|k| k.pending) == Some(v);
+        if let Some(d) = rewrap.get(&s) {
+            (
+                ReasonCode::PbkdfRewrap,
+                format!(
+                    "re-wrap: {key} v{c} moves to keyslot {keep_slot} with {} (this one has {})",
+                    d.want, d.was
+                ),
+            )
+        } else if v != c && pending {
+            (
+                ReasonCode::SupersededVersion,
+                format!(
+                    "pending v{v} of {key}, whose rotation does not go on here (current is v{c})"
+                ),
+            )
+        } else if v != c {
+            (
+                ReasonCode::SupersededVersion,
+                format!("old version v{v} of {key} (current is v{c})"),
+            )
+        } else if pinned.is_some() {
+            (
+                ReasonCode::MoveToPinned,
+                format!("{key} moved to pinned keyslot {keep_slot}"),
+            )
+        } else {
+            (
+                ReasonCode::DuplicateKeyslot,
+                format!("duplicate keyslot of {key} v{c} (keeping keyslot {keep_slot})"),
+            )
         }
     }
 

@@ -34,28 +34,7 @@ impl Planner<'_> {
         let max_known = st.versions.keys().copied().max().unwrap_or(0);
         let at_least = self.max_recorded(key).max(max_known) + 1;
         let to = st.pending.unwrap_or(at_least);
-        // The two-phase commit of a shared key: every other holder (a peer node; other plans
-        // were refused before) must have voted for `to` before it is committed.
-        let mut blocking: Vec<String> =
-            crate::kms::book::unverified_holders(&st.holders, &self.me, to)
-                .into_iter()
-                .map(str::to_string)
-                .collect();
-        // A node the plan file lists with the key but that has no holder record (its agent
-        // has not run yet, or its record was released from a plan file without it) blocks
-        // the commit too: this plan says its devices hold the key.
-        if c.is_some() {
-            let node_of = |h: &str| h.split_once(':').map(|(n, _)| n.to_string());
-            for node in self.plan.peers.get(key).into_iter().flatten() {
-                let recorded = st.holders.keys().any(|h| {
-                    crate::kms::book::parse_vote(h).is_none()
-                        && node_of(h).as_deref() == Some(node.as_str())
-                });
-                if !recorded {
-                    blocking.push(format!("{node}:(no holder record yet)"));
-                }
-            }
-        }
+        let blocking = self.commit_blockers(key, st, to);
         let voted = st
             .holders
             .contains_key(&crate::kms::book::vote_id(&self.me, to));
@@ -120,36 +99,7 @@ impl Planner<'_> {
                 expected_current: c,
             }))
         } else {
-            let vote = crate::kms::book::vote_id(&self.me, to);
-            self.holders.push(crate::diff::HolderChange {
-                key: key.to_string(),
-                kms: self.kms_of(key),
-                holder: vote,
-                action: crate::diff::HolderAction::Vote,
-                reason: None,
-            });
-            // Another node's commit of this version may retire the previous ones: this
-            // node's devices are searched for copies of them before it votes (invariant I8).
-            let previous: Vec<u64> = st
-                .versions
-                .values()
-                .filter(|v| v.state == crate::kms::VersionState::Previous)
-                .map(|v| v.version)
-                .collect();
-            for v in previous {
-                self.find_copies(key, v, devices);
-            }
-            self.g.add(Step::Vote {
-                key: key.to_string(),
-            });
-            self.waiting.push(crate::diff::CommitWait {
-                key: key.to_string(),
-                kms: self.kms_of(key),
-                version: to,
-                current: c,
-                blocking,
-                verified_here: false,
-            });
+            self.vote_instead(key, st, devices, (c, to), blocking);
             None
         };
         let r = Rotation { commit, to, action };
@@ -175,6 +125,79 @@ impl Planner<'_> {
             .map(|r| r.record.version)
             .max()
             .unwrap_or(0)
+    }
+
+    /// For a shared key whose commit waits for other nodes: this node votes for `to` instead
+    /// of committing it (after its devices are searched for copies of the previous versions,
+    /// which another node's commit may retire), and the wait is reported.
+    fn vote_instead(
+        &mut self,
+        key: &str,
+        st: &KeyState,
+        devices: &[String],
+        (c, to): (Option<u64>, u64),
+        blocking: Vec<String>,
+    ) {
+        let vote = crate::kms::book::vote_id(&self.me, to);
+        self.holders.push(crate::diff::HolderChange {
+            key: key.to_string(),
+            kms: self.kms_of(key),
+            holder: vote,
+            action: crate::diff::HolderAction::Vote,
+            reason: None,
+        });
+        // Another node's commit of this version may retire the previous ones: this
+        // node's devices are searched for copies of them before it votes (invariant I8).
+        let previous: Vec<u64> = st
+            .versions
+            .values()
+            .filter(|v| v.state == crate::kms::VersionState::Previous)
+            .map(|v| v.version)
+            .collect();
+        for v in previous {
+            self.find_copies(key, v, devices);
+        }
+        self.g.add(Step::Vote {
+            key: key.to_string(),
+        });
+        self.waiting.push(crate::diff::CommitWait {
+            key: key.to_string(),
+            kms: self.kms_of(key),
+            version: to,
+            current: c,
+            blocking,
+            verified_here: false,
+        });
+    }
+
+    /// Who must vote for version `to` of a shared key before this plan commits it: every other
+    /// holder that has not (a peer node; other plans were refused before), and each node the
+    /// plan file lists with the key but that has no holder record yet.
+    fn commit_blockers(&self, key: &str, st: &KeyState, to: u64) -> Vec<String> {
+        let c = st.current;
+        // The two-phase commit of a shared key: every other holder (a peer node; other plans
+        // were refused before) must have voted for `to` before it is committed.
+        let mut blocking: Vec<String> =
+            crate::kms::book::unverified_holders(&st.holders, &self.me, to)
+                .into_iter()
+                .map(str::to_string)
+                .collect();
+        // A node the plan file lists with the key but that has no holder record (its agent
+        // has not run yet, or its record was released from a plan file without it) blocks
+        // the commit too: this plan says its devices hold the key.
+        if c.is_some() {
+            let node_of = |h: &str| h.split_once(':').map(|(n, _)| n.to_string());
+            for node in self.plan.peers.get(key).into_iter().flatten() {
+                let recorded = st.holders.keys().any(|h| {
+                    crate::kms::book::parse_vote(h).is_none()
+                        && node_of(h).as_deref() == Some(node.as_str())
+                });
+                if !recorded {
+                    blocking.push(format!("{node}:(no holder record yet)"));
+                }
+            }
+        }
+        blocking
     }
 
     /// The rotation's steps on one device.

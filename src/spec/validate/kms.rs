@@ -171,51 +171,7 @@ fn resolve_vault_auth(
             ));
         }
     };
-    let blank = |v: &Option<String>| v.as_deref().is_some_and(|t| t.trim().is_empty());
-    let mut blanks: Vec<(&str, &str)> = Vec::new();
-    match &*auth {
-        VaultAuth::Token { token_env } => {
-            if blank(token_env) {
-                blanks.push(("token_env", "name the variable that holds the token"));
-            }
-        }
-        VaultAuth::Approle {
-            mount,
-            role_id,
-            role_id_file,
-            secret_id_file,
-            secret_id_env,
-        } => {
-            for (f, v) in [
-                ("mount", mount),
-                ("role_id", role_id),
-                ("role_id_file", role_id_file),
-                ("secret_id_file", secret_id_file),
-                ("secret_id_env", secret_id_env),
-            ] {
-                if blank(v) {
-                    blanks.push((f, "give a value, or leave the field out"));
-                }
-            }
-        }
-        VaultAuth::Kubernetes {
-            mount, jwt_file, ..
-        } => {
-            for (f, v) in [("mount", mount), ("jwt_file", jwt_file)] {
-                if blank(v) {
-                    blanks.push((f, "give a value, or leave the field out for the default"));
-                }
-            }
-        }
-        VaultAuth::Cert { mount, name, .. } => {
-            for (f, v) in [("mount", mount), ("name", name)] {
-                if blank(v) {
-                    blanks.push((f, "give a value, or leave the field out"));
-                }
-            }
-        }
-    }
-    for (field, help) in blanks {
+    for (field, help) in blank_auth_fields(auth) {
         cx.push(empty_issue(at(field), field, help));
     }
     match auth {
@@ -278,6 +234,55 @@ fn resolve_vault_auth(
             *client_key = cx.resolve_string(client_key, at("client_key"));
         }
     }
+}
+
+/// The login fields of `auth` given but blank, each with what to do about it.
+fn blank_auth_fields(auth: &VaultAuth) -> Vec<(&'static str, &'static str)> {
+    let blank = |v: &Option<String>| v.as_deref().is_some_and(|t| t.trim().is_empty());
+    let mut blanks: Vec<(&'static str, &'static str)> = Vec::new();
+    match auth {
+        VaultAuth::Token { token_env } => {
+            if blank(token_env) {
+                blanks.push(("token_env", "name the variable that holds the token"));
+            }
+        }
+        VaultAuth::Approle {
+            mount,
+            role_id,
+            role_id_file,
+            secret_id_file,
+            secret_id_env,
+        } => {
+            for (f, v) in [
+                ("mount", mount),
+                ("role_id", role_id),
+                ("role_id_file", role_id_file),
+                ("secret_id_file", secret_id_file),
+                ("secret_id_env", secret_id_env),
+            ] {
+                if blank(v) {
+                    blanks.push((f, "give a value, or leave the field out"));
+                }
+            }
+        }
+        VaultAuth::Kubernetes {
+            mount, jwt_file, ..
+        } => {
+            for (f, v) in [("mount", mount), ("jwt_file", jwt_file)] {
+                if blank(v) {
+                    blanks.push((f, "give a value, or leave the field out for the default"));
+                }
+            }
+        }
+        VaultAuth::Cert { mount, name, .. } => {
+            for (f, v) in [("mount", mount), ("name", name)] {
+                if blank(v) {
+                    blanks.push((f, "give a value, or leave the field out"));
+                }
+            }
+        }
+    }
+    blanks
 }
 
 /// The exec provider's `command`: the program must be given and not blank

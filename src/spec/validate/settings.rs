@@ -109,6 +109,25 @@ fn check_pbkdf(pbkdf: &PbkdfSettings, cx: &mut Ctx) {
             });
         }
     }
+    check_pbkdf_ignored(pbkdf, argon2, cx);
+    if let Some(0) = pbkdf.parallel {
+        if argon2 {
+            cx.push(Issue {
+                path: at("parallel"),
+                code: "keyplan::plan::pbkdf",
+                message: "`parallel: 0`: Argon2 needs at least one thread".to_owned(),
+                label: "must be 1 or more".to_owned(),
+                help: "set `parallel` to 1 or more (cryptsetup uses at most the number of CPUs), or remove it for cryptsetup's default".to_owned(),
+                also: Vec::new(),
+            });
+        }
+    }
+}
+
+/// Settings that would be ignored: `iter_time_ms` beside `iterations`, and Argon2's memory and
+/// threads with `type: pbkdf2`.
+fn check_pbkdf_ignored(pbkdf: &PbkdfSettings, argon2: bool, cx: &mut Ctx) {
+    let at = |f: &str| p(&["settings", "pbkdf", f]);
     if let (Some(_), Some(t)) = (pbkdf.iterations, pbkdf.iter_time_ms) {
         cx.push(Issue {
             path: at("iter_time_ms"),
@@ -140,18 +159,6 @@ fn check_pbkdf(pbkdf: &PbkdfSettings, cx: &mut Ctx) {
                     also: Vec::new(),
                 });
             }
-        }
-    }
-    if let Some(0) = pbkdf.parallel {
-        if argon2 {
-            cx.push(Issue {
-                path: at("parallel"),
-                code: "keyplan::plan::pbkdf",
-                message: "`parallel: 0`: Argon2 needs at least one thread".to_owned(),
-                label: "must be 1 or more".to_owned(),
-                help: "set `parallel` to 1 or more (cryptsetup uses at most the number of CPUs), or remove it for cryptsetup's default".to_owned(),
-                also: Vec::new(),
-            });
         }
     }
 }
