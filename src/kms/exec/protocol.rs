@@ -1,0 +1,239 @@
+//! The `exec` provider's messages (protocol version 1, `docs/kms/exec.md`): the request
+//! object keyplan writes to the helper's standard input, and the response objects it reads
+//! back (envelope, error, the `result` of each operation).
+
+use serde::{Deserialize, Serialize};
+use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
+
+use crate::kms::VersionInfo;
+
+/// The protocol version keyplan speaks (the `protocol_version` field of every request and
+/// response). Responses carrying another version are refused with
+/// [`KmsError::Config`](crate::kms::KmsError::Config).
+pub const PROTOCOL_VERSION: u64 = 1;
+
+/// The operation of one request, with its fields (serialized next to `operation`).
+#[derive(Serialize)]
+#[serde(tag = "operation", rename_all = "snake_case")]
+pub(super) enum Op<'a> {
+    Check {
+        names: &'a [String],
+    },
+    Read,
+    Get {
+        version: u64,
+    },
+    Stage {
+        material_base64: &'a str,
+        at_least: u64,
+    },
+    Commit {
+        expected_current: Option<u64>,
+        pending: u64,
+        /// The plan committing: the helper refuses (`conflict`) while another holder is
+        /// recorded. Absent: no holder check.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        holder: Option<&'a str>,
+    },
+    Hold {
+        holder: &'a str,
+    },
+    Release {
+        holder: &'a str,
+    },
+    Retire {
+        version: u64,
+    },
+    DestroyKey {
+        expected_current: u64,
+    },
+}
+
+impl Op<'_> {
+    /// The `operation` name sent, e.g. `stage`.
+    pub(super) fn name(&self) -> &'static str {
+        match self {
+            Op::Check { .. } => "check",
+            Op::Read => "read",
+            Op::Get { .. } => "get",
+            Op::Stage { .. } => "stage",
+            Op::Commit { .. } => "commit",
+            Op::Hold { .. } => "hold",
+            Op::Release { .. } => "release",
+            Op::Retire { .. } => "retire",
+            Op::DestroyKey { .. } => "destroy_key",
+        }
+    }
+
+    /// The version the operation names (for
+    /// [`KmsError::NoSuchVersion`](crate::kms::KmsError::NoSuchVersion)).
+    pub(super) fn version(&self) -> Option<u64> {
+        match self {
+            Op::Get { version } | Op::Retire { version } => Some(*version),
+            Op::Commit { pending, .. } => Some(*pending),
+            _ => None,
+        }
+    }
+}
+
+/// One request object.
+#[derive(Serialize)]
+pub(super) struct Request<'a, 'b> {
+    pub(super) protocol_version: u64,
+    #[serde(flatten)]
+    pub(super) op: &'b Op<'a>,
+    pub(super) kms: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) key: Option<&'a str>,
+}
+
+/// Serializes `request` into a buffer sized up front (JSON escaping at most sextuples a
+/// string), so it is never reallocated, and zeroized on drop.
+pub(super) fn encode_request(
+    request: &Request<'_, '_>,
+) -> Result<Zeroizing<Vec<u8>>, serde_json::Error> {
+    let strings = request.kms.len()
+        + request.key.map_or(0, str::len)
+        + match request.op {
+            Op::Check { names } => names.iter().map(|n| n.len() + 3).sum(),
+            Op::Stage {
+                material_base64, ..
+            } => material_base64.len(),
+            _ => 0,
+        };
+    let mut buf = Zeroizing::new(Vec::with_capacity(512 + 6 * strings));
+    serde_json::to_writer(&mut *buf, request)?;
+    buf.push(b'\n');
+    Ok(buf)
+}
+
+/// The first look at a response: its protocol version only (everything else is skipped).
+#[derive(Deserialize)]
+pub(super) struct Head {
+    pub(super) protocol_version: Option<serde_json::Value>,
+}
+
+/// A response of protocol version 1 whose `result` is an `R`.
+#[derive(Deserialize)]
+pub(super) struct Envelope<R> {
+    pub(super) ok: bool,
+    #[serde(default = "none")]
+    pub(super) result: Option<R>,
+    #[serde(default)]
+    pub(super) error: Option<ErrorBody>,
+}
+
+fn none<R>() -> Option<R> {
+    None
+}
+
+/// `error` of a failed response.
+#[derive(Deserialize)]
+pub(super) struct ErrorBody {
+    pub(super) kind: String,
+    #[serde(default)]
+    pub(super) message: String,
+}
+
+/// `result` of `read`.
+#[derive(Deserialize)]
+pub(super) struct ReadResult {
+    pub(super) current: Option<u64>,
+    pub(super) pending: Option<u64>,
+    pub(super) versions: Vec<VersionInfo>,
+    /// The plans holding the key (holder id -> since, Unix seconds); absent: none.
+    #[serde(default)]
+    pub(super) holders: std::collections::BTreeMap<String, u64>,
+}
+
+/// `result` of `stage`.
+#[derive(Deserialize)]
+pub(super) struct StageResult {
+    pub(super) version: u64,
+}
+
+/// `result` of `get` (zeroized on drop).
+#[derive(Deserialize, Zeroize, ZeroizeOnDrop)]
+pub(super) struct GetResult {
+    pub(super) material_base64: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_have_the_documented_shape() {
+        let names = vec!["a".to_string(), "b".to_string()];
+        let cases: Vec<(Op<'_>, Option<&str>, serde_json::Value)> = vec![
+            (
+                Op::Check { names: &names },
+                None,
+                serde_json::json!({"protocol_version":1,"operation":"check","kms":"c","names":["a","b"]}),
+            ),
+            (
+                Op::Read,
+                Some("k"),
+                serde_json::json!({"protocol_version":1,"operation":"read","kms":"c","key":"k"}),
+            ),
+            (
+                Op::Stage {
+                    material_base64: "c2VjcmV0",
+                    at_least: 3,
+                },
+                Some("k"),
+                serde_json::json!({"protocol_version":1,"operation":"stage","kms":"c","key":"k","material_base64":"c2VjcmV0","at_least":3}),
+            ),
+            (
+                Op::Commit {
+                    expected_current: None,
+                    pending: 1,
+                    holder: None,
+                },
+                Some("k"),
+                serde_json::json!({"protocol_version":1,"operation":"commit","kms":"c","key":"k","expected_current":null,"pending":1}),
+            ),
+            (
+                Op::Commit {
+                    expected_current: Some(1),
+                    pending: 2,
+                    holder: Some("node-a:/var/lib/keyplan"),
+                },
+                Some("k"),
+                serde_json::json!({"protocol_version":1,"operation":"commit","kms":"c","key":"k","expected_current":1,"pending":2,"holder":"node-a:/var/lib/keyplan"}),
+            ),
+            (
+                Op::Hold {
+                    holder: "node-a:/var/lib/keyplan",
+                },
+                Some("k"),
+                serde_json::json!({"protocol_version":1,"operation":"hold","kms":"c","key":"k","holder":"node-a:/var/lib/keyplan"}),
+            ),
+            (
+                Op::Release {
+                    holder: "node-a:/var/lib/keyplan",
+                },
+                Some("k"),
+                serde_json::json!({"protocol_version":1,"operation":"release","kms":"c","key":"k","holder":"node-a:/var/lib/keyplan"}),
+            ),
+            (
+                Op::DestroyKey {
+                    expected_current: 4,
+                },
+                Some("k"),
+                serde_json::json!({"protocol_version":1,"operation":"destroy_key","kms":"c","key":"k","expected_current":4}),
+            ),
+        ];
+        for (op, key, want) in cases {
+            let buf = encode_request(&Request {
+                protocol_version: 1,
+                op: &op,
+                kms: "c",
+                key,
+            })
+            .expect("encode");
+            let got: serde_json::Value = serde_json::from_slice(&buf).expect("json");
+            assert_eq!(got, want);
+        }
+    }
+}
