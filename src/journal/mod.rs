@@ -8,15 +8,14 @@
 //! keys, versions, devices and keyslots only, and each line is redacted
 //! ([`crate::secret::redact::redact_json`]) before it is written, for the error texts of KMSs.
 //!
-//! The lock is `<state_dir>/lock`, held with `flock(2)` (through `File::try_lock`) for the
-//! whole run, so a lock left by a dead process never blocks the next run: the kernel drops it.
-//! The file's content names the holder (pid, host, start time) for the refusal message.
+//! The state-directory lock, [`StateLock`], is in `lock.rs`; it shares [`JournalError`].
 //!
 //! Finished runs do not stay in the journal: [`compact`] moves them to the audit trail
 //! `<state_dir>/history.jsonl` (bounded), leaving a [`Event::Checkpoint`] with what observation
 //! still needs from them, so reading the journal costs O(unfinished work), not O(all runs).
 
 pub mod compact;
+mod lock;
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -28,10 +27,10 @@ use serde::{Deserialize, Serialize};
 use crate::fsutil;
 use crate::graph::Step;
 
+pub use lock::{lock_holder, StateLock, LOCK_FILE};
+
 /// Journal file name inside the state directory.
 pub const JOURNAL_FILE: &str = "journal.jsonl";
-/// Lock file name inside the state directory.
-pub const LOCK_FILE: &str = "lock";
 
 /// One journal line.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -705,232 +704,5 @@ fn open_state_file(state_dir: &Path, name: &str) -> Result<(PathBuf, fs::File), 
     Ok((path, file))
 }
 
-/// The holder description written into a lock file, or `unknown holder`.
-fn read_holder(path: &Path) -> String {
-    let holder = fs::read_to_string(path).unwrap_or_default();
-    match holder.trim() {
-        "" => "unknown holder".to_string(),
-        h => h.to_string(),
-    }
-}
-
-/// Who holds the state lock right now, if anyone: `pid P on host H since T`. Read-only: opens
-/// the lock file without creating or writing it and probes with a shared `flock(2)`.
-pub fn lock_holder(state_dir: &Path) -> Option<String> {
-    let path = state_dir.join(LOCK_FILE);
-    let file = fs::File::open(&path).ok()?;
-    match file.try_lock_shared() {
-        Ok(()) => None,
-        Err(fs::TryLockError::WouldBlock) => Some(read_holder(&path)),
-        Err(fs::TryLockError::Error(_)) => None,
-    }
-}
-
-/// The exclusive state-directory lock; released when dropped (or when the process dies).
-#[derive(Debug)]
-pub struct StateLock {
-    _file: fs::File,
-}
-
-impl StateLock {
-    /// Takes `<state_dir>/lock` without waiting, writing `pid P on host H since T` into it.
-    ///
-    /// Errors: [`JournalError::Locked`] naming the holder when another process has it;
-    /// [`JournalError::Io`].
-    pub fn acquire(state_dir: &Path) -> Result<StateLock, JournalError> {
-        let (path, mut file) = open_state_file(state_dir, LOCK_FILE)?;
-        let io_err = |what, source| JournalError::Io {
-            what,
-            path: path.clone(),
-            source,
-        };
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(fs::TryLockError::WouldBlock) => {
-                let holder = read_holder(&path);
-                return Err(JournalError::Locked { path, holder });
-            }
-            Err(fs::TryLockError::Error(e)) => return Err(io_err("locking", e)),
-        }
-        let info = format!(
-            "pid {} on host {} since {}\n",
-            std::process::id(),
-            gethostname::gethostname().to_string_lossy(),
-            crate::clock::now_rfc3339()
-        );
-        file.set_len(0)
-            .and_then(|()| file.seek(SeekFrom::Start(0)))
-            .and_then(|_| file.write_all(info.as_bytes()))
-            .and_then(|()| file.sync_data())
-            .map_err(|e| io_err("writing", e))?;
-        Ok(StateLock { _file: file })
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn records(dir: &Path) -> Vec<Record> {
-        read(dir).expect("journal reads")
-    }
-
-    /// Adds that started and have no done record in their run are unfinished, whether the run
-    /// was killed or failed; a `new version` add takes its run's staged version; a finished
-    /// add, an add of another run that finished, and an add whose run staged nothing are not.
-    #[test]
-    fn unfinished_adds_are_the_started_and_never_done() {
-        use crate::graph::{Unlock, VersionRef};
-        let add = |slot: u32, version: VersionRef| Step::AddKeyslot {
-            device: "d1".into(),
-            key: "k1".into(),
-            version,
-            slot,
-            unlock: Unlock::EnrollWith,
-        };
-        let stage = Step::Stage {
-            key: "k1".into(),
-            at_least: 1,
-            planned_current: None,
-        };
-        let rec = |run: &str, event: Event| Record {
-            ts: 0,
-            run: run.into(),
-            event,
-        };
-        let start = |steps: Vec<Step>| Event::RunStart {
-            steps,
-            deps: vec![],
-            plan_file: "keyplan.yaml".into(),
-            devices: vec![("d1".into(), "/dev/d1".into())],
-            pid: 1,
-            host: "h".into(),
-        };
-        let done = |step: usize, staged_version: Option<u64>| Event::StepDone {
-            step,
-            outcome: "ok".into(),
-            staged_version,
-            verified_salt: None,
-        };
-        let records = vec![
-            // r1: stage v2, add it to keyslot 1 (killed), resumed, failed before the add ran.
-            rec("r1", start(vec![stage.clone(), add(1, VersionRef::Staged)])),
-            rec("r1", Event::StepStart { step: 0 }),
-            rec("r1", done(0, Some(2))),
-            rec("r1", Event::StepStart { step: 1 }),
-            rec("r1", Event::RunResumed { pid: 2 }),
-            rec(
-                "r1",
-                Event::RunEnd {
-                    outcome: "failed".into(),
-                    message: None,
-                },
-            ),
-            // r2: an add of v1 to keyslot 3 that finished, one to keyslot 4 that failed.
-            rec(
-                "r2",
-                start(vec![
-                    add(3, VersionRef::Version(1)),
-                    add(4, VersionRef::Version(1)),
-                ]),
-            ),
-            rec("r2", Event::StepStart { step: 0 }),
-            rec("r2", done(0, None)),
-            rec("r2", Event::StepStart { step: 1 }),
-            rec(
-                "r2",
-                Event::StepFailed {
-                    step: 1,
-                    error: "cryptsetup failed".into(),
-                },
-            ),
-            // r3: a `new version` add with no staged version in its run.
-            rec("r3", start(vec![stage, add(5, VersionRef::Staged)])),
-            rec("r3", Event::StepStart { step: 1 }),
-        ];
-        let got: Vec<(u32, u64)> = unfinished_adds(&records)
-            .into_iter()
-            .map(|u| {
-                assert_eq!((u.device.as_str(), u.path.as_str()), ("d1", "/dev/d1"));
-                (u.slot, u.version)
-            })
-            .collect();
-        assert_eq!(got, vec![(1, 2), (4, 1)]);
-    }
-
-    /// A torn last record (a crash mid-write) is cut off by `open`, so the next record does not
-    /// turn it into a corrupt line in the middle; a whole record missing only its newline is kept.
-    #[test]
-    fn open_repairs_a_torn_tail() -> Result<(), JournalError> {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let state = dir.path().join("state");
-        let mut j = Journal::open(&state)?;
-        j.append("r1", Event::StepStart { step: 0 })?;
-        drop(j);
-        let path = state.join(JOURNAL_FILE);
-        let whole = fs::read(&path).expect("read");
-        // torn: half of a second record
-        let mut torn = whole.clone();
-        torn.extend_from_slice(&whole[..whole.len() / 2]);
-        fs::write(&path, &torn).expect("write");
-        let mut j = Journal::open(&state)?;
-        j.append("r1", Event::StepStart { step: 1 })?;
-        let r = records(&state);
-        assert_eq!(r.len(), 2);
-        assert!(matches!(r[1].event, Event::StepStart { step: 1 }));
-        drop(j);
-        // whole record without its newline: kept
-        let mut bytes = fs::read(&path).expect("read");
-        bytes.pop();
-        fs::write(&path, &bytes).expect("write");
-        let mut j = Journal::open(&state)?;
-        j.append("r1", Event::StepStart { step: 2 })?;
-        assert_eq!(records(&state).len(), 3);
-        Ok(())
-    }
-
-    /// Error texts quoting known material, in any form and quoted in any way, reach the file
-    /// redacted, and the lines still read back.
-    #[test]
-    fn appended_records_are_redacted() -> Result<(), JournalError> {
-        use base64::Engine as _;
-        let m = b"journal-material-\"q\"-\\-7e0b";
-        crate::secret::redact::register(m);
-        let raw = String::from_utf8_lossy(m).into_owned();
-        let hex: String = m.iter().map(|b| format!("{b:02x}")).collect();
-        let b64 = base64::engine::general_purpose::STANDARD_NO_PAD.encode(m);
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut j = Journal::open(dir.path())?;
-        j.append(
-            "r1",
-            Event::StepFailed {
-                step: 0,
-                error: format!("KMS said {raw} / {raw:?} / {hex} / {b64}"),
-            },
-        )?;
-        j.append(
-            "r1",
-            Event::RunEnd {
-                outcome: "failed".into(),
-                message: Some(format!("step 0: {}", hex.to_uppercase())),
-            },
-        )?;
-        let bytes = fs::read(dir.path().join(JOURNAL_FILE)).expect("read");
-        let text = String::from_utf8_lossy(&bytes);
-        assert!(!text.contains("journal-material"), "{text}");
-        assert!(
-            !text.contains(&hex) && !text.contains(&hex.to_uppercase()),
-            "{text}"
-        );
-        assert!(!text.contains(&b64), "{text}");
-        let r = records(dir.path());
-        match &r[0].event {
-            Event::StepFailed { error, .. } => assert_eq!(
-                error,
-                "KMS said <redacted> / \"<redacted>\" / <redacted> / <redacted>"
-            ),
-            other => panic!("{other:?}"),
-        }
-        Ok(())
-    }
-}
+mod tests;

@@ -3188,7 +3188,7 @@ fn control_plane_restarts_mid_rollout() {
         );
     }
     // The restarts cost no failed run (a run whose slot cannot be renewed stops between
-    // steps and is finished by the next cycle: src/fleet/agent.rs), so nothing counts towards
+    // steps and is finished by the next cycle: src/fleet/agent/slot.rs), so nothing counts towards
     // max_failed_nodes.
     let failures: Vec<String> = names
         .iter()
