@@ -33,9 +33,12 @@
 //! fleet's policy: when to take a rollout slot, when the rollout is halted); around it the
 //! rollout slots ([`fleet::slots`], a Lease semaphore), node reports and the failure count
 //! ([`fleet::report`]), Events, the plan's ConfigMap volume ([`fleet::source`]), the agent's
-//! allow-list ([`fleet::trust`]) and `fleet status` ([`fleet::status`]).
+//! allow-list ([`fleet::trust`]), `fleet status` ([`fleet::status`]) and its rendering
+//! ([`fleet::render`]).
 //!
-//! **Shared pieces**: key material only ever in [`secret::Passphrase`], and every form of
+//! **Shared pieces**: the one async runtime and TLS provider ([`runtime`]) and Kubernetes
+//! clients ([`kube_client`]), which the KMS providers and fleet mode share; what observation
+//! reports ([`finding`]); key material only ever in [`secret::Passphrase`], and every form of
 //! material the process knows redacted from every output by [`secret::redact`]; the one clock
 //! [`clock`]; [`fsutil`] (atomic private writes); [`par`] (a bounded parallel map);
 //! [`failpoint`] (crash and error injection points, compiled only with the `failpoints` cargo
@@ -58,11 +61,13 @@ pub mod fuzzing;
 pub mod graph;
 pub mod journal;
 pub mod kms;
+pub mod kube_client;
 pub mod luks;
 pub mod observe;
 pub mod ops;
 pub mod par;
 pub mod render;
+pub mod runtime;
 pub mod saved;
 pub mod secret;
 pub mod spec;

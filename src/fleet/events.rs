@@ -27,7 +27,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
-use crate::kms::block_on;
+use crate::runtime::block_on;
 
 /// `Normal` or `Warning`, the two Event types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -32,7 +32,7 @@ pub mod watch;
 
 /// A Kubernetes client for the fleet's objects (Leases, reports, Events): from the kubeconfig
 /// file `kubeconfig` (its `context`, or its current one), else the in-cluster service account
-/// or `KUBECONFIG`, as the kubernetes KMS provider loads it ([`crate::kms::kubernetes`]),
+/// or `KUBECONFIG`, as the kubernetes KMS provider loads it ([`crate::kube_client`]),
 /// with the same 30 s timeouts and no retries of its own.
 ///
 /// Errors: a text saying which configuration could not be used and why (never a token).
@@ -40,10 +40,10 @@ pub fn client(
     kubeconfig: Option<&std::path::Path>,
     context: Option<&str>,
 ) -> Result<kube::Client, String> {
-    crate::kms::install_tls_provider();
-    crate::kms::block_on(
+    crate::runtime::install_tls_provider();
+    crate::runtime::block_on(
         "fleet",
-        crate::kms::kubernetes::load_client(kubeconfig, context, crate::kms::REQUEST_TIMEOUT),
+        crate::kube_client::load_client(kubeconfig, context, crate::kms::REQUEST_TIMEOUT, |_| ()),
     )
     .map_err(|e| e.to_string())?
     .map(|(_, client, _)| client)
@@ -58,14 +58,15 @@ pub fn watch_client(
     kubeconfig: Option<&std::path::Path>,
     context: Option<&str>,
 ) -> Result<kube::Client, String> {
-    crate::kms::install_tls_provider();
-    crate::kms::block_on(
+    crate::runtime::install_tls_provider();
+    crate::runtime::block_on(
         "fleet",
-        crate::kms::kubernetes::load_client_reading(
+        crate::kube_client::load_client_reading(
             kubeconfig,
             context,
             crate::kms::REQUEST_TIMEOUT,
             WATCH_READ_TIMEOUT,
+            |_| (),
         ),
     )
     .map_err(|e| e.to_string())?
@@ -82,6 +83,6 @@ pub(crate) fn api_text(e: &kube::Error) -> String {
         kube::Error::Api(s) => format!("HTTP {}: {}", s.code, s.message),
         // kube's transport errors say little at the top ("ServiceError: client error
         // (Connect)"); the cause (connection refused, DNS, TLS) is in the sources.
-        e => crate::kms::kubernetes::chain(e),
+        e => crate::kube_client::chain(e),
     }
 }

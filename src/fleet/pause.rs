@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, PostParams};
 
-use crate::kms::block_on;
+use crate::runtime::block_on;
 
 /// The pause ConfigMap's name.
 pub const PAUSE_NAME: &str = "keyplan-pause";

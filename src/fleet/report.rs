@@ -23,7 +23,7 @@ use kube::api::{Api, ListParams, PostParams};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
-use crate::kms::block_on;
+use crate::runtime::block_on;
 
 /// How long [`super::status::read`] waits for the API server in all (its two lists together): what does not
 /// answer by then makes `fleet status` exit 3, naming it (docs/fleet.md). Shorter than the

@@ -30,7 +30,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 
-use crate::kms::block_on;
+use crate::runtime::block_on;
 
 /// Prefix of the slots' Lease names; slot `i` is `keyplan-rollout-<i>`.
 pub const SLOT_PREFIX: &str = "keyplan-rollout-";

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::report::{AgentState, NodeReport, Reports, READ_TIMEOUT};
 use crate::clock::now_unix;
-use crate::kms::block_on;
+use crate::runtime::block_on;
 
 /// Version of the `fleet status --format json` document.
 pub const FORMAT_VERSION: &str = "1.1";

@@ -9,7 +9,7 @@
 //! released slot, a failed run that halts the rollout or an operator's pause within the
 //! watch's latency (milliseconds), not at its next poll. docs/fleet.md, "Waiting for a slot".
 //!
-//! The watches run on keyplan's shared tokio runtime ([`crate::kms::spawn`]) while the
+//! The watches run on keyplan's shared tokio runtime ([`crate::runtime::spawn`]) while the
 //! [`FleetWatch`] lives; dropping it stops them. They need `list` and `watch` on Leases and
 //! ConfigMaps in the fleet namespace (deploy/kubernetes/rbac.yaml, [`super::api::AGENT_CALLS`]).
 
@@ -192,7 +192,7 @@ fn watch_leases(
     config: watcher::Config,
 ) -> Result<tokio::task::JoinHandle<()>, String> {
     let stream = watcher(leases, config).default_backoff();
-    crate::kms::spawn(async move {
+    crate::runtime::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         let mut fresh: BTreeMap<String, Lease> = BTreeMap::new();
         while let Some(ev) = stream.next().await {
@@ -253,7 +253,7 @@ fn watch_reports(
         config.labels(&super::report::reports_and_pause_selector()),
     )
     .default_backoff();
-    crate::kms::spawn(async move {
+    crate::runtime::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         let mut fresh: Vec<ConfigMap> = Vec::new();
         while let Some(ev) = stream.next().await {

@@ -414,58 +414,22 @@ pub fn timeout_of(name: &str, config: &KmsConfig) -> Result<std::time::Duration,
     }
 }
 
-/// Installs ring as the process's rustls crypto provider, once. Every TLS client keyplan
-/// builds (kube's for the kubernetes KMS and fleet mode, reqwest's under vaultrs for Vault)
-/// takes the process default: reqwest is built with `rustls-no-provider` (Cargo.toml), so a
-/// Vault client built before this would fail. A provider installed earlier stays.
-pub fn install_tls_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
+pub use crate::runtime::install_tls_provider;
 
-/// Runs `future` to completion on keyplan's shared tokio runtime (2 worker threads, started
-/// on first use) from synchronous engine code. Used by the providers built on async client
-/// crates (`vaultrs`, `kube`). Safe to call from several threads at once; must not be called
-/// from inside the runtime.
+/// Runs `future` to completion on keyplan's shared tokio runtime ([`crate::runtime`]) from
+/// synchronous engine code. Used by the providers built on async client crates (`vaultrs`,
+/// `kube`). Safe to call from several threads at once; must not be called from inside the
+/// runtime.
 ///
 /// Errors: [`KmsError::Config`] naming `kms` if the runtime cannot be started.
 pub fn block_on<F: std::future::Future>(kms: &str, future: F) -> Result<F::Output, KmsError> {
-    match runtime() {
-        Ok(rt) => Ok(rt.block_on(future)),
-        Err(e) => Err(KmsError::Config {
-            kms: kms.to_string(),
-            detail: format!("cannot start the async runtime for network KMS calls: {e}"),
-        }),
-    }
-}
-
-/// Starts `future` as a background task on keyplan's shared tokio runtime ([`block_on`]'s);
-/// its handle aborts it. Used for the fleet's watches ([`crate::fleet::watch`]).
-///
-/// Errors: the runtime cannot be started (its text).
-pub fn spawn<F>(future: F) -> Result<tokio::task::JoinHandle<F::Output>, String>
-where
-    F: std::future::Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    runtime()
-        .map(|rt| rt.spawn(future))
-        .map_err(|e| e.to_string())
-}
-
-/// The shared runtime: 2 worker threads, started on first use.
-fn runtime() -> Result<&'static tokio::runtime::Runtime, &'static String> {
-    static RUNTIME: std::sync::OnceLock<Result<tokio::runtime::Runtime, String>> =
-        std::sync::OnceLock::new();
-    RUNTIME
-        .get_or_init(|| {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .thread_name("keyplan-kms")
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())
-        })
-        .as_ref()
+    crate::runtime::block_on(kms, future).map_err(|e| KmsError::Config {
+        kms: kms.to_string(),
+        detail: format!(
+            "cannot start the async runtime for network KMS calls: {}",
+            e.cause
+        ),
+    })
 }
 
 /// Runs the idempotent KMS operation `op` (a read, get, retire or destroy; never a stage or

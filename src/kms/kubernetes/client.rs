@@ -3,6 +3,7 @@
 //! Secret as keyplan reads and writes it on the wire (material in zeroizing buffers), and how
 //! failures map to [`KmsError`]s. Where keyplan keeps versions in Secrets is `layout.rs`.
 
+pub(crate) use crate::kube_client::chain;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -508,20 +509,6 @@ fn take_zeroizing(bytes: Bytes) -> Zeroizing<Vec<u8>> {
         m[..].zeroize();
     }
     v
-}
-
-/// An error and its sources, joined by ": " (repeated texts dropped).
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut parts: Vec<String> = vec![e.to_string()];
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        let t = s.to_string();
-        if !parts.iter().any(|p| p.contains(&t)) {
-            parts.push(t);
-        }
-        cur = s.source();
-    }
-    parts.join(": ")
 }
 
 #[cfg(test)]

@@ -65,14 +65,12 @@ use crate::secret::Passphrase;
 use client::{CallError, Material, SecretObj};
 use layout::{Meta, VersionMeta, View};
 
-pub(crate) use client::chain;
 pub use client::{KubernetesKms, MAX_SECRET_DATA_BYTES};
 pub use layout::{
     CURRENT_SECRET_ANNOTATION, DEFAULT_DATA_KEY, INDEX_SUFFIX, KEY_LABEL, LAYOUT_ANNOTATION,
     LAYOUT_SECRET_PER_VERSION, MANAGED_BY_LABEL, VERSIONS_ANNOTATION, VERSION_DATA_PREFIX,
 };
 pub use setup::open;
-pub(crate) use setup::{load_client, load_client_reading};
 
 impl KubernetesKms {
     fn read_now(&self, key: &str) -> Result<KeyState, KmsError> {

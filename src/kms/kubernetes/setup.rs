@@ -4,10 +4,8 @@
 
 use std::path::Path;
 
-use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
-
 use super::auth::AuthSource;
-use super::client::{chain, KubernetesKms};
+use super::client::KubernetesKms;
 use super::layout::{is_data_key, is_dns1123_label, DEFAULT_DATA_KEY, VERSION_DATA_PREFIX};
 use crate::kms::{block_on, Kms, KmsError, REQUEST_TIMEOUT};
 use crate::spec::KmsConfig;
@@ -104,7 +102,12 @@ impl KubernetesKms {
         crate::kms::install_tls_provider();
         let loaded = block_on(
             &pre,
-            load_client(kubeconfig, context, timeout + CLIENT_GRACE),
+            crate::kube_client::load_client(
+                kubeconfig,
+                context,
+                timeout + CLIENT_GRACE,
+                AuthSource::of,
+            ),
         )?;
         let (url, client, auth) =
             loaded.map_err(|e| config_err(format!("cannot use {what}: {e}")))?;
@@ -131,73 +134,5 @@ fn config_source(kubeconfig: Option<&Path>, context: Option<&str>) -> String {
             "the kubeconfig (KUBECONFIG or ~/.kube/config) or in-cluster service account"
                 .to_string()
         }
-    }
-}
-
-/// Loads the connection settings (see [`KubernetesKms::new`]) and builds a client with
-/// client-side retries off and `timeout` for connecting and for each read and write.
-/// Returns the cluster URL, the client and where its credential comes from. Errors: why the
-/// kubeconfig or the in-cluster configuration cannot be used (never its content).
-pub(crate) async fn load_client(
-    kubeconfig: Option<&Path>,
-    context: Option<&str>,
-    timeout: std::time::Duration,
-) -> Result<(String, kube::Client, AuthSource), String> {
-    load_client_reading(kubeconfig, context, timeout, timeout).await
-}
-
-/// [`load_client`] with its own `read_timeout` (a watch's client waits longer for a read
-/// than `timeout`: the API server may send nothing for minutes).
-pub(crate) async fn load_client_reading(
-    kubeconfig: Option<&Path>,
-    context: Option<&str>,
-    timeout: std::time::Duration,
-    read_timeout: std::time::Duration,
-) -> Result<(String, kube::Client, AuthSource), String> {
-    let options = KubeConfigOptions {
-        context: context.map(str::to_string),
-        ..KubeConfigOptions::default()
-    };
-    let config = match kubeconfig {
-        Some(path) => match Kubeconfig::read_from(path) {
-            Ok(kc) => kube::Config::from_custom_kubeconfig(kc, &options)
-                .await
-                .map_err(|e| kubeconfig_error(&e)),
-            Err(e) => Err(kubeconfig_error(&e)),
-        },
-        None if context.is_some() => kube::Config::from_kubeconfig(&options)
-            .await
-            .map_err(|e| kubeconfig_error(&e)),
-        None => kube::Config::infer().await.map_err(|e| {
-            format!(
-                "{}; no in-cluster service account either",
-                std::error::Error::source(&e)
-                    .and_then(|s| s.downcast_ref::<KubeconfigError>())
-                    .map(kubeconfig_error)
-                    .unwrap_or_else(|| e.to_string())
-            )
-        }),
-    };
-    let mut config = config?;
-    config.default_retry = false;
-    config.connect_timeout = Some(timeout);
-    config.read_timeout = Some(read_timeout);
-    config.write_timeout = Some(timeout);
-    config.reset_reader_on_write = true;
-    let url = config.cluster_url.to_string();
-    let auth = AuthSource::of(&config.auth_info);
-    let client = kube::Client::try_from(config)
-        .map_err(|e| format!("cannot build a client: {}", chain(&e)))?;
-    Ok((url, client, auth))
-}
-
-/// A kubeconfig error without the file's content (a YAML error may quote a credential).
-fn kubeconfig_error(e: &KubeconfigError) -> String {
-    match e {
-        KubeconfigError::Parse(_) => {
-            "the kubeconfig is not valid YAML (details withheld: they could quote a credential)"
-                .to_string()
-        }
-        other => chain(other),
     }
 }
