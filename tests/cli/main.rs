@@ -14,6 +14,7 @@
 mod common;
 
 mod comfort;
+mod reference;
 mod schema;
 mod sign;
 mod snapshots;
