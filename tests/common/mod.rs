@@ -638,6 +638,24 @@ pub fn file_kms_put(root: &Path, key: &str, material: &[u8]) {
     std::fs::write(dir.join("meta.json"), meta.to_string()).expect("write meta.json");
 }
 
+/// Makes `key`'s current version in the file KMS under `root/keys` `secs` seconds older, as if
+/// that much time had passed since it was created (`created_at` in its meta.json): a test of an
+/// age limit needs no sleep.
+pub fn file_kms_age_current(root: &Path, key: &str, secs: u64) {
+    let meta = root.join("keys").join(key).join("meta.json");
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&meta).expect("read meta.json")).expect("meta.json");
+    let current = json["current"].as_u64().expect("a current version");
+    let versions = json["versions"].as_array_mut().expect("versions");
+    let v = versions
+        .iter_mut()
+        .find(|v| v["version"].as_u64() == Some(current))
+        .expect("the current version's entry");
+    let created = v["created_at"].as_u64().expect("created_at");
+    v["created_at"] = (created - secs).into();
+    std::fs::write(&meta, json.to_string()).expect("write meta.json");
+}
+
 /// A TCP port on 127.0.0.1 that accepts connections and never answers (issue 29): a listener
 /// nobody accepts from, so the kernel completes the handshakes (up to its backlog) and what a
 /// client sends is never read. Held until the listener is dropped. Returns it and its

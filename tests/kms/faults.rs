@@ -29,19 +29,44 @@ fn enrolled(w: &Watched) -> Vec<PathBuf> {
 }
 
 /// A cryptsetup wrapper that sleeps `secs` before every `luksAddKey` and touches
-/// `<marker>` when a sleeping call got to run cryptsetup.
+/// `<marker>` when a sleeping call got to run cryptsetup. Each sleeping call appends its pid
+/// to `add-pids` first ([`wait_for_wrappers_gone`]).
 fn slow_wrapper(w: &Watched, secs: f32) -> (PathBuf, PathBuf) {
     let marker = w.s.path("add-finished");
     let p = script(
         w.s.dir.path(),
         "slow-cryptsetup",
         &format!(
-            "#!/bin/sh\ncase \"$*\" in *luksAddKey*) sleep {secs}; touch '{}';; esac\nexec '{}' \"$@\"\n",
+            "#!/bin/sh\ncase \"$*\" in *luksAddKey*) echo $$ >> '{}'; sleep {secs}; touch '{}';; esac\nexec '{}' \"$@\"\n",
+            w.s.path("add-pids").display(),
             marker.display(),
             real_cryptsetup().display()
         ),
     );
     (p, marker)
+}
+
+/// Waits until every sleeping `luksAddKey` wrapper [`slow_wrapper`] started has exited (its
+/// pid gone, or a zombie nobody reaps): the event after which none of them can still touch
+/// the marker. Fails after 30 s.
+fn wait_for_wrappers_gone(w: &Watched) {
+    let pids = std::fs::read_to_string(w.s.path("add-pids")).unwrap_or_default();
+    let t0 = Instant::now();
+    for pid in pids.split_whitespace() {
+        loop {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // The state is the field after the parenthesised command name.
+            let state = stat.rsplit(") ").next().and_then(|r| r.chars().next());
+            if stat.is_empty() || state == Some('Z') {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the cryptsetup wrapper {pid} is still running"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 /// Starts keyplan in a process group of its own (as a shell's job would be), so a signal to
@@ -222,7 +247,7 @@ fn second_signal_exits_at_once() {
     assert!(stderr.contains("second signal: exiting now"), "{stderr}");
     assert!(waited < Duration::from_secs(2), "took {waited:?} to exit");
     // the sleeping wrapper was killed with keyplan (PR_SET_PDEATHSIG), never ran luksAddKey
-    std::thread::sleep(Duration::from_secs(5));
+    wait_for_wrappers_gone(&w);
     assert!(
         !marker.exists(),
         "an orphaned cryptsetup child kept running"
