@@ -246,7 +246,7 @@ fn fleet_clear(fleet: &FleetOf, only: &Option<String>) -> Result<Exit> {
     }
     let c = client(target)?;
     let cleared = crate::fleet::status::clear(&c, &namespace, only.as_deref()).map_err(|e| {
-        if e.contains("HTTP 409") {
+        if matches!(e, crate::fleet::error::FleetError::Conflict(_)) {
             miette!(
                 help = "run it again: an agent wrote its report just then",
                 "{e}"

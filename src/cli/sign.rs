@@ -73,11 +73,11 @@ pub(super) fn cmd_sign(args: &SignArgs) -> Result<Exit> {
                     &format!("the environment variable {}", signature::KEY_ENV),
                 )
             }
-            Err(_) => Err(format!(
+            Err(_) => Err(crate::fleet::error::FleetError::Signature(format!(
                 "no signing key: give --key FILE (or {}=FILE), or put the PEM text into {}",
                 signature::KEY_FILE_ENV,
                 signature::KEY_ENV
-            )),
+            ))),
         },
     }
     .map_err(|e| miette!("{e}"))?;

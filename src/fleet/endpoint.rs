@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use super::report::AgentState;
 use crate::ops::status::StatusReport;
 
+use crate::fleet::error::FleetError;
 use crate::render::status::{prometheus_for_node, ExtraGauge};
 
 /// What the metrics endpoint shows: the last status and the agent's counters.
@@ -58,9 +59,12 @@ pub(crate) fn serve(
     node: String,
     poll: Duration,
     health: Arc<Mutex<Health>>,
-) -> Result<(), String> {
-    let server = tiny_http::Server::http(addr)
-        .map_err(|e| format!("cannot listen on {addr} for /metrics and /healthz: {e}"))?;
+) -> Result<(), FleetError> {
+    let server = tiny_http::Server::http(addr).map_err(|e| {
+        FleetError::Endpoint(format!(
+            "cannot listen on {addr} for /metrics and /healthz: {e}"
+        ))
+    })?;
     tracing::info!(%addr, "serving /metrics and /healthz");
     std::thread::Builder::new()
         .name("keyplan-metrics".into())
@@ -100,7 +104,7 @@ pub(crate) fn serve(
                 let _ = req.respond(resp);
             }
         })
-        .map_err(|e| format!("cannot start the metrics thread: {e}"))?;
+        .map_err(|e| FleetError::Endpoint(format!("cannot start the metrics thread: {e}")))?;
     Ok(())
 }
 

@@ -18,6 +18,7 @@
 pub mod agent;
 pub mod api;
 mod endpoint;
+pub mod error;
 pub mod events;
 pub mod pause;
 pub mod plan;
@@ -39,14 +40,15 @@ pub mod watch;
 pub fn client(
     kubeconfig: Option<&std::path::Path>,
     context: Option<&str>,
-) -> Result<kube::Client, String> {
+) -> Result<kube::Client, error::FleetError> {
     crate::runtime::install_tls_provider();
     crate::runtime::block_on(
         "fleet",
         crate::kube_client::load_client(kubeconfig, context, crate::kms::REQUEST_TIMEOUT, |_| ()),
     )
-    .map_err(|e| e.to_string())?
+    .map_err(|e| error::FleetError::Api(e.to_string()))?
     .map(|(_, client, _)| client)
+    .map_err(error::FleetError::Client)
 }
 
 /// The client of the fleet's watches ([`watch`]): as [`client`], but a read may wait
@@ -57,7 +59,7 @@ pub fn client(
 pub fn watch_client(
     kubeconfig: Option<&std::path::Path>,
     context: Option<&str>,
-) -> Result<kube::Client, String> {
+) -> Result<kube::Client, error::FleetError> {
     crate::runtime::install_tls_provider();
     crate::runtime::block_on(
         "fleet",
@@ -69,8 +71,9 @@ pub fn watch_client(
             |_| (),
         ),
     )
-    .map_err(|e| e.to_string())?
+    .map_err(|e| error::FleetError::Api(e.to_string()))?
     .map(|(_, client, _)| client)
+    .map_err(error::FleetError::Client)
 }
 
 /// How long the watch client waits for a read: 330 s, longer than the 290 s a watch lasts.

@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, PostParams};
 
+use crate::fleet::error::FleetError;
 use crate::runtime::block_on;
 
 /// The pause ConfigMap's name.
@@ -88,7 +89,7 @@ pub fn pause(
     namespace: &str,
     reason: &str,
     by: &str,
-) -> Result<Paused, String> {
+) -> Result<Paused, FleetError> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let cm = ConfigMap {
         metadata: ObjectMeta {
@@ -114,45 +115,50 @@ pub fn pause(
     };
     let what = format!("creating ConfigMap {PAUSE_NAME} in namespace {namespace}");
     match block_on("fleet", api.create(&PostParams::default(), &cm))
-        .map_err(|e| format!("{what}: {e}"))?
+        .map_err(|e| FleetError::Api(format!("{what}: {e}")))?
     {
         Ok(_) => Ok(Paused::Now),
         Err(kube::Error::Api(s)) if s.code == 409 => {
             let got = block_on("fleet", api.get_opt(PAUSE_NAME))
-                .map_err(|e| format!("reading ConfigMap {PAUSE_NAME}: {e}"))?
-                .map_err(|e| format!("reading ConfigMap {PAUSE_NAME}: {}", super::api_text(&e)))?;
+                .map_err(|e| FleetError::Api(format!("reading ConfigMap {PAUSE_NAME}: {e}")))?
+                .map_err(|e| {
+                    FleetError::Api(format!(
+                        "reading ConfigMap {PAUSE_NAME}: {}",
+                        super::api_text(&e)
+                    ))
+                })?;
             match got.as_ref().and_then(Pause::of) {
                 Some(p) => Ok(Paused::Already(p)),
                 // Deleted in between: a resume won; pause again.
                 None => pause(client, namespace, reason, by),
             }
         }
-        Err(e) => Err(format!("{what}: {}", super::api_text(&e))),
+        Err(e) => Err(FleetError::Api(format!("{what}: {}", super::api_text(&e)))),
     }
 }
 
 /// Resumes the rollout in `namespace`: deletes [`PAUSE_NAME`]. Returns the pause that was in
 /// effect, `None` when the fleet was not paused. Errors: the read or delete failed.
-pub fn resume(client: &kube::Client, namespace: &str) -> Result<Option<Pause>, String> {
+pub fn resume(client: &kube::Client, namespace: &str) -> Result<Option<Pause>, FleetError> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let got = block_on("fleet", api.get_opt(PAUSE_NAME))
-        .map_err(|e| format!("reading ConfigMap {PAUSE_NAME}: {e}"))?
+        .map_err(|e| FleetError::Api(format!("reading ConfigMap {PAUSE_NAME}: {e}")))?
         .map_err(|e| {
-            format!(
+            FleetError::Api(format!(
                 "reading ConfigMap {PAUSE_NAME} in namespace {namespace}: {}",
                 super::api_text(&e)
-            )
+            ))
         })?;
     let Some(p) = got.as_ref().and_then(Pause::of) else {
         return Ok(None);
     };
     let what = format!("deleting ConfigMap {PAUSE_NAME} in namespace {namespace}");
     match block_on("fleet", api.delete(PAUSE_NAME, &DeleteParams::default()))
-        .map_err(|e| format!("{what}: {e}"))?
+        .map_err(|e| FleetError::Api(format!("{what}: {e}")))?
     {
         Ok(_) => Ok(Some(p)),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
-        Err(e) => Err(format!("{what}: {}", super::api_text(&e))),
+        Err(e) => Err(FleetError::Api(format!("{what}: {}", super::api_text(&e)))),
     }
 }
 

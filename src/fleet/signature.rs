@@ -38,6 +38,7 @@ use openssl::pkey::{Id, PKey, Private, Public};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
+use crate::fleet::error::FleetError;
 use crate::saved::sha256_hex;
 use zeroize::Zeroizing;
 
@@ -66,7 +67,7 @@ pub fn signature_path(plan: &Path) -> PathBuf {
 /// starting and ending with a letter or digit (a DNS-1123 subdomain, like Kubernetes names).
 ///
 /// Errors: a text saying what a cluster name may hold.
-pub fn check_cluster(name: &str) -> Result<(), String> {
+pub fn check_cluster(name: &str) -> Result<(), FleetError> {
     let label_ok = |l: &str| {
         !l.is_empty()
             && l.len() <= 63
@@ -83,9 +84,9 @@ pub fn check_cluster(name: &str) -> Result<(), String> {
     } else {
         ""
     };
-    Err(format!(
+    Err(FleetError::Signature(format!(
         "{name:?} is not a cluster name{upper}: a DNS-1123 subdomain, 1 to 253 characters of labels separated by '.', each 1 to 63 lowercase letters, digits and '-', starting and ending with a letter or digit"
-    ))
+    )))
 }
 
 /// How far in the future (by the agent's clock) a signature's `signed_at` may be: 1 hour,
@@ -131,9 +132,9 @@ impl SigningKey {
     /// A new random key (OpenSSL's generator).
     ///
     /// Errors: OpenSSL's message when it cannot make one.
-    pub fn generate() -> Result<SigningKey, String> {
-        let key =
-            PKey::generate_ed25519().map_err(|e| format!("cannot generate an ed25519 key: {e}"))?;
+    pub fn generate() -> Result<SigningKey, FleetError> {
+        let key = PKey::generate_ed25519()
+            .map_err(|e| FleetError::Signature(format!("cannot generate an ed25519 key: {e}")))?;
         Self::from_key(key, "a new key")
     }
 
@@ -142,39 +143,39 @@ impl SigningKey {
     ///
     /// Errors: a text naming `origin` when the text is not a PEM private key or not ed25519
     /// (never the text itself).
-    pub fn from_pem(pem: &[u8], origin: &str) -> Result<SigningKey, String> {
+    pub fn from_pem(pem: &[u8], origin: &str) -> Result<SigningKey, FleetError> {
         let text = String::from_utf8_lossy(pem);
         if text.contains("ENCRYPTED") {
-            return Err(format!(
+            return Err(FleetError::Signature(format!(
                 "{origin} holds an encrypted private key; keyplan sign reads unencrypted PKCS#8 keys (keep the key in a CI secret instead), e.g. `openssl pkey -in ENCRYPTED.pem -out signing.key`"
-            ));
+            )));
         }
         if text.contains("BEGIN PUBLIC KEY") {
-            return Err(format!(
+            return Err(FleetError::Signature(format!(
                 "{origin} holds a public key: keyplan sign needs the private half (the FILE of `keyplan sign --generate-key FILE`, not FILE.pub)"
-            ));
+            )));
         }
         if text.contains("OPENSSH PRIVATE KEY") {
-            return Err(format!(
+            return Err(FleetError::Signature(format!(
                 "{origin} holds an OpenSSH key: keyplan sign reads PKCS#8 PEM keys (`keyplan sign --generate-key FILE` or `openssl genpkey -algorithm ed25519`)"
-            ));
+            )));
         }
         // Never prompt for a passphrase (OpenSSL's default callback reads the terminal).
         let key = PKey::private_key_from_pem_callback(pem, |_| Ok(0)).map_err(|_| {
-            format!("{origin} does not hold a PEM private key (-----BEGIN PRIVATE KEY-----, as `keyplan sign --generate-key` or `openssl genpkey -algorithm ed25519` writes)")
+            FleetError::Signature(format!("{origin} does not hold a PEM private key (-----BEGIN PRIVATE KEY-----, as `keyplan sign --generate-key` or `openssl genpkey -algorithm ed25519` writes)"))
         })?;
         Self::from_key(key, origin)
     }
 
-    fn from_key(key: PKey<Private>, origin: &str) -> Result<SigningKey, String> {
+    fn from_key(key: PKey<Private>, origin: &str) -> Result<SigningKey, FleetError> {
         if key.id() != Id::ED25519 {
-            return Err(format!(
+            return Err(FleetError::Signature(format!(
                 "{origin} holds a private key that is not ed25519: plan signatures are ed25519 (make one with `keyplan sign --generate-key FILE`)"
-            ));
+            )));
         }
-        let raw = key
-            .raw_public_key()
-            .map_err(|e| format!("cannot read the public half of {origin}: {e}"))?;
+        let raw = key.raw_public_key().map_err(|e| {
+            FleetError::Signature(format!("cannot read the public half of {origin}: {e}"))
+        })?;
         Ok(SigningKey {
             fingerprint: fingerprint(&raw),
             key,
@@ -184,34 +185,36 @@ impl SigningKey {
     /// Reads the key from the file `path`.
     ///
     /// Errors: the file cannot be read, or [`SigningKey::from_pem`]'s.
-    pub fn read(path: &Path) -> Result<SigningKey, String> {
-        let pem = Zeroizing::new(
-            std::fs::read(path)
-                .map_err(|e| format!("cannot read the signing key {}: {e}", path.display()))?,
-        );
+    pub fn read(path: &Path) -> Result<SigningKey, FleetError> {
+        let pem = Zeroizing::new(std::fs::read(path).map_err(|e| {
+            FleetError::Signature(format!(
+                "cannot read the signing key {}: {e}",
+                path.display()
+            ))
+        })?);
         Self::from_pem(&pem, &format!("the signing key {}", path.display()))
     }
 
     /// The private key as PKCS#8 PEM text (zeroized when dropped).
     ///
     /// Errors: OpenSSL's message.
-    pub fn to_pem(&self) -> Result<Zeroizing<Vec<u8>>, String> {
+    pub fn to_pem(&self) -> Result<Zeroizing<Vec<u8>>, FleetError> {
         self.key
             .private_key_to_pem_pkcs8()
             .map(Zeroizing::new)
-            .map_err(|e| format!("cannot write the key as PEM: {e}"))
+            .map_err(|e| FleetError::Signature(format!("cannot write the key as PEM: {e}")))
     }
 
     /// The public half.
     ///
     /// Errors: OpenSSL's message.
-    pub fn public(&self) -> Result<PublicKey, String> {
+    pub fn public(&self) -> Result<PublicKey, FleetError> {
         let raw = self
             .key
             .raw_public_key()
-            .map_err(|e| format!("cannot read the public key: {e}"))?;
+            .map_err(|e| FleetError::Signature(format!("cannot read the public key: {e}")))?;
         let key = PKey::public_key_from_raw_bytes(&raw, Id::ED25519)
-            .map_err(|e| format!("cannot read the public key: {e}"))?;
+            .map_err(|e| FleetError::Signature(format!("cannot read the public key: {e}")))?;
         Ok(PublicKey {
             key,
             fingerprint: self.fingerprint.clone(),
@@ -227,13 +230,18 @@ impl SigningKey {
     /// Signs the plan bytes `plan` for `cluster`, at `signed_at` (Unix seconds).
     ///
     /// Errors: `cluster` is not a cluster name ([`check_cluster`]), or OpenSSL's message.
-    pub fn sign(&self, plan: &[u8], cluster: &str, signed_at: u64) -> Result<Signature, String> {
+    pub fn sign(
+        &self,
+        plan: &[u8],
+        cluster: &str,
+        signed_at: u64,
+    ) -> Result<Signature, FleetError> {
         check_cluster(cluster)?;
         let mut signer = openssl::sign::Signer::new_without_digest(&self.key)
-            .map_err(|e| format!("cannot sign: {e}"))?;
+            .map_err(|e| FleetError::Signature(format!("cannot sign: {e}")))?;
         let sig = signer
             .sign_oneshot_to_vec(&message(plan, cluster, signed_at))
-            .map_err(|e| format!("cannot sign: {e}"))?;
+            .map_err(|e| FleetError::Signature(format!("cannot sign: {e}")))?;
         Ok(Signature {
             format: FORMAT.to_string(),
             cluster: cluster.to_string(),
@@ -267,30 +275,30 @@ impl PublicKey {
     /// from `origin` (a path, for messages).
     ///
     /// Errors: a text naming `origin` when the text is not a PEM public key or not ed25519.
-    pub fn from_pem(pem: &[u8], origin: &str) -> Result<PublicKey, String> {
+    pub fn from_pem(pem: &[u8], origin: &str) -> Result<PublicKey, FleetError> {
         let text = String::from_utf8_lossy(pem);
         if text.contains("PRIVATE KEY") {
-            return Err(format!(
+            return Err(FleetError::Signature(format!(
                 "{origin} holds a private key: trust only the public half (FILE.pub of `keyplan sign --generate-key FILE`, or `openssl pkey -pubout`), and keep the private key out of the cluster"
-            ));
+            )));
         }
         let blocks = text.matches("-----BEGIN ").count();
         if blocks > 1 {
-            return Err(format!(
+            return Err(FleetError::Signature(format!(
                 "{origin} holds {blocks} PEM blocks: put each trusted public key in a file of its own (a directory, such as a Secret with one key per file, may hold several)"
-            ));
+            )));
         }
         let key = PKey::public_key_from_pem(pem).map_err(|_| {
-            format!("{origin} does not hold a PEM public key (-----BEGIN PUBLIC KEY-----, as `keyplan sign --generate-key` writes to FILE.pub or `openssl pkey -pubout` prints)")
+            FleetError::Signature(format!("{origin} does not hold a PEM public key (-----BEGIN PUBLIC KEY-----, as `keyplan sign --generate-key` writes to FILE.pub or `openssl pkey -pubout` prints)"))
         })?;
         if key.id() != Id::ED25519 {
-            return Err(format!(
+            return Err(FleetError::Signature(format!(
                 "{origin} holds a public key that is not ed25519: plan signatures are ed25519"
-            ));
+            )));
         }
-        let raw = key
-            .raw_public_key()
-            .map_err(|e| format!("cannot read the public key {origin}: {e}"))?;
+        let raw = key.raw_public_key().map_err(|e| {
+            FleetError::Signature(format!("cannot read the public key {origin}: {e}"))
+        })?;
         Ok(PublicKey {
             key,
             fingerprint: fingerprint(&raw),
@@ -301,10 +309,10 @@ impl PublicKey {
     /// The key as PEM text (SubjectPublicKeyInfo).
     ///
     /// Errors: OpenSSL's message.
-    pub fn to_pem(&self) -> Result<Vec<u8>, String> {
+    pub fn to_pem(&self) -> Result<Vec<u8>, FleetError> {
         self.key
             .public_key_to_pem()
-            .map_err(|e| format!("cannot write the public key as PEM: {e}"))
+            .map_err(|e| FleetError::Signature(format!("cannot write the public key as PEM: {e}")))
     }
 
     /// The key's fingerprint (`SHA256:...`).
@@ -355,14 +363,17 @@ impl Signature {
     /// Reads a signature file's text.
     ///
     /// Errors: a text saying what is wrong (not JSON of this shape, another format).
-    pub fn parse(text: &[u8]) -> Result<Signature, String> {
-        let sig: Signature = serde_json::from_slice(text)
-            .map_err(|e| format!("the signature file is not a keyplan signature: {e}"))?;
+    pub fn parse(text: &[u8]) -> Result<Signature, FleetError> {
+        let sig: Signature = serde_json::from_slice(text).map_err(|e| {
+            FleetError::Signature(format!(
+                "the signature file is not a keyplan signature: {e}"
+            ))
+        })?;
         if sig.format != FORMAT {
-            return Err(format!(
+            return Err(FleetError::Signature(format!(
                 "the signature file has format {:?}; this keyplan reads {FORMAT:?}",
                 sig.format
-            ));
+            )));
         }
         Ok(sig)
     }
@@ -511,10 +522,10 @@ impl SignaturePolicy {
     /// The policy of `keys` (at least one) for `cluster`.
     ///
     /// Errors: no key, or `cluster` is not a cluster name.
-    pub fn new(keys: Vec<PublicKey>, cluster: &str) -> Result<SignaturePolicy, String> {
+    pub fn new(keys: Vec<PublicKey>, cluster: &str) -> Result<SignaturePolicy, FleetError> {
         check_cluster(cluster)?;
         if keys.is_empty() {
-            return Err("no trusted public key: an agent that requires signed plans needs at least one (--trusted-keys FILE or DIR)".into());
+            return Err(FleetError::Signature("no trusted public key: an agent that requires signed plans needs at least one (--trusted-keys FILE or DIR)".into()));
         }
         Ok(SignaturePolicy {
             keys,
@@ -528,14 +539,23 @@ impl SignaturePolicy {
     ///
     /// Errors: a path cannot be read, a file is not an ed25519 public key (a key file the
     /// operator meant to trust must not be skipped silently), or no key is found.
-    pub fn load(paths: &[PathBuf], cluster: &str) -> Result<SignaturePolicy, String> {
+    pub fn load(paths: &[PathBuf], cluster: &str) -> Result<SignaturePolicy, FleetError> {
         let mut keys = Vec::new();
         for path in paths {
-            let meta = std::fs::metadata(path)
-                .map_err(|e| format!("cannot read the trusted keys {}: {e}", path.display()))?;
+            let meta = std::fs::metadata(path).map_err(|e| {
+                FleetError::Signature(format!(
+                    "cannot read the trusted keys {}: {e}",
+                    path.display()
+                ))
+            })?;
             let files = if meta.is_dir() {
                 let mut files: Vec<PathBuf> = std::fs::read_dir(path)
-                    .map_err(|e| format!("cannot read the trusted keys {}: {e}", path.display()))?
+                    .map_err(|e| {
+                        FleetError::Signature(format!(
+                            "cannot read the trusted keys {}: {e}",
+                            path.display()
+                        ))
+                    })?
                     .filter_map(|e| e.ok())
                     .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
                     .map(|e| e.path())
@@ -543,18 +563,22 @@ impl SignaturePolicy {
                     .collect();
                 files.sort();
                 if files.is_empty() {
-                    return Err(format!(
+                    return Err(FleetError::Signature(format!(
                         "the trusted keys directory {} holds no key file (is the Secret empty or not mounted?)",
                         path.display()
-                    ));
+                    )));
                 }
                 files
             } else {
                 vec![path.clone()]
             };
             for file in files {
-                let pem = std::fs::read(&file)
-                    .map_err(|e| format!("cannot read the trusted key {}: {e}", file.display()))?;
+                let pem = std::fs::read(&file).map_err(|e| {
+                    FleetError::Signature(format!(
+                        "cannot read the trusted key {}: {e}",
+                        file.display()
+                    ))
+                })?;
                 keys.push(PublicKey::from_pem(
                     &pem,
                     &format!("the trusted key {}", file.display()),
@@ -591,7 +615,9 @@ impl SignaturePolicy {
                 expected: expected.to_string(),
             });
         };
-        let sig = Signature::parse(bytes).map_err(|reason| Refusal::Malformed { reason })?;
+        let sig = Signature::parse(bytes).map_err(|e| Refusal::Malformed {
+            reason: e.to_string(),
+        })?;
         if sig.cluster != self.cluster {
             return Err(Refusal::OtherCluster {
                 signed: sig.cluster,
@@ -757,9 +783,13 @@ mod tests {
         assert!(!shown.contains(&body));
         assert!(SigningKey::from_pem(b"nonsense", "the file x")
             .unwrap_err()
+            .to_string()
             .contains("the file x"));
         assert!(PublicKey::from_pem(&pem, "the file y").is_err());
-        assert!(check_cluster("Prod").unwrap_err().contains("upper-case"));
+        assert!(check_cluster("Prod")
+            .unwrap_err()
+            .to_string()
+            .contains("upper-case"));
         assert!(check_cluster("a..b").is_err());
         assert!(check_cluster("prod-east.example").is_ok());
         // A public key is not a signing key, a private key not a trusted key, two PEM blocks
@@ -767,9 +797,11 @@ mod tests {
         let pub_pem = public.to_pem().unwrap();
         assert!(SigningKey::from_pem(&pub_pem, "x")
             .unwrap_err()
+            .to_string()
             .contains("public key"));
         assert!(PublicKey::from_pem(&pem, "y")
             .unwrap_err()
+            .to_string()
             .contains("private key"));
         let mut two = pub_pem.clone();
         two.extend_from_slice(
@@ -782,6 +814,7 @@ mod tests {
         );
         assert!(PublicKey::from_pem(&two, "z")
             .unwrap_err()
+            .to_string()
             .contains("2 PEM blocks"));
         let enc = key
             .key
@@ -789,6 +822,7 @@ mod tests {
             .unwrap();
         assert!(SigningKey::from_pem(&enc, "e")
             .unwrap_err()
+            .to_string()
             .contains("encrypted"));
     }
 }

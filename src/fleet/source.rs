@@ -14,6 +14,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::fleet::error::FleetError;
 use sha2::{Digest as _, Sha256};
 
 /// The name of the kubelet's link to the current content of a ConfigMap volume.
@@ -54,9 +55,10 @@ impl PlanSource {
     ///
     /// Errors: a text naming the path and saying why it is refused (missing, or not in a
     /// ConfigMap volume directory: a `subPath` mount or a plain file) and what to do.
-    pub fn open(path: &Path) -> Result<PlanSource, String> {
-        let meta = std::fs::symlink_metadata(path)
-            .map_err(|e| format!("cannot read the plan {}: {e}", path.display()))?;
+    pub fn open(path: &Path) -> Result<PlanSource, FleetError> {
+        let meta = std::fs::symlink_metadata(path).map_err(|e| {
+            FleetError::File(format!("cannot read the plan {}: {e}", path.display()))
+        })?;
         let dir = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),
@@ -71,10 +73,10 @@ impl PlanSource {
         let data_is_link =
             std::fs::symlink_metadata(&data).is_ok_and(|m| m.file_type().is_symlink());
         if !(via_data && data_is_link) {
-            return Err(format!(
+            return Err(FleetError::File(format!(
                 "the plan {} is not a file of a ConfigMap volume (no {DATA_LINK} link beside it, or the file is not a link into it): it looks like a subPath mount or a copied file, which never sees ConfigMap updates, so the agent would keep applying an old plan; mount the ConfigMap as a directory (a volume without subPath) and pass --plan <mount directory>/<key>",
                 path.display()
-            ));
+            )));
         }
         Ok(PlanSource {
             path: path.to_path_buf(),
@@ -103,7 +105,7 @@ impl PlanSource {
     ///
     /// Errors: a text naming the file when it cannot be read (the old directory removed
     /// under the read: the next poll reads the new one) or is not UTF-8.
-    pub fn read(&self) -> Result<PlanText, String> {
+    pub fn read(&self) -> Result<PlanText, FleetError> {
         // The kubelet removes the old version's directory right after the swap: a read that
         // lost that race reads the new version.
         let mut result = self.read_once();
@@ -115,7 +117,7 @@ impl PlanSource {
                 _ => break,
             }
         }
-        result.map_err(|(e, _)| e)
+        result.map_err(|(e, _)| FleetError::File(e))
     }
 
     fn current_version(&self) -> Option<PathBuf> {

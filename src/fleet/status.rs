@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::report::{AgentState, NodeReport, Reports, READ_TIMEOUT};
 use crate::clock::now_unix;
+use crate::fleet::error::FleetError;
 use crate::runtime::block_on;
 
 /// Version of the `fleet status --format json` document.
@@ -135,31 +136,31 @@ impl FleetStatus {
 ///
 /// Errors: a text saying which list failed and why (one the API server did not answer in
 /// time included).
-pub fn read(client: &kube::Client, namespace: &str) -> Result<FleetStatus, String> {
+pub fn read(client: &kube::Client, namespace: &str) -> Result<FleetStatus, FleetError> {
     let now = now_unix();
     let until = std::time::Instant::now() + READ_TIMEOUT;
     let (stored, paused) = Reports::new(client.clone(), namespace)
         .until(until)
         .list_with_pause()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| FleetError::Api(e.to_string()))?;
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
     let lp = ListParams::default().labels("app.kubernetes.io/name=keyplan");
     let left = until.saturating_duration_since(std::time::Instant::now());
     let leases = block_on("fleet", async move {
         tokio::time::timeout(left, leases.list(&lp)).await
     })
-    .map_err(|e| e.to_string())?
+    .map_err(|e| FleetError::Api(e.to_string()))?
     .map_err(|_| {
-        format!(
+        FleetError::Api(format!(
             "listing Leases in namespace {namespace}: the API server did not answer in time (`fleet status` waits {} in all)",
             crate::kms::deadline::seconds(READ_TIMEOUT)
-        )
+        ))
     })?
         .map_err(|e| {
-            format!(
+            FleetError::Api(format!(
                 "listing Leases in namespace {namespace}: {}",
                 super::api_text(&e)
-            )
+            ))
         })?;
     let mut nodes: Vec<NodeStatus> = stored.iter().map(|s| node_status(s, now)).collect();
     nodes.sort_by(|a, b| a.node.cmp(&b.node));
@@ -302,10 +303,10 @@ pub fn clear(
     client: &kube::Client,
     namespace: &str,
     node: Option<&str>,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, FleetError> {
     let reports = Reports::new(client.clone(), namespace);
     let mut cleared = Vec::new();
-    for s in reports.list().map_err(|e| e.to_string())? {
+    for s in reports.list().map_err(|e| FleetError::Api(e.to_string()))? {
         let name = s
             .report
             .as_ref()
@@ -324,7 +325,7 @@ pub fn clear(
 /// Clears `stored`'s failure: a conditional update, read again and tried again when the
 /// node's agent wrote its report in between (409), as Kubernetes clients do on a conflict; at
 /// most 5 tries.
-fn clear_one(reports: &Reports, mut stored: super::report::Stored) -> Result<(), String> {
+fn clear_one(reports: &Reports, mut stored: super::report::Stored) -> Result<(), FleetError> {
     for _ in 0..5 {
         match reports.clear(&stored) {
             Ok(()) => return Ok(()),
@@ -334,17 +335,20 @@ fn clear_one(reports: &Reports, mut stored: super::report::Stored) -> Result<(),
                     .as_ref()
                     .map(|r| r.node.clone())
                     .unwrap_or_default();
-                match reports.get(&node).map_err(|e| e.to_string())? {
+                match reports
+                    .get(&node)
+                    .map_err(|e| FleetError::Api(e.to_string()))?
+                {
                     Some(fresh) if fresh.counts_as_failed() => stored = fresh,
                     // Its agent cleared it itself (a run succeeded), or it is gone.
                     _ => return Ok(()),
                 }
             }
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(FleetError::Api(e.to_string())),
         }
     }
-    Err(format!(
+    Err(FleetError::Conflict(format!(
         "the report ConfigMap {} kept changing while its failure was being cleared (409 Conflict five times)",
         stored.name
-    ))
+    )))
 }

@@ -29,6 +29,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::fleet::error::FleetError;
 use crate::spec::{KmsConfig, Plan, VaultAuth};
 
 /// The agent configuration file (`keyplan agent --config FILE`, YAML or JSON).
@@ -49,32 +50,32 @@ impl AgentConfig {
     ///
     /// Errors: a text naming the file (and line, for a YAML error) and what is wrong: it cannot
     /// be read, does not parse, or a path in it is not absolute.
-    pub fn load(path: &Path) -> Result<AgentConfig, String> {
+    pub fn load(path: &Path) -> Result<AgentConfig, FleetError> {
         let text = std::fs::read_to_string(path).map_err(|e| {
-            format!(
+            FleetError::File(format!(
                 "cannot read the agent configuration {}: {e}",
                 path.display()
-            )
+            ))
         })?;
         let config: AgentConfig = serde_saphyr::from_str(&text).map_err(|e| {
-            format!(
+            FleetError::File(format!(
                 "the agent configuration {} is not valid: {e}",
                 path.display()
-            )
+            ))
         })?;
         if let Some(d) = config.enroll_with_dirs.iter().find(|d| !d.is_absolute()) {
-            return Err(format!(
+            return Err(FleetError::File(format!(
                 "the agent configuration {}: enroll_with_dirs entry {:?} is not absolute",
                 path.display(),
                 d.display()
-            ));
+            )));
         }
         for (name, kms) in &config.kms {
             if let Some(p) = relative_path(kms) {
-                return Err(format!(
+                return Err(FleetError::File(format!(
                     "the agent configuration {}: KMS instance {name:?}: path {p:?} is not absolute; paths in the agent configuration must be absolute",
                     path.display()
-                ));
+                )));
             }
         }
         Ok(config)

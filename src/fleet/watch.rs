@@ -26,6 +26,7 @@ use kube::runtime::WatchStreamExt as _;
 
 use super::pause::Pause;
 use super::report::Stored;
+use crate::fleet::error::FleetError;
 
 /// The fleet namespace as the watches last saw it.
 #[derive(Debug, Clone, Default)]
@@ -120,7 +121,7 @@ impl FleetWatch {
     /// both watches have listed.
     ///
     /// Errors: the shared runtime cannot be started.
-    pub fn start(client: kube::Client, namespace: &str) -> Result<FleetWatch, String> {
+    pub fn start(client: kube::Client, namespace: &str) -> Result<FleetWatch, FleetError> {
         let shared = Arc::new(Shared {
             seen: Mutex::new(Seen::default()),
             changed: Condvar::new(),
@@ -190,7 +191,7 @@ fn watch_leases(
     shared: Arc<Shared>,
     leases: Api<Lease>,
     config: watcher::Config,
-) -> Result<tokio::task::JoinHandle<()>, String> {
+) -> Result<tokio::task::JoinHandle<()>, FleetError> {
     let stream = watcher(leases, config).default_backoff();
     crate::runtime::spawn(async move {
         let mut stream = std::pin::pin!(stream);
@@ -237,6 +238,7 @@ fn watch_leases(
             }
         }
     })
+    .map_err(FleetError::Api)
 }
 
 /// Keeps `shared.reports` and `shared.pause` up to date from a watch on the node report and
@@ -247,7 +249,7 @@ fn watch_reports(
     shared: Arc<Shared>,
     reports: Api<ConfigMap>,
     config: watcher::Config,
-) -> Result<tokio::task::JoinHandle<()>, String> {
+) -> Result<tokio::task::JoinHandle<()>, FleetError> {
     let stream = watcher(
         reports,
         config.labels(&super::report::reports_and_pause_selector()),
@@ -291,6 +293,7 @@ fn watch_reports(
             }
         }
     })
+    .map_err(FleetError::Api)
 }
 
 impl Drop for FleetWatch {

@@ -26,7 +26,9 @@ fn walk(cmd: &clap::Command, path: &mut Vec<String>, out: &mut Vec<(String, clap
 /// The reference as generated now.
 fn generated() -> String {
     // `build` propagates global options and versions into subcommands, as parsing does.
-    let mut root = keyplan::cli::command().term_width(WIDTH).max_term_width(WIDTH);
+    let mut root = keyplan::cli::command()
+        .term_width(WIDTH)
+        .max_term_width(WIDTH);
     root.build();
     let mut commands = Vec::new();
     walk(&root, &mut Vec::new(), &mut commands);
@@ -44,7 +46,10 @@ fn generated() -> String {
     for (path, mut cmd) in commands {
         let help = cmd.render_long_help().to_string();
         let help: Vec<&str> = help.lines().map(str::trim_end).collect();
-        text.push_str(&format!("\n## {path}\n\n```text\n{}\n```\n", help.join("\n").trim_end()));
+        text.push_str(&format!(
+            "\n## {path}\n\n```text\n{}\n```\n",
+            help.join("\n").trim_end()
+        ));
     }
     text
 }
@@ -86,7 +91,10 @@ fn reference_names_every_command() {
     ] {
         assert!(now.contains(&format!("{heading}\n")), "{heading} missing");
     }
-    assert!(now.contains("--detailed-exitcode"), "plan's options missing");
+    assert!(
+        now.contains("--detailed-exitcode"),
+        "plan's options missing"
+    );
     // Global options a command ignores are hidden from its help, so from the reference too.
     let sign = now.split("## keyplan sign\n").nth(1).expect("sign section");
     let sign = sign.split("\n## ").next().unwrap_or_default();

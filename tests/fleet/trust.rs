@@ -10,7 +10,7 @@ use keyplan::spec::{KmsConfig, VaultAuth};
 fn config(dir: &Path, text: &str) -> Result<AgentConfig, String> {
     let p = dir.join("agent.yaml");
     std::fs::write(&p, text).expect("write");
-    AgentConfig::load(&p)
+    AgentConfig::load(&p).map_err(|e| e.to_string())
 }
 
 fn plan(dir: &Path, kms: &str) -> keyplan::spec::Plan {

@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::ConfigMap;
 
 use super::endpoint::Health;
+use super::error::FleetError;
 use super::events::Events;
 use super::report::{AgentState, NodeReport};
 use super::signature::{SignaturePolicy, Verified};
@@ -89,12 +90,12 @@ pub struct AgentOptions {
 ///
 /// Errors: a text saying why the agent cannot start: the plan file is not a key of a
 /// ConfigMap volume, no Kubernetes client can be built, or the listen address is taken.
-pub fn run(opts: AgentOptions, stop: &'static AtomicBool) -> Result<(), String> {
+pub fn run(opts: AgentOptions, stop: &'static AtomicBool) -> Result<(), FleetError> {
     let source = PlanSource::open(&opts.plan)?;
     let client = super::client(opts.kubeconfig.as_deref(), opts.context.as_deref())
-        .map_err(|e| format!("cannot reach the Kubernetes API: {e}"))?;
+        .map_err(|e| e.prefixed("cannot reach the Kubernetes API"))?;
     let watch_client = super::watch_client(opts.kubeconfig.as_deref(), opts.context.as_deref())
-        .map_err(|e| format!("cannot reach the Kubernetes API: {e}"))?;
+        .map_err(|e| e.prefixed("cannot reach the Kubernetes API"))?;
     let health = Arc::new(Mutex::new(Health::default()));
     if let Some(addr) = opts.listen {
         super::endpoint::serve(addr, opts.node.clone(), opts.poll, Arc::clone(&health))?;
@@ -229,7 +230,7 @@ impl Agent {
         self.health().last_tick = Some(Instant::now());
         let text = match self.source.read() {
             Ok(t) => t,
-            Err(e) => return self.refuse(Some("unreadable"), e),
+            Err(e) => return self.refuse(Some("unreadable"), e.to_string()),
         };
         let version = text.version();
         let changed = self.last_version.as_deref() != Some(version.as_str());

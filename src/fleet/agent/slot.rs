@@ -12,6 +12,7 @@ use crate::clock::now_unix;
 use crate::error::Error;
 use k8s_openapi::api::coordination::v1::Lease;
 
+use crate::fleet::error::FleetError;
 use crate::fleet::events::EventType;
 use crate::fleet::pause::Pause;
 use crate::fleet::report::{AgentRun, AgentState, Failure, Stored};
@@ -71,7 +72,7 @@ impl Agent {
                 return;
             }
             Err(e) => {
-                self.set_state(AgentState::Error, Some(e));
+                self.set_state(AgentState::Error, Some(e.to_string()));
                 self.publish(false);
                 self.pending = Some(pending);
                 return;
@@ -218,7 +219,7 @@ impl Agent {
     /// the loop wakes at the next change.
     ///
     /// Errors: the watch cannot be started, or it fails (denied, unreachable) and has no copy.
-    fn fleet_seen(&mut self) -> Result<Option<Seen>, String> {
+    fn fleet_seen(&mut self) -> Result<Option<Seen>, FleetError> {
         if self.watch.as_ref().map(|w| w.namespace.as_str()) != Some(self.namespace.as_str()) {
             let client = self
                 .watch_client
@@ -236,7 +237,9 @@ impl Agent {
         match watch.snapshot() {
             Some(seen) => Ok(Some(seen)),
             None => match watch.error() {
-                Some(e) => Err(format!("cannot see the rollout slots and reports: {e}")),
+                Some(e) => Err(FleetError::Api(format!(
+                    "cannot see the rollout slots and reports: {e}"
+                ))),
                 None => Ok(None),
             },
         }
