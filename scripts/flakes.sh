@@ -25,7 +25,7 @@ for i in $(seq "$runs"); do
   echo "run $i/$runs: $verdict in $(( $(date +%s) - start )) s"
 done
 echo "$green of $runs runs green"
-# "Running tests/x.rs (...)" names the binary; "test name ... FAILED" the test.
+# "Running <binary> (...)" names the binary; "test name ... FAILED" the test.
 awk '/^     Running /{bin=$2} / \.\.\. FAILED$/{print bin" "$2}' "$dir"/run-*.log \
   | sort | uniq -c | sort -rn | awk '{printf "  failed %d of '"$runs"': %s %s\n", $1, $2, $3}'
 [ "$green" = "$runs" ]

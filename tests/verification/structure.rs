@@ -561,3 +561,46 @@ fn comments_cite_files_in_the_repository() {
         hits.join("\n  ")
     );
 }
+
+/// Repository paths cited in src/ (`docs/x.md`, `src/a/b.rs`, `tests/...`): each must exist.
+#[test]
+fn cited_files_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tops = [
+        "docs/",
+        "src/",
+        "tests/",
+        "benches/",
+        "scripts/",
+        "examples/",
+        "deploy/",
+    ];
+    let ends = [".rs", ".md", ".sh", ".py", ".yaml", ".json", ".toml"];
+    let mut missing = Vec::new();
+    for f in read_files() {
+        for (n, line) in f.text.lines().enumerate() {
+            for top in tops {
+                for (i, _) in line.match_indices(top) {
+                    // A whole path: not the tail of a longer one (`diff/tests/x.rs`).
+                    let before = line[..i].chars().next_back();
+                    if before.is_some_and(|c| c.is_alphanumeric() || c == '/' || c == '_') {
+                        continue;
+                    }
+                    let path: String = line[i..]
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || "/._-".contains(*c))
+                        .collect();
+                    let path = path.trim_end_matches('.');
+                    if ends.iter().any(|e| path.ends_with(e)) && !root.join(path).exists() {
+                        missing.push(format!("src/{}:{}: {path}", f.rel, n + 1));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "src/ cites files that do not exist (moved or renamed? cite the new path):\n  {}",
+        missing.join("\n  ")
+    );
+}
