@@ -62,7 +62,6 @@ const LAYERS: &[&[&str]] = &[
 const OVERSIZED: &[(&str, usize)] = &[
     ("diff/tests/snapshots.rs", 816),
     ("graph/passes.rs", 829),
-    ("luks/driver.rs", 1078),
     ("ops/status.rs", 1048),
 ];
 
