@@ -2,7 +2,7 @@
 //! ([`SimKms`]) behind the engine's own traits (`keyplan::luks::LuksDoor`, `keyplan::kms::Kms`).
 //!
 //! They follow what the real-component tests established:
-//! - LUKS (cryptsetup 2.6.1, src/luks/driver.rs): a passphrase test of an empty keyslot is
+//! - LUKS (cryptsetup 2.6.1, src/luks/driver/mod.rs): a passphrase test of an empty keyslot is
 //!   "does not open"; an unbound keyslot with its passphrase opens a `--test-passphrase` of that
 //!   keyslot but is never tried without `--key-slot` and cannot unlock a `luksAddKey`;
 //!   `luksAddKey` into an occupied keyslot fails (exit 1), with a wrong unlocking passphrase

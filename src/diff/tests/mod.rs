@@ -2,8 +2,9 @@
 //! text), the changes and the step graph as snapshots (`src/diff/tests/snapshots/`).
 //!
 //! `scenario` builds plans and observed states; `snapshots` holds the scenario tests;
-//! `properties` checks the safety properties of plans of random states.
+//! `shared_keys` the scenario tests of keys shared among plans and nodes; `properties` checks the safety properties of plans of random states.
 
 mod properties;
 pub(crate) mod scenario;
+mod shared_keys;
 mod snapshots;
