@@ -8,13 +8,9 @@ use std::process::{Command, Output};
 
 use crate::common::*;
 
-fn keyplan_bin() -> std::path::PathBuf {
-    assert_cmd::cargo::cargo_bin("keyplan")
-}
-
 /// A keyplan command in `dir` with no NO_COLOR in its environment.
 fn bare(dir: &Path, args: &[&str]) -> Command {
-    let mut cmd = Command::new(keyplan_bin());
+    let mut cmd = keyplan_command();
     cmd.current_dir(dir)
         .env_remove("NO_COLOR")
         .env_remove("KEYPLAN_LOG")

@@ -88,8 +88,7 @@ fn sign_refuses_what_it_must_not_do_and_writes_what_agents_verify() {
         0,
     );
     let pem = std::fs::read_to_string(&key_file).expect("key");
-    let out = assert_cmd::Command::cargo_bin("keyplan")
-        .expect("binary")
+    let out = assert_cmd::Command::from_std(keyplan_command())
         .current_dir(s.path(""))
         .env("KEYPLAN_SIGNING_KEY", &pem)
         .args(["sign", "plan.yaml", "--cluster", "prod"])

@@ -54,8 +54,7 @@ fn regex_escape(s: &str) -> String {
 /// Runs keyplan in `s` with a fixed terminal width and no colour; asserts the exit code and
 /// returns stdout and stderr.
 fn run(s: &Scratch, args: &[&str], code: i32) -> (String, String) {
-    let out: Output = assert_cmd::Command::cargo_bin("keyplan")
-        .expect("binary")
+    let out: Output = assert_cmd::Command::from_std(keyplan_command())
         .current_dir(s.dir.path())
         .env("NO_COLOR", "1")
         .env("COLUMNS", "100")
@@ -140,8 +139,7 @@ fn apply_failure_text() {
         "keyplan.yaml",
         &one_key_plan("  d: { path: d.img, keys: [k], enroll_with: initial.pass }"),
     );
-    let out = assert_cmd::Command::cargo_bin("keyplan")
-        .expect("binary")
+    let out = assert_cmd::Command::from_std(keyplan_command())
         .current_dir(s.dir.path())
         .env("NO_COLOR", "1")
         .env("COLUMNS", "100")

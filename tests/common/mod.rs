@@ -95,7 +95,7 @@ impl Scratch {
 
     /// Like [`Scratch::ok`], with extra environment variables (e.g. `KEYPLAN_CRYPTSETUP`).
     pub fn ok_with_env(&self, args: &[&str], env: &[(&str, &Path)], code: i32) -> String {
-        let mut cmd = assert_cmd::Command::cargo_bin("keyplan").expect("binary");
+        let mut cmd = assert_cmd::Command::from_std(keyplan_command());
         cmd.current_dir(self.dir.path()).env("NO_COLOR", "1");
         for (k, v) in env {
             cmd.env(k, v);
@@ -171,10 +171,22 @@ pub fn wait_at_gate(gate: &Path, pid: u32) {
     }
 }
 
+/// The keyplan binary cargo built for this test run.
+pub fn keyplan_bin() -> PathBuf {
+    assert_cmd::cargo::cargo_bin("keyplan")
+}
+
+/// The one way tests build a keyplan process: [`keyplan_bin`] and nothing else (no arguments;
+/// the test's environment, working directory and standard streams), so that each caller adds
+/// exactly what its run needs. Where a test wants assert_cmd's `output()` (standard input a
+/// pipe closed at once rather than `/dev/null`), wrap it: `assert_cmd::Command::from_std(..)`.
+pub fn keyplan_command() -> Command {
+    Command::new(keyplan_bin())
+}
+
 /// Runs the keyplan binary in `dir`.
 pub fn keyplan_in(dir: &Path, args: &[&str]) -> Output {
-    assert_cmd::Command::cargo_bin("keyplan")
-        .expect("binary")
+    assert_cmd::Command::from_std(keyplan_command())
         .current_dir(dir)
         .env("NO_COLOR", "1")
         .args(args)
@@ -489,7 +501,7 @@ impl Watched {
             self.bin.display(),
             std::env::var("PATH").unwrap_or_default()
         );
-        let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("keyplan"));
+        let mut cmd = keyplan_command();
         cmd.current_dir(self.s.dir.path())
             .env("NO_COLOR", "1")
             .env("PATH", path)
@@ -673,7 +685,7 @@ pub fn keyplan_timed(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> (Output, std::time::Duration) {
-    let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("keyplan"));
+    let mut cmd = keyplan_command();
     cmd.current_dir(dir).env("NO_COLOR", "1").args(args);
     for (k, v) in env {
         cmd.env(k, v);

@@ -11,7 +11,7 @@ use crate::common::*;
 fn keyplan_stdin(dir: &Path, args: &[&str], input: &[u8]) -> std::process::Output {
     use std::io::Write as _;
     use std::process::Stdio;
-    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+    let mut child = keyplan_command()
         .current_dir(dir)
         .env("NO_COLOR", "1")
         .args(args)
@@ -158,7 +158,7 @@ fn an_interrupted_import_is_finished_by_importing_again() {
         "keyplan.yaml",
         "version: 1\nkms:\n  local: { provider: file, path: keys }\nkeys:\n  k: { kms: local }\ndevices:\n  a: { path: a.img, keys: [k] }\nsettings:\n  pbkdf: { type: pbkdf2, iterations: 1000 }\n",
     );
-    let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("keyplan"));
+    let mut cmd = keyplan_command();
     cmd.current_dir(s.dir.path())
         .env("FAILPOINTS", "kms.commit=return")
         .args(["key", "import", "k"]);

@@ -525,8 +525,7 @@ fn resume_after_kill_during_add() {
             m = s.path("crashed").display()
         ),
     );
-    let out = assert_cmd::Command::cargo_bin("keyplan")
-        .unwrap()
+    let out = assert_cmd::Command::from_std(keyplan_command())
         .current_dir(s.dir.path())
         .env("KEYPLAN_CRYPTSETUP", &wrapper)
         .args(["apply", "--auto-approve", "--parallelism", "1"])

@@ -68,8 +68,7 @@ fn key_material_never_leaks() {
         vec!["-vvv", "journal", "--json"],
         vec!["-vvv", "apply", "--auto-approve", "--rotate", "k"],
     ] {
-        let out = assert_cmd::Command::cargo_bin("keyplan")
-            .unwrap()
+        let out = assert_cmd::Command::from_std(keyplan_command())
             .current_dir(s.dir.path())
             .env("KEYPLAN_CRYPTSETUP", &wrapper)
             .args(&args)
@@ -134,27 +133,7 @@ fn enroll_with_binary_passphrase() {
     let pass: Vec<u8> = b"line1\nline2\0\xff\xfe end\n".to_vec();
     std::fs::write(s.path("bin.pass"), &pass).unwrap();
     let img = s.path("d.img");
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(20 << 20)
-        .unwrap();
-    let st = std::process::Command::new("cryptsetup")
-        .args([
-            "luksFormat",
-            "--batch-mode",
-            "--type",
-            "luks2",
-            "--pbkdf",
-            "pbkdf2",
-            "--pbkdf-force-iterations",
-            "1000",
-            "--key-file",
-        ])
-        .arg(s.path("bin.pass"))
-        .arg(&img)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    luks_format(&img, 20 << 20, "luks2", &[], &pass);
     s.plan(
         "keyplan.yaml",
         &one_key_plan(
@@ -306,32 +285,18 @@ fn luks2_metadata_full_leaves_no_orphan_keyslot() {
     for reserve in (100..=900).step_by(40) {
         let s = Scratch::new();
         s.initial_pass();
-        let img = s.path("d.img");
-        std::fs::File::create(&img)
-            .unwrap()
-            .set_len(20 << 20)
-            .unwrap();
-        let st = std::process::Command::new("cryptsetup")
-            .args([
-                "luksFormat",
-                "--batch-mode",
-                "--type",
-                "luks2",
+        // A small JSON area (16 KiB metadata), so tokens can fill it.
+        let img = s.image_with(
+            "d.img",
+            "luks2",
+            20 << 20,
+            &[
                 "--luks2-metadata-size",
                 "16k",
                 "--luks2-keyslots-size",
                 "1m",
-                "--pbkdf",
-                "pbkdf2",
-                "--pbkdf-force-iterations",
-                "1000",
-                "--key-file",
-            ])
-            .arg(s.path("initial.pass"))
-            .arg(&img)
-            .status()
-            .unwrap();
-        assert!(st.success());
+            ],
+        );
         let filler = |pad: usize| {
             format!(
                 r#"{{"type":"filler","keyslots":[],"pad":"{}"}}"#,

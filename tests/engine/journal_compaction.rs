@@ -153,8 +153,7 @@ fn a_crash_at_any_instant_of_a_compaction_loses_no_run() {
         for _ in 0..3 {
             s.ok(ROTATE, 0);
         }
-        let out = assert_cmd::Command::cargo_bin("keyplan")
-            .expect("binary")
+        let out = assert_cmd::Command::from_std(keyplan_command())
             .current_dir(s.dir.path())
             .env("FAILPOINTS", format!("{point}=return"))
             .args(ROTATE)

@@ -174,7 +174,7 @@ fn interrupted_migration_converges() {
             .status()
             .unwrap();
         assert!(status.success());
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_keyplan"))
+        let out = keyplan_command()
             .current_dir(&dir)
             .args(["apply", "--auto-approve"])
             .env("FAILPOINTS", format!("step.before_effect={n}*off->return"))
@@ -236,7 +236,7 @@ fn resume_refuses_a_plan_that_changed_the_destination() {
     let (s, devs) = setup();
     let key = current_in(&s, "keys-old").unwrap();
     s.plan("keyplan.yaml", &plan("new"));
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_keyplan"))
+    let out = keyplan_command()
         .current_dir(s.path(""))
         .args(["apply", "--auto-approve"])
         .env("FAILPOINTS", "step.before_effect=1*off->return")

@@ -534,7 +534,7 @@ fn enroll_with_falls_back_when_the_named_keyslot_changed() {
     add_passphrase(&a, &dev, b"other passphrase 0", INITIAL);
     let gate = a.s.path("first-step.gate");
     std::fs::write(&gate, b"").expect("gate");
-    let child = std::process::Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+    let child = keyplan_command()
         .current_dir(a.s.dir.path())
         .env("NO_COLOR", "1")
         .env("KEYPLAN_CRYPTSETUP", &a.wrapper)

@@ -227,8 +227,7 @@ fn a_resumed_retire_searches_for_copies_again() {
     let (s, img) = enrolled("luks2");
     let v1 = s.key_get("k", None);
     s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
-    let out = assert_cmd::Command::cargo_bin("keyplan")
-        .expect("binary")
+    let out = assert_cmd::Command::from_std(keyplan_command())
         .current_dir(s.path(""))
         .env("FAILPOINTS", "kms.retire=return")
         .args(["apply", "--auto-approve", "--rotate", "k"])

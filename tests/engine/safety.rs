@@ -261,8 +261,7 @@ fn pinned_rotation_interrupted_after_commit_converges() {
         "cs-failkill",
         "#!/bin/sh\ncase \" $* \" in *' luksKillSlot '*) echo 'injected failure' >&2; exit 1;; esac\nexec cryptsetup \"$@\"\n",
     );
-    let out = assert_cmd::Command::cargo_bin("keyplan")
-        .unwrap()
+    let out = assert_cmd::Command::from_std(keyplan_command())
         .current_dir(s.dir.path())
         .env("KEYPLAN_CRYPTSETUP", &wrapper)
         .args(["apply", "--auto-approve", "--rotate", "k"])
@@ -372,8 +371,7 @@ fn removal_waits_for_the_replacing_commit() {
     let a = s.key_get("a", None);
     s.plan("keyplan.yaml", &plan("b", true));
     for _ in 0..3 {
-        let out = assert_cmd::Command::cargo_bin("keyplan")
-            .unwrap()
+        let out = assert_cmd::Command::from_std(keyplan_command())
             .current_dir(s.dir.path())
             .env("KEYPLAN_CRYPTSETUP", &failing)
             .args(["apply", "--auto-approve", "--parallelism", "4"])
@@ -444,8 +442,7 @@ fn a_resumed_kill_verifies_its_anchor_again() {
     let old_slot = 1;
     assert!(opens(&d1, &v1, Some(old_slot)));
     // Steps of the rotation: stage, add, verify, commit, kill: SIGKILL as the kill starts.
-    let out = assert_cmd::Command::cargo_bin("keyplan")
-        .expect("binary")
+    let out = assert_cmd::Command::from_std(keyplan_command())
         .current_dir(s.path(""))
         .env("FAILPOINTS", "step.before_effect=4*off->return")
         .args(["apply", "--auto-approve", "--rotate", "k1"])
@@ -489,8 +486,7 @@ fn creation_converges_after(failpoints: &str, failed_step: Option<&str>) {
     s.initial_pass();
     let d1 = s.image("d1.img", "luks2");
     s.plan("keyplan.yaml", &two_device_plan(&["d1"], "keep"));
-    let out = assert_cmd::Command::cargo_bin("keyplan")
-        .expect("binary")
+    let out = assert_cmd::Command::from_std(keyplan_command())
         .current_dir(s.path(""))
         .env("FAILPOINTS", failpoints)
         .args(["apply", "--auto-approve"])
@@ -579,8 +575,7 @@ fn a_keyslot_cryptsetup_added_before_failing_is_recorded() {
 /// Runs `keyplan <args>` in `s` with `FAILPOINTS=failpoints`, expecting it to fail; returns its
 /// stderr and stdout.
 fn failing_apply(s: &Scratch, failpoints: &str, args: &[&str]) -> String {
-    let out = assert_cmd::Command::cargo_bin("keyplan")
-        .expect("binary")
+    let out = assert_cmd::Command::from_std(keyplan_command())
         .current_dir(s.path(""))
         .env("NO_COLOR", "1")
         .env("FAILPOINTS", failpoints)

@@ -370,7 +370,7 @@ fn interrupted_run_refuses_saving_and_applying_saved_plans() {
 
 #[cfg(feature = "failpoints")]
 fn keyplan_cmd(s: &Scratch) -> std::process::Command {
-    let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("keyplan"));
+    let mut cmd = keyplan_command();
     cmd.current_dir(s.dir.path()).env("NO_COLOR", "1");
     cmd
 }

@@ -38,7 +38,7 @@ fn plan_text(p: &Provider, devices: &str) -> String {
 
 /// Runs keyplan on `plan` as `host`, in the scratch directory, expecting exit `code`.
 fn run(s: &Scratch, p: &Provider, host: &str, plan: &Path, args: &[&str], code: i32) -> String {
-    let mut cmd = assert_cmd::Command::cargo_bin("keyplan").expect("binary");
+    let mut cmd = assert_cmd::Command::from_std(keyplan_command());
     cmd.current_dir(s.path(""))
         .env("NO_COLOR", "1")
         .env_remove("NODE_NAME")
@@ -65,7 +65,7 @@ fn run(s: &Scratch, p: &Provider, host: &str, plan: &Path, args: &[&str], code: 
 
 /// The current passphrase of `k`, through `keyplan key get` of `plan`.
 fn current(s: &Scratch, p: &Provider, host: &str, plan: &Path) -> Vec<u8> {
-    let mut cmd = assert_cmd::Command::cargo_bin("keyplan").expect("binary");
+    let mut cmd = assert_cmd::Command::from_std(keyplan_command());
     cmd.current_dir(s.path(""))
         .env_remove("NODE_NAME")
         .args(["--node", host, "key", "get", "k", "-f"])
@@ -84,7 +84,7 @@ fn current(s: &Scratch, p: &Provider, host: &str, plan: &Path) -> Vec<u8> {
 
 /// `keyplan status --format json` of `plan` as `host`, whatever its exit code.
 fn status_json(s: &Scratch, p: &Provider, host: &str, plan: &Path) -> String {
-    let mut cmd = assert_cmd::Command::cargo_bin("keyplan").expect("binary");
+    let mut cmd = assert_cmd::Command::from_std(keyplan_command());
     cmd.current_dir(s.path(""))
         .env_remove("NODE_NAME")
         .args(["--node", host, "status", "--format", "json", "-f"])

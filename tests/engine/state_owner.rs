@@ -23,7 +23,7 @@ const HOST: &str = "host-a";
 
 /// Runs keyplan as node [`HOST`] in `dir` with `env`.
 fn keyplan(dir: &Path, env: &[(String, String)], args: &[&str]) -> Output {
-    let mut cmd = assert_cmd::Command::cargo_bin("keyplan").expect("binary");
+    let mut cmd = assert_cmd::Command::from_std(keyplan_command());
     cmd.current_dir(dir)
         .env("NO_COLOR", "1")
         .env_remove("NODE_NAME")
@@ -152,7 +152,7 @@ fn two_plans_one_state_dir(kms: &str, env: &[(String, String)]) {
     // opens a1 at every instant, and a's next apply finishes.
     let mut crashed = 0;
     for k in 0.. {
-        let mut cmd = assert_cmd::Command::cargo_bin("keyplan").expect("binary");
+        let mut cmd = assert_cmd::Command::from_std(keyplan_command());
         cmd.current_dir(&dir)
             .env("NO_COLOR", "1")
             .env_remove("NODE_NAME")

@@ -598,8 +598,7 @@ fn failed_last_run_is_unhealthy() {
     s.small_image("a.img", "luks2");
     s.plan("keyplan.yaml", &plan_text("30d", ""));
     s.ok(&["apply", "--auto-approve"], 0);
-    let out = assert_cmd::Command::cargo_bin("keyplan")
-        .unwrap()
+    let out = assert_cmd::Command::from_std(keyplan_command())
         .current_dir(s.dir.path())
         .env("NO_COLOR", "1")
         .env("FAILPOINTS", "kms.commit=return(error)")
@@ -655,8 +654,7 @@ fn failed_last_run_is_unhealthy() {
     // not be checked: exit 3 (not 1), readable 0, the key's other metrics absent, drift not
     // checked (absent, not 0), `keyplan_status_complete 0`, the error named under `unchecked`.
     let status_with_kms_down = |format: &str| {
-        assert_cmd::Command::cargo_bin("keyplan")
-            .unwrap()
+        assert_cmd::Command::from_std(keyplan_command())
             .current_dir(s.dir.path())
             .env("NO_COLOR", "1")
             .env("FAILPOINTS", "kms.read=return(error)")
@@ -706,7 +704,7 @@ fn failed_last_run_is_unhealthy() {
 /// piped.
 #[cfg(feature = "failpoints")]
 fn spawn_keyplan(s: &Scratch, failpoints: &str, args: &[&str]) -> std::process::Child {
-    std::process::Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+    keyplan_command()
         .current_dir(s.dir.path())
         .env("NO_COLOR", "1")
         .env("FAILPOINTS", failpoints)
@@ -850,7 +848,7 @@ fn killed_run_is_unfinished() {
     s.small_image("a.img", "luks2");
     s.plan("keyplan.yaml", &plan_text("30d", ""));
     s.ok(&["apply", "--auto-approve"], 0);
-    let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+    let out = keyplan_command()
         .current_dir(s.dir.path())
         .env("NO_COLOR", "1")
         .env("FAILPOINTS", "step.before_effect=1*off->return")
@@ -1157,7 +1155,7 @@ fn drift_of_a_run_at_work_is_not_a_problem() {
     s.plan("keyplan.yaml", &plan_text("30d", ""));
     s.ok(&["apply", "--auto-approve"], 0);
     // A one-device rotation runs stage, add, verify, commit, kill: die before the fifth.
-    let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+    let out = keyplan_command()
         .current_dir(s.dir.path())
         .env("FAILPOINTS", "step.before_effect=4*off->return")
         .args(["apply", "--auto-approve", "--rotate", "k"])

@@ -361,7 +361,7 @@ impl Agent {
             .append(true)
             .open(&self.log)
             .expect("log");
-        let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("keyplan"));
+        let mut cmd = keyplan_command();
         cmd.args(&self.args)
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -537,7 +537,7 @@ fn agent_refuses_and_reports() {
 
     // A plain file (what a subPath mount looks like) is refused at start.
     let plain = s.plan("plain.yaml", &plan_text(&keys));
-    let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+    let out = keyplan_command()
         .args(agent_args(
             "worker-1",
             &plain,
@@ -735,7 +735,7 @@ fn agent_refuses_and_reports() {
     // A node whose report is not renewed is lost: `fleet status` says so and exits 1.
     let full = fake.operator_kubeconfig();
     let status = |format: &str| {
-        let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+        let out = keyplan_command()
             .args([
                 "fleet",
                 "status",
@@ -780,7 +780,7 @@ fn agent_refuses_and_reports() {
     );
 
     // Clearing a node that has no report is an error (a typo in the node or namespace).
-    let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+    let out = keyplan_command()
         .args([
             "fleet",
             "clear",
@@ -828,7 +828,7 @@ fn agent_refuses_and_reports() {
 /// the private key file `key`: the signature file's bytes.
 fn sign(s: &Scratch, name: &str, text: &str, cluster: &str, key: &Path) -> Vec<u8> {
     let plan = s.plan(name, text);
-    let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+    let out = keyplan_command()
         .args(["sign"])
         .arg(&plan)
         .args(["--cluster", cluster, "--key"])
@@ -872,7 +872,7 @@ fn agent_requires_signed_plans() {
     // Signing keys: the old and the new trusted one (a Secret volume with both), a stranger.
     let keygen = |name: &str| {
         let path = s.path(name);
-        let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+        let out = keyplan_command()
             .args(["sign", "--generate-key"])
             .arg(&path)
             .output()
@@ -921,10 +921,7 @@ fn agent_requires_signed_plans() {
     // No fail-open at start: an empty trusted-keys directory, or keys without a cluster.
     let empty = s.path("empty-secret");
     std::fs::create_dir_all(&empty).expect("mkdir");
-    let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
-        .args(args(&empty))
-        .output()
-        .expect("run");
+    let out = keyplan_command().args(args(&empty)).output().expect("run");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("holds no key file"), "{err}");
@@ -934,7 +931,7 @@ fn agent_requires_signed_plans() {
         .position(|a| a == "--cluster")
         .expect("--cluster");
     without_cluster.drain(at..at + 2);
-    let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+    let out = keyplan_command()
         .args(&without_cluster)
         .output()
         .expect("run");
@@ -1063,7 +1060,7 @@ fn agent_requires_signed_plans() {
     }
     // fleet status says so and exits 1.
     let full = fake.operator_kubeconfig();
-    let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+    let out = keyplan_command()
         .args(["fleet", "status", "--namespace", &fake.ns, "--kubeconfig"])
         .arg(&full)
         .output()
@@ -1260,7 +1257,7 @@ fn fleet_plan_of_a_pull_request() {
     let pr = s.plan("pr.yaml", &plan_text("k1, k3", ""));
     let full = fake.operator_kubeconfig();
     let fleet_plan = |plan: &Path, extra: &[&str]| {
-        let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+        let out = keyplan_command()
             .env("NO_COLOR", "1")
             .args(["fleet", "plan", "-f"])
             .arg(plan)
@@ -1850,7 +1847,7 @@ fn simulated_fleet() {
         || dump(&fake),
     );
     no_slot_taken_for(6, &fake, &dump);
-    let st = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+    let st = keyplan_command()
         .args(["fleet", "status", "--namespace", &ns, "--kubeconfig"])
         .arg(&operator)
         .output()
@@ -1861,7 +1858,7 @@ fn simulated_fleet() {
 
     // Stop rotating, clear: everything converges.
     cm.write(&plan(None));
-    let clear = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+    let clear = keyplan_command()
         .args(["fleet", "clear", "--namespace", &ns, "--kubeconfig"])
         .arg(&operator)
         .output()
@@ -1882,7 +1879,7 @@ fn simulated_fleet() {
         },
         || dump(&fake),
     );
-    let st = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+    let st = keyplan_command()
         .args([
             "fleet",
             "status",
@@ -2474,7 +2471,7 @@ fn shared_key_on_three_nodes() {
         assert_eq!(m["pending"].as_u64(), Some(before + 1), "{}", dump());
         std::thread::sleep(Duration::from_millis(200));
     }
-    let st = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+    let st = keyplan_command()
         .args(["fleet", "status", "--namespace", &fake.ns, "--kubeconfig"])
         .arg(fake.operator_kubeconfig())
         .output()
@@ -2528,7 +2525,7 @@ fn shared_key_on_three_nodes() {
         .find(|h| h.starts_with("worker-3:") && !h.contains(" verified v"))
         .expect("worker-3's record");
     let op_plan = s.plan("operator.yaml", &plan(None, Some("worker-3")));
-    let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+    let out = keyplan_command()
         .args(["key", "release", "k", "--holder", &w3, "-f"])
         .arg(&op_plan)
         .args(["--node", "worker-1", "--state-dir"])
@@ -3724,7 +3721,7 @@ fn a_replaced_token_file_keeps_the_agent_working() {
 /// `keyplan fleet ...` as the operator (through the proxy), with `args` after the command
 /// name; returns (exit code, stdout, stderr).
 fn operator(kubeconfig: &Path, args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(assert_cmd::cargo::cargo_bin("keyplan"))
+    let out = keyplan_command()
         .arg("fleet")
         .args(args)
         .arg("--kubeconfig")

@@ -924,8 +924,7 @@ fn the_example_plan_validates_and_fits_the_agent_config() {
     let objs = objects();
     let tmp = tempfile::tempdir().expect("tempdir");
     let path = plan_file(&objs, tmp.path());
-    let out = assert_cmd::Command::cargo_bin("keyplan")
-        .expect("binary")
+    let out = assert_cmd::Command::from_std(crate::common::keyplan_command())
         .env("NO_COLOR", "1")
         .args(["validate", "-f"])
         .arg(&path)

@@ -798,7 +798,7 @@ fn enrolled(helper_script: Option<&str>) -> (Scratch, Vec<PathBuf>) {
 
 /// Runs keyplan in `s` with extra environment variables.
 fn keyplan_env(s: &Scratch, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
-    let mut cmd = assert_cmd::Command::cargo_bin("keyplan").unwrap();
+    let mut cmd = assert_cmd::Command::from_std(keyplan_command());
     cmd.current_dir(s.dir.path())
         .env("NO_COLOR", "1")
         .args(args);

@@ -539,8 +539,7 @@ fn device(id: &str, file: &str) -> String {
 
 /// Runs keyplan in `dir` with `KUBECONFIG=kubeconfig`.
 fn keyplan_k8s(dir: &Path, kubeconfig: &Path, args: &[&str]) -> Output {
-    assert_cmd::Command::cargo_bin("keyplan")
-        .expect("binary")
+    assert_cmd::Command::from_std(keyplan_command())
         .current_dir(dir)
         .env("NO_COLOR", "1")
         .env("KUBECONFIG", kubeconfig)

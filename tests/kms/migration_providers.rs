@@ -68,8 +68,7 @@ devices:
 
 /// Runs keyplan in the scratch directory with the servers' credentials.
 fn run(s: &Scratch, e: &Env, args: &[&str], code: i32) -> String {
-    let out = assert_cmd::Command::cargo_bin("keyplan")
-        .expect("binary")
+    let out = assert_cmd::Command::from_std(keyplan_command())
         .current_dir(s.path(""))
         .env("NO_COLOR", "1")
         .env("VAULT_TOKEN", &e.bao.root_token)
@@ -176,8 +175,7 @@ fn kubernetes_to_vault_with_rotation_in_the_same_apply() {
         assert!(!opens(d, &before, None), "{}", d.display());
     }
     run(&s, &e, &["plan", "--detailed-exitcode"], 0);
-    let got = assert_cmd::Command::cargo_bin("keyplan")
-        .expect("binary")
+    let got = assert_cmd::Command::from_std(keyplan_command())
         .current_dir(s.path(""))
         .env("VAULT_TOKEN", &e.bao.root_token)
         .env("KUBECONFIG", &e.kubeconfig)

@@ -10,7 +10,6 @@ use crate::common::openbao;
 use crate::common::pykmip;
 
 use std::path::Path;
-use std::process::Command;
 
 use crate::common::*;
 use base64::Engine as _;
@@ -63,7 +62,7 @@ fn bao_text(bao: &openbao::OpenBao, args: &[&str]) -> String {
 
 /// Runs keyplan in `s` with only `env` added (no `VAULT_TOKEN` from the test's environment).
 fn run(s: &Scratch, args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
-    let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("keyplan"));
+    let mut cmd = keyplan_command();
     cmd.current_dir(s.dir.path())
         .env("NO_COLOR", "1")
         .env_remove("VAULT_TOKEN")
