@@ -1,4 +1,5 @@
-//! Verification: the exhaustive protocol model, the deterministic simulation, the LUKS door differential test, the fuzz corpora, and the shape of src/.
+//! Verification: the exhaustive protocol model, the LUKS door differential test, the fuzz
+//! corpora, and the shape of src/.
 //!
 //! One test binary per area (`cargo test --test verification`), one module per file; the support
 //! code every area shares is tests/common/ (CONTRIBUTING.md, "Tests").
@@ -20,5 +21,4 @@ mod sim;
 mod fuzz_corpus;
 mod luks_door_differential;
 mod protocol_model;
-mod simulation;
 mod structure;

@@ -7,7 +7,7 @@
 //! test thread, would briefly share the simulated processes' state-lock descriptors).
 //!
 //! `KEYPLAN_SIM_SCHEDULES=N` sets the schedules per scenario (default [`CI_SCHEDULES`]; a soak:
-//! `KEYPLAN_SIM_SCHEDULES=20000 cargo test --release --test verification simulation::`);
+//! `KEYPLAN_SIM_SCHEDULES=20000 cargo test --release --test simulation simulation::`);
 //! `KEYPLAN_SIM_FIRST_SEED=F` starts at seed `F` (a soak beyond the CI seeds);
 //! `KEYPLAN_SIM_SEED=S` runs only seed `S` and prints its whole trace (with
 //! `KEYPLAN_SIM_SCRIPT=i=v,...`, the minimised choice stream a failure prints).
@@ -293,7 +293,7 @@ fn report_failure(sc: &Scenario, test: &str, seed: u64, o: &Outcome, variant: Va
         .map(|(i, c)| format!("{i}={c}"))
         .collect();
     format!(
-        "{}\nseed {seed}, reproduce with: KEYPLAN_SIM_SEED={seed} cargo test --test verification {test} -- --nocapture\nminimised to {faults} fault(s), replay with: KEYPLAN_SIM_SEED={seed} KEYPLAN_SIM_SCRIPT={} cargo test --test verification {test} -- --nocapture\n{}",
+        "{}\nseed {seed}, reproduce with: KEYPLAN_SIM_SEED={seed} cargo test --test simulation {test} -- --nocapture\nminimised to {faults} fault(s), replay with: KEYPLAN_SIM_SEED={seed} KEYPLAN_SIM_SCRIPT={} cargo test --test simulation {test} -- --nocapture\n{}",
         small.violation.as_deref().unwrap_or("(the minimised replay passed)"),
         script.join(","),
         sim::short_trace(&small)
