@@ -1,5 +1,5 @@
 //! Small filesystem helpers shared by the file KMS, the LUKS1 record store and the journal:
-//! atomic private writes and private directories.
+//! atomic private writes, private directories and `flock(2)` locks.
 
 use std::fs;
 use std::io::{self, Write};
@@ -73,6 +73,43 @@ pub fn open_lock_file(path: &Path) -> io::Result<fs::File> {
         .truncate(false)
         .mode(0o600)
         .open(path)
+}
+
+/// An advisory `flock(2)` lock held on an open file, released with an explicit `LOCK_UN`
+/// (`File::unlock`) when dropped, not just by closing the file.
+///
+/// Closing is not enough while another thread of the process is starting a child (a
+/// cryptsetup run, a KMS helper): between its `fork` and its `exec` the child holds a copy of
+/// every descriptor, close-on-exec ones included, and a `flock` lock belongs to the open file
+/// description, which stays open, and locked, until that copy is closed too (flock(2):
+/// "Locks created by flock() are associated with an open file description"). A lock released
+/// by `close` alone was thus still held for a moment after the run ended, and the next run in
+/// the same process (the node agent's next cycle, the deterministic simulation's next
+/// process) was refused with "another keyplan run holds the lock" (found by
+/// tests/verification/simulation.rs, `a_schedule_replays_exactly`).
+#[derive(Debug)]
+pub struct FlockGuard {
+    file: fs::File,
+}
+
+impl FlockGuard {
+    /// Wraps `file`, on which this process has just taken a `flock` lock (shared or
+    /// exclusive); the lock is released when the guard is dropped.
+    pub fn locked(file: fs::File) -> FlockGuard {
+        FlockGuard { file }
+    }
+
+    /// The locked file.
+    pub fn file(&mut self) -> &mut fs::File {
+        &mut self.file
+    }
+}
+
+impl Drop for FlockGuard {
+    fn drop(&mut self) {
+        // An error leaves the lock to `close`, as before; there is nothing better to do.
+        let _ = self.file.unlock();
+    }
 }
 
 /// Why [`read_json`] could not read a state file.

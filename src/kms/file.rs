@@ -117,8 +117,9 @@ impl FileKms {
             .map_err(|e| self.io(format!("opening {}", lock_path.display()), e))?;
         lock.lock()
             .map_err(|e| self.io(format!("locking {}", lock_path.display()), e))?;
+        let guard = fsutil::FlockGuard::locked(lock);
         let out = f(&dir);
-        drop(lock);
+        drop(guard);
         out
     }
 }

@@ -517,7 +517,7 @@ fn creation_converges_after(failpoints: &str, failed_step: Option<&str>) {
 /// with an injected error) is finished by the next apply: the pending version is this plan's
 /// own, as its journal shows. Before, the planner took it for another plan's creation and
 /// refused every later apply ("no safe plan exists ... remove it in the KMS by hand"). Found by
-/// the deterministic simulation (tests/simulation/simulation.rs, docs/verification.md).
+/// the deterministic simulation (tests/verification/simulation.rs, docs/verification.md).
 #[test]
 fn a_new_key_whose_first_run_failed_after_staging_is_finished() {
     // Steps of the creation: stage v1, then add it to d1: the add fails.

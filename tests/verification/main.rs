@@ -1,5 +1,6 @@
-//! Verification: the exhaustive protocol model, the LUKS door differential test, the fuzz
-//! corpora, and the shape of src/.
+//! Verification: the exhaustive protocol model, the deterministic simulation of the engine
+//! (seeded schedules of crashes, errors and concurrent writers at every LUKS and KMS call), the
+//! LUKS door differential test, the fuzz corpora, and the shape of src/.
 //!
 //! One test binary per area (`cargo test --test verification`), one module per file; the support
 //! code every area shares is tests/common/ (CONTRIBUTING.md, "Tests").
@@ -21,4 +22,5 @@ mod sim;
 mod fuzz_corpus;
 mod luks_door_differential;
 mod protocol_model;
+mod simulation;
 mod structure;
