@@ -1000,8 +1000,18 @@ fn agent_requires_signed_plans() {
     let with_k1 = keyslots(&img);
 
     // 3. Refused while the last good plan keeps running: a tampered byte, a wrong key,
-    // another cluster's signature. Plan 2 would add k2's keyslot; none appears.
-    std::thread::sleep(Duration::from_millis(1100));
+    // another cluster's signature. Plan 2 would add k2's keyslot; none appears. Plan 2's
+    // signatures must be newer than plan 1's (a replay of an older signature is refused for
+    // another reason), so wait for the clock to pass plan 1's `signed_at` second.
+    let signed_at = |sig: &[u8]| {
+        serde_json::from_slice::<Value>(sig).expect("signature")["signed_at"]
+            .as_u64()
+            .expect("signed_at")
+    };
+    let first = signed_at(&sig1);
+    while keyplan::clock::now_unix() <= first {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let sig2_old = sign(&s, "plan2.yaml", &plan2, "prod", &old);
     let tampered = plan2.replacen("k1, k2", "k2, k1", 1);
     let cases: [(&str, String, Vec<u8>); 3] = [
@@ -1740,7 +1750,9 @@ fn simulated_fleet() {
         );
         let victim = holders(&fake).into_iter().find(|h| !killed.contains(h));
         if let Some(v) = victim {
-            // Let it get into the run's steps first.
+            // Chaos timing, not synchronisation: the kill lands about two steps into the
+            // slot holder's run (each step sleeps `step_sleep_ms` at its failpoint), and the
+            // agent comes back after half a second, as a restarted Pod would.
             std::thread::sleep(Duration::from_millis(step_sleep_ms * 2));
             let i = names.iter().position(|n| *n == v).expect("victim");
             agents[i].kill9();
@@ -2392,6 +2404,7 @@ fn shared_key_on_three_nodes() {
                 agents[i].kill9();
                 kills += 1;
                 killed.entry(names[i].clone()).or_default().insert(kind);
+                // A restart delay (a restarted Pod), not synchronisation.
                 std::thread::sleep(Duration::from_millis(300));
                 agents[i].spawn();
                 break;
@@ -2511,15 +2524,37 @@ fn shared_key_on_three_nodes() {
     agents[2].kill9();
     left.lock().unwrap().insert("worker-3".into());
     let before = current();
-    cm.write(&plan(Some("1s"), Some("worker-3")));
+    let plan4 = plan(Some("1s"), Some("worker-3"));
+    cm.write(&plan4);
     let gone: BTreeSet<String> = ["worker-3".to_string()].into();
-    std::thread::sleep(Duration::from_secs(5));
-    assert_eq!(
-        current(),
-        before,
-        "committed while worker-3's record is there\n{}",
-        dump()
+    // The others read the new plan and find the rotation due but blocked by worker-3's
+    // record (I7: a note, no stage): each reports the plan's digest, in sync, the key
+    // overdue. That is the event; for a few of their 1 s cycles after it the current version
+    // must stay.
+    let digest4 = sha256_hex(plan4.as_bytes());
+    let blocked = |n: &str| {
+        report(&fake, n).is_some_and(|r| {
+            r["plan_digest"].as_str() == Some(digest4.as_str())
+                && r["state"] == "in_sync"
+                && r["keys"][0]["overdue"] == true
+        })
+    };
+    wait_for(
+        120,
+        "worker-1 and worker-2 finding the due rotation blocked by worker-3's record",
+        || current() > before || (blocked("worker-1") && blocked("worker-2")),
+        dump,
     );
+    let t4 = Instant::now();
+    while t4.elapsed() < Duration::from_secs(3) {
+        assert_eq!(
+            current(),
+            before,
+            "committed while worker-3's record is there\n{}",
+            dump()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let w3 = holder_ids()
         .into_iter()
         .find(|h| h.starts_with("worker-3:") && !h.contains(" verified v"))

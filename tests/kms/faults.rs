@@ -108,6 +108,38 @@ fn wait_for_step_starts(w: &Watched, from: usize, n: usize) {
     }
 }
 
+/// The non-empty lines of `from` (a child's piped standard error), as a reader thread sends
+/// them; the channel closes at end of file.
+fn read_lines(from: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead as _;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(from).lines().map_while(Result::ok) {
+            if !line.trim().is_empty() && tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits until `path` exists and holds some text (a wrapper wrote its pid). Fails after 60 s.
+fn wait_for_file_text(path: &Path) {
+    let t0 = Instant::now();
+    while std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .trim()
+        .is_empty()
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{} was not written",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn signal_group(child: &Child, sig: i32) {
     let pgid = i32::try_from(child.id()).expect("pid");
     // SAFETY: kill(2) with a process group id has no memory-safety preconditions.
@@ -232,15 +264,32 @@ fn second_signal_exits_at_once() {
     let devs = enrolled(&w);
     let (wrapper, marker) = slow_wrapper(&w, 4.0);
     let from = journal_text(&w).len();
-    let child = spawn(&w, &wrapper, &["apply", "--auto-approve", "--rotate", "k"]);
+    let mut child = spawn(&w, &wrapper, &["apply", "--auto-approve", "--rotate", "k"]);
+    let stderr_lines = read_lines(child.stderr.take().expect("stderr piped"));
     wait_for_step_starts(&w, from, 2);
-    std::thread::sleep(Duration::from_millis(200));
+    // The first signal lands while a luksAddKey wrapper sleeps, and the second once keyplan
+    // has said it is finishing the running steps: both are events, not guesses.
+    wait_for_file_text(&w.s.path("add-pids"));
     signal_group(&child, libc::SIGINT);
-    std::thread::sleep(Duration::from_millis(200));
+    let mut seen = Vec::new();
+    while !seen
+        .last()
+        .is_some_and(|l: &String| l.contains("signal received: finishing"))
+    {
+        match stderr_lines.recv_timeout(Duration::from_secs(30)) {
+            Ok(line) => seen.push(line),
+            Err(e) => panic!("keyplan did not answer the first signal ({e}): {seen:?}"),
+        }
+    }
     let t0 = Instant::now();
     signal_group(&child, libc::SIGINT);
-    let out = child.wait_with_output().expect("wait");
+    let mut out = child.wait_with_output().expect("wait");
     let waited = t0.elapsed();
+    seen.extend(stderr_lines.iter());
+    out.stderr = seen
+        .iter()
+        .flat_map(|l| format!("{l}\n").into_bytes())
+        .collect();
     w.record(&out);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
