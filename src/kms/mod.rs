@@ -4,7 +4,8 @@
 //! passphrase, stage a new `pending` version, commit it as `current` with compare-and-swap,
 //! and retire old versions (docs/rotation.md). Providers: `file` (local directory), `vault`
 //! (HashiCorp Vault / OpenBao KV v2), `kubernetes` (core/v1 Secrets), `kmip` (KMIP 1.x over
-//! mutual TLS) and `exec` (an external program speaking a JSON protocol).
+//! mutual TLS), `aws` (AWS Secrets Manager) and `exec` (an external program speaking a JSON
+//! protocol).
 //!
 //! The version rules every provider applies (next version number, the preconditions of stage,
 //! commit, retire and destroy, the conflict messages) live in [`book`].
@@ -17,6 +18,7 @@
 //! and `commit` are never retried blindly: after a failed write keyplan re-reads the key
 //! before acting again.
 
+pub mod aws;
 pub mod book;
 pub mod deadline;
 pub mod exec;
@@ -382,6 +384,7 @@ pub fn open(
         KmsConfig::Vault { .. } => vault::open(name, config)?,
         KmsConfig::Kubernetes { .. } => kubernetes::open(name, config)?,
         KmsConfig::Kmip { .. } => kmip::open(name, config)?,
+        KmsConfig::AwsSecretsManager { .. } => aws::open(name, config)?,
         KmsConfig::Exec { .. } => exec::open(name, config)?,
     };
     let timeout = match config {

@@ -120,6 +120,31 @@ pub enum KmsConfig {
         #[schemars(regex(pattern = DURATION_PATTERN))]
         timeout: Option<String>,
     },
+    /// AWS Secrets Manager (`kms::aws`, docs/kms/aws-secrets-manager.md): one secret per key,
+    /// its versions carrying the staging labels `AWSPENDING`, `AWSCURRENT` and `AWSPREVIOUS`.
+    /// Credentials come from the AWS SDK's default chain (environment, shared profile, web
+    /// identity for IRSA, container and instance metadata).
+    #[serde(rename = "aws_secrets_manager")]
+    AwsSecretsManager {
+        /// AWS region, e.g. `eu-west-1`.
+        #[schemars(regex(pattern = NON_BLANK_PATTERN))]
+        region: String,
+        /// Endpoint URL instead of the region's public one
+        /// (`https://secretsmanager.<region>.amazonaws.com`): a VPC endpoint, or a test
+        /// server such as moto's.
+        #[serde(default)]
+        endpoint: Option<String>,
+        /// Prefix of the secret names: key `k` is the secret `<prefix>k`; default none.
+        #[serde(default)]
+        prefix: Option<String>,
+        /// How long keyplan waits for this KMS, e.g. `30s` or `2m` (1s to 1h; default `30s`):
+        /// one call, all its requests and retries included; a KMS that did not answer in time
+        /// is not asked again by the same command; and `plan`, `status`, `verify` and `key
+        /// get` wait for it this long in all (docs/monitoring.md, "Deadlines").
+        #[serde(default)]
+        #[schemars(regex(pattern = DURATION_PATTERN))]
+        timeout: Option<String>,
+    },
     /// External program speaking a JSON protocol on stdin/stdout (`kms::exec`,
     /// docs/kms/exec.md).
     Exec {
@@ -202,6 +227,7 @@ impl KmsConfig {
             KmsConfig::Vault { .. } => "vault",
             KmsConfig::Kubernetes { .. } => "kubernetes",
             KmsConfig::Kmip { .. } => "kmip",
+            KmsConfig::AwsSecretsManager { .. } => "aws_secrets_manager",
             KmsConfig::Exec { .. } => "exec",
         }
     }
@@ -213,6 +239,7 @@ impl KmsConfig {
             KmsConfig::Vault { timeout, .. }
             | KmsConfig::Kubernetes { timeout, .. }
             | KmsConfig::Kmip { timeout, .. }
+            | KmsConfig::AwsSecretsManager { timeout, .. }
             | KmsConfig::Exec { timeout, .. } => timeout.as_deref(),
         }
     }

@@ -6,6 +6,7 @@
 pub mod kms_contract;
 pub mod kube;
 pub mod kube_proxy;
+pub mod moto;
 pub mod openbao;
 pub mod pykmip;
 

@@ -227,7 +227,7 @@ pub fn make_cert_days(dir: &Path, stem: &str, cn: &str, ca: Option<&str>, ext: &
 
 /// A free loopback port never handed out before in this test process (a test that stops its
 /// server must not meet another test's server on the same port).
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     static USED: std::sync::Mutex<std::collections::BTreeSet<u16>> =
         std::sync::Mutex::new(std::collections::BTreeSet::new());
     loop {

@@ -13,6 +13,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod aws;
 mod exec;
 mod faults;
 mod file;

@@ -126,6 +126,15 @@ fn resolve_kms(name: &str, cfg: &KmsConfig, cx: &mut Ctx) -> KmsConfig {
             *client_cert = cx.resolve_string(client_cert, at("client_cert"));
             *client_key = cx.resolve_string(client_key, at("client_key"));
         }
+        KmsConfig::AwsSecretsManager { region, .. } => {
+            if region.trim().is_empty() {
+                cx.push(empty_issue(
+                    at("region"),
+                    "region",
+                    "set `region` to the AWS region of the secrets, e.g. `eu-west-1`",
+                ));
+            }
+        }
         KmsConfig::Exec { command, .. } => resolve_exec(command, at, cx),
     }
     resolved
