@@ -385,12 +385,13 @@ fn init_logging(cli: &Cli, color: bool) {
             _ => "trace",
         }
     };
-    // The kube client logs each failed request as an ERROR of its own, which only repeats the
-    // KMS error keyplan reports (naming the KMS and what to do); shown from `-vv` on.
+    // The kube client logs each failed request as an ERROR of its own, and the AWS SDK's
+    // credential chain a WARN with the raw HTTP answer of every source it tried; both only
+    // repeat the KMS error keyplan reports (naming the KMS and what to do); shown from `-vv` on.
     let default = if cli.verbose >= 2 {
         level.to_string()
     } else {
-        format!("{level},kube_client=off")
+        format!("{level},kube_client=off,aws_config=off,aws_smithy_runtime=off")
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("KEYPLAN_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));

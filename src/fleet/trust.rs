@@ -251,9 +251,17 @@ fn endpoint_differences(
                 ..
             },
         ) => {
+            // An endpoint with or without its root `/`, and an empty prefix or none, are the
+            // same secrets on the same server.
+            fn url(e: &Option<String>) -> Option<&str> {
+                e.as_deref().map(|e| e.trim_end_matches('/'))
+            }
+            fn prefix(p: &Option<String>) -> Option<&str> {
+                p.as_deref().filter(|p| !p.is_empty())
+            }
             cmp("region", format!("{ar:?}"), format!("{br:?}"));
-            cmp("endpoint", q(ae.as_deref()), q(be.as_deref()));
-            cmp("prefix", q(ap.as_deref()), q(bp.as_deref()));
+            cmp("endpoint", q(url(ae)), q(url(be)));
+            cmp("prefix", q(prefix(ap)), q(prefix(bp)));
         }
         (KmsConfig::Exec { command: a, .. }, KmsConfig::Exec { command: b, .. }) => {
             cmp("command", format!("{a:?}"), format!("{b:?}"))
@@ -313,4 +321,65 @@ fn relative_path(kms: &KmsConfig) -> Option<String> {
         .into_iter()
         .find(|p| !Path::new(p).is_absolute())
         .map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn aws(region: &str, endpoint: Option<&str>, prefix: Option<&str>) -> KmsConfig {
+        KmsConfig::AwsSecretsManager {
+            region: region.into(),
+            endpoint: endpoint.map(Into::into),
+            prefix: prefix.map(Into::into),
+            timeout: None,
+        }
+    }
+
+    /// A plan's AWS Secrets Manager instance must name the agent's region, endpoint and
+    /// prefix: another endpoint would receive the node's AWS credentials, another prefix
+    /// reach other secrets.
+    #[test]
+    fn aws_instances_must_match_region_endpoint_and_prefix() {
+        let agent = aws("eu-west-1", Some("https://vpce.example:443"), Some("ceph/"));
+        let same = aws(
+            "eu-west-1",
+            Some("https://vpce.example:443/"),
+            Some("ceph/"),
+        );
+        assert!(endpoint_differences(&same, &agent).is_empty());
+        let fields = |plan: &KmsConfig| -> Vec<&str> {
+            endpoint_differences(plan, &agent)
+                .into_iter()
+                .map(|(f, _, _)| f)
+                .collect()
+        };
+        assert_eq!(
+            fields(&aws(
+                "eu-west-1",
+                Some("https://evil.example"),
+                Some("ceph/")
+            )),
+            ["endpoint"]
+        );
+        assert_eq!(fields(&aws("eu-west-1", None, Some("ceph/"))), ["endpoint"]);
+        assert_eq!(
+            fields(&aws(
+                "us-east-1",
+                Some("https://vpce.example:443"),
+                Some("ceph/")
+            )),
+            ["region"]
+        );
+        assert_eq!(
+            fields(&aws(
+                "eu-west-1",
+                Some("https://vpce.example:443"),
+                Some("")
+            )),
+            ["prefix"]
+        );
+        let no_prefix = aws("eu-west-1", None, None);
+        assert!(endpoint_differences(&aws("eu-west-1", None, Some("")), &no_prefix).is_empty());
+    }
 }

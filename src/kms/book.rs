@@ -28,6 +28,16 @@ use std::fmt;
 
 use super::{KeyState, Kms, KmsError, VersionInfo, VersionState};
 
+/// The refusal of [`Kms::hold`] for `holder` on key `name`, which has no current version: a
+/// key is held once it exists.
+pub fn no_current_to_hold(kms: &dyn Kms, name: &str, holder: &str) -> KmsError {
+    KmsError::conflict(
+        kms,
+        name,
+        format!("{holder} cannot be recorded as a holder: the key has no current version"),
+    )
+}
+
 /// The holder rule (invariant I7) with its two-phase commit: a commit of `pending` on behalf
 /// of the plan `me` is refused while the key records another holder (`holders`, as
 /// [`super::KeyState::holders`]) that has not also recorded its vote for `pending`

@@ -284,6 +284,9 @@ impl Kms for Guarded {
     fn credentials(&self) -> Result<Vec<Credential>, KmsError> {
         self.call("looking at keyplan's credentials", |k| k.credentials())
     }
+    fn retired_means(&self) -> String {
+        self.inner.retired_means()
+    }
     fn renew_credentials(&self) -> Result<(), KmsError> {
         self.call("renewing keyplan's credentials", |k| k.renew_credentials())
     }

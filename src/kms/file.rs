@@ -227,13 +227,7 @@ impl Kms for FileKms {
         self.locked(name, |_| {
             let mut meta = self.read_meta(name)?;
             if meta.current.is_none() {
-                return Err(KmsError::conflict(
-                    self,
-                    name,
-                    format!(
-                        "{holder} cannot be recorded as a holder: the key has no current version"
-                    ),
-                ));
+                return Err(super::book::no_current_to_hold(self, name, holder));
             }
             if meta.holders.contains_key(holder) {
                 return Ok(());

@@ -353,6 +353,13 @@ pub trait Kms: Send + Sync {
     fn credentials(&self) -> Result<Vec<Credential>, KmsError> {
         Ok(Vec::new())
     }
+    /// What retiring a version did to its material in this store, for messages about a
+    /// retired version ("v3 was retired: <this>"). The default: the material was destroyed, as
+    /// [`Kms::retire`] asks; a provider whose store cannot destroy a single version says what
+    /// it does instead.
+    fn retired_means(&self) -> String {
+        "its material was destroyed".to_string()
+    }
     /// Renews keyplan's credential where the store allows it and it is due (a renewable Vault
     /// token with less than half of its TTL left). `apply` calls it once per run, whatever the
     /// run does, so a timer that runs `apply` keeps the credential alive; `plan` and `status`
@@ -542,6 +549,9 @@ impl Kms for Injected {
     fn credentials(&self) -> Result<Vec<Credential>, KmsError> {
         self.point("kms.credentials")?;
         self.0.credentials()
+    }
+    fn retired_means(&self) -> String {
+        self.0.retired_means()
     }
     fn renew_credentials(&self) -> Result<(), KmsError> {
         self.point("kms.renew_credentials")?;

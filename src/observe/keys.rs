@@ -55,13 +55,18 @@ pub(crate) fn moved_from(
 }
 
 /// The finding for KMS error `e` reading key `id`: the KMS could not be reached or would not
-/// answer (unreachable: what it holds is unknown), or it answered with something wrong (its
-/// data is corrupt, a version it names is missing: the key is lost or damaged).
+/// answer (unreachable: what it holds is unknown), or something is wrong: its data is corrupt,
+/// a version it names is missing (the key is lost or damaged), or the KMS's configuration
+/// cannot be used (a helper that cannot be started, a key name the store cannot hold: a
+/// problem to fix, not an outage, so `plan` and `status` exit 1, not 3).
 fn kms_finding(id: &str, e: &crate::kms::KmsError) -> Finding {
     use crate::kms::KmsError;
     let f = Finding::at(key_path(id), format!("key {id}: {e}"), None);
     match e {
-        KmsError::Corrupt { .. } | KmsError::NoSuchVersion { .. } => f,
+        KmsError::Corrupt { .. }
+        | KmsError::NoSuchVersion { .. }
+        | KmsError::Config { .. }
+        | KmsError::Unsupported { .. } => f,
         _ => f.unreachable(),
     }
 }

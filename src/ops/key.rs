@@ -59,7 +59,8 @@ pub fn resolve_version(engine: &Engine, key: &str, version: Option<u64>) -> Resu
 
 /// The passphrase of `version` of `key` (zeroized when dropped).
 ///
-/// Errors: [`Error::Request`] when the version was retired (its material destroyed);
+/// Errors: [`Error::Request`] when the version was retired (its material destroyed, or what
+/// its store does instead: [`crate::kms::Kms::retired_means`]);
 /// [`Error::Kms`] (no such version, KMS unreachable, ...).
 pub fn material(engine: &Engine, key: &str, version: u64) -> Result<Passphrase, Error> {
     let (spec, kms) = key_and_kms(engine, key)?;
@@ -68,8 +69,9 @@ pub fn material(engine: &Engine, key: &str, version: u64) -> Result<Passphrase, 
         if info.state == VersionState::Retired {
             return Err(Error::request(
                 format!(
-                    "{}: {key} v{version} was retired: its material was destroyed after a rotation, as no device held it any more",
-                    kms.describe()
+                    "{}: {key} v{version} was retired after a rotation, as no device held it any more: {}; keyplan does not serve a retired version",
+                    kms.describe(),
+                    kms.retired_means()
                 ),
                 None,
             ));

@@ -16,6 +16,7 @@
 //! (one per error, with its range); [`model::plan_schema`] is the JSON Schema of the format
 //! (committed as `schemas/keyplan-plan-v1.schema.json`, see docs/plan-schema.md).
 
+pub mod aws_names;
 mod diag;
 mod load;
 mod locate;

@@ -3,12 +3,15 @@
 //! (not through keyplan's driver) so keyplan is judged by an independent witness.
 #![allow(dead_code)]
 
+pub mod azure;
+pub mod ibm_standin;
 pub mod kms_contract;
 pub mod kube;
 pub mod kube_proxy;
 pub mod moto;
 pub mod openbao;
 pub mod pykmip;
+pub mod standin;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -61,6 +61,16 @@ elif op == "put":
     except c.exceptions.ResourceNotFoundException:
         c.create_secret(Name=sys.argv[3], SecretString=v)
     print("null")
+elif op == "schedule-deletion":
+    c.delete_secret(SecretId=sys.argv[3], RecoveryWindowInDays=7)
+    print("null")
+elif op == "label":
+    c.update_secret_version_stage(SecretId=sys.argv[3], VersionStage=sys.argv[4],
+                                  MoveToVersionId=sys.argv[5])
+    print("null")
+elif op == "restore":
+    c.restore_secret(SecretId=sys.argv[3])
+    print("null")
 "#;
 
 impl Moto {
@@ -220,6 +230,22 @@ impl Moto {
     /// operator or another tool would.
     pub fn put(&self, id: &str, value: &str) {
         self.python(&["put", id], value.as_bytes());
+    }
+
+    /// Schedules secret `id` for deletion in 7 days (`DeleteSecret` with a recovery window),
+    /// as an operator's mistake would.
+    pub fn schedule_deletion(&self, id: &str) {
+        self.python(&["schedule-deletion", id], b"");
+    }
+
+    /// Puts staging label `label` on version `vid` of secret `id` (`UpdateSecretVersionStage`).
+    pub fn label(&self, id: &str, label: &str, vid: &str) {
+        self.python(&["label", id, label, vid], b"");
+    }
+
+    /// Cancels the scheduled deletion of secret `id` (`RestoreSecret`).
+    pub fn restore(&self, id: &str) {
+        self.python(&["restore", id], b"");
     }
 
     /// Where the server's output is.

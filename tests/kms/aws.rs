@@ -225,6 +225,201 @@ fn rook_style_adoption_then_rotation_with_any_reader() {
     );
     let out = kp(&w, &server, &["plan", "--detailed-exitcode"], 0);
     assert!(out.contains("No changes"), "{out}");
+    // A retire cut short after keyplan's record said "retired" (the labels come off after,
+    // `keyplan-v<N>` last): the version is still labelled, so it reads as previous, not
+    // retired, and the next rotation (which retires every older previous version) takes the
+    // label off.
+    let adopted_vid = adopted[0].0.clone();
+    server.label("rook/osd-kek", "keyplan-v1", &adopted_vid);
+    // (`key get` prints the material by design: its output is not watched for leaks.)
+    let mut get = w.command(&["key", "get", "osd-kek", "--version", "1"]);
+    get.envs(server.env());
+    let got = get.output().expect("run keyplan");
+    assert!(
+        got.status.success(),
+        "{}",
+        String::from_utf8_lossy(&got.stderr)
+    );
+    assert_eq!(
+        got.stdout,
+        ROOK.as_bytes(),
+        "a version still labelled is served, as previous"
+    );
+    kp(
+        &w,
+        &server,
+        &["apply", "--auto-approve", "--rotate", "osd-kek"],
+        0,
+    );
+    let v4 = server.get("rook/osd-kek", None).expect("current");
+    w.add_secret(v4.as_bytes());
+    let l = labels(&server);
+    assert!(
+        l.iter().any(|(id, x)| *id == adopted_vid && x.is_empty()),
+        "keyplan-v1 is off again: {l:?}"
+    );
+    let out = kp(&w, &server, &["plan", "--detailed-exitcode"], 0);
+    assert!(out.contains("No changes"), "{out}");
+    // The retired version's value is still in Secrets Manager (deprecated, readable by
+    // version id until AWS deletes it): keyplan does not serve it, and says so truthfully.
+    let (got, err) = kp_out(&w, &server, &["key", "get", "osd-kek", "--version", "1"], 1);
+    assert!(got.is_empty(), "material printed for a retired version");
+    assert!(err.contains("v1 was retired"), "{err}");
+    assert!(
+        err.contains("Secrets Manager deletes such a deprecated version"),
+        "{err}"
+    );
+    assert!(!err.contains("destroyed"), "{err}");
+    w.assert_no_leaks();
+}
+
+/// Names and settings Secrets Manager cannot use are refused by `validate`, before any
+/// request: a key name that is another key's record secret, a name with a character secret
+/// names may not hold, a mistyped region, an endpoint with a path and credentials (which are
+/// never printed).
+#[test]
+fn unusable_names_and_settings_are_refused_by_validate() {
+    let w = Watched::new();
+    w.s.plan(
+        "keyplan.yaml",
+        "version: 1\nkms:\n  aws:\n    provider: aws_secrets_manager\n    region: us-east1\n    endpoint: http://alice:hunter2@127.0.0.1:1/v1\n    prefix: rook/\nkeys:\n  a: { kms: aws, name: osd }\n  b: { kms: aws, name: osd.keyplan }\n  c: { kms: aws, name: osd kek }\ndevices:\n  d: { path: d.img, keys: [a] }\n",
+    );
+    let out = w.command(&["validate"]).output().expect("run keyplan");
+    w.record(&out);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_ne!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("region \"us-east1\" is not an AWS region code"),
+        "{text}"
+    );
+    assert!(text.contains("holds a user name or password"), "{text}");
+    assert!(text.contains("\"http://***@127.0.0.1:1/v1\""), "{text}");
+    // The diagnostic quotes the plan file's own line (the user's file, as written); what
+    // keyplan says about it never repeats the credentials.
+    for line in text.lines().filter(|l| !l.contains(" | ")) {
+        assert!(
+            !line.contains("hunter2") && !line.contains("alice"),
+            "{line}"
+        );
+    }
+    assert!(
+        text.contains("it is the record of the secret \"rook/osd\" (the key named \"osd\""),
+        "{text}"
+    );
+    assert!(text.contains("the name contains ' '"), "{text}");
+
+    // Two instances on one region and endpoint whose prefixes make one secret name for two
+    // keys, or a key's secret another key's record: refused too.
+    let two = |prefix_b: &str, name_b: &str| {
+        format!(
+            "version: 1\nkms:\n  a:\n    provider: aws_secrets_manager\n    region: us-east-1\n    prefix: prod/\n  b:\n    provider: aws_secrets_manager\n    region: us-east-1\n    prefix: {prefix_b:?}\nkeys:\n  k1: {{ kms: a, name: osd-kek }}\n  k2: {{ kms: b, name: {name_b:?} }}\ndevices:\n  d: {{ path: d.img, keys: [k1, k2] }}\n"
+        )
+    };
+    for (plan, says) in [
+        (
+            two("prod/osd-kek.", "keyplan"),
+            "it is the record of the secret \"prod/osd-kek\"",
+        ),
+        (two("prod/osd", "-kek"), "the secret \"prod/osd-kek\""),
+    ] {
+        w.s.plan("keyplan.yaml", &plan);
+        let out = w.command(&["validate"]).output().expect("run keyplan");
+        w.record(&out);
+        let text = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(out.status.code(), Some(1), "{text}");
+        assert!(text.contains(says), "{text}");
+    }
+    w.assert_no_leaks();
+}
+
+/// No credentials anywhere in the SDK's chain: `plan` says the KMS refused and which
+/// variables to set (exit 3, like any KMS that could not be asked), not that it is
+/// unreachable; `apply` changes no keyslot.
+#[test]
+fn no_credentials_in_the_chain_is_refused_not_unavailable() {
+    let Some(server) = Moto::start() else {
+        return;
+    };
+    let w = Watched::new();
+    let devs = rook_devices(&w.s);
+    w.s.plan("keyplan.yaml", &aws_plan(&server));
+    let before: Vec<Vec<u32>> = devs.iter().map(|d| keyslots(d)).collect();
+    for (args, code) in [(&["plan"][..], 3), (&["apply", "--auto-approve"][..], 1)] {
+        let mut cmd = w.command(args);
+        for v in [
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+            "AWS_PROFILE",
+            "AWS_WEB_IDENTITY_TOKEN_FILE",
+            "AWS_ROLE_ARN",
+            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        ] {
+            cmd.env_remove(v);
+        }
+        cmd.env("AWS_SHARED_CREDENTIALS_FILE", w.s.path("no-credentials"))
+            .env("AWS_CONFIG_FILE", w.s.path("no-config"))
+            .env("AWS_EC2_METADATA_DISABLED", "true");
+        let out = cmd.output().expect("run keyplan");
+        w.record(&out);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {text}");
+        assert!(text.contains("refused"), "{args:?}: {text}");
+        assert!(
+            text.contains("no usable AWS credentials"),
+            "{args:?}: {text}"
+        );
+        assert!(text.contains("AWS_ACCESS_KEY_ID"), "{args:?}: {text}");
+        assert!(!text.contains("is unavailable"), "{args:?}: {text}");
+    }
+    let after: Vec<Vec<u32>> = devs.iter().map(|d| keyslots(d)).collect();
+    assert_eq!(before, after);
+}
+
+/// A secret (or keyplan's record of it) scheduled for deletion is the only KMS copy of the
+/// key about to go: `plan`, `status` and `apply` say so, with the command that cancels it,
+/// and change nothing; once restored, nothing is left to do.
+#[test]
+fn a_secret_scheduled_for_deletion_is_reported_until_restored() {
+    let Some(server) = Moto::start() else {
+        return;
+    };
+    let w = Watched::new();
+    w.add_secret(ROOK.as_bytes());
+    server.put("rook/osd-kek", ROOK);
+    let devs = rook_devices(&w.s);
+    w.s.plan("keyplan.yaml", &aws_plan(&server));
+    kp(&w, &server, &["apply", "--auto-approve"], 0);
+    let before: Vec<Vec<u32>> = devs.iter().map(|d| keyslots(d)).collect();
+    for secret in ["rook/osd-kek", "rook/osd-kek.keyplan"] {
+        server.schedule_deletion(secret);
+        let restore = format!("aws secretsmanager restore-secret --secret-id {secret}");
+        for (args, code) in [
+            (&["plan"][..], 1),
+            (&["status"][..], 1),
+            (&["apply", "--auto-approve", "--rotate", "osd-kek"][..], 1),
+        ] {
+            let out = kp(&w, &server, args, code);
+            assert!(out.contains("scheduled for deletion"), "{args:?}: {out}");
+            assert!(out.contains(&restore), "{args:?}: {out}");
+        }
+        assert_eq!(devs.iter().map(|d| keyslots(d)).collect::<Vec<_>>(), before);
+        server.restore(secret);
+        let out = kp(&w, &server, &["plan", "--detailed-exitcode"], 0);
+        assert!(out.contains("No changes"), "{out}");
+    }
+    for d in &devs {
+        assert!(opens(d, ROOK.as_bytes(), None), "{}", d.display());
+    }
     w.assert_no_leaks();
 }
 

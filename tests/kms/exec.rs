@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use crate::common::standin::{python, python_available};
 use crate::common::*;
 use keyplan::kms::exec::ExecKms;
 use keyplan::kms::{Kms, KmsError};
@@ -24,37 +25,9 @@ const HELPER: &str = concat!(
     "/examples/exec-kms/keyplan-kms-dir"
 );
 
-/// The Python 3 interpreter the tests run the example helper with: the system's
-/// `/usr/bin/python3` when present (a version manager's shim in `PATH`, as the helper's
-/// `#!/usr/bin/env python3` line would find, can cost half a second per run), else `python3`.
-fn python() -> String {
-    if Path::new("/usr/bin/python3").is_file() {
-        "/usr/bin/python3".into()
-    } else {
-        "python3".into()
-    }
-}
-
 /// The example helper's argv for the key directory `keys`.
 fn helper_argv(keys: &Path) -> Vec<String> {
     vec![python(), HELPER.into(), keys.display().to_string()]
-}
-
-/// Is the example helper's interpreter there? Fails when `KEYPLAN_REQUIRE_SERVERS=1` and it
-/// is not; otherwise prints "skipped: ..." and returns false.
-fn python_available(test: &str) -> bool {
-    let ok = Command::new(python())
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        assert!(
-            std::env::var("KEYPLAN_REQUIRE_SERVERS").as_deref() != Ok("1"),
-            "{test}: python3 is not installed, and the example exec helper {HELPER} needs it (KEYPLAN_REQUIRE_SERVERS=1 makes this a failure): install python3"
-        );
-        eprintln!("skipped: {test}: python3 not found (the example exec helper needs it)");
-    }
-    ok
 }
 
 /// An exec KMS running the example helper on `<dir>/keys`.
@@ -870,6 +843,16 @@ fn cli_unreachable_or_denied_kms_changes_nothing() {
     assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("KEYPLAN_EXEC_TIMEOUT_SECS"), "{out}");
     snap.assert_unchanged("plan with a bad timeout");
+
+    // A helper that cannot be started is a configuration error, not an outage: `plan` and
+    // `status` exit 1 (a problem to fix), not 3 ("could not check"), as docs/kms/exec.md §5
+    // says.
+    std::fs::remove_file(s.path("helper")).unwrap();
+    for args in [&["plan"][..], &["status"][..]] {
+        let out = s.ok(args, 1);
+        assert!(out.contains("cannot start the helper"), "{args:?}: {out}");
+    }
+    snap.assert_unchanged("commands with a missing helper");
 }
 
 #[test]
@@ -1261,4 +1244,27 @@ fn cli_echoing_helper_never_leaks_material_in_any_form() {
     assert!(seen >= 6, "the helper saw only {seen} materials");
     assert!(w.wrapper_saw_calls());
     w.assert_no_leaks();
+}
+
+/// A URL argument of the helper's command that holds a user name and password (which helpers
+/// should refuse) is never repeated by keyplan: messages name the command with `***`.
+#[test]
+fn credentials_in_the_helper_command_are_not_quoted() {
+    let kms = ExecKms::new(
+        "custom",
+        vec![
+            "/nonexistent/helper".into(),
+            "--endpoint".into(),
+            "https://alice:hunter2@kms.example:443".into(),
+            "--iam=https://bob:s3cret@iam.example".into(),
+        ],
+        Duration::from_secs(5),
+    )
+    .expect("exec kms");
+    let text = format!("{} {}", kms.describe(), kms.read("k").unwrap_err());
+    assert!(text.contains("https://***@kms.example"), "{text}");
+    assert!(text.contains("--iam=https://***@iam.example"), "{text}");
+    for word in ["hunter2", "alice", "s3cret", "bob"] {
+        assert!(!text.contains(word), "{text}");
+    }
 }

@@ -14,9 +14,11 @@
 mod common;
 
 mod aws;
+mod azure;
 mod exec;
 mod faults;
 mod file;
+mod ibm;
 mod kmip;
 mod kubernetes;
 mod migration_providers;

@@ -29,8 +29,20 @@ pub(super) enum CallError {
     },
     /// No answer: connection refused or reset, DNS, TLS, a malformed answer.
     Transport(String),
+    /// No request was sent: the SDK's credential chain found no usable credentials (none
+    /// configured, an unreadable profile, a web identity token refused by STS).
+    Credentials(String),
     /// No answer within the call's deadline.
     Timeout,
+    /// Secret `secret` is scheduled for deletion (`DeleteSecret` with a recovery window):
+    /// `DescribeSecret` names the date (Unix seconds) it goes, or a request on it was refused
+    /// with `InvalidRequestException` "marked for deletion" (`None`: date not known).
+    ScheduledForDeletion {
+        /// The secret's name.
+        secret: String,
+        /// When Secrets Manager deletes it for good, Unix seconds, when known.
+        at: Option<u64>,
+    },
 }
 
 impl CallError {
@@ -54,8 +66,16 @@ impl std::fmt::Display for CallError {
                 status,
             } => write!(f, "{code} (HTTP {status}): {message}"),
             CallError::Transport(t) => write!(f, "{t}"),
+            CallError::Credentials(t) => write!(f, "no usable AWS credentials: {t}"),
             CallError::Timeout => {
                 write!(f, "no answer within {}", crate::kms::deadline::limit_text())
+            }
+            CallError::ScheduledForDeletion { secret, at } => {
+                write!(f, "secret {secret:?} is scheduled for deletion")?;
+                match at {
+                    Some(t) => write!(f, " on {}", crate::clock::rfc3339(*t)),
+                    None => Ok(()),
+                }
             }
         }
     }
@@ -77,8 +97,43 @@ where
             }
         }
         SdkError::TimeoutError(_) => CallError::Timeout,
+        _ if from_credentials(std::error::Error::source(&e)) => {
+            CallError::Credentials(crate::kube_client::chain(&e))
+        }
         _ => CallError::Transport(crate::kube_client::chain(&e)),
     }
+}
+
+/// `e` (an `InvalidRequestException` on secret `id`), or [`CallError::ScheduledForDeletion`]
+/// when `DescribeSecret` shows that the secret is scheduled for deletion: Secrets Manager
+/// refuses most requests on such a secret with `InvalidRequestException` (API reference,
+/// `GetSecretValue` errors), whose message is not meant for matching.
+async fn deletion(c: &sm::Client, id: &str, e: CallError) -> CallError {
+    match send(c.describe_secret().secret_id(id).send()).await {
+        Ok(d) => match d.deleted_date() {
+            Some(at) => CallError::ScheduledForDeletion {
+                secret: id.to_string(),
+                at: u64::try_from(at.secs()).ok(),
+            },
+            None => e,
+        },
+        Err(_) => e,
+    }
+}
+
+/// Whether the SDK failed before sending because its credential chain failed: a
+/// `CredentialsError` among the error's causes (`source`: the first) (the SDK reports a failed identity
+/// resolution as a dispatch failure: aws-smithy-runtime's orchestrator).
+fn from_credentials(source: Option<&(dyn std::error::Error + 'static)>) -> bool {
+    use aws_credential_types::provider::error::CredentialsError;
+    let mut cur = source;
+    while let Some(err) = cur {
+        if err.downcast_ref::<CredentialsError>().is_some() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// The HTTP status of a raw answer.
@@ -149,7 +204,8 @@ pub(super) struct Listed {
 }
 
 /// The versions of secret `id` that carry a staging label (deprecated ones are left out);
-/// `None` when the secret does not exist. `DescribeSecret` first, for existence: moto answers
+/// `None` when the secret does not exist (or is being deleted without recovery window).
+/// [`CallError::ScheduledForDeletion`] when it is scheduled for deletion. `DescribeSecret` first, for existence: moto answers
 /// `ListSecretVersionIds` of a missing secret with HTTP 500 instead of
 /// `ResourceNotFoundException`.
 pub(super) async fn list_versions(
@@ -157,7 +213,21 @@ pub(super) async fn list_versions(
     id: &str,
 ) -> Result<Option<Vec<Listed>>, CallError> {
     match send(c.describe_secret().secret_id(id).send()).await {
-        Ok(_) => {}
+        Ok(d) => {
+            if let Some(at) = d.deleted_date() {
+                let at = u64::try_from(at.secs()).unwrap_or(0);
+                // A date within the hour is a deletion without recovery window
+                // (keyplan's own, after a migration) still in progress: the secret is gone.
+                // A recovery window is at least 7 days (DeleteSecret).
+                if at <= crate::clock::now_unix() + 3600 {
+                    return Ok(None);
+                }
+                return Err(CallError::ScheduledForDeletion {
+                    secret: id.to_string(),
+                    at: Some(at),
+                });
+            }
+        }
         Err(e) if e.is("ResourceNotFoundException") => return Ok(None),
         Err(e) => return Err(e),
     }
@@ -223,6 +293,7 @@ pub(super) async fn get_value(
     let out = match r {
         Ok(o) => o,
         Err(e) if e.is("ResourceNotFoundException") => return Ok(None),
+        Err(e) if e.is("InvalidRequestException") => return Err(deletion(c, id, e).await),
         Err(e) => return Err(e),
     };
     let bytes = match (out.secret_string(), out.secret_binary()) {

@@ -21,8 +21,9 @@ pub const PREVIOUS: &str = "AWSPREVIOUS";
 /// keeps retained versions labelled: Secrets Manager deletes unlabelled (deprecated) versions
 /// at its own pace.
 pub const VERSION_LABEL: &str = "keyplan-v";
-/// Suffix of the record secret's name (`<secret>.keyplan`).
-pub const META_SUFFIX: &str = ".keyplan";
+/// Suffix of the record secret's name (`<secret>.keyplan`); a key name ending with it is
+/// refused (`crate::spec::aws_names`, the suffix's home).
+pub const META_SUFFIX: &str = crate::spec::aws_names::RECORD_SUFFIX;
 /// Label a new record version carries until it is made `AWSCURRENT`.
 pub const META_NEXT: &str = "keyplan-next";
 
@@ -99,6 +100,10 @@ pub struct View {
     pub meta: Meta,
     /// The record's `AWSCURRENT` version id; `None`: no record secret yet.
     pub meta_vid: Option<String>,
+    /// The ids of the versions carrying `AWSCURRENT`: one, or none for a secret without a
+    /// value. Secrets Manager never has more; a server that does (moto after some
+    /// `put-secret-value` sequences) leaves the current version unknowable.
+    pub current_vids: Vec<String>,
 }
 
 impl View {
@@ -109,7 +114,11 @@ impl View {
         let exists = listing.is_some();
         let mut versions = BTreeMap::new();
         let mut foreign_current = None;
+        let mut current_vids = Vec::new();
         for l in listing.unwrap_or_default() {
+            if l.labels.iter().any(|x| x == CURRENT) {
+                current_vids.push(l.vid.clone());
+            }
             let number = l.labels.iter().find_map(|x| label_number(x));
             match number {
                 Some(n) => {
@@ -153,6 +162,7 @@ impl View {
             versions,
             meta,
             meta_vid,
+            current_vids,
         }
     }
 
@@ -179,11 +189,12 @@ impl View {
             })
     }
 
-    /// The version numbered `n`, unless retired.
+    /// The version numbered `n`, unless retired: a version the record lists as retired but
+    /// that still carries its `keyplan-v<N>` label is a retire cut short (the labels come off
+    /// after the record is written, that label last) and is still live, so that the engine
+    /// retires it again.
     pub fn live(&self, n: u64) -> Option<&Known> {
-        self.versions
-            .get(&n)
-            .filter(|_| !self.meta.retired.contains_key(&n))
+        self.versions.get(&n)
     }
 
     /// The version rules' view.
@@ -218,10 +229,9 @@ impl View {
                 )
             })
             .collect();
+        // A version still labelled is not retired, whatever the record says ([`View::live`]):
+        // it reads as previous until its labels are off.
         for k in self.versions.values() {
-            if self.meta.retired.contains_key(&k.number) {
-                continue;
-            }
             let state = if Some(k.number) == current {
                 VersionState::Current
             } else if Some(k.number) == pending {
@@ -283,6 +293,45 @@ mod tests {
     }
 
     #[test]
+    fn a_retire_cut_short_reads_as_previous_until_the_labels_are_off() {
+        let meta = Meta {
+            retired: [(1, 1_800_000_000)].into_iter().collect(),
+            ..Meta::default()
+        };
+        let v = View::of(
+            Some(vec![
+                listed("a", &["keyplan-v1"]),
+                listed("b", &[CURRENT, "keyplan-v2"]),
+            ]),
+            meta.clone(),
+            None,
+        );
+        assert_eq!(v.key_state().versions[&1].state, VersionState::Previous);
+        assert!(v.live(1).is_some());
+        assert!(v.book().retire(1).is_ok());
+        let v = View::of(
+            Some(vec![listed("b", &[CURRENT, "keyplan-v2"])]),
+            meta,
+            None,
+        );
+        assert_eq!(v.key_state().versions[&1].state, VersionState::Retired);
+        assert!(v.live(1).is_none());
+    }
+
+    #[test]
+    fn two_versions_labelled_current_are_both_seen() {
+        let v = View::of(
+            Some(vec![
+                listed("a", &[CURRENT, "keyplan-v1"]),
+                listed("b", &[CURRENT]),
+            ]),
+            Meta::default(),
+            None,
+        );
+        assert_eq!(v.current_vids, ["a", "b"]);
+    }
+
+    #[test]
     fn the_first_version_is_pending_until_the_record_says_otherwise() {
         let meta = Meta {
             uncommitted: Some(1),
@@ -303,10 +352,7 @@ mod tests {
             ..Meta::default()
         };
         let v = View::of(
-            Some(vec![
-                listed("a", &["keyplan-v1"]),
-                listed("b", &[CURRENT, "keyplan-v2"]),
-            ]),
+            Some(vec![listed("b", &[CURRENT, "keyplan-v2"])]),
             meta,
             Some("m".into()),
         );

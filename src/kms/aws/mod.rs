@@ -49,7 +49,7 @@ use self::layout::{Meta, View, CURRENT, META_NEXT, META_SUFFIX, PENDING, PREVIOU
 use super::book::{self, Commit, Destroy};
 use super::{block_on, with_retries, Credential, KeyState, Kms, KmsError};
 use crate::secret::Passphrase;
-use crate::spec::KmsConfig;
+use crate::spec::{aws_names, KmsConfig};
 
 /// One `aws_secrets_manager` KMS instance.
 pub struct AwsKms {
@@ -75,8 +75,10 @@ impl std::fmt::Debug for AwsKms {
 /// Opens the instance `name` configured as `config` (an [`KmsConfig::AwsSecretsManager`]).
 /// Reads the environment and the AWS shared config files for credentials; contacts nothing.
 ///
-/// Errors: [`KmsError::Config`] for an endpoint that is not an `http(s)://` URL, or when the
-/// async runtime cannot start.
+/// Errors: [`KmsError::Config`] for a region or endpoint of the wrong shape
+/// ([`aws_names::region_problem`], [`aws_names::endpoint_problem`]: an endpoint must be an
+/// `http(s)://host[:port]` URL without credentials or path), or when the async runtime cannot
+/// start.
 pub fn open(name: &str, config: &KmsConfig) -> Result<Box<dyn Kms>, KmsError> {
     let KmsConfig::AwsSecretsManager {
         region,
@@ -88,15 +90,14 @@ pub fn open(name: &str, config: &KmsConfig) -> Result<Box<dyn Kms>, KmsError> {
         return Err(KmsError::misrouted(name, config, "aws_secrets_manager"));
     };
     let describe = format!("AWS Secrets Manager KMS {name:?} ({region})");
-    if let Some(e) = endpoint {
-        if !(e.starts_with("https://") || e.starts_with("http://")) {
-            return Err(KmsError::Config {
-                kms: describe,
-                detail: format!(
-                    "endpoint {e:?} is not a URL; set it to `https://...` (a VPC endpoint) or drop it for the region's public endpoint"
-                ),
-            });
-        }
+    let problem = aws_names::region_problem(region)
+        .or_else(|| endpoint.as_deref().and_then(aws_names::endpoint_problem))
+        .or_else(|| prefix.as_deref().and_then(aws_names::prefix_problem));
+    if let Some(detail) = problem {
+        return Err(KmsError::Config {
+            kms: describe,
+            detail,
+        });
     }
     crate::runtime::install_tls_provider();
     let (client, credentials) = block_on(&describe, client::build(region, endpoint.as_deref()))?;
@@ -138,7 +139,24 @@ impl AwsKms {
             },
             CallError::Transport(t) => KmsError::Unavailable {
                 kms,
-                detail: format!("{what} of key {key:?}: {t}"),
+                detail: format!(
+                    "{what} of key {key:?}: {t} (if the region {:?} is mistyped, or the endpoint names the wrong host, fix it in the plan)",
+                    self.region
+                ),
+            },
+            CallError::ScheduledForDeletion { ref secret, .. } => KmsError::Corrupt {
+                kms,
+                key: key.to_string(),
+                detail: format!(
+                    "{what}: {e} (DeleteSecret): when Secrets Manager deletes it, the KMS holds no copy of this key's passphrases any more, and the devices open only with passphrases kept elsewhere. keyplan changed nothing. If the deletion was not meant, run `aws secretsmanager restore-secret --secret-id {secret} --region {}` and run keyplan again; if it was (the key moved to another KMS), remove the key from the plan",
+                    self.region
+                ),
+            },
+            CallError::Credentials(_) => KmsError::Denied {
+                kms,
+                detail: format!(
+                    "{what} of key {key:?}: {e}. Set credentials for the SDK's default chain: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or a web identity (AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN, as IRSA sets them)"
+                ),
             },
             CallError::Service {
                 ref code, status, ..
@@ -178,7 +196,18 @@ impl AwsKms {
     }
 
     /// Reads key `key`: its versions and its record.
+    ///
+    /// Errors: [`KmsError::Config`] for a key name Secrets Manager cannot hold or that names
+    /// another key's record ([`aws_names::secret_name_problem`]: `keyplan validate` reports
+    /// it too); [`KmsError::Corrupt`] for a secret scheduled for deletion, or with
+    /// `AWSCURRENT` on several versions; the request's.
     async fn load(&self, key: &str) -> Result<View, KmsError> {
+        if let Some(why) = aws_names::secret_name_problem(&self.prefix, key) {
+            return Err(KmsError::Config {
+                kms: self.describe(),
+                detail: format!("key name {key:?} {why}; nothing was read or written"),
+            });
+        }
         let listing = client::list_versions(&self.client, &self.secret(key))
             .await
             .map_err(|e| self.fail(key, "listing the versions", e))?;
@@ -201,7 +230,22 @@ impl AwsKms {
                 (meta, Some(vid))
             }
         };
-        Ok(View::of(listing, meta, meta_vid))
+        let view = View::of(listing, meta, meta_vid);
+        if view.current_vids.len() > 1 {
+            return Err(KmsError::corrupt(
+                self,
+                key,
+                format!(
+                    "secret {:?} has AWSCURRENT on {} versions ({}), which Secrets Manager does not allow, so keyplan cannot tell which passphrase is current; nothing was changed. Take AWSCURRENT off every version but the one that opens the devices: `aws secretsmanager update-secret-version-stage --secret-id {} --region {} --version-stage AWSCURRENT --remove-from-version-id <other version id>`",
+                    self.secret(key),
+                    view.current_vids.len(),
+                    view.current_vids.join(", "),
+                    self.secret(key),
+                    self.region
+                ),
+            ));
+        }
+        Ok(view)
     }
 
     /// Writes key `key`'s record as `meta`, compare-and-swap against the record `view` read:
@@ -414,7 +458,9 @@ impl AwsKms {
             meta.retired.insert(version, k.created_at);
             self.write_meta(key, &view, &meta).await?;
         }
-        for label in [layout::version_label(version).as_str(), PREVIOUS, PENDING] {
+        // keyplan's own label last: while it is on, the version reads as not yet retired
+        // (`View::live`), so a retire cut short is done again by the next run.
+        for label in [PREVIOUS, PENDING, layout::version_label(version).as_str()] {
             if k.has(label) {
                 self.unlabel(key, &k.vid, label).await?;
             }
@@ -503,13 +549,7 @@ impl Kms for AwsKms {
     fn hold(&self, name: &str, holder: &str) -> Result<(), KmsError> {
         self.run(self.change_holders(name, |meta, view| {
             if view.current().is_none() {
-                return Err(KmsError::conflict(
-                    self,
-                    name,
-                    format!(
-                        "{holder} cannot be recorded as a holder: the key has no current version"
-                    ),
-                ));
+                return Err(book::no_current_to_hold(self, name, holder));
             }
             if meta.holders.contains_key(holder) {
                 return Ok(false);
@@ -532,6 +572,10 @@ impl Kms for AwsKms {
 
     fn destroy_key(&self, name: &str, expected_current: u64) -> Result<(), KmsError> {
         self.run(self.destroy_async(name, expected_current))
+    }
+
+    fn retired_means(&self) -> String {
+        "keyplan took every label off its secret version, and Secrets Manager deletes such a deprecated version at its own pace; until then its value stays readable by version id to whoever may read the secret (docs/kms/aws-secrets-manager.md, \"Retire\")".to_string()
     }
 
     fn credentials(&self) -> Result<Vec<Credential>, KmsError> {

@@ -55,9 +55,15 @@ impl ExecKms {
         })
     }
 
-    /// The command line for messages (arguments come from the plan and hold no material).
+    /// The command line for messages (arguments come from the plan and hold no material; a
+    /// user name and password in a URL argument show as `***`).
     pub(super) fn command_line(&self) -> String {
-        self.command.join(" ")
+        let args: Vec<_> = self
+            .command
+            .iter()
+            .map(|a| crate::secret::redact::url_credentials(a))
+            .collect();
+        args.join(" ")
     }
 
     /// Runs the helper for `op` on `key` and returns its `result`, parsed as `R` (`None` when

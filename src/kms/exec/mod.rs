@@ -173,6 +173,12 @@ impl Kms for ExecKms {
         format!("exec KMS {:?} ({})", self.name, self.command_line())
     }
 
+    /// The helper was asked to destroy it (docs/kms/exec.md, `retire`); stores that cannot
+    /// destroy one version make it unreadable instead, as their helper documents.
+    fn retired_means(&self) -> String {
+        "the helper was asked to destroy its material (a store that cannot destroy a single version makes it unreadable instead: see the helper's documentation)".to_string()
+    }
+
     fn read(&self, name: &str) -> Result<KeyState, KmsError> {
         let r = with_retries(&format!("read of key {name:?}"), || {
             self.call_for::<ReadResult>(&Op::Read, Some(name), None)

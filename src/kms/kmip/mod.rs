@@ -364,11 +364,7 @@ impl Kms for KmipKms {
         let mut s = self.connect()?;
         let (_, st) = self.read_on(&mut s, name)?;
         if st.current.is_none() {
-            return Err(KmsError::conflict(
-                self,
-                name,
-                format!("{holder} cannot be recorded as a holder: the key has no current version"),
-            ));
+            return Err(super::book::no_current_to_hold(self, name, holder));
         }
         if st.holders.contains_key(holder) {
             return Ok(());

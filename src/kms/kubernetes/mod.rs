@@ -302,13 +302,7 @@ impl KubernetesKms {
             let view = self.load(key).await?;
             let meta = view.meta();
             if add && meta.current.is_none() {
-                return Err(KmsError::conflict(
-                    self,
-                    key,
-                    format!(
-                        "{holder} cannot be recorded as a holder: the key has no current version"
-                    ),
-                ));
+                return Err(super::book::no_current_to_hold(self, key, holder));
             }
             if meta.holders.contains_key(holder) == add {
                 return Ok(());

@@ -493,11 +493,7 @@ impl VaultKms {
             if !add {
                 return Ok(());
             }
-            return Err(KmsError::conflict(
-                self,
-                name,
-                format!("{holder} cannot be recorded as a holder: the key has no current version"),
-            ));
+            return Err(super::book::no_current_to_hold(self, name, holder));
         };
         if live.holders.contains_key(holder) == add {
             return Ok(());

@@ -95,6 +95,36 @@ pub fn redact(text: &str) -> Cow<'_, str> {
     }
 }
 
+/// `text` with the user name and password of a URL replaced by `***` (`http://***@host/`) and
+/// its query by `***` (`?***`: tokens travel there), when `text` is a URL that holds them, or
+/// an option that ends with one (`--endpoint=https://u:p@host`); otherwise `text` as it is.
+/// For messages that quote a configured address or a helper's command line: credentials
+/// written into a URL are never repeated (a plan file's own line, shown by a diagnostic, is
+/// the user's text, not ours).
+pub fn url_credentials(text: &str) -> Cow<'_, str> {
+    if let Some((option, value)) = text.split_once('=') {
+        if let Cow::Owned(v) = url_credentials(value) {
+            return Cow::Owned(format!("{option}={v}"));
+        }
+    }
+    match url::Url::parse(text.trim()) {
+        Ok(mut u)
+            if !u.cannot_be_a_base()
+                && (!u.username().is_empty() || u.password().is_some() || u.query().is_some()) =>
+        {
+            if !u.username().is_empty() || u.password().is_some() {
+                let _ = u.set_username("***");
+                let _ = u.set_password(None);
+            }
+            if u.query().is_some() {
+                u.set_query(Some("***"));
+            }
+            Cow::Owned(u.to_string())
+        }
+        _ => Cow::Borrowed(text),
+    }
+}
+
 /// [`redact`] of bytes (a child's standard error, a formatted log line).
 pub fn redact_bytes(bytes: &[u8]) -> Cow<'_, [u8]> {
     match global().find(bytes) {
@@ -218,6 +248,27 @@ mod tests {
 
     fn hex(m: &[u8]) -> String {
         m.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    #[test]
+    fn credentials_in_a_url_are_never_quoted() {
+        let e = url_credentials("http://alice:hunter2@127.0.0.1:1/v1");
+        assert_eq!(e, "http://***@127.0.0.1:1/v1");
+        assert!(matches!(
+            url_credentials("https://host:1"),
+            Cow::Borrowed(_)
+        ));
+        assert!(matches!(url_credentials("--prefix"), Cow::Borrowed(_)));
+        assert_eq!(url_credentials("ftp://:pw@h"), "ftp://***@h/");
+        assert_eq!(
+            url_credentials("--endpoint=https://svc:pw@kms.example"),
+            "--endpoint=https://***@kms.example/"
+        );
+        assert_eq!(url_credentials("https://h/?token=QTOKEN"), "https://h/?***");
+        assert!(matches!(
+            url_credentials("--name=osd-kek"),
+            Cow::Borrowed(_)
+        ));
     }
 
     #[test]

@@ -18,7 +18,8 @@ use crate::spec::model::KeyFile;
 ///
 /// Issues per key, in this order: `keyplan::plan::name` (the id is not an id),
 /// `keyplan::plan::undefined_kms`, `keyplan::plan::empty` (`name` blank),
-/// `keyplan::plan::key_name` (not a safe file name for a file KMS), `keyplan::plan::duration`,
+/// `keyplan::plan::key_name` (not a safe file name for a file KMS, or not a usable secret name
+/// for an AWS Secrets Manager KMS), `keyplan::plan::duration`,
 /// `keyplan::plan::bytes`.
 pub(super) fn check_keys(file: &PlanFile, cx: &mut Ctx) -> BTreeMap<String, Key> {
     let mut keys = BTreeMap::new();
@@ -30,6 +31,16 @@ pub(super) fn check_keys(file: &PlanFile, cx: &mut Ctx) -> BTreeMap<String, Key>
         let name = key_name(id, k, cx);
         if provider == Some("file") && !name.is_empty() && !is_safe_file_name(&name) {
             cx.push(unsafe_file_name(id, k, &name));
+        }
+        if let Some(KmsConfig::AwsSecretsManager { prefix, .. }) = file
+            .kms
+            .get(&k.kms)
+            .filter(|_| !k.name.as_deref().is_some_and(|n| n.trim().is_empty()))
+        {
+            let prefix = prefix.as_deref().unwrap_or_default();
+            if let Some(why) = crate::spec::aws_names::secret_name_problem(prefix, &name) {
+                cx.push(aws_secret_name(id, k, &name, why));
+            }
         }
         let rotate_after = key_rotate_after(id, k, cx);
         let bytes = key_bytes(id, k, cx);
@@ -121,6 +132,30 @@ fn unsafe_file_name(id: &str, k: &KeyFile, name: &str) -> Issue {
     }
 }
 
+/// The `keyplan::plan::key_name` issue: key `id`'s `name` is not usable as an AWS Secrets
+/// Manager secret name; `why` from [`crate::spec::aws_names::secret_name_problem`].
+fn aws_secret_name(id: &str, k: &KeyFile, name: &str, why: String) -> Issue {
+    let (path, note) = if k.name.is_some() {
+        (p(&["keys", id, "name"]), "")
+    } else {
+        (
+            p(&["keys", id]),
+            "; the name defaults to the key id: set `name:` to choose another",
+        )
+    };
+    Issue {
+        path,
+        code: "keyplan::plan::key_name",
+        message: format!(
+            "key name `{name}` is not usable in the AWS Secrets Manager KMS `{}`",
+            k.kms
+        ),
+        label: "not a usable secret name".to_owned(),
+        help: format!("the name {why}{note}"),
+        also: Vec::new(),
+    }
+}
+
 /// Key `id`'s `rotate_after`, parsed; `None` when absent or invalid (invalid is a
 /// `keyplan::plan::duration` issue).
 fn key_rotate_after(id: &str, k: &KeyFile, cx: &mut Ctx) -> Option<Duration> {
@@ -185,10 +220,29 @@ pub(super) fn check_key_entries(
             _ => format!("instance:{name}"),
         }
     };
+    // The entry a key names in its store: for AWS Secrets Manager the full secret name in
+    // the region and endpoint (two instances with other prefixes can name one secret).
+    let entry = |k: &Key| -> (String, String) {
+        match kms.get(&k.kms) {
+            Some(KmsConfig::AwsSecretsManager {
+                region,
+                endpoint,
+                prefix,
+                ..
+            }) => (
+                format!(
+                    "aws:{region}:{}",
+                    endpoint.as_deref().unwrap_or("").trim_end_matches('/')
+                ),
+                format!("{}{}", prefix.as_deref().unwrap_or(""), k.name),
+            ),
+            _ => (kms_identity(&k.kms), k.name.clone()),
+        }
+    };
     let mut by_entry: HashMap<(String, String), &str> = HashMap::new();
     for id in cx.in_file_order("keys", keys.keys()) {
         let Some(k) = keys.get(id) else { continue };
-        if let Some(first) = by_entry.insert((kms_identity(&k.kms), k.name.clone()), id) {
+        if let Some(first) = by_entry.insert(entry(k), id) {
             let path = if file.keys.get(id).is_some_and(|f| f.name.is_some()) {
                 p(&["keys", id, "name"])
             } else {
@@ -198,8 +252,15 @@ pub(super) fn check_key_entries(
                 path,
                 code: "keyplan::plan::duplicate_key_name",
                 message: format!(
-                    "keys `{first}` and `{id}` both use `{}` in KMS `{}` (the same store): rotating one would replace and retire the other's versions",
-                    k.name, k.kms
+                    "keys `{first}` and `{id}` both use `{}` in KMS `{}` (the same store{}): rotating one would replace and retire the other's versions",
+                    k.name,
+                    k.kms,
+                    match kms.get(&k.kms) {
+                        Some(KmsConfig::AwsSecretsManager { .. }) => {
+                            format!(": the secret {:?}", entry(k).1)
+                        }
+                        _ => String::new(),
+                    }
                 ),
                 label: "same KMS entry as another key".to_owned(),
                 help: format!(

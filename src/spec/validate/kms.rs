@@ -46,8 +46,10 @@ pub(super) fn check_kms(
 /// Instance `name` with its paths resolved against the plan's directory.
 ///
 /// Issues: `keyplan::plan::empty` for the provider's blank required field (`path`, `address`,
-/// `namespace`, `endpoint`, `command`), then `keyplan::plan::path` for each path that resolves
-/// to non-UTF-8, in field order. A blank file-KMS `path` is kept as written.
+/// `namespace`, `endpoint`, `region`, `command`), then `keyplan::plan::path` for each path that
+/// resolves to non-UTF-8, in field order; `keyplan::plan::aws` for an AWS Secrets Manager
+/// `prefix`, `region` or `endpoint` of the wrong shape ([`crate::spec::aws_names`]). A blank file-KMS
+/// `path` is kept as written.
 fn resolve_kms(name: &str, cfg: &KmsConfig, cx: &mut Ctx) -> KmsConfig {
     let at = |f: &str| p(&["kms", name, f]);
     let mut resolved = cfg.clone();
@@ -126,18 +128,64 @@ fn resolve_kms(name: &str, cfg: &KmsConfig, cx: &mut Ctx) -> KmsConfig {
             *client_cert = cx.resolve_string(client_cert, at("client_cert"));
             *client_key = cx.resolve_string(client_key, at("client_key"));
         }
-        KmsConfig::AwsSecretsManager { region, .. } => {
-            if region.trim().is_empty() {
-                cx.push(empty_issue(
-                    at("region"),
-                    "region",
-                    "set `region` to the AWS region of the secrets, e.g. `eu-west-1`",
-                ));
-            }
-        }
+        KmsConfig::AwsSecretsManager {
+            region,
+            endpoint,
+            prefix,
+            ..
+        } => check_aws(
+            name,
+            region,
+            endpoint.as_deref(),
+            prefix.as_deref(),
+            &at,
+            cx,
+        ),
         KmsConfig::Exec { command, .. } => resolve_exec(command, at, cx),
     }
     resolved
+}
+
+/// AWS Secrets Manager instance `name`'s settings: `keyplan::plan::empty` for a blank
+/// `region`; `keyplan::plan::aws` for a `prefix`, `region` or `endpoint` of the wrong shape
+/// ([`crate::spec::aws_names`]).
+fn check_aws(
+    name: &str,
+    region: &str,
+    endpoint: Option<&str>,
+    prefix: Option<&str>,
+    at: &dyn Fn(&str) -> Vec<PathSeg>,
+    cx: &mut Ctx,
+) {
+    use crate::spec::aws_names::{endpoint_problem, prefix_problem, region_problem};
+    if let Some(help) = prefix.and_then(prefix_problem) {
+        cx.push(aws_issue(at("prefix"), name, "prefix", help));
+    }
+    if region.trim().is_empty() {
+        cx.push(empty_issue(
+            at("region"),
+            "region",
+            "set `region` to the AWS region of the secrets, e.g. `eu-west-1`",
+        ));
+    } else if let Some(help) = region_problem(region) {
+        cx.push(aws_issue(at("region"), name, "region", help));
+    }
+    if let Some(help) = endpoint.and_then(endpoint_problem) {
+        cx.push(aws_issue(at("endpoint"), name, "endpoint", help));
+    }
+}
+
+/// The `keyplan::plan::aws` issue at `path`: AWS Secrets Manager instance `name`'s `field`
+/// is unusable; `help` says why and what to write (`crate::spec::aws_names`).
+fn aws_issue(path: Vec<PathSeg>, name: &str, field: &str, help: String) -> Issue {
+    Issue {
+        path,
+        code: "keyplan::plan::aws",
+        message: format!("KMS `{name}`: `{field}` is not usable by AWS Secrets Manager"),
+        label: format!("not a valid {field}"),
+        help,
+        also: Vec::new(),
+    }
 }
 
 /// The `keyplan::plan::vault_auth` issue at `path`.
