@@ -101,8 +101,10 @@ impl KeyState {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Credential {
     /// Short stable kind, the `credential` label of the metrics: `vault_token`,
-    /// `client_certificate`, `service_account_token`, `bearer_token`.
-    pub kind: &'static str,
+    /// `client_certificate`, `service_account_token`, `bearer_token`, `aws_credentials`, or
+    /// what an `exec` helper reports (lowercase letters, digits and `_`, at most 40
+    /// characters: docs/kms/exec.md, `credentials`).
+    pub kind: std::borrow::Cow<'static, str>,
     /// What it is and where it comes from, for people, e.g. `token from $VAULT_TOKEN` or
     /// `client certificate /etc/keyplan/kmip.pem (CN=keyplan)`. No secret.
     pub what: String,
@@ -346,7 +348,7 @@ pub trait Kms: Send + Sync {
     /// The credentials keyplan uses to reach this store, with their expiry where it can be
     /// known (a Vault token's TTL from `auth/token/lookup-self`, a client certificate's
     /// notAfter, a service-account token's `exp` claim). Writes nothing; may contact the
-    /// store. The default: none known (the file KMS, `exec`).
+    /// store. The default: none known (the file KMS; an `exec` helper reports its own).
     ///
     /// Errors: [`KmsError::Unavailable`], [`KmsError::Denied`] (the store refuses the
     /// credential, e.g. an expired token), [`KmsError::Config`] (an unreadable certificate).

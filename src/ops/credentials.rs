@@ -31,8 +31,8 @@ pub struct KmsCredentials {
     pub kms: String,
     /// Provider of that instance (`file`, `vault`, ...).
     pub provider: String,
-    /// What the provider reports (empty for providers without expiring credentials: `file`,
-    /// `exec`).
+    /// What the provider reports (empty for the `file` KMS, and for an `exec` helper that
+    /// reports none).
     pub credentials: Vec<CredentialReport>,
     /// Why the credentials could not be looked at (never a secret).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -176,7 +176,8 @@ fn warning(
     if deadline >= reference.saturating_add(MARGIN.as_secs()) {
         return None;
     }
-    let doc = format!("docs/kms/{provider}.md");
+    // The provider's guide: docs/kms/vault.md, docs/kms/aws-secrets-manager.md, ...
+    let doc = format!("docs/kms/{}.md", provider.replace('_', "-"));
     if deadline <= now {
         return Some(format!(
             "KMS {instance}: {} {} at {} ({} ago); keyplan cannot reach the KMS with it: replace it ({doc})",
@@ -234,7 +235,7 @@ mod tests {
 
     fn token(expires_in_days: u64) -> Credential {
         Credential {
-            kind: "vault_token",
+            kind: "vault_token".into(),
             what: "token from $VAULT_TOKEN".into(),
             expires_at: Some(NOW + expires_in_days * DAY),
             renewed_by: None,
@@ -250,6 +251,9 @@ mod tests {
         assert!(w.contains("key osd"), "{w}");
         assert!(w.contains("docs/kms/vault.md"), "{w}");
         assert_eq!(warning("vault", "vault", &token(44), Some(&due), NOW), None);
+        // The guide's file name has '-' where the provider's name has '_'.
+        let w = warning("aws", "aws_secrets_manager", &token(1), None, NOW).expect("warns");
+        assert!(w.contains("docs/kms/aws-secrets-manager.md"), "{w}");
     }
 
     #[test]

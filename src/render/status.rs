@@ -530,7 +530,10 @@ fn credential_families(r: &StatusReport) -> Vec<GaugeFamily> {
     );
     for k in &r.kms {
         for c in &k.credentials {
-            let labels = [("kms", k.kms.as_str()), ("credential", c.credential.kind)];
+            let labels = [
+                ("kms", k.kms.as_str()),
+                ("credential", c.credential.kind.as_ref()),
+            ];
             if let Some(t) = c.credential.expires_at {
                 expiry.add(&labels, t);
             }

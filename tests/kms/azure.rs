@@ -173,16 +173,22 @@ fn helper_refusals_name_the_cause() {
 
 /// Workload identity (a Kubernetes service account federated with an Entra ID app): the
 /// token in `AZURE_FEDERATED_TOKEN_FILE` is sent as the client assertion; no client secret.
+/// `credentials` reports it with the token's `exp` claim, renewed by the kubelet.
 #[test]
 fn workload_identity_federated_token() {
-    let Some(vault) = AzureVault::start_with(&["--federated-token", "federated-sa-token-xyz"])
-    else {
+    use base64::Engine as _;
+    // A projected service-account token's shape (header.claims.signature); the stand-in
+    // compares it whole, as Entra ID would verify it.
+    let claims = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(br#"{"sub":"system:serviceaccount:rook-ceph:rook-ceph-osd","exp":1999999999}"#);
+    let token = format!("eyJhbGciOiJSUzI1NiJ9.{claims}.c2lnbmF0dXJl");
+    let Some(vault) = AzureVault::start_with(&["--federated-token", &token]) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("token");
-    std::fs::write(&file, "federated-sa-token-xyz\n").unwrap();
-    let run = |token_file: &std::path::Path| {
+    std::fs::write(&file, format!("{token}\n")).unwrap();
+    let run = |token_file: &std::path::Path, request: &str| {
         let out = std::process::Command::new(crate::common::standin::python())
             .args([crate::common::azure::HELPER, &vault.url()])
             .envs(
@@ -198,23 +204,43 @@ fn workload_identity_federated_token() {
             .spawn()
             .and_then(|mut c| {
                 use std::io::Write as _;
-                c.stdin.take().unwrap().write_all(
-                    br#"{"protocol_version":1,"operation":"check","kms":"a","names":["k"]}"#,
-                )?;
+                c.stdin.take().unwrap().write_all(request.as_bytes())?;
                 c.wait_with_output()
             })
             .unwrap();
         assert!(out.status.success(), "{out:?}");
         serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
     };
-    let v = run(&file);
+    let check = r#"{"protocol_version":1,"operation":"check","kms":"a","names":["k"]}"#;
+    let credentials = r#"{"protocol_version":1,"operation":"credentials","kms":"a"}"#;
+    let v = run(&file, check);
     assert_eq!(v["ok"], true, "{v}");
+    let v = run(&file, credentials);
+    assert_eq!(v["ok"], true, "{v}");
+    let c = &v["result"]["credentials"][0];
+    assert_eq!(c["kind"], "azure_federated_token", "{v}");
+    assert_eq!(c["expires_at"], 1999999999, "{v}");
+    assert!(c["renewed_by"].as_str().unwrap().contains("kubelet"), "{v}");
+    assert!(
+        c["what"]
+            .as_str()
+            .unwrap()
+            .contains(crate::common::azure::CLIENT_ID),
+        "{v}"
+    );
+    assert!(
+        !v.to_string().contains(&claims),
+        "the token itself is never reported: {v}"
+    );
+
     std::fs::write(&file, "another-token").unwrap();
-    let v = run(&file);
-    assert_eq!(v["error"]["kind"], "denied", "{v}");
-    let message = v["error"]["message"].as_str().unwrap();
-    assert!(message.contains("AZURE_FEDERATED_TOKEN_FILE"), "{message}");
-    assert!(!message.contains("another-token"), "{message}");
+    for request in [check, credentials] {
+        let v = run(&file, request);
+        assert_eq!(v["error"]["kind"], "denied", "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains("AZURE_FEDERATED_TOKEN_FILE"), "{message}");
+        assert!(!message.contains("another-token"), "{message}");
+    }
 }
 
 /// Two writers stage the same key at the same time (margin 1 s): exactly one wins, whatever
@@ -361,6 +387,17 @@ fn rook_style_adoption_then_rotations() {
     assert!(st.status.success(), "{st:?}");
     let j: serde_json::Value = serde_json::from_slice(&st.stdout).expect("status json");
     assert_eq!(j["keys"][0]["current"]["version"], 1, "{j}");
+    // The helper's `credentials`: a client secret Entra ID accepted, its end date unknown.
+    let c = &j["kms"][0]["credentials"][0];
+    assert_eq!(c["kind"], "azure_client_secret", "{j}");
+    assert_eq!(c["expires_at"], serde_json::Value::Null, "{j}");
+    assert!(
+        c["what"]
+            .as_str()
+            .unwrap()
+            .contains(crate::common::azure::CLIENT_ID),
+        "{j}"
+    );
 
     // Rotation: v2 is the secret's latest version, tagged current, and opens every device.
     let out = w.ok(&["apply", "--auto-approve", "--rotate", "osd-kek"], 0);
@@ -487,6 +524,13 @@ fn refused_credentials_and_a_stopped_vault_change_nothing() {
         assert!(out.contains("invalid_client"), "{args:?}: {out}");
         assert!(!out.contains("a-wrong-client-secret"), "{args:?}: {out}");
     }
+    // `status` says the credential was refused: a problem (exit 1), and the reason.
+    let st = w.run(&["status", "--format", "json"]);
+    let j: serde_json::Value = serde_json::from_slice(&st.stdout).expect("status json");
+    let error = j["kms"][0]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("invalid_client"), "{j}");
+    assert!(!error.contains("a-wrong-client-secret"), "{j}");
+    assert_ne!(st.status.code(), Some(0), "{j}");
     assert_eq!(slots(&devs), before);
     assert!(vault.versions(&format!("{SECRET}-keyplan")).is_empty());
 

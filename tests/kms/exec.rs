@@ -198,6 +198,78 @@ fn run_with_stdout(mut cmd: Command, input: &[u8]) -> Output {
     child.wait_with_output().expect("wait")
 }
 
+/// `credentials` (docs/kms/exec.md): a helper's report becomes keyplan's, shown as keyplan
+/// shows helper text (redacted, one line); a helper that does not know the operation
+/// (`config`) reports none; a kind that cannot be a metrics label or a refusal is an error.
+#[test]
+fn helper_credentials_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ok = |result: &str| format!(r#"{{"protocol_version":1,"ok":true,"result":{result}}}"#);
+
+    let kms = answering(
+        d,
+        "reports",
+        &ok(
+            r#"{"credentials":[{"kind":"ibm_api_key","what":"API key from\nthe file /etc/kp.key","expires_at":1900000000},{"kind":"wi_token","what":"token","renewed_by":"the kubelet","renewable_until":1950000000,"unknown":1}]}"#,
+        ),
+    );
+    let list = kms.credentials().expect("credentials");
+    assert_eq!(list.len(), 2, "{list:?}");
+    assert_eq!(list[0].kind, "ibm_api_key");
+    assert_eq!(list[0].what, "API key from; the file /etc/kp.key");
+    assert_eq!(list[0].expires_at, Some(1900000000));
+    assert_eq!(list[0].renewed_by, None);
+    assert_eq!(list[0].deadline(), Some(1900000000));
+    assert_eq!(list[1].renewed_by.as_deref(), Some("the kubelet"));
+    assert_eq!(list[1].deadline(), Some(1950000000));
+
+    let kms = answering(d, "none", &ok(r#"{"credentials":[]}"#));
+    assert!(kms.credentials().expect("credentials").is_empty());
+
+    // A helper written before `credentials`: "unknown operation" is `config`, taken as none.
+    let kms = answering(
+        d,
+        "older",
+        r#"{"protocol_version":1,"ok":false,"error":{"kind":"config","message":"unknown operation 'credentials'"}}"#,
+    );
+    assert!(kms.credentials().expect("credentials").is_empty());
+    // The keyplan-kms-dir example needs no credential.
+    let example = example_kms(d);
+    assert!(example.credentials().expect("credentials").is_empty());
+
+    let kms = answering(
+        d,
+        "refused",
+        r#"{"protocol_version":1,"ok":false,"error":{"kind":"denied","message":"IAM refused the API key"}}"#,
+    );
+    match kms.credentials() {
+        Err(KmsError::Denied { detail, .. }) => assert!(detail.contains("IAM refused"), "{detail}"),
+        other => panic!("expected Denied, got {other:?}"),
+    }
+    let long = format!(
+        r#"{{"credentials":[{{"kind":"{}","what":"x"}}]}}"#,
+        "k".repeat(41)
+    );
+    for (name, bad) in [
+        (
+            "upper",
+            r#"{"credentials":[{"kind":"Bad Kind","what":"x"}]}"#,
+        ),
+        ("long", long.as_str()),
+        ("empty", r#"{"credentials":[{"kind":"k","what":" \n "}]}"#),
+        ("missing", r#"{"credentials":[{"what":"x"}]}"#),
+    ] {
+        let kms = answering(d, name, &ok(bad));
+        match kms.credentials() {
+            Err(KmsError::Unavailable { detail, .. }) => {
+                assert!(detail.contains("does not follow"), "{name}: {detail}")
+            }
+            other => panic!("{name}: expected Unavailable, got {other:?}"),
+        }
+    }
+}
+
 #[test]
 fn helper_answers_map_onto_kms_errors() {
     let dir = tempfile::tempdir().unwrap();

@@ -249,6 +249,14 @@ fn ibm_rook_style_adoption_then_rotations() {
     w.record(&st);
     let j: serde_json::Value = serde_json::from_slice(&st.stdout).expect("status json");
     assert_eq!(j["keys"][0]["current"]["version"], 1, "{j}");
+    // The helper's `credentials`: the API key IAM accepted, no expiry known.
+    let c = &j["kms"][0]["credentials"][0];
+    assert_eq!(c["kind"], "ibm_api_key", "{j}");
+    assert!(
+        c["what"].as_str().unwrap().contains("IBMCLOUD_API_KEY"),
+        "{j}"
+    );
+    assert_eq!(c["expires_at"], serde_json::Value::Null, "{j}");
 
     // Rotation: v2 is its own standard key; the record makes it current; every device opens
     // with it.
@@ -468,6 +476,17 @@ fn ibm_refused_credentials_change_nothing() {
             "the API key is quoted: {out}"
         );
     }
+    // `status` says the credential was refused: a problem (exit 1), and the reason.
+    let st = w
+        .command(&["status", "--format", "json"])
+        .env("IBMCLOUD_API_KEY", "not-a-known-api-key")
+        .output()
+        .unwrap();
+    w.record(&st);
+    let j: serde_json::Value = serde_json::from_slice(&st.stdout).expect("status json");
+    let error = j["kms"][0]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("refused the API key"), "{j}");
+    assert_ne!(st.status.code(), Some(0), "{j}");
     // Reader may look, not write: the adoption's first record needs Writer.
     let out = kp_run(&w, READER_KEY, &["apply", "--auto-approve"], 1);
     assert!(out.contains("Writer"), "{out}");

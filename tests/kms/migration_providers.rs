@@ -1,7 +1,9 @@
 //! Migration between real KMS providers: file → vault (real OpenBao) and kubernetes (the real
 //! kube-apiserver of tests/common/kube.rs, a fresh namespace per test) → vault, each checked
 //! with the server's own reader (OpenBao's KV; the Secrets read as admin), not through keyplan;
-//! a rotation asked for during the migration runs right after it.
+//! a rotation asked for during the migration runs right after it; and a key travelling file →
+//! AWS Secrets Manager (moto) → Azure Key Vault → IBM Key Protect (both through their exec
+//! helpers, against the stand-ins of tests/standins/) → file, checked with each store's reader.
 
 use crate::common::kube;
 use crate::common::openbao;
@@ -184,4 +186,154 @@ fn kubernetes_to_vault_with_rotation_in_the_same_apply() {
         .expect("key get");
     assert!(got.status.success());
     assert_eq!(got.stdout, after, "key get reads the new KMS");
+}
+
+/// A key moves through every provider added for Rook's clouds and back, each step checked with
+/// that store's own reader (boto3 against moto, the Azure stand-in over HTTP, the Key Protect
+/// stand-in's keys), never through keyplan: file → AWS Secrets Manager → Azure Key Vault
+/// (exec helper) → IBM Key Protect (exec helper) → file, then a rotation. After each `apply`
+/// the new store holds the same passphrase, the old one holds none that reads as current, the
+/// devices open with it, and `plan` is empty; no material leaks anywhere.
+#[test]
+fn file_to_aws_to_azure_to_ibm_and_back_to_file() {
+    use crate::common::azure::{AzureVault, CLIENT_SECRET};
+    use crate::common::ibm_standin::{KeyProtect, INSTANCE, MANAGER_KEY};
+    use crate::common::moto::Moto;
+    let Some(moto) = Moto::start() else {
+        return;
+    };
+    let Some(vault) = AzureVault::start() else {
+        return;
+    };
+    let Some(kp) = KeyProtect::start("file_to_aws_to_azure_to_ibm_and_back_to_file") else {
+        return;
+    };
+    let w = Watched::new();
+    let devs = devices(&w.s);
+    vault.helper_script(w.s.dir.path(), "kms-azure", "", CLIENT_SECRET);
+    let kp_argv = serde_json::to_string(&[
+        crate::common::standin::python(),
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/ibm-key-protect/keyplan-kms-keyprotect"
+        )
+        .to_string(),
+        "--instance".into(),
+        INSTANCE.into(),
+        "--endpoint".into(),
+        kp.url(),
+        "--iam-endpoint".into(),
+        kp.url(),
+        "--prefix".into(),
+        String::new(),
+    ])
+    .unwrap();
+    let plan = |kms: &str| {
+        format!(
+            "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\n{aws}  azure: {{ provider: exec, command: [./kms-azure] }}\n  kp: {{ provider: exec, command: {kp_argv} }}\nkeys:\n  k: {{ kms: {kms}, name: osd-kek }}\ndevices:\n  a: {{ path: a.img, keys: [k], enroll_with: initial.pass }}\n  b: {{ path: b.img, keys: [k], enroll_with: initial.pass }}\n  c: {{ path: c.img, keys: [k], enroll_with: initial.pass }}\n{FAST_PBKDF}",
+            aws = moto.kms_yaml("aws", ""),
+        )
+    };
+    let run = |args: &[&str], code: i32| {
+        let mut cmd = w.command(args);
+        cmd.envs(moto.env()).env("IBMCLOUD_API_KEY", MANAGER_KEY);
+        let out = cmd.output().expect("run keyplan");
+        w.record(&out);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(code), "keyplan {args:?}:\n{text}");
+        text
+    };
+    // What each store's own reader says is current: the passphrase, or None.
+    let in_aws = || moto.get("osd-kek", None).map(String::into_bytes);
+    let in_azure = || vault.get("osd-kek", None).ok().map(String::into_bytes);
+    let in_kp = || {
+        let rec = kp.record("osd-kek")?;
+        let v = rec["current"].as_u64()?;
+        let entry = rec["versions"]
+            .as_array()?
+            .iter()
+            .find(|e| e["version"] == v)?
+            .clone();
+        match entry["id"].as_str() {
+            Some(id) => kp.keys().into_iter().find(|k| k["id"] == id).and_then(|k| {
+                use base64::Engine as _;
+                base64::engine::general_purpose::STANDARD
+                    .decode(k["payload"].as_str()?)
+                    .ok()
+            }),
+            None => kp.payload(&format!("osd-kek_v{v}")),
+        }
+    };
+    let in_file = || file_kms_state(&w.s.path(""), "osd-kek").0;
+
+    w.s.plan("keyplan.yaml", &plan("local"));
+    run(&["apply", "--auto-approve"], 0);
+    let material = in_file().expect("created in the file KMS");
+    w.add_secret(&material);
+
+    type Reader<'a> = &'a dyn Fn() -> Option<Vec<u8>>;
+    let steps: [(&str, &str, Reader<'_>, Reader<'_>); 4] = [
+        ("local", "aws", &in_file, &in_aws),
+        ("aws", "azure", &in_aws, &in_azure),
+        ("azure", "kp", &in_azure, &in_kp),
+        ("kp", "local", &in_kp, &in_file),
+    ];
+    for (from, to, old, new) in steps {
+        w.s.plan("keyplan.yaml", &plan(to));
+        let out = run(&["plan", "--detailed-exitcode"], 2);
+        assert!(
+            out.contains(&format!("from KMS {from}")),
+            "{from} -> {to}: {out}"
+        );
+        assert_eq!(new(), None, "{from} -> {to}: plan wrote nothing");
+        run(&["apply", "--auto-approve"], 0);
+        assert_eq!(
+            new().as_deref(),
+            Some(&material[..]),
+            "{from} -> {to}: copied"
+        );
+        assert_eq!(
+            old(),
+            None,
+            "{from} -> {to}: nothing current left in {from}"
+        );
+        for d in &devs {
+            assert!(opens(d, &material, None), "{from} -> {to}: {}", d.display());
+        }
+        let out = run(&["plan", "--detailed-exitcode"], 0);
+        assert!(out.contains("No changes"), "{from} -> {to}: {out}");
+    }
+    // Nothing readable is left behind in the clouds' stores.
+    assert_eq!(moto.get("osd-kek", None), None);
+    assert!(
+        vault.versions("osd-kek").iter().all(|v| !v.enabled),
+        "{:?}",
+        vault.versions("osd-kek")
+    );
+    let leftover: Vec<_> = kp
+        .keys()
+        .into_iter()
+        .filter(|k| {
+            k["deleted"] != true
+                && k["aliases"][0]
+                    .as_str()
+                    .is_some_and(|a| a.starts_with("osd-kek_v"))
+        })
+        .collect();
+    assert!(leftover.is_empty(), "{leftover:?}");
+
+    // Rotate back home: the new passphrase opens every device, the travelled one none.
+    run(&["apply", "--auto-approve", "--rotate", "k"], 0);
+    let rotated = in_file().expect("current in the file KMS");
+    w.add_secret(&rotated);
+    assert_ne!(rotated, material);
+    for d in &devs {
+        assert!(opens(d, &rotated, None));
+        assert!(!opens(d, &material, None));
+    }
+    w.assert_no_leaks();
 }

@@ -597,7 +597,7 @@ impl Kms for AwsKms {
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map(|d| d.as_secs());
         Ok(vec![Credential {
-            kind: "aws_credentials",
+            kind: "aws_credentials".into(),
             what: credential_source(),
             expires_at,
             renewed_by: expires_at.map(|_| {

@@ -325,14 +325,7 @@ impl Ctx<'_> {
     /// Maps a helper's `error` object onto [`KmsError`]. Its message is redacted before it is
     /// tidied and cut.
     fn helper_error(&self, error: &ErrorBody) -> KmsError {
-        let mut message = tidy(&crate::secret::redact::redact(&error.message));
-        if message.chars().count() > MESSAGE_SHOWN_CHARS {
-            message = message
-                .chars()
-                .take(MESSAGE_SHOWN_CHARS)
-                .collect::<String>()
-                + " [...]";
-        }
+        let message = shown(&error.message, MESSAGE_SHOWN_CHARS);
         let says = self.redact(format!(
             "the helper answered {} with {:?}: {message}",
             self.what(),
@@ -366,6 +359,17 @@ impl Ctx<'_> {
             other => self.violation(format!("unknown error kind {other:?} ({says})")),
         }
     }
+}
+
+/// `raw` from a helper as keyplan shows it: redacted ([`crate::secret::redact`]), then
+/// trimmed into one line ([`tidy`]) of at most `max` characters (longer: cut, ` [...]`
+/// appended).
+pub(super) fn shown(raw: &str, max: usize) -> String {
+    let mut text = tidy(&crate::secret::redact::redact(raw));
+    if text.chars().count() > max {
+        text = text.chars().take(max).collect::<String>() + " [...]";
+    }
+    text
 }
 
 /// Trims `raw` into one line (lines joined with `"; "`, control characters dropped).

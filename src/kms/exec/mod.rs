@@ -33,7 +33,7 @@
 //! ([`timeout_of`]: the plan's `timeout`, [`TIMEOUT_ENV`] seconds, or
 //! [`crate::kms::REQUEST_TIMEOUT`]; less when the call's deadline, retries included, ends
 //! earlier: [`crate::kms::deadline`]) is [`KmsError::Timeout`], and its whole process group is
-//! killed. `read`, `get`, `retire`, `destroy_key` and `check` are
+//! killed. `read`, `get`, `hold`, `release`, `retire`, `destroy_key`, `check` and `credentials` are
 //! retried through [`crate::kms::with_retries`]; `stage` and `commit` never are.
 //!
 //! Files: this one holds the provider's rules (the [`Kms`] operations, which are retried, and
@@ -52,10 +52,10 @@ use base64::Engine as _;
 use serde::de::IgnoredAny;
 use zeroize::Zeroizing;
 
-use super::{with_retries, KeyState, Kms, KmsError, VersionState};
+use super::{with_retries, Credential, KeyState, Kms, KmsError, VersionState};
 use crate::secret::Passphrase;
 use crate::spec::KmsConfig;
-use protocol::{GetResult, Op, ReadResult, StageResult};
+use protocol::{CredentialsResult, GetResult, HelperCredential, Op, ReadResult, StageResult};
 
 pub use helper::{ExecKms, STDERR_SHOWN_CHARS, TIMEOUT_ENV};
 pub use process::MAX_RESPONSE_BYTES;
@@ -165,7 +165,47 @@ impl ExecKms {
         }
         Ok(state)
     }
+
+    /// Checks one credential a helper reported and turns it into a [`Credential`]: `kind` must
+    /// be 1 to [`KIND_MAX_CHARS`] lowercase letters, digits or `_` (it becomes a metrics
+    /// label); `what` and `renewed_by` are shown as keyplan shows a helper's messages
+    /// (redacted, one line, at most [`WHAT_MAX_CHARS`] characters).
+    ///
+    /// Errors: [`KmsError::Unavailable`] (the answer does not follow the protocol) for a bad
+    /// `kind` or an empty `what`.
+    fn credential(&self, c: HelperCredential) -> Result<Credential, KmsError> {
+        let kind_ok = (1..=KIND_MAX_CHARS).contains(&c.kind.len())
+            && c.kind
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        let what = helper::shown(&c.what, WHAT_MAX_CHARS);
+        if !kind_ok || what.is_empty() {
+            let kind = helper::shown(&c.kind, KIND_MAX_CHARS);
+            return Err(KmsError::Unavailable {
+                kms: self.describe(),
+                detail: format!(
+                    "operation `credentials`: the answer does not follow keyplan's exec protocol version 1 (docs/kms/exec.md): a credential needs a `kind` of 1 to {KIND_MAX_CHARS} lowercase letters, digits or '_' and a non-empty `what` (got kind {kind:?}); fix the helper"
+                ),
+            });
+        }
+        Ok(Credential {
+            kind: c.kind.into(),
+            what,
+            expires_at: c.expires_at,
+            renewed_by: c
+                .renewed_by
+                .map(|r| helper::shown(&r, WHAT_MAX_CHARS))
+                .filter(|r| !r.is_empty()),
+            renewable_until: c.renewable_until,
+        })
+    }
 }
+
+/// Most characters of a credential `kind` an `exec` helper may report.
+const KIND_MAX_CHARS: usize = 40;
+
+/// Most characters of a credential's `what` (and `renewed_by`) shown from an `exec` helper.
+const WHAT_MAX_CHARS: usize = 200;
 
 impl Kms for ExecKms {
     /// `exec KMS "<name>" (<command line>)`.
@@ -302,5 +342,26 @@ impl Kms for ExecKms {
             self.call::<IgnoredAny>(&Op::DestroyKey { expected_current }, Some(name), None)
                 .map(drop)
         })
+    }
+
+    /// What the helper reports for `credentials` (docs/kms/exec.md). A helper that answers
+    /// `config`, as helpers written before this operation answer an unknown one, reports
+    /// none (its configuration errors surface at `read` and `check`).
+    fn credentials(&self) -> Result<Vec<Credential>, KmsError> {
+        let answer = with_retries("credentials", || {
+            self.call_for::<CredentialsResult>(&Op::Credentials, None, None)
+        });
+        match answer {
+            Ok(r) => r
+                .credentials
+                .into_iter()
+                .map(|c| self.credential(c))
+                .collect(),
+            Err(KmsError::Config { detail, .. }) => {
+                tracing::debug!(kms = %self.name, "the helper reports no credentials: {detail}");
+                Ok(Vec::new())
+            }
+            Err(e) => Err(e),
+        }
     }
 }

@@ -47,6 +47,9 @@ pub(super) enum Op<'a> {
     DestroyKey {
         expected_current: u64,
     },
+    /// The credentials the helper uses, for `status` (optional: a helper that does not know
+    /// it answers `config`).
+    Credentials,
 }
 
 impl Op<'_> {
@@ -62,6 +65,7 @@ impl Op<'_> {
             Op::Release { .. } => "release",
             Op::Retire { .. } => "retire",
             Op::DestroyKey { .. } => "destroy_key",
+            Op::Credentials => "credentials",
         }
     }
 
@@ -152,6 +156,25 @@ pub(super) struct StageResult {
     pub(super) version: u64,
 }
 
+/// `result` of `credentials`.
+#[derive(Deserialize)]
+pub(super) struct CredentialsResult {
+    pub(super) credentials: Vec<HelperCredential>,
+}
+
+/// One credential a helper reports (the fields of [`crate::kms::Credential`]).
+#[derive(Deserialize)]
+pub(super) struct HelperCredential {
+    pub(super) kind: String,
+    pub(super) what: String,
+    #[serde(default)]
+    pub(super) expires_at: Option<u64>,
+    #[serde(default)]
+    pub(super) renewed_by: Option<String>,
+    #[serde(default)]
+    pub(super) renewable_until: Option<u64>,
+}
+
 /// `result` of `get` (zeroized on drop).
 #[derive(Deserialize, Zeroize, ZeroizeOnDrop)]
 pub(super) struct GetResult {
@@ -222,6 +245,11 @@ mod tests {
                 },
                 Some("k"),
                 serde_json::json!({"protocol_version":1,"operation":"destroy_key","kms":"c","key":"k","expected_current":4}),
+            ),
+            (
+                Op::Credentials,
+                None,
+                serde_json::json!({"protocol_version":1,"operation":"credentials","kms":"c"}),
             ),
         ];
         for (op, key, want) in cases {

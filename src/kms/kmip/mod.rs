@@ -484,7 +484,7 @@ impl Kms for KmipKms {
             }
         })?;
         Ok(vec![Credential {
-            kind: "client_certificate",
+            kind: "client_certificate".into(),
             what: format!("client certificate {}", self.client_cert.display()),
             expires_at: Some(expires),
             renewed_by: None,

@@ -56,7 +56,7 @@ impl AuthSource {
     /// certificate or token file that cannot be read or parsed (named, never quoted).
     pub(super) fn credential(&self) -> Result<Option<Credential>, String> {
         let cert = |what: String, expires: u64| Credential {
-            kind: "client_certificate",
+            kind: "client_certificate".into(),
             what,
             expires_at: Some(expires),
             renewed_by: None,
@@ -79,7 +79,7 @@ impl AuthSource {
                 );
                 let projected = p == Path::new(crate::kms::expiry::PROJECTED_TOKEN_FILE);
                 Credential {
-                    kind: "service_account_token",
+                    kind: "service_account_token".into(),
                     what: format!("service-account token {}", p.display()),
                     // A token that is not a JWT (a legacy opaque token) has no known expiry.
                     expires_at: crate::kms::expiry::jwt_expiry(&token).ok().flatten(),
@@ -89,7 +89,7 @@ impl AuthSource {
                 }
             }
             AuthSource::Token(exp) => Credential {
-                kind: "bearer_token",
+                kind: "bearer_token".into(),
                 what: "bearer token of the kubeconfig".to_string(),
                 expires_at: *exp,
                 renewed_by: None,

@@ -325,7 +325,7 @@ impl Auth {
                 let exp = expiry::jwt_expiry(&jwt).ok().flatten();
                 let projected = jwt_file == Path::new(DEFAULT_JWT_FILE);
                 vec![Credential {
-                    kind: "service_account_token",
+                    kind: "service_account_token".into(),
                     what: format!("service-account token {}", jwt_file.display()),
                     expires_at: exp,
                     renewed_by: projected
@@ -334,7 +334,7 @@ impl Auth {
                 }]
             }
             Auth::Cert { client_cert, .. } => vec![Credential {
-                kind: "client_certificate",
+                kind: "client_certificate".into(),
                 what: format!("client certificate {}", client_cert.display()),
                 expires_at: Some(expiry::certificate_not_after(client_cert)?),
                 renewed_by: None,

@@ -338,7 +338,7 @@ impl Kms for VaultKms {
             })
             .filter(|_| !self.auth.is_login());
         let mut out = vec![Credential {
-            kind: "vault_token",
+            kind: "vault_token".into(),
             what: self.auth.token_origin().replacen("the ", "", 1),
             expires_at,
             renewed_by: self.auth.renewed_by(renewable),
