@@ -170,6 +170,20 @@ impl Guarded {
         what: &str,
         op: impl FnOnce(&dyn Kms) -> Result<T, KmsError>,
     ) -> Result<T, KmsError> {
+        self.call_marking(what, true, op)
+    }
+
+    /// [`Guarded::call`]; `marks` false for a call whose failure says nothing about the
+    /// store's other operations (the credentials lookup, which an `exec` helper serves
+    /// separately): its timeout or unavailability does not make the instance's later calls
+    /// fail at once, so a slow optional lookup cannot stop a rotation. It still counts
+    /// against the read-only budget, and is refused once the instance fell silent.
+    fn call_marking<T>(
+        &self,
+        what: &str,
+        marks: bool,
+        op: impl FnOnce(&dyn Kms) -> Result<T, KmsError>,
+    ) -> Result<T, KmsError> {
         let generation = self.policy.generation();
         let allowed = {
             let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -214,6 +228,7 @@ impl Guarded {
             st.spent += started.elapsed();
         }
         match &result {
+            _ if !marks => {}
             Err(KmsError::Timeout { detail, .. }) if st.silent.is_none() => {
                 st.silent = Some(format!(
                     "it did not answer within {} earlier in this command ({detail})",
@@ -282,7 +297,9 @@ impl Kms for Guarded {
         })
     }
     fn credentials(&self) -> Result<Vec<Credential>, KmsError> {
-        self.call("looking at keyplan's credentials", |k| k.credentials())
+        self.call_marking("looking at keyplan's credentials", false, |k| {
+            k.credentials()
+        })
     }
     fn retired_means(&self) -> String {
         self.inner.retired_means()
@@ -345,6 +362,14 @@ mod tests {
         fn destroy_key(&self, _: &str, _: u64) -> Result<(), KmsError> {
             unimplemented!()
         }
+        /// Never answers in time.
+        fn credentials(&self) -> Result<Vec<Credential>, KmsError> {
+            std::thread::sleep(remaining());
+            Err(KmsError::Timeout {
+                kms: self.describe(),
+                detail: format!("no answer within {}", limit_text()),
+            })
+        }
     }
 
     fn guarded(delay_ms: u64, timeout_ms: u64) -> (Guarded, Arc<WaitPolicy>) {
@@ -377,6 +402,21 @@ mod tests {
                 .contains("not asked: it did not answer within 100 ms"),
             "{second}"
         );
+    }
+
+    #[test]
+    fn a_credentials_lookup_that_times_out_does_not_silence_the_kms() {
+        let (g, _) = guarded(10, 100);
+        let err = g.credentials().unwrap_err();
+        assert!(matches!(err, KmsError::Timeout { .. }), "{err}");
+        g.read("a").expect("the store is still asked");
+        // A silent store is not asked for credentials either.
+        let (g, _) = guarded(10_000, 100);
+        g.read("a").unwrap_err();
+        let t = Instant::now();
+        let err = g.credentials().unwrap_err();
+        assert!(err.to_string().contains("not asked"), "{err}");
+        assert!(t.elapsed() < Duration::from_millis(50), "{:?}", t.elapsed());
     }
 
     #[test]

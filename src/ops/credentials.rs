@@ -10,7 +10,8 @@
 //! The rule: a credential's [`Credential::deadline`] (its expiry, or for one that something
 //! renews, the end of its renewals) must lie at least [`MARGIN`] after the later of now and
 //! the earliest `rotation_due_at` of the KMS's keys. A renewed credential without a known end
-//! of renewals never warns; its expiry is still exported.
+//! of renewals never warns, unless it is already past its expiry (then nothing renewed it);
+//! its expiry is still exported.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -171,7 +172,10 @@ fn warning(
     due: Option<&(String, u64)>,
     now: u64,
 ) -> Option<String> {
-    let deadline = c.deadline()?;
+    // A renewed credential past its own expiry was not renewed: whoever should have (the
+    // kubelet, a timer) did not, so it counts as expired whatever its end of renewals.
+    let lapsed = c.renewed_by.is_some() && c.expires_at.is_some_and(|t| t <= now);
+    let deadline = if lapsed { c.expires_at? } else { c.deadline()? };
     let reference = due.map_or(now, |(_, t)| (*t).max(now));
     if deadline >= reference.saturating_add(MARGIN.as_secs()) {
         return None;
@@ -182,7 +186,7 @@ fn warning(
         return Some(format!(
             "KMS {instance}: {} {} at {} ({} ago); keyplan cannot reach the KMS with it: replace it ({doc})",
             c.what,
-            if c.renewed_by.is_some() { "could be renewed only until" } else { "expired" },
+            if c.renewed_by.is_some() && !lapsed { "could be renewed only until" } else { "expired" },
             timestamp(deadline),
             crate::diff::short_duration(Duration::from_secs(now - deadline)),
         ));
@@ -264,6 +268,19 @@ mod tests {
         let overdue = ("osd".to_string(), NOW - DAY);
         let w = warning("v", "vault", &token(1), Some(&overdue), NOW).expect("warns");
         assert!(w.contains("already due"), "{w}");
+    }
+
+    #[test]
+    fn a_renewed_credential_past_its_expiry_was_not_renewed() {
+        let mut c = token(0);
+        c.expires_at = Some(NOW - 3600);
+        c.renewed_by = Some("the kubelet refreshes it".into());
+        let w = warning("v", "exec", &c, None, NOW).expect("warns");
+        assert!(w.contains("expired at"), "{w}");
+        assert!(w.contains("docs/kms/exec.md"), "{w}");
+        // Renewed and not yet expired, without a known end of renewals: no warning.
+        c.expires_at = Some(NOW + 3600);
+        assert_eq!(warning("v", "exec", &c, None, NOW), None);
     }
 
     #[test]

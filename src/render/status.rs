@@ -116,7 +116,7 @@ fn credentials_text(s: &mut String, now: u64, k: &crate::ops::credentials::KmsCr
     for c in &k.credentials {
         let cred = &c.credential;
         let expiry = match cred.expires_at {
-            None => "does not expire".to_string(),
+            None => "no expiry known".to_string(),
             Some(t) if t <= now => format!("EXPIRED {}", rfc3339(t)),
             Some(t) => format!(
                 "expires in {} ({})",

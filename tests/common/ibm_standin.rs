@@ -109,6 +109,32 @@ impl KeyProtect {
         serde_json::from_slice(&raw).ok()
     }
 
+    /// The current version of keyplan key `base` and its material, read from the stand-in
+    /// directly: the newest record's `current`, then that version's key (by the id the record
+    /// names, or else by its alias `<base>_v<N>`). `None` while no version is current.
+    pub fn current(&self, base: &str) -> Option<(u64, Vec<u8>)> {
+        let rec = self.record(base)?;
+        let v = rec["current"].as_u64()?;
+        let entry = rec["versions"]
+            .as_array()?
+            .iter()
+            .find(|e| e["version"] == v)?
+            .clone();
+        let material = match entry["id"].as_str() {
+            Some(id) => self
+                .keys()
+                .into_iter()
+                .find(|k| k["id"] == id)
+                .and_then(|k| {
+                    base64::engine::general_purpose::STANDARD
+                        .decode(k["payload"].as_str()?)
+                        .ok()
+                }),
+            None => self.payload(&format!("{base}_v{v}")),
+        }?;
+        Some((v, material))
+    }
+
     /// Creates a standard key (as an operator or Rook-era tooling would, through the API with
     /// the Manager key): `name`, one alias, `payload` as its material.
     pub fn put_standard_key(&self, name: &str, alias: &str, payload: &[u8]) {

@@ -139,6 +139,23 @@ impl Scratch {
     }
 }
 
+/// Devices made the Rook way, in `s`: `block.img` and `db.img` (LUKS2) and `legacy.img`
+/// (LUKS1), 16 MiB each, formatted with `passphrase` (what the store already holds).
+pub fn rook_devices(s: &Scratch, passphrase: &[u8]) -> Vec<PathBuf> {
+    [
+        ("block.img", "luks2"),
+        ("db.img", "luks2"),
+        ("legacy.img", "luks1"),
+    ]
+    .iter()
+    .map(|(name, luks)| {
+        let p = s.path(name);
+        luks_format(&p, 16 << 20, luks, &[], passphrase);
+        p
+    })
+    .collect()
+}
+
 /// `cryptsetup luksFormat --type LUKS EXTRA...` of a new file `p` of `size` bytes with `pass`
 /// in keyslot 0 (fast PBKDF2, tests only).
 pub fn luks_format(p: &Path, size: u64, luks: &str, extra: &[&str], pass: &[u8]) {

@@ -86,22 +86,6 @@ fn aws_plan(server: &Moto) -> String {
     )
 }
 
-/// Devices made the Rook way: formatted with the passphrase the secret already holds.
-fn rook_devices(s: &Scratch) -> Vec<PathBuf> {
-    [
-        ("block.img", "luks2"),
-        ("db.img", "luks2"),
-        ("legacy.img", "luks1"),
-    ]
-    .iter()
-    .map(|(name, luks)| {
-        let p = s.path(name);
-        luks_format(&p, 16 << 20, luks, &[], ROOK.as_bytes());
-        p
-    })
-    .collect()
-}
-
 /// Runs keyplan (watched) against `server`; asserts the exit code; stdout and stderr.
 fn kp_out(w: &Watched, server: &Moto, args: &[&str], code: i32) -> (String, String) {
     let mut cmd = w.command(args);
@@ -141,7 +125,7 @@ fn rook_style_adoption_then_rotation_with_any_reader() {
     let w = Watched::new();
     w.add_secret(ROOK.as_bytes());
     server.put("rook/osd-kek", ROOK);
-    let devs = rook_devices(&w.s);
+    let devs = rook_devices(&w.s, ROOK.as_bytes());
     w.s.plan("keyplan.yaml", &aws_plan(&server));
 
     // Adoption: the secret's value opens every device; keyplan records it there (tokens) and
@@ -345,7 +329,7 @@ fn no_credentials_in_the_chain_is_refused_not_unavailable() {
         return;
     };
     let w = Watched::new();
-    let devs = rook_devices(&w.s);
+    let devs = rook_devices(&w.s, ROOK.as_bytes());
     w.s.plan("keyplan.yaml", &aws_plan(&server));
     let before: Vec<Vec<u32>> = devs.iter().map(|d| keyslots(d)).collect();
     for (args, code) in [(&["plan"][..], 3), (&["apply", "--auto-approve"][..], 1)] {
@@ -396,7 +380,7 @@ fn a_secret_scheduled_for_deletion_is_reported_until_restored() {
     let w = Watched::new();
     w.add_secret(ROOK.as_bytes());
     server.put("rook/osd-kek", ROOK);
-    let devs = rook_devices(&w.s);
+    let devs = rook_devices(&w.s, ROOK.as_bytes());
     w.s.plan("keyplan.yaml", &aws_plan(&server));
     kp(&w, &server, &["apply", "--auto-approve"], 0);
     let before: Vec<Vec<u32>> = devs.iter().map(|d| keyslots(d)).collect();
@@ -431,7 +415,7 @@ fn a_concurrent_writer_fails_the_commit_and_a_stopped_server_is_unavailable() {
     let w = Watched::new();
     w.add_secret(ROOK.as_bytes());
     server.put("rook/osd-kek", ROOK);
-    let devs = rook_devices(&w.s);
+    let devs = rook_devices(&w.s, ROOK.as_bytes());
     w.s.plan("keyplan.yaml", &aws_plan(&server));
     kp(&w, &server, &["apply", "--auto-approve"], 0);
 
@@ -600,7 +584,7 @@ fn unknown_credentials_are_refused() {
     };
     let w = Watched::new();
     w.add_secret(ROOK.as_bytes());
-    let devs = rook_devices(&w.s);
+    let devs = rook_devices(&w.s, ROOK.as_bytes());
     w.s.plan("keyplan.yaml", &aws_plan(&server));
     let before: Vec<Vec<u32>> = devs.iter().map(|d| keyslots(d)).collect();
     // `plan` exits 3 when a KMS could not be asked, `apply` 1 (docs/commands.md).

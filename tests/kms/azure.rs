@@ -324,18 +324,7 @@ fn azure_plan() -> String {
 fn setup(w: &Watched, vault: &AzureVault, client_secret: &str) -> (Vec<PathBuf>, String) {
     w.add_secret(ROOK.as_bytes());
     let id = vault.put(SECRET, ROOK);
-    let devs = [
-        ("block.img", "luks2"),
-        ("db.img", "luks2"),
-        ("legacy.img", "luks1"),
-    ]
-    .iter()
-    .map(|(name, luks)| {
-        let p = w.s.path(name);
-        luks_format(&p, 16 << 20, luks, &[], ROOK.as_bytes());
-        p
-    })
-    .collect();
+    let devs = rook_devices(&w.s, ROOK.as_bytes());
     vault.helper_script(w.s.dir.path(), "kms-azure", "", client_secret);
     w.s.plan("keyplan.yaml", &azure_plan());
     (devs, id)

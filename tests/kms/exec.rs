@@ -259,6 +259,10 @@ fn helper_credentials_answers() {
         ("long", long.as_str()),
         ("empty", r#"{"credentials":[{"kind":"k","what":" \n "}]}"#),
         ("missing", r#"{"credentials":[{"what":"x"}]}"#),
+        (
+            "twice",
+            r#"{"credentials":[{"kind":"k","what":"a"},{"kind":"k","what":"b"}]}"#,
+        ),
     ] {
         let kms = answering(d, name, &ok(bad));
         match kms.credentials() {
@@ -970,6 +974,38 @@ fn cli_hung_stage_times_out_then_apply_converges() {
         assert!(!opens(d, &v1, None));
     }
     s.ok(&["plan", "--detailed-exitcode"], 0);
+}
+
+/// A helper whose optional `credentials` lookup never answers: the lookup times out, and the
+/// rotation goes on (the store's other operations are still asked); `status` reads the key
+/// and says it could not look at the credentials (not checked, exit 3).
+#[test]
+fn cli_a_hung_credentials_lookup_does_not_stop_a_rotation() {
+    if !python_available("cli_a_hung_credentials_lookup_does_not_stop_a_rotation") {
+        return;
+    }
+    let (s, devs) = enrolled(Some(
+        "#!/bin/sh\nreq=$(cat)\ncase \"$req\" in *'\"operation\":\"credentials\"'*) [ -e HANG ] && sleep 60;; esac\nprintf '%s' \"$req\" | exec HELPER\n",
+    ));
+    let v1 = file_kms_state(s.dir.path(), "k").0.unwrap();
+    std::fs::write(s.path("HANG"), b"").unwrap();
+    let timeout = [("KEYPLAN_EXEC_TIMEOUT_SECS", "1")];
+    let (code, out) = keyplan_env(&s, &["apply", "--auto-approve", "--rotate", "k"], &timeout);
+    assert_eq!(code, Some(0), "{out}");
+    let meta = stored_meta(s.dir.path(), "k");
+    assert_eq!(meta["current"], 2, "{meta}");
+    let v2 = file_kms_state(s.dir.path(), "k").0.unwrap();
+    for d in &devs {
+        assert!(opens(d, &v2, None));
+        assert!(!opens(d, &v1, None));
+    }
+    let (code, out) = keyplan_env(&s, &["status"], &timeout);
+    assert!(out.contains("cannot look at them"), "{out}");
+    assert!(out.contains("no answer within 1 s"), "{out}");
+    // Not a problem, but not checked either (docs/monitoring.md: a KMS that does not answer
+    // within its `timeout` is "not checked", exit 3).
+    assert_eq!(code, Some(3), "{out}");
+    assert!(out.contains("current  v2"), "{out}");
 }
 
 #[test]

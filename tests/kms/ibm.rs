@@ -147,22 +147,6 @@ fn kp_plan(kp: &KeyProtect, extra: &str) -> String {
     )
 }
 
-/// Devices made the Rook way: formatted with the passphrase the standard key holds.
-fn rook_devices(s: &Scratch) -> Vec<PathBuf> {
-    [
-        ("block.img", "luks2"),
-        ("db.img", "luks2"),
-        ("legacy.img", "luks1"),
-    ]
-    .iter()
-    .map(|(name, luks)| {
-        let p = s.path(name);
-        luks_format(&p, 16 << 20, luks, &[], ROOK.as_bytes());
-        p
-    })
-    .collect()
-}
-
 /// Runs keyplan (watched) with `api_key` in IBMCLOUD_API_KEY; asserts the exit code.
 fn kp_run(w: &Watched, api_key: &str, args: &[&str], code: i32) -> String {
     let out = w
@@ -183,28 +167,9 @@ fn kp_run(w: &Watched, api_key: &str, args: &[&str], code: i32) -> String {
 /// The current version's material of `osd-kek`, read from the stand-in (record, then the
 /// version's key), remembered as a secret of the watch.
 fn current(w: &Watched, kp: &KeyProtect) -> (u64, Vec<u8>) {
-    let rec = kp.record("osd-kek").expect("a record of osd-kek");
-    let v = rec["current"].as_u64().expect("a current version");
-    let entry = rec["versions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["version"] == v)
-        .cloned()
-        .unwrap();
-    let material = match entry["id"].as_str() {
-        Some(id) => kp
-            .keys()
-            .into_iter()
-            .find(|k| k["id"] == id)
-            .and_then(|k| k["payload"].as_str().map(str::to_string))
-            .map(|p| {
-                use base64::Engine as _;
-                base64::engine::general_purpose::STANDARD.decode(p).unwrap()
-            })
-            .expect("the current version's payload"),
-        None => kp.payload(&format!("osd-kek_v{v}")).expect("payload"),
-    };
+    let (v, material) = kp
+        .current("osd-kek")
+        .expect("a current version with its payload");
     w.add_secret(&material);
     (v, material)
 }
@@ -214,7 +179,7 @@ fn adopted(kp: &KeyProtect, extra: &str) -> (Watched, Vec<PathBuf>) {
     let w = Watched::new();
     w.add_secret(ROOK.as_bytes());
     kp.put_standard_key("osd-kek", "osd-kek", ROOK.as_bytes());
-    let devs = rook_devices(&w.s);
+    let devs = rook_devices(&w.s, ROOK.as_bytes());
     w.s.plan("keyplan.yaml", &kp_plan(kp, extra));
     let before: Vec<Vec<u32>> = devs.iter().map(|d| keyslots(d)).collect();
     let out = kp_run(&w, MANAGER_KEY, &["plan"], 0);
@@ -464,7 +429,7 @@ fn ibm_refused_credentials_change_nothing() {
     let w = Watched::new();
     w.add_secret(ROOK.as_bytes());
     kp.put_standard_key("osd-kek", "osd-kek", ROOK.as_bytes());
-    let devs = rook_devices(&w.s);
+    let devs = rook_devices(&w.s, ROOK.as_bytes());
     w.s.plan("keyplan.yaml", &kp_plan(&kp, ""));
     let before: Vec<Vec<u32>> = devs.iter().map(|d| keyslots(d)).collect();
     for (args, code) in [(&["plan"][..], 3), (&["apply", "--auto-approve"][..], 1)] {

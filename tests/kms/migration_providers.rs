@@ -250,24 +250,7 @@ fn file_to_aws_to_azure_to_ibm_and_back_to_file() {
     // What each store's own reader says is current: the passphrase, or None.
     let in_aws = || moto.get("osd-kek", None).map(String::into_bytes);
     let in_azure = || vault.get("osd-kek", None).ok().map(String::into_bytes);
-    let in_kp = || {
-        let rec = kp.record("osd-kek")?;
-        let v = rec["current"].as_u64()?;
-        let entry = rec["versions"]
-            .as_array()?
-            .iter()
-            .find(|e| e["version"] == v)?
-            .clone();
-        match entry["id"].as_str() {
-            Some(id) => kp.keys().into_iter().find(|k| k["id"] == id).and_then(|k| {
-                use base64::Engine as _;
-                base64::engine::general_purpose::STANDARD
-                    .decode(k["payload"].as_str()?)
-                    .ok()
-            }),
-            None => kp.payload(&format!("osd-kek_v{v}")),
-        }
-    };
+    let in_kp = || kp.current("osd-kek").map(|(_, material)| material);
     let in_file = || file_kms_state(&w.s.path(""), "osd-kek").0;
 
     w.s.plan("keyplan.yaml", &plan("local"));

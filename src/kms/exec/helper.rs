@@ -372,12 +372,15 @@ pub(super) fn shown(raw: &str, max: usize) -> String {
     text
 }
 
-/// Trims `raw` into one line (lines joined with `"; "`, control characters dropped).
+/// Trims `raw` into one line (lines joined with `"; "`, control characters and invisible
+/// formatting characters dropped: zero-width ones, line and paragraph separators, bidi
+/// overrides and isolates, which could make a terminal show other text than is there).
 fn tidy(raw: &str) -> String {
+    let invisible = |c: char| matches!(c, '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}');
     raw.lines()
         .map(|l| {
             l.chars()
-                .filter(|c| !c.is_control())
+                .filter(|&c| !c.is_control() && !invisible(c))
                 .collect::<String>()
                 .trim()
                 .to_string()
@@ -469,5 +472,6 @@ mod tests {
     #[test]
     fn tidy_joins_lines_and_drops_control_characters() {
         assert_eq!(tidy("a\n\n b\x1b[31m \nc\r\n"), "a; b[31m; c");
+        assert_eq!(tidy("ok\u{202E}kab\u{200B}\u{2028}x\u{FEFF}"), "okkabx");
     }
 }

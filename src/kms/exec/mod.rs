@@ -201,6 +201,9 @@ impl ExecKms {
     }
 }
 
+/// Most credentials an `exec` helper may report.
+const MAX_CREDENTIALS: usize = 16;
+
 /// Most characters of a credential `kind` an `exec` helper may report.
 const KIND_MAX_CHARS: usize = 40;
 
@@ -352,11 +355,25 @@ impl Kms for ExecKms {
             self.call_for::<CredentialsResult>(&Op::Credentials, None, None)
         });
         match answer {
-            Ok(r) => r
-                .credentials
-                .into_iter()
-                .map(|c| self.credential(c))
-                .collect(),
+            Ok(r) => {
+                let list: Vec<Credential> = r
+                    .credentials
+                    .into_iter()
+                    .map(|c| self.credential(c))
+                    .collect::<Result<_, _>>()?;
+                let mut kinds = std::collections::BTreeSet::new();
+                let duplicate = list.iter().find(|c| !kinds.insert(c.kind.clone()));
+                if list.len() > MAX_CREDENTIALS || duplicate.is_some() {
+                    return Err(KmsError::Unavailable {
+                        kms: self.describe(),
+                        detail: format!(
+                            "operation `credentials`: the answer does not follow keyplan's exec protocol version 1 (docs/kms/exec.md): at most {MAX_CREDENTIALS} credentials, each of its own `kind` (kinds are metrics labels){}; fix the helper",
+                            duplicate.map_or(String::new(), |c| format!(", but kind {:?} comes twice", c.kind))
+                        ),
+                    });
+                }
+                Ok(list)
+            }
             Err(KmsError::Config { detail, .. }) => {
                 tracing::debug!(kms = %self.name, "the helper reports no credentials: {detail}");
                 Ok(Vec::new())
