@@ -25,7 +25,10 @@
 //! - `add.after_keyslot`: `luksAddKey` succeeded, the record (token) is not written yet;
 //! - `kill.after_keyslot`: `luksKillSlot` succeeded, the record is not removed yet;
 //! - `kms.file.stage.after_material`: the new version's file is written, its metadata not yet;
-//! - `kms.file.retire.after_meta`: the version is marked retired, its file not yet removed;
+//! - `kms.file.retire.after_material`: the version's file is removed, it is not yet marked
+//!   retired;
+//! - `kms.file.destroy.after_meta`: a destroyed key's record says every version is retired,
+//!   the current version's file is not yet removed;
 //! - `commit.before`: a commit step is about to ask the KMS to make its staged version current
 //!   (outside the KMS call's deadline);
 //! - `step.after_effect`: a step's effect is complete, its `step_done` record not yet written;
@@ -47,7 +50,8 @@ pub const POINTS: &[&str] = &[
     "add.after_keyslot",
     "kill.after_keyslot",
     "kms.file.stage.after_material",
-    "kms.file.retire.after_meta",
+    "kms.file.retire.after_material",
+    "kms.file.destroy.after_meta",
     "commit.before",
     "step.after_effect",
     "kms.read",

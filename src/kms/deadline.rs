@@ -307,6 +307,11 @@ impl Kms for Guarded {
     fn renew_credentials(&self) -> Result<(), KmsError> {
         self.call("renewing keyplan's credentials", |k| k.renew_credentials())
     }
+    fn lingering(&self, name: &str) -> Result<Vec<u64>, KmsError> {
+        self.call(&format!("looking for retired material of key {name:?}"), |k| {
+            k.lingering(name)
+        })
+    }
 }
 
 #[cfg(test)]

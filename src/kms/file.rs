@@ -16,7 +16,11 @@
 //!
 //! Every file is written atomically (temporary file in the same directory, `fsync`, `rename`,
 //! `fsync` of the directory). A version's `.key` file is written before `meta.json` names it,
-//! so `meta.json` never points at missing material.
+//! so `meta.json` never points at missing material; and removed before `meta.json` calls it
+//! retired (`retire`; `destroy_key` removes every other version's file first, then records the
+//! key destroyed, then removes the current version's file, and a `destroy_key` run again
+//! finishes an interrupted one), so a version recorded as retired has no file left once the
+//! call returns. [`Kms::lingering`] reports a retired version whose file is still there.
 
 use std::fs;
 use std::io;
@@ -100,6 +104,20 @@ impl FileKms {
         text.push(b'\n');
         fsutil::write_atomic(&path, &text, 0o600)
             .map_err(|e| self.io(format!("writing {}", path.display()), e))
+    }
+
+    /// Removes the material files of `versions` in key directory `dir` (a missing one is fine:
+    /// removed by an earlier, interrupted run), then syncs the directory.
+    fn remove_material(&self, dir: &Path, versions: &[u64]) -> Result<(), KmsError> {
+        for v in versions {
+            let key_path = dir.join(format!("v{v}.key"));
+            match fs::remove_file(&key_path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(self.io(format!("removing {}", key_path.display()), e)),
+            }
+        }
+        fsutil::sync_dir(dir).map_err(|e| self.io(format!("syncing {}", dir.display()), e))
     }
 
     /// Runs `f` with the key directory created and its `.lock` held exclusively.
@@ -257,17 +275,14 @@ impl Kms for FileKms {
             meta.book()
                 .retire(version)
                 .map_err(|r| r.conflict(self, name))?;
-            book::retire_state(&mut meta.versions, version);
-            self.write_meta(name, &meta)?;
-            crate::failpoint::check("kms.file.retire.after_meta")
+            // The material goes first, then the record that says so: a run killed in between
+            // leaves a `previous` version without its file (unreadable, as retired), never a
+            // `retired` one whose file still opens a device. Retiring again finishes it.
+            self.remove_material(dir, &[version])?;
+            crate::failpoint::check("kms.file.retire.after_material")
                 .map_err(|e| self.io("retiring".into(), io::Error::other(e)))?;
-            let key_path = dir.join(format!("v{version}.key"));
-            match fs::remove_file(&key_path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(self.io(format!("removing {}", key_path.display()), e)),
-            }
-            fsutil::sync_dir(dir).map_err(|e| self.io(format!("syncing {}", dir.display()), e))
+            book::retire_state(&mut meta.versions, version);
+            self.write_meta(name, &meta)
         })
     }
 
@@ -275,20 +290,37 @@ impl Kms for FileKms {
         self.locked(name, |dir| {
             let mut meta = self.read_meta(name)?;
             let decision = meta.book().destroy(expected_current);
+            let all: Vec<u64> = meta.versions.iter().map(|v| v.version).collect();
             if decision.map_err(|r| r.conflict(self, name))? == Destroy::NothingLeft {
-                return Ok(());
+                // Destroyed already, or a destroy killed after its record: finish it (the
+                // record says every version is retired, so no file may remain).
+                return self.remove_material(dir, &all);
             }
+            // Every version but the current one first: the record still names the current
+            // version, whose file is still there, so the key stays readable until the record
+            // says it is gone; the current version's file goes right after that record.
+            let others: Vec<u64> = all
+                .iter()
+                .copied()
+                .filter(|v| Some(*v) != meta.current)
+                .collect();
+            self.remove_material(dir, &others)?;
             (meta.current, meta.pending) = book::destroy_states(&mut meta.versions);
             self.write_meta(name, &meta)?;
-            for v in &meta.versions {
-                let key_path = dir.join(format!("v{}.key", v.version));
-                match fs::remove_file(&key_path) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(self.io(format!("removing {}", key_path.display()), e)),
-                }
-            }
-            fsutil::sync_dir(dir).map_err(|e| self.io(format!("syncing {}", dir.display()), e))
+            crate::failpoint::check("kms.file.destroy.after_meta")
+                .map_err(|e| self.io("destroying".into(), io::Error::other(e)))?;
+            self.remove_material(dir, &all)
         })
+    }
+
+    fn lingering(&self, name: &str) -> Result<Vec<u64>, KmsError> {
+        let meta = self.read_meta(name)?;
+        Ok(meta
+            .versions
+            .iter()
+            .filter(|v| v.state == VersionState::Retired)
+            .map(|v| v.version)
+            .filter(|v| self.key_dir(name).join(format!("v{v}.key")).exists())
+            .collect())
     }
 }

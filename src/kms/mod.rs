@@ -372,6 +372,18 @@ pub trait Kms: Send + Sync {
     fn renew_credentials(&self) -> Result<(), KmsError> {
         Ok(())
     }
+    /// Versions of `name` that this store records as retired but whose material it can still
+    /// hand out: a retire or destroy interrupted after its record (a store that keeps record
+    /// and material in separate places), or material restored by hand. `status` reports each
+    /// as a problem (once rotated out, a key must open nothing). Reads only. The default: the
+    /// store cannot tell apart, so none (providers whose record and material are one object,
+    /// or that remove material before the record, answer the default too).
+    ///
+    /// Errors: the provider's usual read errors.
+    fn lingering(&self, name: &str) -> Result<Vec<u64>, KmsError> {
+        let _ = name;
+        Ok(Vec::new())
+    }
 }
 
 /// Opens the KMS instance `name` configured as `config` (paths already absolute), its calls
@@ -558,5 +570,8 @@ impl Kms for Injected {
     fn renew_credentials(&self) -> Result<(), KmsError> {
         self.point("kms.renew_credentials")?;
         self.0.renew_credentials()
+    }
+    fn lingering(&self, name: &str) -> Result<Vec<u64>, KmsError> {
+        self.0.lingering(name)
     }
 }
