@@ -118,6 +118,13 @@ pub struct KeyChange {
     /// are tested for copies of them (one PBKDF run each; a copy is reported, `world::copies`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub copy_checks: Vec<CopyCheck>,
+    /// For [`KeyAction::Migrate`]: versions of the key in the KMS it moves from that devices
+    /// outside the move hold (devices that left the plan, plan devices that do not list the
+    /// key) or may hold (devices keyplan knows that cannot be read now: then every version
+    /// still there). When not empty the key is copied but not destroyed there, so none of
+    /// those devices is locked out (docs/operations.md, "Moving a key to another KMS").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept_in_origin: Vec<u64>,
 }
 
 /// One keyslot tested for a copy of a version about to be retired ([`KeyChange::copy_checks`]).

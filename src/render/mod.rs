@@ -241,7 +241,7 @@ fn key_block(out: &mut String, plan: &Plan, k: &KeyChange) {
         (_, Some(from)) => format!("  ~ key {} v{from} -> v{}", k.key, k.to),
     };
     let _ = writeln!(out, "{line:<44} ({})", k.reason);
-    if k.action == KeyAction::Migrate {
+    if k.action == KeyAction::Migrate && k.kept_in_origin.is_empty() {
         let _ = writeln!(
             out,
             "{:<44} (copied, read back, verified on every device, then destroyed there)",
@@ -250,6 +250,21 @@ fn key_block(out: &mut String, plan: &Plan, k: &KeyChange) {
                 k.key,
                 k.from_kms.as_deref().unwrap_or("?")
             )
+        );
+    } else if k.action == KeyAction::Migrate {
+        let _ = writeln!(
+            out,
+            "{:<44} (copied, read back, verified on every device; kept there: other devices hold v{}, see the note)",
+            format!(
+                "    key {} in KMS {}",
+                k.key,
+                k.from_kms.as_deref().unwrap_or("?")
+            ),
+            k.kept_in_origin
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", v")
         );
     } else if let Some(from) = k.from {
         let _ = writeln!(

@@ -19,7 +19,7 @@ fn crash_matrix_needs_failpoints_feature() {
 }
 
 #[cfg(feature = "failpoints")]
-mod matrix {
+pub(crate) mod matrix {
     use std::os::unix::process::ExitStatusExt as _;
     use std::path::{Path, PathBuf};
     use std::process::Command;

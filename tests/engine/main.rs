@@ -28,6 +28,7 @@ mod luks_driver;
 mod luks_ondisk;
 mod memory_budget;
 mod migration;
+mod migration_kept;
 mod pbkdf_audit;
 mod pbkdf_rewrap;
 mod revocation;

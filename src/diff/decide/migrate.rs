@@ -56,6 +56,11 @@ impl Planner<'_> {
             .get(key)
             .map(|k| k.name.clone())
             .unwrap_or_else(|| key.to_string());
+        let kept = if copy {
+            self.kept_in_origin(key, o, old, &holders)
+        } else {
+            Vec::new()
+        };
         self.keys.push(KeyChange {
             key: key.to_string(),
             kms: to_kms.clone(),
@@ -70,9 +75,11 @@ impl Planner<'_> {
             retire: Vec::new(),
             from_kms: Some(o.kms.clone()),
             copy_checks: Vec::new(),
+            kept_in_origin: kept.clone(),
         });
         let dest = (to_kms.clone(), to_name);
-        self.migration_steps(key, o, (from, copy, to), &dest, &holders);
+        let destroy = copy && kept.is_empty();
+        self.migration_steps(key, o, (from, copy, destroy, to), &dest, &holders);
         if opts.rotate.iter().any(|k| k == key) {
             self.notes.push(format!(
                 "{key} is rotated right after its migration: `keyplan apply` plans again once the key is in KMS {to_kms}"
@@ -81,13 +88,14 @@ impl Planner<'_> {
     }
 
     /// The steps of a migration from origin `o` to `(to_kms, to_name)`: when `copy`, copy
-    /// version `from` and destroy it in the origin; then, per holder, verify the keyslot with
-    /// the version now in the destination (the copy, or `from`) and re-record it as `to`.
+    /// version `from`, and when `destroy` too, destroy the key in the origin; then, per holder,
+    /// verify the keyslot with the version now in the destination (the copy, or `from`) and
+    /// re-record it as `to`.
     fn migration_steps(
         &mut self,
         key: &str,
         o: &Origin,
-        (from, copy, to): (u64, bool, u64),
+        (from, copy, destroy, to): (u64, bool, bool, u64),
         (to_kms, to_name): &(String, String),
         holders: &[(String, u32, u64)],
     ) {
@@ -100,14 +108,16 @@ impl Planner<'_> {
                 to_kms: to_kms.clone(),
                 to_name: to_name.clone(),
             });
-            self.g.add(Step::DestroyOrigin {
-                key: key.to_string(),
-                from_kms: o.kms.clone(),
-                from_name: o.name.clone(),
-                version: from,
-                to_kms: to_kms.clone(),
-                to_name: to_name.clone(),
-            });
+            if destroy {
+                self.g.add(Step::DestroyOrigin {
+                    key: key.to_string(),
+                    from_kms: o.kms.clone(),
+                    from_name: o.name.clone(),
+                    version: from,
+                    to_kms: to_kms.clone(),
+                    to_name: to_name.clone(),
+                });
+            }
             VersionRef::Staged
         } else {
             VersionRef::Version(from)
@@ -134,6 +144,81 @@ impl Planner<'_> {
                 ),
             );
         }
+    }
+
+    /// The versions of the key in origin `o` (state `old`) that devices outside this move
+    /// hold, or may hold: a valid record naming the origin's entry on a device that left the
+    /// plan ([`crate::observe::Observed::former`]) or on a plan device whose keyslot is not one
+    /// of the move's `holders`; while a device keyplan knows cannot be read
+    /// ([`crate::observe::Observed::unknown_holders`]), every version the origin still holds.
+    /// Notes each, with the devices; the origin keeps the key while this is not empty.
+    fn kept_in_origin(
+        &mut self,
+        key: &str,
+        o: &Origin,
+        old: &KeyState,
+        holders: &[(String, u32, u64)],
+    ) -> Vec<u64> {
+        let entry = Some((o.kms.clone(), o.name.clone()));
+        let mut kept: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
+        for (id, d) in self.obs.devices.iter().chain(self.obs.former.iter()) {
+            let former = self.obs.former.contains_key(id) && !self.obs.devices.contains_key(id);
+            for r in d.records.iter().filter(|r| {
+                r.status == RecordStatus::Valid
+                    && r.record.entry == entry
+                    && !holders.iter().any(|(h, s, _)| h == id && *s == r.slot)
+            }) {
+                kept.entry(r.record.version).or_default().push(format!(
+                    "{id} keyslot {}{}",
+                    r.slot,
+                    if former {
+                        " (no longer in the plan)"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+        }
+        let unknown = self.obs.unknown_holders();
+        let mut versions: Vec<u64> = kept.keys().copied().collect();
+        if !unknown.is_empty() {
+            versions.extend(old.current);
+            versions.extend(old.retained_previous());
+        }
+        versions.sort_unstable();
+        versions.dedup();
+        if versions.is_empty() {
+            return versions;
+        }
+        let mut why: Vec<String> = kept
+            .iter()
+            .map(|(v, at)| {
+                format!(
+                    "{} hold{} v{v}",
+                    at.join(", "),
+                    if at.len() == 1 { "s" } else { "" }
+                )
+            })
+            .collect();
+        if !unknown.is_empty() {
+            let list: Vec<String> = unknown
+                .iter()
+                .map(|(id, path, why)| format!("{id} ({}: {why})", path.display()))
+                .collect();
+            why.push(format!(
+                "device(s) keyplan knows cannot be read now, so nobody knows which versions they hold: {}",
+                list.join("; ")
+            ));
+        }
+        self.notes.push(format!(
+            "{key} is copied to KMS {} but not destroyed in KMS {} ({}): it keeps v{} there, as {}; keyplan never locks a device out. Once no such device needs it (a device gone for good: `keyplan device forget ID`), remove it there with that KMS's own tools (docs/operations.md, \"Moving a key to another KMS\")",
+            self.kms_of(key),
+            o.kms,
+            o.name,
+            versions.iter().map(u64::to_string).collect::<Vec<_>>().join(", v"),
+            why.join("; "),
+        ));
+        versions
     }
 
     /// The one origin a moved key's records name; refuses when they name several.

@@ -87,6 +87,7 @@ impl Planner<'_> {
             retire: Vec::new(),
             from_kms: None,
             copy_checks: Vec::new(),
+            kept_in_origin: Vec::new(),
         });
         self.g.add(Step::Stage {
             key: key.to_string(),

@@ -136,7 +136,33 @@ pub(super) fn key_report(
     }
     kr.pending = st.pending;
     kr.retained = st.retained_previous();
+    lingering(engine, id, f);
     kr
+}
+
+/// Versions of key `id` its KMS records as retired but whose material it can still hand out
+/// ([`crate::kms::Kms::lingering`]): a problem, since a version rotated out must open nothing.
+/// A KMS that cannot be asked is left to the key's own line (it was read just before).
+fn lingering(engine: &Engine, id: &str, f: &mut Findings) {
+    let plan = engine.plan();
+    let key = &plan.keys[id];
+    let Ok(kms) = engine.world().kms_for(plan, id) else {
+        return;
+    };
+    let Ok(versions) = kms.lingering(&key.name) else {
+        return;
+    };
+    if versions.is_empty() {
+        return;
+    }
+    let list: Vec<String> = versions.iter().map(|v| format!("v{v}")).collect();
+    f.problems.push(format!(
+        "key {id}: KMS {} records {} as retired, yet can still hand out {} material (a retire or destroy interrupted before it finished, or material restored by hand); a version rotated out must open nothing. Run `keyplan apply` to finish an interrupted run; if it stays, destroy {} with the KMS's own tools (for the file KMS: delete the version's `.key` file, docs/operations.md, \"File KMS layout\")",
+        key.kms,
+        list.join(", "),
+        if versions.len() == 1 { "its" } else { "their" },
+        if versions.len() == 1 { "it" } else { "them" },
+    ));
 }
 
 /// A key that rotates on a schedule (`rotate_after`) but is also held by another plan
