@@ -24,7 +24,11 @@ pub(super) fn run(cli: &Cli, args: &JournalArgs) -> Result<Exit> {
 /// Errors: the plan cannot be loaded or the journal cannot be read.
 pub(super) fn cmd_journal(cli: &Cli, arg: &PlanArg, json: bool) -> Result<Exit> {
     let plan = load_plan(cli, arg)?;
-    let records = ops::journal::read(&plan).or_report(&plan)?;
+    let (records, foreign) = ops::journal::read(&plan).or_report(&plan)?;
+    // Another plan's state directory: its journal is shown, saying whose it is.
+    if let Some(e) = foreign {
+        errln!("Warning: {}", e.read_only_warning());
+    }
     if json {
         let doc = serde_json::json!({
             "format_version": "1.0",

@@ -86,6 +86,9 @@ pub(super) fn run(cli: &Cli, args: &KeyArgs) -> Result<Exit> {
 /// `keyplan key get KEY [--version N]`: the passphrase bytes to stdout, exactly (no newline);
 /// refuses a terminal without `--reveal`.
 ///
+/// Never refused for the state directory's owner (an older copy of the plan, a colleague's
+/// copy beside the live one): it needs nothing of the directory.
+///
 /// Errors: no such key; no current version; a retired version; the KMS failed; stdout is a
 /// terminal and `--reveal` was not given.
 pub(super) fn cmd_key_get(
@@ -97,7 +100,8 @@ pub(super) fn cmd_key_get(
 ) -> Result<Exit> {
     let plan = load_plan(cli, arg)?;
     ops::key::check_key(&plan, key).or_report(&plan)?;
-    let engine = Engine::open(plan.clone()).or_report(&plan)?;
+    // Break-glass reads the KMS alone: whose the state directory is does not matter here.
+    let engine = Engine::open_read_only(plan.clone()).or_report(&plan)?;
     let version = ops::key::resolve_version(&engine, key, version).or_report(&plan)?;
     let stdout = io::stdout();
     if stdout.is_terminal() && !reveal {
@@ -118,7 +122,10 @@ pub(super) fn cmd_key_get(
 pub(super) fn cmd_key_holders(cli: &Cli, arg: &PlanArg, key: &str, json: bool) -> Result<Exit> {
     let plan = load_plan(cli, arg)?;
     ops::key::check_key(&plan, key).or_report(&plan)?;
-    let engine = Engine::open(plan.clone()).or_report(&plan)?;
+    // Read-only: another plan's state directory is said (its holder id is the one marked as
+    // this plan's), not refused.
+    let engine = Engine::open_read_only(plan.clone()).or_report(&plan)?;
+    report::warn_foreign_state_dir(&engine);
     let (holders, me) = ops::key::holders(&engine, key).or_report(&plan)?;
     if json {
         let doc = serde_json::json!({

@@ -62,6 +62,14 @@ impl<T> OrReport<T> for Result<T, Error> {
     }
 }
 
+/// Says on stderr, as a warning, that `engine`'s state directory is not its plan's: a
+/// read-only command reading on ([`crate::ops::Engine::open_read_only`]). Nothing when it is.
+pub(super) fn warn_foreign_state_dir(engine: &crate::ops::Engine) {
+    if let Some(e) = engine.foreign_state_dir() {
+        errln!("Warning: {}", e.read_only_warning());
+    }
+}
+
 /// `e` as a report when no plan is loaded yet (a saved plan that cannot be read, ...).
 pub(super) fn bare(e: Error) -> miette::Report {
     report(None, e)

@@ -1,7 +1,8 @@
 //! `keyplan status`: [`crate::ops::status::status`] rendered as text, JSON or Prometheus
 //! metrics ([`crate::render::status`]), to stdout or atomically to `-o FILE`; the verdict is the
 //! exit status (docs/monitoring.md): 0 healthy, 1 a problem found (or the report could not be
-//! written, or the state directory belongs to another plan), 3 something could not be checked (or nothing could: the plan does not load) and no
+//! written; a state directory that belongs to another plan is a problem, reported with the
+//! rest), 3 something could not be checked (or nothing could: the plan does not load) and no
 //! problem found.
 
 use super::*;
@@ -49,14 +50,10 @@ pub(super) fn cmd_status(
     if let Some(path) = output {
         ops::status::check_out_path(&plan, path).or_report(&plan)?;
     }
-    let engine = match Engine::open(plan.clone()) {
+    // Another plan's state directory is no refusal: the report says whose it is, as its first
+    // problem, and reads on (exit 1).
+    let engine = match Engine::open_read_only(plan.clone()) {
         Ok(e) => e,
-        // Another plan's state directory is a problem of this plan's setup, not something
-        // that could not be looked at.
-        Err(e @ Error::Owner(crate::world::OwnerError::OtherPlan { .. })) => {
-            errln!("{:?}", report::report(Some(&plan), e));
-            return Ok(Exit::Failure);
-        }
         Err(e) => return unknown(report::report(Some(&plan), e)),
     };
     let report = ops::status::status(&engine);

@@ -18,13 +18,15 @@ pub(super) fn run(cli: &Cli, args: &VerifyArgs) -> Result<Exit> {
 
 /// `keyplan verify`: exit 0 when every check passed; exit 3 when a KMS could not be asked
 /// (unreachable, too slow, refusing keyplan's credentials): nothing failed, but not everything
-/// was checked.
+/// was checked. A state directory that belongs to another plan is no refusal: a warning on
+/// stderr says whose it is, and the checks run (they read, and write nothing).
 ///
 /// Errors: the plan cannot be loaded or observed; a KMS or cryptsetup call failed otherwise;
 /// some key failed its check (`verification failed for N key(s)`).
 pub(super) fn cmd_verify(cli: &Cli, arg: &PlanArg) -> Result<Exit> {
     let plan = load_plan(cli, arg)?;
-    let engine = Engine::open(plan.clone()).or_report(&plan)?;
+    let engine = Engine::open_read_only(plan.clone()).or_report(&plan)?;
+    report::warn_foreign_state_dir(&engine);
     let summary = match ops::verify::verify(&engine, &mut |c| outln!("{}", verify_line(c))) {
         Ok(s) => s,
         Err(e) => return report::could_not_check(&plan, e),

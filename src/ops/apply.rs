@@ -61,14 +61,17 @@ impl<'e> ApplySession<'e> {
     /// apply, even one with nothing to do, keeps a renewable credential alive.
     ///
     /// Errors: [`Error::Journal`]: another run holds the lock, or the journal cannot be opened
-    /// or read; [`Error::Owner`]: the state directory belongs to another plan.
+    /// or read; [`Error::Owner`]: the state directory belongs to another plan (checked here,
+    /// claimed only by [`Self::run`] and [`Self::resume`]).
     pub fn open(engine: &'e Engine) -> Result<ApplySession<'e>, Error> {
         let state_dir = &engine.plan().state_dir;
         crate::journal::compact::check_archive(engine.plan())
             .map_err(|e| Error::request(e, None))?;
         let lock = StateLock::acquire(state_dir)?;
-        // Under the lock, before anything is written: this plan owns the directory (I5).
-        crate::world::owner::claim(engine.plan())?;
+        // Under the lock, before anything is read: the directory is this plan's, or nobody's
+        // (I5). It is claimed only when a run is about to write ([`Self::claim`]): a refused
+        // apply, or one with nothing to do, leaves the directory's owner as it was.
+        crate::world::owner::check(engine.plan())?;
         let journal = Journal::open(state_dir)?;
         let records = crate::journal::read(state_dir)?;
         let interrupted = crate::journal::last_run(&records).filter(|s| s.ended.is_none());
@@ -108,8 +111,10 @@ impl<'e> ApplySession<'e> {
     /// Finishes the interrupted run exactly as journaled (its remaining steps; enroll_with adds
     /// try keyslots: the keyslot hint of the original observation is not journaled).
     ///
-    /// Errors: [`Error::Resume`] (see [`Self::check_resumable`]); [`Error::Run`] when it
-    /// fails or is stopped.
+    /// Claims the state directory first ([`Self::claim`]).
+    ///
+    /// Errors: [`Error::Resume`] (see [`Self::check_resumable`]); [`Error::Owner`] when
+    /// `owner.json` cannot be written; [`Error::Run`] when it fails or is stopped.
     pub fn resume(
         &mut self,
         opts: RunOptions<'_>,
@@ -122,6 +127,7 @@ impl<'e> ApplySession<'e> {
             ));
         };
         self.check_resumable()?;
+        self.claim()?;
         tracing::info!(run = %s.run, "finishing interrupted run");
         let plan = self.engine.plan();
         let parallelism = opts.parallelism.unwrap_or(plan.parallelism);
@@ -187,17 +193,19 @@ impl<'e> ApplySession<'e> {
         self.rounds
     }
 
-    /// Runs `planned` as a new run: records its devices in the registry, then runs the steps
-    /// with the journal.
+    /// Runs `planned` as a new run: claims the state directory for this plan
+    /// ([`Self::claim`]), records its devices in the registry, then runs the steps with the
+    /// journal.
     ///
-    /// Errors: the registry cannot be written; [`Error::Run`] when the run fails or is
-    /// stopped.
+    /// Errors: [`Error::Owner`] when `owner.json` cannot be written; the registry cannot be
+    /// written; [`Error::Run`] when the run fails or is stopped.
     pub fn run(
         &mut self,
         planned: &Planned,
         opts: RunOptions<'_>,
         progress: Progress<'_>,
     ) -> Result<RunReport, Error> {
+        self.claim()?;
         let plan = self.engine.plan();
         let devices = planned
             .observed
@@ -263,6 +271,16 @@ impl<'e> ApplySession<'e> {
                 "could not compact the journal, which stays as it was (nothing is lost; the next run tries again): {e}"
             ),
         }
+    }
+
+    /// Records this plan as the state directory's owner ([`crate::world::owner::claim`]), under
+    /// the session's lock, right before a run writes: so an apply refused while planning ("nothing
+    /// was changed") or with nothing to do leaves no `owner.json` behind, nor changes one.
+    ///
+    /// Errors: [`Error::Owner`]: the record cannot be written.
+    fn claim(&self) -> Result<(), Error> {
+        crate::world::owner::claim(self.engine.plan())?;
+        Ok(())
     }
 
     /// What this session's runs did so far.

@@ -7,6 +7,7 @@ use serde::Serialize;
 use crate::error::Error;
 use crate::journal::{Event, Record};
 use crate::spec::Plan;
+use crate::world::OwnerError;
 
 /// One run of the journal, summarized (`journal --json`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -26,15 +27,17 @@ pub struct RunInfo {
     pub done: usize,
 }
 
-/// The records of `plan`'s audit trail and journal, oldest first (none when neither exists):
-/// [`crate::journal::compact::read_with_history`].
+/// The records of the audit trail and journal in `plan`'s state directory, oldest first (none
+/// when neither exists): [`crate::journal::compact::read_with_history`]; and, when the
+/// directory is not this plan's ([`crate::world::owner::check`]), why: the records are then
+/// another plan's history, shown all the same (reading changes nothing) with
+/// [`OwnerError::read_only_warning`].
 ///
 /// Errors: [`Error::Journal`] when either cannot be read or is corrupt.
-pub fn read(plan: &Plan) -> Result<Vec<Record>, Error> {
-    // Another plan's journal is not this plan's history (a state directory belongs to one
-    // plan: world::owner).
-    crate::world::owner::check(plan)?;
-    Ok(crate::journal::compact::read_with_history(&plan.state_dir)?)
+pub fn read(plan: &Plan) -> Result<(Vec<Record>, Option<OwnerError>), Error> {
+    let foreign = crate::world::owner::check(plan).err();
+    let records = crate::journal::compact::read_with_history(&plan.state_dir)?;
+    Ok((records, foreign))
 }
 
 /// Summarizes every run in `records`, in journal order (resumed runs keep their id, so a

@@ -16,7 +16,10 @@
 //! | journal | [`journal::read`] | nothing |
 //! | device forget | [`device::forget`] | the state directory's device registry |
 //!
-//! Every operation starts from an [`Engine`]: a loaded plan with its doors opened.
+//! Every operation starts from an [`Engine`]: a loaded plan with its doors opened. The
+//! operations that write, and `plan` (what `apply` would do), open it with [`Engine::open`],
+//! which refuses a state directory another plan owns (invariant I5); the read-only ones with
+//! [`Engine::open_read_only`], which reads on and says whose the directory is.
 
 pub mod apply;
 pub mod credentials;
@@ -30,7 +33,7 @@ pub mod verify;
 
 use crate::error::Error;
 use crate::spec::Plan;
-use crate::world::World;
+use crate::world::{OwnerError, World};
 
 /// A loaded plan with the doors to the world opened (cryptsetup found, one client per KMS
 /// instance; nothing contacted yet).
@@ -38,6 +41,9 @@ use crate::world::World;
 pub struct Engine {
     plan: Plan,
     world: World,
+    /// Why the state directory is not this plan's, for an engine of a read-only command that
+    /// reads on anyway ([`Engine::open_read_only`]); `None` otherwise.
+    foreign: Option<OwnerError>,
 }
 
 impl Engine {
@@ -49,13 +55,48 @@ impl Engine {
     pub fn open(plan: Plan) -> Result<Engine, Error> {
         let world = World::open(&plan)?;
         crate::world::owner::check(&plan)?;
-        Ok(Engine { plan, world })
+        Ok(Engine {
+            plan,
+            world,
+            foreign: None,
+        })
+    }
+
+    /// Opens the doors for a read-only command (`status`, `verify`, `journal`, `key get`, `key
+    /// holders`): as [`Engine::open`], but a state directory that is not this plan's (another
+    /// plan owns it, or its owner record cannot be read: [`crate::world::owner::check`]) is no
+    /// refusal. The command reads on, writing nothing, and says whose the directory is
+    /// ([`Engine::foreign_state_dir`]); `key get` needs nothing of it (the KMS alone), so an
+    /// operator opening a disk by hand with an older copy of the plan, or a colleague's, is
+    /// never turned away.
+    ///
+    /// Errors: [`Error::Findings`] as [`Engine::open`] (the state directory is not a
+    /// directory, a KMS instance cannot be opened).
+    pub fn open_read_only(plan: Plan) -> Result<Engine, Error> {
+        let world = World::open(&plan)?;
+        let foreign = crate::world::owner::check(&plan).err();
+        Ok(Engine {
+            plan,
+            world,
+            foreign,
+        })
     }
 
     /// An engine over doors the caller opened ([`World::with_doors`]): the deterministic
     /// simulation's in-memory LUKS and KMS doors (tests/sim). The plan is used as given.
     pub fn with_world(plan: Plan, world: World) -> Engine {
-        Engine { plan, world }
+        Engine {
+            plan,
+            world,
+            foreign: None,
+        }
+    }
+
+    /// For an engine of [`Engine::open_read_only`]: why the state directory is not this plan's
+    /// (what the command reads there is another plan's), to be said with what the command
+    /// shows ([`OwnerError::read_only_warning`]). `None`: it is this plan's, or nobody's yet.
+    pub fn foreign_state_dir(&self) -> Option<&OwnerError> {
+        self.foreign.as_ref()
     }
 
     /// The plan.

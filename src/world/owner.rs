@@ -5,8 +5,12 @@
 //! `.keyplan`, a copied directory, a typo in `state_dir`) would share one journal and, worse,
 //! one KMS holder id (`<node>:<state directory>`, [`crate::spec::Plan::holder`]): a rotation
 //! from one would count the other's devices as its own and commit a version they do not hold.
-//! So the first `apply` records its plan as the owner, and every command of another plan is
-//! refused before it reads or writes anything there ([`check`]).
+//! So the first `apply` that changes something records its plan as the owner ([`claim`]: a
+//! refused or empty apply claims nothing), and the commands of another plan that would act on
+//! the directory's records (`plan`, `apply`, `key import`, `key release`, `device forget`) are
+//! refused before they read or write anything there ([`check`]). Read-only commands do not
+//! refuse: `key get` needs nothing of the directory, and `status`, `verify`, `journal` and
+//! `key holders` say whose it is and read on ([`OwnerError::read_only_warning`]).
 //!
 //! A plan file that moved (its recorded path no longer exists), or that was moved or copied
 //! together with its state directory, is the same plan, not another one: the next `apply` takes
@@ -108,6 +112,45 @@ impl OwnerError {
                 "give this plan a state directory of its own (`state_dir` in the plan file, or `--state-dir`). If the plan that filled this one still exists, restore its owner.json (or run `keyplan apply` of that plan, which records it); if this plan is that plan with its devices at new paths, run it once from a new state directory".to_string(),
             ),
             _ => None,
+        }
+    }
+
+    /// The warning of a read-only command that reads on although the state directory is not
+    /// this plan's (`status`, `verify`, `journal`, `key holders`: [`crate::ops::Engine::open_read_only`]):
+    /// whose the directory is, that what the command shows from it is that plan's and nothing
+    /// was changed, and how this plan gets a directory of its own. One paragraph, no help line.
+    pub fn read_only_warning(&self) -> String {
+        const READ: &str = "what this command shows from it (journal, device registry, LUKS1 records) is that plan's, read as it is; nothing was changed there";
+        const OWN: &str = "give it a state directory of its own (`state_dir` in the plan file, or `--state-dir`); until then its `keyplan plan` and `keyplan apply` are refused";
+        match self {
+            OwnerError::OtherPlan {
+                dir,
+                owner,
+                plan,
+                node,
+            } => format!(
+                "state directory {} belongs to another plan: {} on node {} (since {}), not {} on node {}; {READ}. To look at that plan, run the command with `-f {}` as node {}; to use this plan, {OWN}",
+                dir.display(),
+                owner.plan.display(),
+                owner.node,
+                crate::clock::rfc3339(owner.since),
+                plan.display(),
+                node,
+                owner.plan.display(),
+                owner.node
+            ),
+            OwnerError::Unowned { dir, devices } => format!(
+                "state directory {} has no owner record ({OWNER_FILE}), but the devices keyplan worked on from it are none of this plan's ({}): another plan's runs filled it, and {READ}. To use this plan, {OWN}",
+                dir.display(),
+                devices.join(", ")
+            ),
+            OwnerError::Corrupt { path, detail } => format!(
+                "{} is corrupt ({detail}), so which plan owns the state directory is not known; this command read the directory as it is and changed nothing. Restore it, or delete it to let the next `keyplan apply` of the plan that uses this directory claim it",
+                path.display()
+            ),
+            OwnerError::Io { .. } => format!(
+                "{self}, so which plan owns the state directory is not known; this command read the directory as it is and changed nothing"
+            ),
         }
     }
 }
@@ -224,8 +267,9 @@ fn canonical_dir(dir: &Path) -> PathBuf {
     std::fs::canonicalize(&abs).unwrap_or(abs)
 }
 
-/// Records `plan` as its state directory's owner (under the state lock, before a run writes
-/// anything): creates the directory (0700) and `owner.json` (0600, atomically), or updates the
+/// Records `plan` as its state directory's owner (under the state lock, once a run is about to
+/// write: [`crate::ops::apply::ApplySession::run`] and `resume`; an apply that is refused or
+/// has nothing to do claims nothing): creates the directory (0700) and `owner.json` (0600, atomically), or updates the
 /// record of a plan file that moved. A holder id the directory had before is kept in
 /// [`Owner::former_holders`]. A no-op when the record already says all this.
 ///

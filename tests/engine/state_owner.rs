@@ -2,10 +2,13 @@
 //! holder (issue 29).
 //!
 //! 1. Two plan files naming one state directory (two hosts' plans side by side with the default
-//!    `.keyplan`): the second is refused by every command, before it writes anything, with a
-//!    message naming the owning plan, also while the first plan's rotation was killed at each
-//!    of its steps; the first plan then finishes, and no device is ever locked out. With the
-//!    file KMS and with a real OpenBao.
+//!    `.keyplan`): the second's `plan` and `apply` are refused, before they write anything, with
+//!    a message naming the owning plan, and its read-only commands read on saying whose the
+//!    directory is (`key get` reads the key), also while the first plan's rotation was killed
+//!    at each of its steps; the first plan then finishes, and no device is ever locked out.
+//!    With the file KMS and with a real OpenBao.
+//! 3. Break-glass always reads (issue 46): `key get` with a copy of the plan that does not own
+//!    the state directory; a refused `apply` claims nothing.
 //! 2. A plan whose state directory changes (the whole directory moved, `--state-dir` given to
 //!    a new directory, the plan file moved away from its state directory) recognises its own
 //!    former holder record and rotates; a record whose state directory is gone is a problem in
@@ -112,19 +115,35 @@ fn two_plans_one_state_dir(kms: &str, env: &[(String, String)]) {
 
     run(&dir, env, &["apply", "--auto-approve", "-f", &a], 0);
 
-    // Every command of the other plan is refused, naming the owner; nothing is written.
+    // `apply` of the other plan, and `plan` (what apply would do), are refused, naming the
+    // owner; the read-only commands read on, saying whose the state directory is (issue 46);
+    // `key get` reads the key; nothing is written.
     let refused = |context: &str| {
         let snap = Snapshot::take(&[b_img.clone(), s.path(".keyplan")]);
-        for args in [
-            vec!["apply", "--auto-approve"],
-            vec!["plan"],
-            vec!["verify"],
-            vec!["status"],
-            vec!["journal"],
+        for (args, code) in [
+            (vec!["apply", "--auto-approve"], Some(1)),
+            (vec!["plan"], Some(1)),
+            // b1 is not enrolled: verify fails (or could not check while a's run is open).
+            (vec!["verify"], None),
+            (vec!["status"], Some(1)),
+            (vec!["journal"], Some(0)),
+            (vec!["key", "holders", "k"], Some(0)),
         ] {
             let mut args = args.clone();
             args.extend(["-f", b.as_str()]);
-            let text = run(&dir, env, &args, 1);
+            let out = keyplan(&dir, env, &args);
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            if let Some(code) = code {
+                assert_eq!(
+                    out.status.code(),
+                    Some(code),
+                    "{context}: {args:?}:\n{text}"
+                );
+            }
             assert!(
                 text.contains("belongs to another plan") && text.contains(a.as_str()),
                 "{context}: {args:?} must name the owning plan:\n{text}"
@@ -134,6 +153,10 @@ fn two_plans_one_state_dir(kms: &str, env: &[(String, String)]) {
                 "{context}: {args:?} says how to move on:\n{text}"
             );
         }
+        assert!(
+            opens(&a_img, &current(&dir, env, &plan_b), None),
+            "{context}: key get of b reads the key a1 opens with"
+        );
         snap.assert_unchanged(context);
         assert!(
             !opens(&b_img, &current(&dir, env, &plan_a), None),
@@ -473,4 +496,141 @@ fn a_state_directory_claimed_by_removing_owner_json_does_not_rotate_past_its_dev
         opens(&t.img, &v, None),
         "the first plan's device still opens"
     );
+}
+
+/// Break-glass always reads (issue 46): an older copy of the plan (from git history) beside the
+/// live one names the same state directory but does not own it. `key get` with it is never
+/// refused: its output opens the device (`cryptsetup open --test-passphrase`), current and
+/// older versions alike. `key holders`, `verify`, `journal` and `status` read on, each saying
+/// whose the state directory is (no advice to delete anything); `validate` needs nothing of
+/// it; `plan`, what `apply` would do, is refused as `apply` is. Nothing is written: the state
+/// directory (its `owner.json` included), the image and the KMS stay byte for byte.
+#[test]
+fn break_glass_reads_with_a_copy_of_the_plan_that_does_not_own_the_state_directory() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let dir = s.path("");
+    let img = s.small_image("d1.img", "luks2");
+    let text = plan_text("{ provider: file, path: keys }", "d1", &img, &s, "");
+    let live = s.plan("keyplan.yaml", &text);
+    run(&dir, &[], &["apply", "--auto-approve"], 0);
+    let v1 = current(&dir, &[], &live);
+    run(&dir, &[], &["apply", "--auto-approve", "--rotate", "k"], 0);
+    let v2 = current(&dir, &[], &live);
+    assert_ne!(v1, v2);
+    let copy = s.plan("keyplan.from-git.yaml", &text);
+    let c = copy.display().to_string();
+    let owner_plan = std::fs::canonicalize(&dir)
+        .expect("canonical")
+        .join("keyplan.yaml")
+        .display()
+        .to_string();
+    let snap = Snapshot::take(&[img.clone(), s.path(".keyplan"), s.path("keys")]);
+
+    // key get: the current version, and an older one, open the device.
+    assert_eq!(current(&dir, &[], &copy), v2);
+    assert!(opens(&img, &current(&dir, &[], &copy), None));
+    let out = keyplan(&dir, &[], &["key", "get", "k", "--version", "2", "-f", &c]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(opens(&img, &out.stdout, None));
+
+    // Read-only commands that read the state directory say whose it is and go on.
+    let says_whose = |args: &[&str], code: i32| {
+        let mut args = args.to_vec();
+        args.extend(["-f", c.as_str()]);
+        let text = run(&dir, &[], &args, code);
+        assert!(
+            text.contains("belongs to another plan") && text.contains(&owner_plan),
+            "{args:?} says whose the state directory is:\n{text}"
+        );
+        assert!(
+            !text.contains("delete that plan file") && !text.contains("and run `keyplan apply`"),
+            "{args:?} gives no advice to write:\n{text}"
+        );
+        text
+    };
+    let text = says_whose(&["key", "holders", "k"], 0);
+    assert!(text.contains("host-a:"), "{text}");
+    let text = says_whose(&["verify"], 0);
+    assert!(text.contains("All keys verified"), "{text}");
+    let text = says_whose(&["journal"], 0);
+    assert!(text.contains("run ended: success"), "{text}");
+    let text = says_whose(&["status"], 1);
+    assert!(
+        text.contains("d1"),
+        "status reports the devices all the same:\n{text}"
+    );
+    let json = keyplan(&dir, &[], &["status", "--format", "json", "-f", &c]);
+    let doc: serde_json::Value = serde_json::from_slice(&json.stdout).expect("status json");
+    assert!(
+        doc["problems"][0]
+            .as_str()
+            .is_some_and(|p| p.contains("belongs to another plan")),
+        "{doc}"
+    );
+    run(&dir, &[], &["validate", "-f", &c], 0);
+    // A saved plan of the live plan, shown against the copy: shown, staleness not checked.
+    run(&dir, &[], &["plan", "-o", "saved.plan"], 0);
+    let text = run(&dir, &[], &["show", "saved.plan", "-f", &c], 0);
+    assert!(text.contains("belongs to another plan"), "{text}");
+    // What apply would do is refused, as apply is.
+    let text = run(&dir, &[], &["plan", "-f", &c], 1);
+    assert!(text.contains("belongs to another plan"), "{text}");
+    snap.assert_unchanged("read-only commands of a copy of the plan");
+}
+
+/// A refused `apply` (the plan names a device that is not there: "nothing was changed") does
+/// not claim the state directory (issue 46): no `owner.json` appears in a new one, and an
+/// existing one (whose plan file was renamed, so the next apply that runs takes it over) is
+/// not changed. The plan that owns the directory, and a plan of its own beside it, then go on.
+#[test]
+fn a_refused_apply_does_not_claim_the_state_directory() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let dir = s.path("");
+    let img = s.small_image("d1.img", "luks2");
+    let kms = "{ provider: file, path: keys }";
+    // A new state directory: the refused apply leaves no owner record.
+    let missing = s.path("not-there.img");
+    let b = s.plan("b.yaml", &plan_text(kms, "b1", &missing, &s, ""));
+    let bp = b.display().to_string();
+    let text = run(&dir, &[], &["apply", "--auto-approve", "-f", &bp], 1);
+    assert!(text.contains("not-there.img"), "{text}");
+    assert!(
+        !s.path(".keyplan/owner.json").exists(),
+        "a refused apply claimed the state directory:\n{text}"
+    );
+    // So the plan that runs there first is its owner, and its device opens.
+    let a = s.plan("a.yaml", &plan_text(kms, "a1", &img, &s, ""));
+    let ap = a.display().to_string();
+    run(&dir, &[], &["apply", "--auto-approve", "-f", &ap], 0);
+    assert!(opens(&img, &current(&dir, &[], &a), None));
+    let owner = std::fs::read(s.path(".keyplan/owner.json")).expect("owner.json");
+    assert!(String::from_utf8_lossy(&owner).contains("a.yaml"));
+    // An existing owner record: a.yaml renamed (the next apply that runs takes the directory
+    // over), its device path now wrong; the refused apply leaves the record as it was.
+    std::fs::remove_file(&a).expect("rm a.yaml");
+    let renamed = s.plan("a2.yaml", &plan_text(kms, "a1", &missing, &s, ""));
+    let rp = renamed.display().to_string();
+    let text = run(&dir, &[], &["apply", "--auto-approve", "-f", &rp], 1);
+    assert_eq!(
+        std::fs::read(s.path(".keyplan/owner.json")).expect("owner.json"),
+        owner,
+        "a refused apply changed owner.json:\n{text}"
+    );
+    // With the path put right, it runs and takes the directory over.
+    s.plan("a2.yaml", &plan_text(kms, "a1", &img, &s, ""));
+    run(
+        &dir,
+        &[],
+        &["apply", "--auto-approve", "--rotate", "k", "-f", &rp],
+        0,
+    );
+    assert!(opens(&img, &current(&dir, &[], &renamed), None));
+    let owner = std::fs::read(s.path(".keyplan/owner.json")).expect("owner.json");
+    assert!(String::from_utf8_lossy(&owner).contains("a2.yaml"));
 }

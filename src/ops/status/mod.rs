@@ -324,6 +324,19 @@ pub const STATUS_LOOKS: usize = 3;
 /// that saw the journal move is taken again, up to [`STATUS_LOOKS`] times (an observation
 /// `given` cannot be taken again: its single look is kept).
 fn status_with(engine: &Engine, given: Option<&Observed>) -> StatusReport {
+    let mut report = looked(engine, given);
+    // Another plan's state directory: read on (a report is read-only), but what it shows of
+    // the journal and the records is that plan's, and this plan cannot run: a problem.
+    if let Some(e) = engine.foreign_state_dir() {
+        report.problems.insert(0, e.read_only_warning());
+        report.verdict = Verdict::Problem;
+        report.healthy = false;
+    }
+    report
+}
+
+/// The report of [`status_with`], looked at again while runs start or end.
+fn looked(engine: &Engine, given: Option<&Observed>) -> StatusReport {
     let looks = if given.is_some() { 1 } else { STATUS_LOOKS };
     let mut look = 1;
     loop {
