@@ -308,9 +308,10 @@ impl Kms for Guarded {
         self.call("renewing keyplan's credentials", |k| k.renew_credentials())
     }
     fn lingering(&self, name: &str) -> Result<Vec<u64>, KmsError> {
-        self.call(&format!("looking for retired material of key {name:?}"), |k| {
-            k.lingering(name)
-        })
+        self.call(
+            &format!("looking for retired material of key {name:?}"),
+            |k| k.lingering(name),
+        )
     }
 }
 
