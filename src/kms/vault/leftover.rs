@@ -1,10 +1,11 @@
-//! Material that keyplan's record of a key no longer counts on ([`crate::kms::Kms::lingering`]): readable
-//! KV versions of the main path that hold a version the record calls retired, and a committed
-//! pending secret left behind. They come from a holder record whose destruction of the KV
-//! version it copied failed or was cut short ([`crate::kms::Kms::hold`]), from a `destroy_key` killed
-//! between its tombstone and the deletion of the key's metadata, or from a hand-made write.
-//! `retire` destroys the copies of the version it retires before that version's own KV version
-//! (whose destroyed flag is the record), and `destroy_key` finishes an interrupted destroy.
+//! Material that keyplan's record of a key no longer counts on
+//! ([`crate::kms::Kms::lingering`]): readable KV versions of the main path that hold a version
+//! the record calls retired, and a committed pending secret left behind. They come from a
+//! holder record whose destruction of the KV version it copied failed or was cut short
+//! ([`crate::kms::Kms::hold`]), from a `destroy_key` killed between its tombstone and the
+//! deletion of the key's metadata, or from a hand-made write. `retire` destroys the copies of
+//! the version it retires before that version's own KV version (whose destroyed flag is the
+//! record), and `destroy_key` finishes an interrupted destroy.
 
 use std::collections::BTreeSet;
 
@@ -87,9 +88,9 @@ impl VaultKms {
         Ok(out)
     }
 
-    /// One attempt of [`crate::kms::Kms::lingering`]: the versions of the readable [`Stray`] copies the
-    /// record calls retired, and the version of a committed pending secret left behind when
-    /// the record calls it retired (or the key is destroyed).
+    /// One attempt of [`crate::kms::Kms::lingering`]: the versions of the readable [`Stray`]
+    /// copies the record calls retired, and the version of a committed pending secret left
+    /// behind when the record calls it retired (or the key is destroyed).
     pub(super) fn lingering_once(&self, name: &str) -> Result<Vec<u64>, KmsError> {
         let (main, pending) = self.read_state(name, false)?;
         let mut out = BTreeSet::new();

@@ -44,8 +44,10 @@
 //! commit and of holder records); `layout.rs` the layout above (paths, fields, history, how a
 //! key reads back); `client.rs` the connection (login, requests, wire types, error mapping);
 //! `setup.rs` opening an instance from the plan; `auth.rs` the login methods; `check.rs` the
-//! [`Kms::check`] preflight. Imports run one way: this file, `check.rs` and `setup.rs` use
-//! `layout.rs` and `client.rs`; `layout.rs` uses `client.rs`; `client.rs` uses `auth.rs`.
+//! [`Kms::check`] preflight; `leftover.rs` material the record no longer counts on (copies of
+//! retired versions, [`Kms::lingering`]). Imports run one way: this file, `check.rs`,
+//! `setup.rs` and `leftover.rs` use `layout.rs` and `client.rs`; `layout.rs` uses `client.rs`;
+//! `client.rs` uses `auth.rs`.
 
 mod auth;
 mod check;
