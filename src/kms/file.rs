@@ -324,3 +324,81 @@ impl Kms for FileKms {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pass(s: &str) -> Passphrase {
+        Passphrase::new(s.as_bytes().to_vec())
+    }
+
+    /// The `.key` files left in key `k`'s directory under `root`.
+    fn key_files(root: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(root.join("k"))
+            .expect("key directory")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".key"))
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// A `destroy_key` killed after `meta.json` recorded the key destroyed (every version
+    /// retired, none current; the current version's file still there, and, as an older
+    /// keyplan left it, the previous version's too) is finished by the next `destroy_key`;
+    /// `lingering` reports the leftover versions before and none after.
+    #[test]
+    fn destroy_key_again_finishes_a_destroy_killed_after_its_record() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let kms = FileKms::new("t", dir.path().to_path_buf());
+        for (material, expected) in [("first-passphrase", None), ("second-passphrase", Some(1))] {
+            let v = kms.stage("k", &pass(material), 1).expect("stage");
+            kms.commit("k", expected, v).expect("commit");
+        }
+        assert_eq!(kms.lingering("k").expect("lingering"), Vec::<u64>::new());
+        // The state a kill right after the record leaves: meta.json says destroyed.
+        let mut meta = kms.read_meta("k").expect("meta");
+        (meta.current, meta.pending) = book::destroy_states(&mut meta.versions);
+        kms.write_meta("k", &meta).expect("write meta");
+        assert_eq!(key_files(dir.path()), ["v1.key", "v2.key"]);
+        assert_eq!(kms.lingering("k").expect("lingering"), [1, 2]);
+        assert!(kms.read("k").expect("read").current.is_none());
+
+        kms.destroy_key("k", 2).expect("destroy_key again");
+        assert_eq!(key_files(dir.path()), Vec::<String>::new());
+        assert_eq!(kms.lingering("k").expect("lingering"), Vec::<u64>::new());
+        for v in [1, 2] {
+            assert!(matches!(
+                kms.get("k", v),
+                Err(KmsError::NoSuchVersion { version, .. }) if version == v
+            ));
+        }
+        // Idempotent: nothing left, nothing to do.
+        kms.destroy_key("k", 2).expect("destroy_key a third time");
+    }
+
+    /// `retire` removes the version's file; a file restored by hand afterwards (or left by a
+    /// retire of an older keyplan that recorded first) is reported by `lingering`, and
+    /// retiring the version again removes it.
+    #[test]
+    fn lingering_reports_a_retired_version_whose_file_is_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let kms = FileKms::new("t", dir.path().to_path_buf());
+        let mut current = None;
+        for material in ["one-passphrase", "two-passphrase", "three-passphrase"] {
+            let v = kms.stage("k", &pass(material), 1).expect("stage");
+            kms.commit("k", current, v).expect("commit");
+            current = Some(v);
+        }
+        let old = fs::read(dir.path().join("k/v1.key")).expect("v1");
+        kms.retire("k", 1).expect("retire");
+        assert_eq!(key_files(dir.path()), ["v2.key", "v3.key"]);
+        assert_eq!(kms.lingering("k").expect("lingering"), Vec::<u64>::new());
+        fs::write(dir.path().join("k/v1.key"), old).expect("restore v1");
+        assert_eq!(kms.lingering("k").expect("lingering"), [1]);
+        kms.retire("k", 1).expect("retire again");
+        assert_eq!(key_files(dir.path()), ["v2.key", "v3.key"]);
+        assert_eq!(kms.lingering("k").expect("lingering"), Vec::<u64>::new());
+    }
+}

@@ -107,6 +107,20 @@ with c:
     print(uid)
 "#;
 
+/// PyKMIP client script: revokes object `uid` (reason Cessation of Operation), as an operator.
+const REVOKER: &str = r#"
+import sys, logging, warnings
+warnings.simplefilter("ignore")
+logging.disable(logging.CRITICAL)
+from kmip.pie.client import ProxyKmipClient
+from kmip.core import enums
+host, port, cert, key, ca, uid = sys.argv[1:7]
+c = ProxyKmipClient(hostname=host, port=int(port), cert=cert, key=key, ca=ca,
+                    config_file="/dev/null", kmip_version=enums.KMIPVersion.KMIP_1_2)
+with c:
+    c.revoke(enums.RevocationReasonCode.CESSATION_OF_OPERATION, uid)
+"#;
+
 /// Skips (returns `None` with a note) or, under `KEYPLAN_REQUIRE_SERVERS=1`, fails.
 pub fn skip_or_fail(why: &str) -> Option<PyKmip> {
     if std::env::var("KEYPLAN_REQUIRE_SERVERS").as_deref() == Ok("1") {
@@ -453,6 +467,11 @@ impl PyKmip {
         self.python(WRITER, &[name, group], value)
             .trim()
             .to_string()
+    }
+
+    /// As an operator with PyKMIP's client: revokes object `uid` (it becomes Deactivated).
+    pub fn operator_revoke(&self, uid: &str) {
+        self.python(REVOKER, &[uid], b"");
     }
 
     /// Like [`PyKmip::operator_register_active`], started now (imports, connection) and

@@ -846,3 +846,134 @@ fn authority_host_is_checked_before_the_client_secret_is_sent() {
     );
     assert_eq!(v["ok"], true, "{v}");
 }
+
+/// A Python wrapper around the helper (its path and arguments follow) that is killed with
+/// SIGKILL at its record entry: `before` it is appended (the first argument `before`), or right
+/// after it (`after`), as in a power cut; it loads the helper as a module and runs its `main`.
+const KILLED_AT_RECORD: &str = r#"
+import importlib.machinery, importlib.util, os, signal, sys
+
+when, path = sys.argv[1], sys.argv[2]
+sys.argv = [path] + sys.argv[3:]
+loader = importlib.machinery.SourceFileLoader("keyplan_kms_azure", path)
+helper = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+loader.exec_module(helper)
+real = helper.View.propose
+
+def propose_and_die(self, new_state, op):
+    if when == "after":
+        real(self, new_state, op)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+helper.View.propose = propose_and_die
+sys.exit(helper.main())
+"#;
+
+/// Runs `request` through the helper (prefix `t-`) wrapped in [`KILLED_AT_RECORD`]; asserts it
+/// was killed.
+fn killed_at_record(vault: &AzureVault, dir: &std::path::Path, when: &str, request: &str) {
+    use std::io::Write as _;
+    use std::os::unix::process::ExitStatusExt as _;
+    let killer = dir.join("killed-at-record.py");
+    std::fs::write(&killer, KILLED_AT_RECORD).unwrap();
+    let mut child = std::process::Command::new(crate::common::standin::python())
+        .arg(&killer)
+        .args([
+            when,
+            crate::common::azure::HELPER,
+            &vault.url(),
+            "--prefix",
+            "t-",
+        ])
+        .envs(vault.helper_env(CLIENT_SECRET, 0))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(request.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.signal(), Some(9), "{out:?}");
+}
+
+/// Is the Key Vault version holding keyplan version `n` of secret `secret` enabled?
+fn enabled(vault: &AzureVault, secret: &str, n: u64) -> bool {
+    let all = vault.versions(secret);
+    all.iter()
+        .find(|v| v.tags.get("keyplan-version").and_then(|t| t.as_str()) == Some(&n.to_string()))
+        .unwrap_or_else(|| panic!("no version tagged {n}: {all:?}"))
+        .enabled
+}
+
+/// Issue 46: the helper disables a version's material before its record says retired. A
+/// retire killed before its record entry leaves the version recorded previous with its
+/// material disabled (`get`: no such version, which keyplan takes as retired), and the next
+/// retire records it; a `destroy_key` killed right after its record entry has disabled every
+/// version but the current one already, and the next `destroy_key` disables the rest (before:
+/// the record came first, so a kill after it left versions recorded retired still readable).
+#[test]
+fn retire_and_destroy_disable_the_material_before_the_record_says_so() {
+    let Some(vault) = AzureVault::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let kms = helper_kms(&vault, dir.path(), "h", "t-");
+    let p = |s: &str| keyplan::secret::Passphrase::new(s.as_bytes().to_vec());
+    kms.stage("k", &p("one-AAAA"), 1).unwrap();
+    kms.commit("k", None, 1).unwrap();
+    kms.stage("k", &p("two-BBBB"), 0).unwrap();
+    kms.commit("k", Some(1), 2).unwrap();
+    kms.stage("k", &p("three-CCCC"), 0).unwrap();
+    kms.commit("k", Some(2), 3).unwrap();
+
+    killed_at_record(
+        &vault,
+        dir.path(),
+        "before",
+        r#"{"protocol_version":1,"operation":"retire","kms":"azure","key":"k","version":1}"#,
+    );
+    assert!(!enabled(&vault, "t-k", 1), "v1 is not disabled");
+    assert_eq!(
+        kms.read("k").unwrap().versions[&1].state,
+        keyplan::kms::VersionState::Previous
+    );
+    assert!(matches!(
+        kms.get("k", 1),
+        Err(keyplan::kms::KmsError::NoSuchVersion { version: 1, .. })
+    ));
+    kms.retire("k", 1).unwrap();
+    assert_eq!(
+        kms.read("k").unwrap().versions[&1].state,
+        keyplan::kms::VersionState::Retired
+    );
+
+    killed_at_record(
+        &vault,
+        dir.path(),
+        "after",
+        r#"{"protocol_version":1,"operation":"destroy_key","kms":"azure","key":"k","expected_current":3}"#,
+    );
+    let st = kms.read("k").unwrap();
+    assert_eq!((st.current, st.pending), (None, None), "{st:?}");
+    assert!(
+        !enabled(&vault, "t-k", 2),
+        "v2, recorded retired, still reads"
+    );
+    assert!(
+        enabled(&vault, "t-k", 3),
+        "v3 is disabled right after the record"
+    );
+    kms.destroy_key("k", 3)
+        .expect("destroy_key again finishes it");
+    let left: Vec<_> = vault
+        .versions("t-k")
+        .into_iter()
+        .filter(|v| v.enabled)
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

@@ -1377,3 +1377,175 @@ fn credentials_in_the_helper_command_are_not_quoted() {
         assert!(!text.contains(word), "{text}");
     }
 }
+
+/// A Python wrapper around the example helper with one kill point (issue 46): when the file
+/// `KILL_AT` in the working directory (keyplan's) names the operation asked for (`retire` or
+/// `destroy_key`), the first `meta.json` that operation writes is written in full, then
+/// keyplan (the helper's parent) and the helper are killed with SIGKILL, `KILL_AT` having been
+/// removed first (one shot): a power cut right after the helper recorded a retirement or a
+/// destruction. Its arguments are the example helper's command line ([`helper_argv`]); it
+/// loads the helper as a module and runs its `main` on the request.
+const KILL_AFTER_RECORD: &str = r#"
+import importlib.machinery, importlib.util, io, json, os, signal, sys
+
+path = sys.argv[2]
+sys.argv = [path] + sys.argv[3:]
+loader = importlib.machinery.SourceFileLoader("keyplan_kms_dir", path)
+helper = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+loader.exec_module(helper)
+request = sys.stdin.read()
+try:
+    op = json.loads(request).get("operation")
+except ValueError:
+    op = None
+armed = False
+if os.path.exists("KILL_AT"):
+    with open("KILL_AT") as f:
+        armed = f.read().strip() == op
+if armed:
+    real_save = helper.save_meta
+
+    def save_then_die(kdir, meta):
+        real_save(kdir, meta)
+        os.unlink("KILL_AT")
+        os.kill(os.getppid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    helper.save_meta = save_then_die
+sys.stdin = io.StringIO(request)
+sys.exit(helper.main())
+"#;
+
+/// Two LUKS2 devices enrolled through the example helper behind [`KILL_AFTER_RECORD`] (v1
+/// current); the scratch's `KILL_AT` arms it.
+fn enrolled_killable() -> (Scratch, Vec<PathBuf>, tempfile::TempDir) {
+    let tools = tempfile::tempdir().unwrap();
+    let killer = write_script(tools.path(), "kill-after-record.py", KILL_AFTER_RECORD);
+    let (s, devs) = enrolled(Some(&format!(
+        "#!/bin/sh\nexec '{}' '{}' HELPER\n",
+        python(),
+        killer.display()
+    )));
+    (s, devs, tools)
+}
+
+/// Runs keyplan in `s` with `KILL_AT` naming `op`: the run must be killed by the helper.
+fn apply_killed_at(s: &Scratch, args: &[&str], op: &str) {
+    std::fs::write(s.path("KILL_AT"), op).unwrap();
+    let (code, out) = keyplan_env(s, args, &[]);
+    assert!(!s.path("KILL_AT").exists(), "no {op} was asked for: {out}");
+    assert_eq!(code, None, "keyplan was not killed: {out}");
+}
+
+/// The versions `meta` records as retired whose `.key` file is still in `<root>/keys/<key>`.
+fn retired_with_material(root: &Path, key: &str) -> Vec<u64> {
+    let meta = stored_meta(root, key);
+    meta["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["state"] == "retired")
+        .map(|v| v["version"].as_u64().unwrap())
+        .filter(|v| {
+            root.join("keys")
+                .join(key)
+                .join(format!("v{v}.key"))
+                .exists()
+        })
+        .collect()
+}
+
+/// Issue 46: the example helper's `retire` removes the material before `meta.json` says the
+/// version is retired. Killed right after that record (keyplan with it), no version recorded
+/// retired has a `.key` file; the next `apply` finishes the rotation.
+#[test]
+fn cli_a_retire_killed_after_its_record_leaves_no_retired_material() {
+    if !python_available("cli_a_retire_killed_after_its_record_leaves_no_retired_material") {
+        return;
+    }
+    let (s, devs, _tools) = enrolled_killable();
+    let root = s.dir.path();
+    s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
+    // The second rotation retires v1: killed right after the helper recorded it.
+    apply_killed_at(&s, &["apply", "--auto-approve", "--rotate", "k"], "retire");
+    assert_eq!(
+        retired_with_material(root, "k"),
+        Vec::<u64>::new(),
+        "{}",
+        stored_meta(root, "k")
+    );
+    s.ok(&["apply", "--auto-approve"], 0);
+    let meta = stored_meta(root, "k");
+    assert_eq!(meta["current"], 3, "{meta}");
+    assert_eq!(state_of(&meta, 1), "retired", "{meta}");
+    assert!(!root.join("keys/k/v1.key").exists());
+    let v3 = file_kms_state(root, "k").0.expect("v3");
+    for d in &devs {
+        assert!(opens(d, &v3, None), "{}", d.display());
+    }
+    s.ok(&["plan", "--detailed-exitcode"], 0);
+}
+
+/// Issue 46: a migration out of the example helper's store whose `destroy_key` is killed
+/// right after the helper recorded the key destroyed (keyplan with it): the other versions'
+/// material is gone already, and the next `apply`, resuming, finishes the destroy (before the
+/// fix the helper saw "destroyed already", returned early and left every `.key` file).
+#[test]
+fn cli_a_destroy_killed_after_its_record_is_finished_by_the_next_apply() {
+    if !python_available("cli_a_destroy_killed_after_its_record_is_finished_by_the_next_apply") {
+        return;
+    }
+    let (s, devs, _tools) = enrolled_killable();
+    let root = s.dir.path();
+    s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
+    let material = file_kms_state(root, "k").0.expect("v2");
+    assert_eq!(state_of(&stored_meta(root, "k"), 1), "previous");
+    // The key moves to a file KMS (`filekms/`): the helper's store is destroyed.
+    let plan = exec_plan(
+        &["./helper".to_string()],
+        &[("d1", "d1.img"), ("d2", "d2.img")],
+        "initial.pass",
+    )
+    .replacen(
+        "keys:\n",
+        "  local:\n    provider: file\n    path: filekms\nkeys:\n",
+        1,
+    )
+    .replacen("k: { kms: custom }", "k: { kms: local }", 1);
+    s.plan("keyplan.yaml", &plan);
+    apply_killed_at(&s, &["apply", "--auto-approve"], "destroy_key");
+    let meta = stored_meta(root, "k");
+    assert!(meta["current"].is_null(), "{meta}");
+    assert!(
+        !root.join("keys/k/v1.key").exists(),
+        "v1, not current, was removed before the record: {meta}"
+    );
+
+    s.ok(&["apply", "--auto-approve"], 0);
+    let left: Vec<_> = walk(&root.join("keys/k"))
+        .into_iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "key"))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "material left in the helper's store: {left:?}"
+    );
+    let meta = stored_meta(root, "k");
+    assert!(meta["current"].is_null(), "{meta}");
+    assert!(meta["pending"].is_null(), "{meta}");
+    for v in [1, 2] {
+        assert_eq!(state_of(&meta, v), "retired", "{meta}");
+    }
+    let moved: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("filekms/k/meta.json")).unwrap()).unwrap();
+    let moved = std::fs::read(root.join(format!(
+        "filekms/k/v{}.key",
+        moved["current"].as_u64().expect("current in the file KMS")
+    )))
+    .unwrap();
+    assert_eq!(moved, material);
+    for d in &devs {
+        assert!(opens(d, &material, None), "{}", d.display());
+    }
+    s.ok(&["plan", "--detailed-exitcode"], 0);
+}

@@ -742,3 +742,36 @@ fn a_kmip_server_that_never_answers_is_bounded() {
         Duration::from_secs(12),
     );
 }
+
+/// Issue 46: a key with no current version whose objects still hold material (here v2, the
+/// current one, revoked by an operator while v1 was still Deactivated, as a destroy cut short
+/// by an older keyplan left it) is finished by `destroy_key`: every such object is destroyed,
+/// not only the expected current version's (before: v1 stayed Deactivated with its material).
+#[test]
+fn destroy_key_finishes_every_object_left_with_material() {
+    let Some(server) = PyKmip::start() else {
+        return;
+    };
+    let kms = client(&server);
+    kms.stage("k", &pass("first-version"), 1).unwrap();
+    kms.commit("k", None, 1).unwrap();
+    kms.stage("k", &pass("second-version"), 0).unwrap();
+    kms.commit("k", Some(1), 2).unwrap();
+    let v2 = pykmip::named(&server.objects(), "k/v2")[0].uid.clone();
+    server.operator_revoke(&v2);
+    let st = kms.read("k").unwrap();
+    assert_eq!((st.current, st.pending), (None, None), "{st:?}");
+
+    kms.destroy_key("k", 2).expect("destroy_key finishes it");
+    let left: Vec<_> = server
+        .objects()
+        .into_iter()
+        .filter(|o| o.names.iter().any(|n| n.starts_with("k/v")))
+        .map(|o| (o.names, o.state))
+        .collect();
+    assert!(left.is_empty(), "objects left: {left:?}");
+    assert!(matches!(
+        kms.get("k", 1),
+        Err(KmsError::NoSuchVersion { version: 1, .. })
+    ));
+}

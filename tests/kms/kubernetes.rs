@@ -1075,3 +1075,79 @@ fn fleet_status_against_a_silent_api_server_is_bounded() {
     assert!(took < std::time::Duration::from_secs(45), "took {took:?}");
     assert!(err.contains("did not answer in time"), "{err}");
 }
+
+/// Does the body of an index write (`keyplan.io/versions` annotation) record `version` as
+/// retired?
+fn records_retired(body: &Value, version: u64) -> bool {
+    let Some(text) = body["metadata"]["annotations"]["keyplan.io/versions"].as_str() else {
+        return false;
+    };
+    let Ok(record) = serde_json::from_str::<Value>(text) else {
+        return false;
+    };
+    record["versions"].as_array().is_some_and(|vs| {
+        vs.iter()
+            .any(|v| v["version"] == version && v["state"] == "retired")
+    })
+}
+
+/// Issue 46, secret-per-version layout: `retire` deletes the version's Secret before the index
+/// records the version retired (before: the index first, so a run killed in between left a
+/// version recorded retired whose Secret still held its passphrase). A `destroy_key` cut short
+/// after its index write leaves version Secrets behind: `lingering` reports them, and
+/// `destroy_key` again deletes them.
+#[test]
+fn retire_and_destroy_leave_no_version_secret_the_index_calls_retired() {
+    use std::sync::{Arc, Mutex};
+    let Some(kube) = Kube::new("retire-order") else {
+        return;
+    };
+    index_secret(&kube, "k");
+    let kms = kube.kms("full");
+    kms.stage("k", &pass(b"one-AAAA"), 1).unwrap();
+    kms.commit("k", None, 1).unwrap();
+    kms.stage("k", &pass(b"two-BBBB"), 0).unwrap();
+    kms.commit("k", Some(1), 2).unwrap();
+    assert!(kube.secret("k-v1").is_some());
+
+    // What the cluster holds at the moment the index write that retires v1 goes through.
+    let v1_there: Arc<Mutex<Option<bool>>> = Arc::default();
+    let seen = Arc::clone(&v1_there);
+    let (c, ns, ns2) = (kube.c, kube.ns.clone(), kube.ns.clone());
+    kube.proxy.before_write(
+        move |r: &Request<'_>| r.is_secret_write(&ns, "k-keyplan") && records_retired(r.body, 1),
+        move || *seen.lock().unwrap() = Some(c.secret(&ns2, "k-v1").is_some()),
+    );
+    kms.retire("k", 1).unwrap();
+    assert_eq!(
+        *v1_there.lock().unwrap(),
+        Some(false),
+        "the index recorded v1 retired while Secret k-v1 still held it"
+    );
+    assert!(kube.secret("k-v1").is_none());
+    assert_eq!(
+        kube.versions("k-keyplan").unwrap()["versions"][0]["state"],
+        "retired"
+    );
+    assert_eq!(kms.lingering("k").unwrap(), Vec::<u64>::new());
+
+    // destroy_key: the index is written, then deleting k-v2 is refused once.
+    let ns = kube.ns.clone();
+    kube.proxy.inject(
+        move |r: &Request<'_>| r.method == "DELETE" && r.is_secret_write(&ns, "k-v2"),
+        kube_proxy::Fault::Status(403),
+        1,
+    );
+    assert!(matches!(
+        kms.destroy_key("k", 2),
+        Err(KmsError::Denied { .. })
+    ));
+    let st = kms.read("k").unwrap();
+    assert_eq!((st.current, st.pending), (None, None), "{st:?}");
+    assert_eq!(kube.data("k-v2", "dmcrypt-key").unwrap(), b"two-BBBB");
+    assert_eq!(kms.lingering("k").unwrap(), [2]);
+    kms.destroy_key("k", 2)
+        .expect("destroy_key again finishes it");
+    assert!(kube.secret("k-v2").is_none());
+    assert_eq!(kms.lingering("k").unwrap(), Vec::<u64>::new());
+}

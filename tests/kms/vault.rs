@@ -1006,3 +1006,124 @@ fn a_silent_vault_costs_status_one_default_timeout() {
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
     assert!(j["unchecked"].to_string().contains("within 30 s"), "{j}");
 }
+
+/// `bao kv put -mount=secret [-cas=N] PATH FIELD=VALUE...` (a `FIELD=-` value on stdin),
+/// asserting success: a write keyplan did not make.
+fn kv_put_fields(bao: &OpenBao, path: &str, cas: Option<u64>, stdin: &[u8], fields: &[&str]) {
+    let cas = cas.map(|c| format!("-cas={c}"));
+    let mut args = vec!["kv", "put", "-mount=secret"];
+    args.extend(cas.as_deref());
+    args.push(path);
+    args.extend_from_slice(fields);
+    let out = bao.cli_as(&bao.root_token, &args, stdin);
+    assert!(
+        out.status.success(),
+        "bao kv put {path}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Issue 46: a holder record copies the current version into a new KV version and destroys
+/// the one it copied; when that destruction failed (here: the copy is written by hand, the
+/// copied KV version left readable), the version's material lives in two KV versions.
+/// Retiring the version destroys both, the extra copy first, so no KV version reads the
+/// retired passphrase afterwards (before: the older copy stayed readable with `bao kv get
+/// -version=1`, and nothing reported it).
+#[test]
+fn retire_destroys_every_copy_of_the_version() {
+    let t0 = Instant::now();
+    let Some(bao) = OpenBao::start() else { return };
+    let kms = vault(&bao);
+    let key = "k";
+    kms.stage(key, &pass("one-AAAA"), 1).unwrap();
+    kms.commit(key, None, 1).unwrap();
+    // KV version 2: a copy of v1, as a holder record writes it; KV version 1 not destroyed.
+    kv_put_fields(
+        &bao,
+        key,
+        Some(1),
+        b"one-AAAA",
+        &[
+            "k=-",
+            "keyplan_version=1",
+            "keyplan_created_at=1700000000",
+            "keyplan_history=[]",
+        ],
+    );
+    kms.stage(key, &pass("two-BBBB"), 0).unwrap();
+    kms.commit(key, Some(1), 2).unwrap();
+    kms.stage(key, &pass("three-CCCC"), 0).unwrap();
+    kms.commit(key, Some(2), 3).unwrap();
+    assert_eq!(
+        bao.kv_data(key, Some(1)).unwrap()["k"],
+        "one-AAAA",
+        "the extra copy is readable before the retire"
+    );
+    // v1 is previous: an extra copy of it lingers nowhere yet.
+    assert_eq!(kms.lingering(key).unwrap(), Vec::<u64>::new());
+
+    kms.retire(key, 1).unwrap();
+    for kv in [1, 2] {
+        assert_eq!(
+            bao.kv_data(key, Some(kv)),
+            None,
+            "KV version {kv} still reads"
+        );
+    }
+    let st = kms.read(key).unwrap();
+    assert_eq!(st.versions[&1].state, VersionState::Retired, "{st:?}");
+    assert_eq!(kms.lingering(key).unwrap(), Vec::<u64>::new());
+    assert!(matches!(
+        kms.get(key, 1),
+        Err(KmsError::NoSuchVersion { version: 1, .. })
+    ));
+    assert_eq!(bao.kv_field(key, "k").unwrap(), b"three-CCCC");
+    done("retire_destroys_every_copy_of_the_version", t0);
+}
+
+/// Issue 46: a `destroy_key` killed after its tombstone (written here by hand, check-and-set
+/// on the latest KV version, as keyplan writes it) leaves the earlier KV versions readable:
+/// `lingering` reports the versions they hold (before: nothing), the key reads as destroyed,
+/// and `destroy_key` again deletes them all, after which nothing lingers.
+#[test]
+fn lingering_reports_a_destroy_killed_after_its_tombstone_until_it_is_finished() {
+    let t0 = Instant::now();
+    let Some(bao) = OpenBao::start() else { return };
+    let kms = vault(&bao);
+    let key = "k";
+    kms.stage(key, &pass("one-AAAA"), 1).unwrap();
+    kms.commit(key, None, 1).unwrap();
+    kms.stage(key, &pass("two-BBBB"), 0).unwrap();
+    kms.commit(key, Some(1), 2).unwrap();
+    kms.stage(key, &pass("three-CCCC"), 0).unwrap();
+    kms.commit(key, Some(2), 3).unwrap();
+    kms.retire(key, 1).unwrap();
+    assert_eq!(kms.lingering(key).unwrap(), Vec::<u64>::new());
+    kv_put_fields(
+        &bao,
+        key,
+        Some(3),
+        b"",
+        &["keyplan_destroyed_at=1700000000"],
+    );
+    let st = kms.read(key).unwrap();
+    assert_eq!((st.current, st.pending), (None, None), "{st:?}");
+    assert_eq!(kms.lingering(key).unwrap(), [2, 3]);
+    assert_eq!(bao.kv_data(key, Some(3)).unwrap()["k"], "three-CCCC");
+
+    kms.destroy_key(key, 3)
+        .expect("destroy_key again finishes it");
+    assert!(bao.kv_metadata(key).is_none(), "the key's versions remain");
+    for kv in [2, 3] {
+        assert_eq!(
+            bao.kv_data(key, Some(kv)),
+            None,
+            "KV version {kv} still reads"
+        );
+    }
+    assert_eq!(kms.lingering(key).unwrap(), Vec::<u64>::new());
+    done(
+        "lingering_reports_a_destroy_killed_after_its_tombstone_until_it_is_finished",
+        t0,
+    );
+}

@@ -456,10 +456,13 @@ impl Kms for KmipKms {
             let (objs, st) = self.read_on(&mut s, name)?;
             let decision = VersionBook::of(&st).destroy(expected_current);
             if decision.map_err(|r| r.conflict(self, name))? == Destroy::NothingLeft {
-                // Finish an interrupted destroy_key: its last version was revoked, not destroyed.
-                if let Some(o) = objs.iter().find(|o| {
-                    o.version == expected_current && state_of(o.state) != VersionState::Retired
-                }) {
+                // Finish an interrupted destroy_key (its last version was revoked, not
+                // destroyed): no object of a key without a current version may keep material,
+                // whichever version the caller expected.
+                for o in objs
+                    .iter()
+                    .filter(|o| state_of(o.state) != VersionState::Retired)
+                {
                     self.destroy(&mut s, name, o, RevocationReasonCode::CessationOfOperation)?;
                 }
                 return Ok(());

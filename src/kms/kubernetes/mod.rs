@@ -366,32 +366,42 @@ impl KubernetesKms {
                     let Some(entry) = meta.find(version).cloned() else {
                         return Ok(());
                     };
+                    // The material first, then the record that says it is gone: killed in
+                    // between, the version reads as previous without material (`get`: no
+                    // such version) and the next retire records it; never retired with its
+                    // Secret still readable. (A version never becomes current again, so
+                    // deleting before the conditional index write is safe.)
+                    let secret = entry.secret.as_deref();
+                    self.delete_unused(key, &meta, secret, Some(version), &what)
+                        .await?;
                     if entry.state != VersionState::Retired {
                         book::retire_state(&mut meta.versions, version);
                         self.write_index(key, index, &meta, &what).await?;
                     }
-                    self.delete_unused(key, &meta, entry.secret.as_deref(), &what)
-                        .await
+                    Ok(())
                 }
             }
         })
     }
 
-    /// Deletes version Secret `secret` unless a version that is not retired still lives in it.
+    /// Deletes version Secret `secret` unless a version that is not retired (other than
+    /// `retiring`, the one being retired) still lives in it.
     async fn delete_unused(
         &self,
         key: &str,
         meta: &Meta,
         secret: Option<&str>,
+        retiring: Option<u64>,
         what: &str,
     ) -> Result<(), KmsError> {
         let Some(secret) = secret else {
             return Ok(());
         };
-        let in_use = meta
-            .versions
-            .iter()
-            .any(|v| v.state != VersionState::Retired && v.secret.as_deref() == Some(secret));
+        let in_use = meta.versions.iter().any(|v| {
+            v.state != VersionState::Retired
+                && Some(book::Entry::number(v)) != retiring
+                && v.secret.as_deref() == Some(secret)
+        });
         if in_use {
             return Ok(());
         }
@@ -434,6 +444,11 @@ impl KubernetesKms {
                     Ok(())
                 }
                 View::Index { index, mut meta } => {
+                    // The record first here: the conditional index write is the
+                    // compare-and-swap, and a version Secret deleted before it could not be
+                    // brought back if it lost. Killed in between, the versions read as
+                    // retired with their Secrets left: `lingering` reports them, and the next
+                    // destroy_key (resuming the run) deletes them below.
                     if decision == Destroy::Go {
                         (meta.current, meta.pending) = book::destroy_states(&mut meta.versions);
                         self.write_index(key, index, &meta, &what).await?;
@@ -447,7 +462,7 @@ impl KubernetesKms {
                     secrets.sort_unstable();
                     secrets.dedup();
                     for s in secrets {
-                        self.delete_unused(key, &meta, Some(s), &what).await?;
+                        self.delete_unused(key, &meta, Some(s), None, &what).await?;
                     }
                     Ok(())
                 }
@@ -563,6 +578,43 @@ impl Kms for KubernetesKms {
     fn destroy_key(&self, name: &str, expected_current: u64) -> Result<(), KmsError> {
         with_retries(&format!("destroy {name}"), || {
             self.destroy_now(name, expected_current)
+        })
+    }
+
+    /// Versions the record calls retired whose material is still there: a `keyplan.v<N>`
+    /// entry in the Secret (mutable layout), or a version Secret that still holds its data
+    /// (secret-per-version layout: a destroy_key interrupted between the index and the
+    /// deletions, or a version sharing an immutable Secret with a version still in use).
+    fn lingering(&self, name: &str) -> Result<Vec<u64>, KmsError> {
+        self.run(async {
+            let view = self.load(name).await?;
+            let meta = view.meta();
+            let retired = meta
+                .versions
+                .iter()
+                .filter(|v| v.state == VersionState::Retired)
+                .map(book::Entry::number);
+            let mut out = Vec::new();
+            match &view {
+                View::Single { obj, .. } => {
+                    let Some(obj) = obj else {
+                        return Ok(out);
+                    };
+                    out.extend(
+                        retired.filter(|n| {
+                            obj.data.contains_key(&format!("{VERSION_DATA_PREFIX}{n}"))
+                        }),
+                    );
+                }
+                View::Index { .. } => {
+                    for n in retired {
+                        if self.fetch_indexed(name, meta, n).await?.is_some() {
+                            out.push(n);
+                        }
+                    }
+                }
+            }
+            Ok(out)
         })
     }
 

@@ -582,7 +582,7 @@ pub(super) fn book_of(main: Option<&Main>, pending: &PendingRead) -> VersionBook
 }
 
 /// Does KV version `kv` still hold material (not destroyed, not soft-deleted, not pruned)?
-fn material_kept(meta: Option<&ReadSecretMetadataResponse>, kv: u64, now: u64) -> bool {
+pub(super) fn material_kept(meta: Option<&ReadSecretMetadataResponse>, kv: u64, now: u64) -> bool {
     let Some(v) = meta.and_then(|m| m.versions.get(&kv.to_string())) else {
         return false;
     };
@@ -605,7 +605,7 @@ pub(super) fn pending_path(name: &str) -> String {
 }
 
 /// Moves a string field out of `data` into zeroizing storage (no copy of the bytes).
-fn take_string(
+pub(super) fn take_string(
     data: &mut serde_json::Map<String, Value>,
     field: &str,
 ) -> Option<Zeroizing<String>> {
@@ -616,7 +616,10 @@ fn take_string(
 }
 
 /// A `u64` field written as a decimal string (keyplan's form) or a JSON number.
-fn number(data: &serde_json::Map<String, Value>, field: &str) -> Result<Option<u64>, String> {
+pub(super) fn number(
+    data: &serde_json::Map<String, Value>,
+    field: &str,
+) -> Result<Option<u64>, String> {
     match data.get(field) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => s

@@ -44,13 +44,16 @@
 //! commit and of holder records); `layout.rs` the layout above (paths, fields, history, how a
 //! key reads back); `client.rs` the connection (login, requests, wire types, error mapping);
 //! `setup.rs` opening an instance from the plan; `auth.rs` the login methods; `check.rs` the
-//! [`Kms::check`] preflight. Imports run one way: this file, `check.rs` and `setup.rs` use
-//! `layout.rs` and `client.rs`; `layout.rs` uses `client.rs`; `client.rs` uses `auth.rs`.
+//! [`Kms::check`] preflight; `leftover.rs` material the record no longer counts on (copies of
+//! retired versions, [`Kms::lingering`]). Imports run one way: this file, `check.rs`,
+//! `setup.rs` and `leftover.rs` use `layout.rs` and `client.rs`; `layout.rs` uses `client.rs`;
+//! `client.rs` uses `auth.rs`.
 
 mod auth;
 mod check;
 mod client;
 mod layout;
+mod leftover;
 mod setup;
 #[cfg(test)]
 mod tests;
@@ -237,7 +240,10 @@ impl Kms for VaultKms {
 
     /// Destroys (`POST <mount>/destroy/<name>`) the KV version holding `version`, found in
     /// `keyplan_history`. The current and the pending version are refused; an unknown version
-    /// is a no-op.
+    /// is a no-op. Other copies of its material go first (older KV versions a holder record
+    /// failed to destroy, a committed pending secret left behind): the destroyed flag of the
+    /// KV version the history names is the record that says the version is retired, so it
+    /// comes last, and retiring again finishes a retire cut short.
     fn retire(&self, name: &str, version: u64) -> Result<(), KmsError> {
         self.check_name(name)?;
         with_retries(&format!("retire vault key {name} v{version}"), || {
@@ -248,6 +254,16 @@ impl Kms for VaultKms {
             let Some((m, live)) = main.as_ref().and_then(|m| Some((m, m.live.as_ref()?))) else {
                 return Ok(());
             };
+            if let PendingRead::Found(p) = &pending {
+                if p.version == version {
+                    self.delete_metadata(&pending_path(name))?;
+                }
+            }
+            for stray in self.strays(name, m)? {
+                if stray.version == version {
+                    self.destroy_version(name, stray.kv_version)?;
+                }
+            }
             let Some(h) = live.history.iter().find(|h| h.version == version) else {
                 return Ok(());
             };
@@ -273,8 +289,13 @@ impl Kms for VaultKms {
         with_retries("check vault KMS", || self.check_once(names))
     }
 
-    /// Check-and-set on the current version: writes a tombstone version with check-and-set,
-    /// then deletes all versions and metadata of `<name>` and of its pending sibling.
+    /// Check-and-set on the current version: deletes a committed pending secret left behind
+    /// (a copy of material no read counts on), writes a tombstone version with check-and-set,
+    /// then deletes all versions and metadata of `<name>`. The tombstone is the record, and it
+    /// comes before the key's KV versions are deleted: Vault offers no other check-and-set,
+    /// and destroyed versions cannot be brought back should it fail. A destroy killed after
+    /// it leaves the earlier KV versions readable ([`Kms::lingering`] reports them) until the
+    /// next `destroy_key`, resuming the run, deletes them.
     fn destroy_key(&self, name: &str, expected_current: u64) -> Result<(), KmsError> {
         self.check_name(name)?;
         let pending_name = pending_path(name);
@@ -282,14 +303,20 @@ impl Kms for VaultKms {
             let (main, pending) = self.read_state(name, true)?;
             let decision = book_of(main.as_ref(), &pending).destroy(expected_current);
             if decision.map_err(|r| r.conflict(self, name))? == Destroy::NothingLeft {
-                // Absent, or a tombstone left by an interrupted destroy: finish it.
-                if main.is_some() {
-                    self.delete_metadata(name)?;
-                }
+                // Absent, or a tombstone left by an interrupted destroy: finish it (a
+                // leftover pending secret first, the tombstone with the key's versions last).
                 if !matches!(pending, PendingRead::Absent) {
                     self.delete_metadata(&pending_name)?;
                 }
+                if main.is_some() {
+                    self.delete_metadata(name)?;
+                }
                 return Ok(());
+            }
+            if !matches!(pending, PendingRead::Absent) {
+                // Not a pending version (the book let the destroy through): a leftover. Gone
+                // before the tombstone, it cannot read as a pending version of a destroyed key.
+                self.delete_metadata(&pending_name)?;
             }
             let kv_version = main.as_ref().map_or(0, |m| m.kv_version);
             let at = crate::clock::now_unix().to_string();
@@ -304,9 +331,20 @@ impl Kms for VaultKms {
                     ),
                 ));
             }
-            self.delete_metadata(name)?;
-            self.delete_metadata(&pending_name)
+            self.delete_metadata(name)
         })
+    }
+
+    /// Readable KV versions (and a committed pending secret left behind) holding a version
+    /// the record calls retired, or any version of a key whose latest KV version is
+    /// `destroy_key`'s tombstone: see `leftover.rs`. Reads the key, its metadata and each
+    /// such KV version.
+    fn lingering(&self, name: &str) -> Result<Vec<u64>, KmsError> {
+        self.check_name(name)?;
+        with_retries(
+            &format!("look for retired material of vault key {name}"),
+            || self.lingering_once(name),
+        )
     }
 
     /// The token, from `auth/token/lookup-self`: its expiry (`expire_time`, or now + `ttl`;
