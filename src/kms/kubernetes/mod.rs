@@ -72,6 +72,10 @@ pub use layout::{
 };
 pub use setup::open;
 
+/// How many of a key's newest retired versions [`Kms::lingering`] reads back in the
+/// secret-per-version layout (one Secret GET each).
+const LINGERING_CHECKED: usize = 4;
+
 impl KubernetesKms {
     fn read_now(&self, key: &str) -> Result<KeyState, KmsError> {
         self.run(async {
@@ -581,7 +585,8 @@ impl Kms for KubernetesKms {
         })
     }
 
-    /// Versions the record calls retired whose material is still there: a `keyplan.v<N>`
+    /// Versions the record calls retired whose material is still there (in the
+    /// secret-per-version layout, among the [`LINGERING_CHECKED`] newest retired ones): a `keyplan.v<N>`
     /// entry in the Secret (mutable layout), or a version Secret that still holds its data
     /// (secret-per-version layout: a destroy_key interrupted between the index and the
     /// deletions, or a version sharing an immutable Secret with a version still in use).
@@ -607,7 +612,13 @@ impl Kms for KubernetesKms {
                     );
                 }
                 View::Index { .. } => {
-                    for n in retired {
+                    // One GET per version Secret: only the newest retired versions, which an
+                    // interrupted retire or destroy leaves (bounded requests per `status`,
+                    // which the fleet agent runs every cycle).
+                    let mut newest: Vec<u64> = retired.collect();
+                    newest.sort_unstable_by(|a, b| b.cmp(a));
+                    newest.truncate(LINGERING_CHECKED);
+                    for n in newest {
                         if self.fetch_indexed(name, meta, n).await?.is_some() {
                             out.push(n);
                         }
