@@ -2,9 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use super::{DeviceState, Origin};
+use super::{DeviceState, Occupant, Origin};
 use crate::finding::Finding;
-use crate::kms::KeyState;
+use crate::kms::{KeyState, Kms, KmsError};
 use crate::spec::{PathSeg, Plan};
 use crate::world::{RecordStatus, World};
 
@@ -72,28 +72,46 @@ fn kms_finding(id: &str, e: &crate::kms::KmsError) -> Finding {
 }
 
 /// Finds, for every key of `plan`, the other `(KMS instance, name)` pairs its valid records
-/// on plan devices name, and reads the key there (one KMS read each).
+/// on plan devices name, and reads the key there (one KMS read each); where the key's own
+/// entry (`keys`: the keys as read in their KMSs) already holds a version while the origin
+/// still holds its current one, compares the two by material ([`occupant`]).
 ///
 /// Errors: every origin KMS that cannot be read, pointing at the key in the plan.
 pub(super) fn origins(
     plan: &Plan,
     world: &World,
     devices: &BTreeMap<String, DeviceState>,
+    keys: &BTreeMap<String, KeyState>,
 ) -> Result<BTreeMap<String, Vec<Origin>>, Vec<Finding>> {
     let mut out: BTreeMap<String, Vec<Origin>> = BTreeMap::new();
     let mut errors = Vec::new();
     for (id, key) in &plan.keys {
         for (kms_name, name) in moved_from(key, devices) {
-            let state = match world.kms.get(&kms_name) {
-                None => None,
+            let unreadable = |e: &dyn std::fmt::Display| {
+                Finding::at(
+                    key_path(id),
+                    format!("key {id}: its devices record it in KMS {kms_name:?} (as {name:?}), which the plan moved it from: {e}"),
+                    None,
+                ).unreachable()
+            };
+            let (state, occupant) = match world.kms.get(&kms_name) {
+                None => (None, None),
                 Some(k) => match k.read(&name) {
-                    Ok(st) => Some(st),
+                    Ok(st) => {
+                        let dest = world.kms_for(plan, id).ok().zip(keys.get(id));
+                        match dest
+                            .map(|(d, dst)| occupant((d, &key.name, dst), (k.as_ref(), &name, &st)))
+                        {
+                            Some(Err(e)) => {
+                                errors.push(unreadable(&e));
+                                continue;
+                            }
+                            Some(Ok(o)) => (Some(st), o),
+                            None => (Some(st), None),
+                        }
+                    }
                     Err(e) => {
-                        errors.push(Finding::at(
-                            key_path(id),
-                            format!("key {id}: its devices record it in KMS {kms_name:?} (as {name:?}), which the plan moved it from: {e}"),
-                            None,
-                        ).unreachable());
+                        errors.push(unreadable(&e));
                         continue;
                     }
                 },
@@ -102,6 +120,7 @@ pub(super) fn origins(
                 kms: kms_name,
                 name,
                 state,
+                occupant,
             });
         }
     }
@@ -110,4 +129,38 @@ pub(super) fn origins(
     } else {
         Err(errors)
     }
+}
+
+/// What the key's own entry `(kms, name, state)` (where the plan moves it) already holds,
+/// compared with the origin `(kms, name, state)` by material: `None` when the origin holds no
+/// current version (an earlier run copied and destroyed it; the verify steps test the copy)
+/// or the destination holds no current or pending version. Material is compared in memory and
+/// dropped (zeroized); nothing of it is kept.
+///
+/// Errors: a version either KMS lists cannot be read.
+fn occupant(
+    (dest, dest_name, dest_st): (&dyn Kms, &str, &KeyState),
+    (from, from_name, from_st): (&dyn Kms, &str, &KeyState),
+) -> Result<Option<Occupant>, KmsError> {
+    let Some(current) = from_st.current else {
+        return Ok(None);
+    };
+    let (version, pending) = match (dest_st.current, dest_st.pending) {
+        (Some(c), _) => (c, false),
+        (None, Some(p)) => (p, true),
+        (None, None) => return Ok(None),
+    };
+    let held = dest.get(dest_name, version)?;
+    let mut copy_of = None;
+    for v in std::iter::once(current).chain(from_st.retained_previous()) {
+        if from.get(from_name, v)?.expose() == held.expose() {
+            copy_of = Some(v);
+            break;
+        }
+    }
+    Ok(Some(Occupant {
+        version,
+        pending,
+        copy_of,
+    }))
 }
