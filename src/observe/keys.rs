@@ -87,39 +87,47 @@ pub(super) fn origins(
     let mut errors = Vec::new();
     for (id, key) in &plan.keys {
         for (kms_name, name) in moved_from(key, devices) {
-            let unreadable = |e: &dyn std::fmt::Display| {
-                Finding::at(
-                    key_path(id),
-                    format!("key {id}: its devices record it in KMS {kms_name:?} (as {name:?}), which the plan moved it from: {e}"),
-                    None,
-                ).unreachable()
+            let Some(from) = world.kms.get(&kms_name) else {
+                out.entry(id.clone()).or_default().push(Origin {
+                    kms: kms_name,
+                    name,
+                    state: None,
+                    occupant: None,
+                });
+                continue;
             };
-            let (state, occupant) = match world.kms.get(&kms_name) {
-                None => (None, None),
-                Some(k) => match k.read(&name) {
-                    Ok(st) => {
-                        let dest = world.kms_for(plan, id).ok().zip(keys.get(id));
-                        match dest
-                            .map(|(d, dst)| occupant((d, &key.name, dst), (k.as_ref(), &name, &st)))
-                        {
-                            Some(Err(e)) => {
-                                errors.push(unreadable(&e));
-                                continue;
-                            }
-                            Some(Ok(o)) => (Some(st), o),
-                            None => (Some(st), None),
+            let st = match from.read(&name) {
+                Ok(st) => st,
+                Err(e) => {
+                    errors.push(Finding::at(
+                        key_path(id),
+                        format!("key {id}: its devices record it in KMS {kms_name:?} (as {name:?}), which the plan moved it from: {e}"),
+                        None,
+                    ).unreachable());
+                    continue;
+                }
+            };
+            let dest = world.kms_for(plan, id).ok().zip(keys.get(id));
+            let occupant = match dest {
+                Some((d, dst)) => {
+                    match occupant((d, &key.name, dst), (from.as_ref(), &name, &st)) {
+                        Ok(o) => o,
+                        Err(e) => {
+                            errors.push(Finding::at(
+                            key_path(id),
+                            format!("key {id}: the plan moves it to KMS {:?} (as {:?}), which already holds a version of that name; comparing it with the key's versions in KMS {kms_name:?} (as {name:?}) failed: {e}", key.kms, key.name),
+                            None,
+                        ).unreachable());
+                            continue;
                         }
                     }
-                    Err(e) => {
-                        errors.push(unreadable(&e));
-                        continue;
-                    }
-                },
+                }
+                None => None,
             };
             out.entry(id.clone()).or_default().push(Origin {
                 kms: kms_name,
                 name,
-                state,
+                state: Some(st),
                 occupant,
             });
         }

@@ -365,14 +365,19 @@ pub fn own_record_unbacked(
 /// The `(KMS instance, name)` entries other than its own in the plan that valid keyplan
 /// records of key `key_id` on the plan's devices name: where a move the plan asks for (a
 /// changed `kms:` or `name:`) that `apply` has not finished says the key's versions are.
-/// Sorted, each once; empty when the records name only the plan's entry. Reads the device
-/// headers and keyplan's records (no PBKDF, no KMS); devices that cannot be read are left out.
+/// Sorted, each once; empty when the records name only the plan's entry. Reads the headers
+/// and keyplan's records of the devices that list the key (no PBKDF, no KMS); devices that
+/// cannot be read are left out.
 pub fn recorded_elsewhere(plan: &Plan, world: &World, key_id: &str) -> Vec<(String, String)> {
     let Some(key) = plan.keys.get(key_id) else {
         return Vec::new();
     };
+    let mut listing = plan.clone();
+    listing
+        .devices
+        .retain(|_, d| d.keys.iter().any(|k| k.key == key_id));
     let mut findings = Vec::new();
-    let mut read = devices::read(plan, world, &mut findings);
-    rename::apply(plan, &mut read.devices);
+    let mut read = devices::read(&listing, world, &mut findings);
+    rename::apply(&listing, &mut read.devices);
     keys::moved_from(key, &read.devices)
 }

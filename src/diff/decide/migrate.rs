@@ -238,24 +238,20 @@ impl Planner<'_> {
         let to_name = self.plan.keys.get(key).map_or(key, |k| k.name.as_str());
         let held = format!(
             "{} v{}",
-            if occ.pending {
-                "a pending"
-            } else {
-                "a current"
-            },
+            if occ.pending { "pending" } else { "current" },
             occ.version
         );
         let what = match occ.copy_of {
             Some(v) => format!(
-                "which holds v{v} of the key, an older copy (an earlier move that did not finish?), not its current v{current}"
+                "that holds v{v} of this key, an older copy (from an earlier move that did not finish?), not its current v{current}"
             ),
             None => format!(
-                "which is not this key: it matches none of the versions of {key} that KMS {:?} holds (as {:?}), where the devices' keyslot records say they are",
+                "that is not this key: its material matches none of the versions of {key} that KMS {:?} holds (as {:?}), where the devices' keyslot records say they are",
                 o.kms, o.name
             ),
         };
         self.refuse_key(key, format!(
-            "key {key}: the plan moves it to KMS {to_kms:?}, which already holds an entry {to_name:?} ({held}), {what}. Nothing was changed: the key stays in KMS {:?}. Give the key another `name:` in KMS {to_kms:?} (keys.{key}.name in the plan file), or remove or rename that entry in KMS {to_kms:?} if nothing needs it, then run `keyplan plan` again",
+            "key {key}: the plan moves it to KMS {to_kms:?}, but that KMS already holds an entry {to_name:?} ({held}) {what}. Nothing was changed: the key stays in KMS {:?}. Give the key another `name:` in KMS {to_kms:?} (keys.{key}.name in the plan file), or remove or rename that entry in KMS {to_kms:?} if nothing needs it, then run `keyplan plan` again",
             o.kms
         ));
         true

@@ -223,12 +223,12 @@ devices:
         }
         o
     };
-    for (copy_of, why) in [(None, "which is not this key"), (Some(1), "an older copy")] {
+    for (copy_of, why) in [(None, "that is not this key"), (Some(1), "an older copy")] {
         let refusals = run(&p, &with(copy_of), &[]).expect_err("refused");
         let text: Vec<String> = refusals.iter().map(|r| r.to_string()).collect();
         let text = text.join("\n");
         assert!(
-            text.contains("already holds an entry \"osd-kek\" (a current v1)"),
+            text.contains("already holds an entry \"osd-kek\" (current v1)"),
             "{text}"
         );
         assert!(text.contains(why), "{text}");
