@@ -62,6 +62,7 @@ pub fn source<'e>(engine: &'e Engine, key: &str) -> Result<Source<'e>, Error> {
     let plan = engine.plan();
     let elsewhere = crate::observe::recorded_elsewhere(plan, engine.world(), key);
     let mut holding = Vec::new();
+    let mut moved = Vec::new();
     for (kms_name, name) in &elsewhere {
         let Some(from) = engine.world().kms.get(kms_name) else {
             return Err(Error::request(
@@ -77,13 +78,25 @@ pub fn source<'e>(engine: &'e Engine, key: &str) -> Result<Source<'e>, Error> {
         };
         if from.read(name)?.current.is_some() {
             holding.push((kms_name, name, from.as_ref()));
+        } else {
+            moved.push(format!("KMS {kms_name:?} (as {name:?})"));
         }
     }
     match holding.as_slice() {
         [] => Ok(Source {
             kms,
             name: spec.name.clone(),
-            note: None,
+            // An earlier apply copied the key and destroyed it in the old KMS, then stopped:
+            // what the new KMS holds is that copy, which the next apply verifies on every
+            // device before any record names it.
+            note: (!moved.is_empty()).then(|| {
+                format!(
+                    "key {key}: read from KMS {:?} (as {:?}); some keyslot records still name {}, which no longer holds it: the move is not finished, run `keyplan apply`",
+                    spec.kms,
+                    spec.name,
+                    moved.join(", ")
+                )
+            }),
         }),
         [(kms_name, name, from)] => Ok(Source {
             kms: *from,
