@@ -146,6 +146,16 @@ fn old_kms_must_stay_in_the_plan_during_migration() {
     assert!(err.contains("keep the definition of KMS \"old\""), "{err}");
     snap.assert_unchanged("refused migration");
     assert!(current_in(&s, "keys-old").is_some());
+    // Break-glass will not hand out what KMS new holds under that name without knowing it is k.
+    file_kms_put_in(&s.path("keys-new"), "k", b"a passphrase another tool keeps");
+    let out = s.keyplan(&["key", "get", "k"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(out.stdout.is_empty(), "key get handed out the other entry");
+    assert!(
+        err.contains("Restore the definition of KMS \"old\""),
+        "{err}"
+    );
 }
 
 #[test]
