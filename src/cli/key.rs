@@ -100,9 +100,14 @@ pub(super) fn cmd_key_get(
 ) -> Result<Exit> {
     let plan = load_plan(cli, arg)?;
     ops::key::check_key(&plan, key).or_report(&plan)?;
-    // Break-glass reads the KMS alone: whose the state directory is does not matter here.
+    // Break-glass reads the KMS (and the devices' records) alone: whose the state directory
+    // is does not matter here.
     let engine = Engine::open_read_only(plan.clone()).or_report(&plan)?;
-    let version = ops::key::resolve_version(&engine, key, version).or_report(&plan)?;
+    let src = ops::key::source(&engine, key).or_report(&plan)?;
+    if let Some(note) = &src.note {
+        errln!("{note}");
+    }
+    let version = ops::key::resolve_version(&src, key, version).or_report(&plan)?;
     let stdout = io::stdout();
     if stdout.is_terminal() && !reveal {
         return Err(miette!(
@@ -110,7 +115,7 @@ pub(super) fn cmd_key_get(
             "refusing to print key material to a terminal"
         ));
     }
-    let pass = ops::key::material(&engine, key, version).or_report(&plan)?;
+    let pass = ops::key::material(&src, key, version).or_report(&plan)?;
     let mut lock = stdout.lock();
     lock.write_all(pass.expose()).into_diagnostic()?;
     lock.flush().into_diagnostic()?;

@@ -2,9 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use super::{DeviceState, Origin};
+use super::{DeviceState, Occupant, Origin};
 use crate::finding::Finding;
-use crate::kms::KeyState;
+use crate::kms::{KeyState, Kms, KmsError};
 use crate::spec::{PathSeg, Plan};
 use crate::world::{RecordStatus, World};
 
@@ -72,36 +72,63 @@ fn kms_finding(id: &str, e: &crate::kms::KmsError) -> Finding {
 }
 
 /// Finds, for every key of `plan`, the other `(KMS instance, name)` pairs its valid records
-/// on plan devices name, and reads the key there (one KMS read each).
+/// on plan devices name, and reads the key there (one KMS read each); where the key's own
+/// entry (`keys`: the keys as read in their KMSs) already holds a version while the origin
+/// still holds its current one, compares the two by material ([`occupant`]).
 ///
 /// Errors: every origin KMS that cannot be read, pointing at the key in the plan.
 pub(super) fn origins(
     plan: &Plan,
     world: &World,
     devices: &BTreeMap<String, DeviceState>,
+    keys: &BTreeMap<String, KeyState>,
 ) -> Result<BTreeMap<String, Vec<Origin>>, Vec<Finding>> {
     let mut out: BTreeMap<String, Vec<Origin>> = BTreeMap::new();
     let mut errors = Vec::new();
     for (id, key) in &plan.keys {
         for (kms_name, name) in moved_from(key, devices) {
-            let state = match world.kms.get(&kms_name) {
-                None => None,
-                Some(k) => match k.read(&name) {
-                    Ok(st) => Some(st),
-                    Err(e) => {
-                        errors.push(Finding::at(
+            let Some(from) = world.kms.get(&kms_name) else {
+                out.entry(id.clone()).or_default().push(Origin {
+                    kms: kms_name,
+                    name,
+                    state: None,
+                    occupant: None,
+                });
+                continue;
+            };
+            let st = match from.read(&name) {
+                Ok(st) => st,
+                Err(e) => {
+                    errors.push(Finding::at(
+                        key_path(id),
+                        format!("key {id}: its devices record it in KMS {kms_name:?} (as {name:?}), which the plan moved it from: {e}"),
+                        None,
+                    ).unreachable());
+                    continue;
+                }
+            };
+            let dest = world.kms_for(plan, id).ok().zip(keys.get(id));
+            let occupant = match dest {
+                Some((d, dst)) => {
+                    match occupant((d, &key.name, dst), (from.as_ref(), &name, &st)) {
+                        Ok(o) => o,
+                        Err(e) => {
+                            errors.push(Finding::at(
                             key_path(id),
-                            format!("key {id}: its devices record it in KMS {kms_name:?} (as {name:?}), which the plan moved it from: {e}"),
+                            format!("key {id}: the plan moves it to KMS {:?} (as {:?}), which already holds a version of that name; comparing it with the key's versions in KMS {kms_name:?} (as {name:?}) failed: {e}", key.kms, key.name),
                             None,
                         ).unreachable());
-                        continue;
+                            continue;
+                        }
                     }
-                },
+                }
+                None => None,
             };
             out.entry(id.clone()).or_default().push(Origin {
                 kms: kms_name,
                 name,
-                state,
+                state: Some(st),
+                occupant,
             });
         }
     }
@@ -110,4 +137,38 @@ pub(super) fn origins(
     } else {
         Err(errors)
     }
+}
+
+/// What the key's own entry `(kms, name, state)` (where the plan moves it) already holds,
+/// compared with the origin `(kms, name, state)` by material: `None` when the origin holds no
+/// current version (an earlier run copied and destroyed it; the verify steps test the copy)
+/// or the destination holds no current or pending version. Material is compared in memory and
+/// dropped (zeroized); nothing of it is kept.
+///
+/// Errors: a version either KMS lists cannot be read.
+fn occupant(
+    (dest, dest_name, dest_st): (&dyn Kms, &str, &KeyState),
+    (from, from_name, from_st): (&dyn Kms, &str, &KeyState),
+) -> Result<Option<Occupant>, KmsError> {
+    let Some(current) = from_st.current else {
+        return Ok(None);
+    };
+    let (version, pending) = match (dest_st.current, dest_st.pending) {
+        (Some(c), _) => (c, false),
+        (None, Some(p)) => (p, true),
+        (None, None) => return Ok(None),
+    };
+    let held = dest.get(dest_name, version)?;
+    let mut copy_of = None;
+    for v in std::iter::once(current).chain(from_st.retained_previous()) {
+        if from.get(from_name, v)?.expose() == held.expose() {
+            copy_of = Some(v);
+            break;
+        }
+    }
+    Ok(Some(Occupant {
+        version,
+        pending,
+        copy_of,
+    }))
 }

@@ -192,6 +192,25 @@ pub struct Origin {
     /// That KMS's state of the key; `None` when the instance is no longer in the plan (it
     /// cannot be reached, so the migration cannot be planned).
     pub state: Option<KeyState>,
+    /// What the entry the plan moves the key to already holds, when that KMS holds a current
+    /// or pending version of it while this origin still holds a current version; `None`
+    /// otherwise (nothing there yet, or the origin no longer holds the key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub occupant: Option<Occupant>,
+}
+
+/// The version an entry already holds in the KMS a key moves to ([`Origin::occupant`]),
+/// compared by material (no material kept) with the key's versions in the origin: an earlier,
+/// interrupted run's copy, or a foreign entry that the move must not take for the key.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Occupant {
+    /// The destination's version compared: its current version, else its pending one.
+    pub version: u64,
+    /// Whether `version` is pending there (staged, not committed).
+    pub pending: bool,
+    /// The origin's version (current or previous) with the same material, `None` when none
+    /// has: the entry is not this key's.
+    pub copy_of: Option<u64>,
 }
 
 /// Whether [`observe`] may test passphrases (PBKDF runs) or only reads headers.
@@ -226,7 +245,7 @@ pub fn observe(plan: &Plan, world: &World, testing: Testing) -> Result<Observed,
         return Err(findings);
     }
     rename::apply(plan, &mut devices);
-    let origins = keys::origins(plan, world, &devices)?;
+    let origins = keys::origins(plan, world, &devices, &keys)?;
     retired_copies(plan, &mut devices);
     if testing == Testing::HeadersOnly {
         for (id, st) in devices.iter_mut() {
@@ -341,4 +360,24 @@ pub fn own_record_unbacked(
     let mut findings = Vec::new();
     let read = devices::read(plan, world, &mut findings);
     unbacked_own(plan, key_id, st, &read.devices)
+}
+
+/// The `(KMS instance, name)` entries other than its own in the plan that valid keyplan
+/// records of key `key_id` on the plan's devices name: where a move the plan asks for (a
+/// changed `kms:` or `name:`) that `apply` has not finished says the key's versions are.
+/// Sorted, each once; empty when the records name only the plan's entry. Reads the headers
+/// and keyplan's records of the devices that list the key (no PBKDF, no KMS); devices that
+/// cannot be read are left out.
+pub fn recorded_elsewhere(plan: &Plan, world: &World, key_id: &str) -> Vec<(String, String)> {
+    let Some(key) = plan.keys.get(key_id) else {
+        return Vec::new();
+    };
+    let mut listing = plan.clone();
+    listing
+        .devices
+        .retain(|_, d| d.keys.iter().any(|k| k.key == key_id));
+    let mut findings = Vec::new();
+    let mut read = devices::read(&listing, world, &mut findings);
+    rename::apply(&listing, &mut read.devices);
+    keys::moved_from(key, &read.devices)
 }

@@ -34,22 +34,106 @@ pub fn check_key(plan: &crate::spec::Plan, key: &str) -> Result<(), Error> {
     ))
 }
 
-/// The version `key get` means: `version`, or the key's current version in its KMS. Starts
-/// the command's KMS budget ([`crate::world::World::bound_kms_waits`]).
+/// Where `key get` reads a key ([`source`]): its KMS and the name there.
+pub struct Source<'e> {
+    /// The KMS instance holding the key's versions.
+    pub kms: &'e dyn crate::kms::Kms,
+    /// The key's name in that KMS.
+    pub name: String,
+    /// Why that is not where the plan puts the key (a move `apply` has not finished), for a
+    /// note on stderr; `None` when it is.
+    pub note: Option<String>,
+}
+
+/// Where the versions of `key` are, which `key get` reads: the KMS entry the plan names, or,
+/// while a move the plan asks for is not applied yet, the entry the devices' keyslot records
+/// name as long as that KMS still holds a current version of the key (before `apply` copies
+/// and destroys it there). Never another entry that merely has the key's name in the plan's
+/// KMS: that may be another tool's. Reads the device headers and keyplan's records (no
+/// PBKDF) and the origin KMS. Starts the command's KMS budget
+/// ([`crate::world::World::bound_kms_waits`]).
 ///
-/// Errors: [`Error::Request`] when the plan has no such key, or the key has no current
-/// version yet; [`Error::Kms`].
-pub fn resolve_version(engine: &Engine, key: &str, version: Option<u64>) -> Result<u64, Error> {
+/// Errors: [`Error::Request`] when the plan has no such key, or the records name a KMS the
+/// plan no longer defines or several that hold the key; [`Error::Kms`].
+pub fn source<'e>(engine: &'e Engine, key: &str) -> Result<Source<'e>, Error> {
     // `key get` starts here: a read-only command, bounded as `status` is.
     engine.world().bound_kms_waits();
     let (spec, kms) = key_and_kms(engine, key)?;
+    let plan = engine.plan();
+    let elsewhere = crate::observe::recorded_elsewhere(plan, engine.world(), key);
+    let mut holding = Vec::new();
+    let mut moved = Vec::new();
+    for (kms_name, name) in &elsewhere {
+        let Some(from) = engine.world().kms.get(kms_name) else {
+            return Err(Error::request(
+                format!(
+                    "key {key}: its devices' keyslot records say its versions are in KMS {kms_name:?} (as {name:?}), which {} no longer defines, and the move to KMS {:?} is not finished; keyplan will not hand out what KMS {:?} holds as {:?} without knowing it is this key. Restore the definition of KMS {kms_name:?} in the plan file to read the key there",
+                    plan.source_path.display(),
+                    spec.kms,
+                    spec.kms,
+                    spec.name
+                ),
+                None,
+            ));
+        };
+        if from.read(name)?.current.is_some() {
+            holding.push((kms_name, name, from.as_ref()));
+        } else {
+            moved.push(format!("KMS {kms_name:?} (as {name:?})"));
+        }
+    }
+    match holding.as_slice() {
+        [] => Ok(Source {
+            kms,
+            name: spec.name.clone(),
+            // An earlier apply copied the key and destroyed it in the old KMS, then stopped:
+            // what the new KMS holds is that copy, which the next apply verifies on every
+            // device before any record names it.
+            note: (!moved.is_empty()).then(|| {
+                format!(
+                    "key {key}: read from KMS {:?} (as {:?}); some keyslot records still name {}, which no longer holds it: the move is not finished, run `keyplan apply`",
+                    spec.kms,
+                    spec.name,
+                    moved.join(", ")
+                )
+            }),
+        }),
+        [(kms_name, name, from)] => Ok(Source {
+            kms: *from,
+            name: (*name).clone(),
+            note: Some(format!(
+                "key {key}: read from KMS {kms_name:?} (as {name:?}), where its devices' keyslot records say its versions are; the plan moves it to KMS {:?} (as {:?}), which `keyplan apply` has not done yet",
+                spec.kms, spec.name
+            )),
+        }),
+        several => {
+            let list: Vec<String> = several
+                .iter()
+                .map(|(k, n, _)| format!("KMS {k:?} (as {n:?})"))
+                .collect();
+            Err(Error::request(
+                format!(
+                    "key {key}: its devices' keyslot records name several KMS entries that hold a current version of it ({}); keyplan cannot tell which one a device needs. Read each with the plan file pointing the key at it (`kms:` and `name:`)",
+                    list.join(", ")
+                ),
+                None,
+            ))
+        }
+    }
+}
+
+/// The version `key get` means: `version`, or the key's current version where `src` says its
+/// versions are ([`source`]).
+///
+/// Errors: [`Error::Request`] when the key has no current version yet; [`Error::Kms`].
+pub fn resolve_version(src: &Source<'_>, key: &str, version: Option<u64>) -> Result<u64, Error> {
     match version {
         Some(v) => Ok(v),
-        None => kms.read(&spec.name)?.current.ok_or_else(|| {
+        None => src.kms.read(&src.name)?.current.ok_or_else(|| {
             Error::request(
                 format!(
                     "{}: key {key} has no current version yet; run `keyplan apply`",
-                    kms.describe()
+                    src.kms.describe()
                 ),
                 None,
             )
@@ -57,14 +141,15 @@ pub fn resolve_version(engine: &Engine, key: &str, version: Option<u64>) -> Resu
     }
 }
 
-/// The passphrase of `version` of `key` (zeroized when dropped).
+/// The passphrase of `version` of `key` where `src` says its versions are ([`source`]),
+/// zeroized when dropped.
 ///
 /// Errors: [`Error::Request`] when the version was retired (its material destroyed, or what
 /// its store does instead: [`crate::kms::Kms::retired_means`]);
 /// [`Error::Kms`] (no such version, KMS unreachable, ...).
-pub fn material(engine: &Engine, key: &str, version: u64) -> Result<Passphrase, Error> {
-    let (spec, kms) = key_and_kms(engine, key)?;
-    let state = kms.read(&spec.name)?;
+pub fn material(src: &Source<'_>, key: &str, version: u64) -> Result<Passphrase, Error> {
+    let kms = src.kms;
+    let state = kms.read(&src.name)?;
     if let Some(info) = state.versions.get(&version) {
         if info.state == VersionState::Retired {
             return Err(Error::request(
@@ -77,7 +162,7 @@ pub fn material(engine: &Engine, key: &str, version: u64) -> Result<Passphrase, 
             ));
         }
     }
-    Ok(kms.get(&spec.name, version)?)
+    Ok(kms.get(&src.name, version)?)
 }
 
 /// The plans recorded in the KMS as holding `key` ([`crate::kms::Kms::hold`]): holder id ->

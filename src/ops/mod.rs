@@ -12,7 +12,7 @@
 //! | status | [`status::status`] → [`status::StatusReport`] | nothing |
 //! | credentials of the KMS clients | [`credentials::review`] | nothing |
 //! | verify | [`verify::verify`] | nothing |
-//! | key get | [`key::resolve_version`], [`key::material`] | nothing |
+//! | key get | [`key::source`], [`key::resolve_version`], [`key::material`] | nothing |
 //! | journal | [`journal::read`] | nothing |
 //! | device forget | [`device::forget`] | the state directory's device registry |
 //!

@@ -656,7 +656,12 @@ pub fn file_kms_state(root: &Path, key: &str) -> (Option<Vec<u8>>, bool) {
 /// Writes key `key` into the file KMS under `root/keys` as another tool would have (no
 /// keyplan run): one current version 1 holding `material`, created a day ago.
 pub fn file_kms_put(root: &Path, key: &str, material: &[u8]) {
-    let dir = root.join("keys").join(key);
+    file_kms_put_in(&root.join("keys"), key, material);
+}
+
+/// [`file_kms_put`] into the file KMS whose `path:` is `keys` (a plan with several file KMSs).
+pub fn file_kms_put_in(keys: &Path, key: &str, material: &[u8]) {
+    let dir = keys.join(key);
     std::fs::create_dir_all(&dir).expect("mkdir keys/<key>");
     std::fs::write(dir.join("v1.key"), material).expect("write v1.key");
     let created = std::time::SystemTime::now()

@@ -146,6 +146,16 @@ fn old_kms_must_stay_in_the_plan_during_migration() {
     assert!(err.contains("keep the definition of KMS \"old\""), "{err}");
     snap.assert_unchanged("refused migration");
     assert!(current_in(&s, "keys-old").is_some());
+    // Break-glass will not hand out what KMS new holds under that name without knowing it is k.
+    file_kms_put_in(&s.path("keys-new"), "k", b"a passphrase another tool keeps");
+    let out = s.keyplan(&["key", "get", "k"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(out.stdout.is_empty(), "key get handed out the other entry");
+    assert!(
+        err.contains("Restore the definition of KMS \"old\""),
+        "{err}"
+    );
 }
 
 #[test]
@@ -203,6 +213,17 @@ fn interrupted_migration_converges() {
                 p.display()
             );
         }
+        // Break-glass in between reads the key where its versions are, whichever KMS that is.
+        let out = keyplan_in(&dir, &["key", "get", "k"]);
+        assert!(
+            out.status.success(),
+            "crash {n}: key get: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            out.stdout, key,
+            "crash {n}: key get handed out another passphrase"
+        );
         let out = keyplan_in(&dir, &["apply", "--auto-approve"]);
         assert!(
             out.status.success(),
@@ -225,6 +246,98 @@ fn interrupted_migration_converges() {
             "crash {n}: old KMS still holds the key"
         );
     }
+}
+
+/// Every device opens with `pass` (`cryptsetup open --test-passphrase`).
+fn all_open(devs: &[std::path::PathBuf], pass: &[u8], what: &str) {
+    for d in devs {
+        assert!(
+            opens(d, pass, None),
+            "{what}: {} does not open",
+            d.display()
+        );
+    }
+}
+
+#[test]
+fn a_move_into_an_occupied_kms_is_refused_by_plan() {
+    // Found by a new-user trial: moving k into a KMS that already holds an entry of that name
+    // (another tool's) was planned, failed half-way in apply, and `key get k` printed the
+    // other tool's passphrase. Refused up front now; `key get` reads where k's versions are.
+    let (s, devs) = setup();
+    let ours = current_in(&s, "keys-old").expect("enrolled in old");
+    let foreign = b"a passphrase another tool keeps".to_vec();
+    file_kms_put_in(&s.path("keys-new"), "k", &foreign);
+    s.plan("keyplan.yaml", &plan("new"));
+    let snap = Snapshot::take(&devs);
+    for cmd in [&["plan"][..], &["apply", "--auto-approve"]] {
+        let out = s.keyplan(cmd);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{cmd:?} must refuse: {err}");
+        assert!(err.contains("already holds an entry \"k\""), "{err}");
+        assert!(err.contains("Nothing was changed"), "{err}");
+        assert!(err.contains("`name:`"), "{err}");
+        assert!(err.contains("remove or rename that entry"), "{err}");
+        assert!(
+            !err.contains("another tool keeps"),
+            "material in a message: {err}"
+        );
+    }
+    snap.assert_unchanged("refused move");
+    assert_eq!(
+        current_in(&s, "keys-new"),
+        Some(foreign.clone()),
+        "foreign entry touched"
+    );
+    assert_eq!(
+        current_in(&s, "keys-old"),
+        Some(ours.clone()),
+        "origin touched"
+    );
+    all_open(&devs, &ours, "after the refusal");
+
+    // Between editing `kms:` and applying, break-glass reads k where its versions are.
+    for version in [None, Some(1)] {
+        let got = s.key_get("k", version);
+        assert_ne!(
+            got, foreign,
+            "key get {version:?} handed out the foreign entry"
+        );
+        assert_eq!(got, ours, "key get {version:?}");
+        all_open(&devs, &got, "key get's output");
+    }
+
+    // The way on the refusal names: another name in that KMS.
+    let renamed = plan("new").replace("    kms: new\n", "    kms: new\n    name: k-moved\n");
+    s.plan("keyplan.yaml", &renamed);
+    let out = s.ok(&["apply", "--auto-approve"], 0);
+    assert!(out.contains("Apply complete!"), "{out}");
+    let moved = std::fs::read(s.path("keys-new").join("k-moved").join("v1.key"))
+        .expect("k moved as k-moved");
+    assert_eq!(moved, ours);
+    assert_eq!(
+        current_in(&s, "keys-new"),
+        Some(foreign.clone()),
+        "foreign entry touched"
+    );
+    all_open(&devs, &ours, "after the move");
+    assert_eq!(s.key_get("k", None), ours);
+    s.ok(&["plan", "--detailed-exitcode"], 0);
+}
+
+#[test]
+fn key_get_reads_the_origin_until_the_move_is_applied() {
+    let (s, devs) = setup();
+    let ours = current_in(&s, "keys-old").expect("enrolled in old");
+    s.plan("keyplan.yaml", &plan("new"));
+    let got = s.key_get("k", None);
+    assert_eq!(got, ours);
+    assert_eq!(s.key_get("k", Some(1)), ours);
+    all_open(&devs, &got, "key get's output");
+    assert!(
+        current_in(&s, "keys-new").is_none(),
+        "key get wrote nothing"
+    );
 }
 
 #[cfg(feature = "failpoints")]

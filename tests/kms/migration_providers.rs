@@ -143,6 +143,79 @@ fn file_to_vault_then_rotate() {
     run(&s, &e, &["plan", "--detailed-exitcode"], 0);
 }
 
+/// Runs keyplan in the scratch directory with OpenBao's root token; stdout and stderr.
+fn run_bao(s: &Scratch, bao: &openbao::OpenBao, args: &[&str]) -> std::process::Output {
+    assert_cmd::Command::from_std(keyplan_command())
+        .current_dir(s.path(""))
+        .env("NO_COLOR", "1")
+        .env("VAULT_TOKEN", &bao.root_token)
+        .args(args)
+        .output()
+        .expect("run keyplan")
+}
+
+#[test]
+fn file_to_an_occupied_vault_entry_is_refused() {
+    // Another tool already keeps a secret `osd-kek` in OpenBao: moving k there is refused by
+    // `plan` and `apply` before anything is touched, the secret stays as it was, and `key get`
+    // reads k from the file KMS its devices' records name.
+    let Some(bao) = openbao::OpenBao::start() else {
+        return;
+    };
+    let s = Scratch::new();
+    let devs = devices(&s);
+    let plan = |kms: &str| {
+        format!(
+            "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\n  vault: {{ provider: vault, address: \"{}\", mount: secret }}\nkeys:\n  k: {{ kms: {kms}, name: osd-kek }}\ndevices:\n  a: {{ path: a.img, keys: [k], enroll_with: initial.pass }}\n  b: {{ path: b.img, keys: [k], enroll_with: initial.pass }}\n  c: {{ path: c.img, keys: [k], enroll_with: initial.pass }}\n{FAST_PBKDF}",
+            bao.addr
+        )
+    };
+    s.plan("keyplan.yaml", &plan("local"));
+    let out = run_bao(&s, &bao, &["apply", "--auto-approve"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ours = file_kms_state(&s.path(""), "osd-kek")
+        .0
+        .expect("enrolled in the file KMS");
+    let foreign = b"the KEK another tool keeps".to_vec();
+    bao.kv_put("osd-kek", "osd-kek", &foreign);
+    let meta = bao.kv_metadata("osd-kek");
+
+    s.plan("keyplan.yaml", &plan("vault"));
+    let snap = Snapshot::take(&devs);
+    for args in [&["plan"][..], &["apply", "--auto-approve"]] {
+        let out = run_bao(&s, &bao, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?} must refuse: {err}");
+        assert!(err.contains("already holds an entry \"osd-kek\""), "{err}");
+        assert!(err.contains("Nothing was changed"), "{err}");
+        assert!(
+            !err.contains("another tool keeps"),
+            "material in a message: {err}"
+        );
+    }
+    snap.assert_unchanged("refused move");
+    assert_eq!(
+        bao.kv_field("osd-kek", "osd-kek"),
+        Some(foreign.clone()),
+        "the secret was touched"
+    );
+    assert_eq!(bao.kv_metadata("osd-kek"), meta, "the secret was touched");
+    let out = run_bao(&s, &bao, &["key", "get", "k"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, ours, "key get handed out another passphrase");
+    for d in &devs {
+        assert!(opens(d, &out.stdout, None), "{} does not open", d.display());
+    }
+}
+
 #[test]
 fn kubernetes_to_vault_with_rotation_in_the_same_apply() {
     let Some(e) = env("mig-k8s-vault") else {

@@ -32,6 +32,9 @@ impl Planner<'_> {
             ));
             return;
         };
+        if self.refuse_occupied(key, o, old, &to_kms) {
+            return;
+        }
         let holders = self.migration_holders(key, o);
         if holders.is_empty() {
             return;
@@ -296,5 +299,46 @@ impl Planner<'_> {
             o.kms, o.name
         ));
         None
+    }
+
+    /// The entry the plan moves `key` to (in KMS `to_kms`) already holds a version that is not
+    /// the current version of the key in origin `o` (state `old`), by material
+    /// ([`crate::observe::Occupant`]): another tool's entry of that name, or an older copy of
+    /// this key. The move would fail at its copy, or take that version for the key; refuses
+    /// and returns true, before anything is touched. An earlier, interrupted run's copy of the
+    /// current version is no reason to refuse: the move resumes from it.
+    fn refuse_occupied(
+        &mut self,
+        key: &str,
+        o: &Origin,
+        old: &crate::kms::KeyState,
+        to_kms: &str,
+    ) -> bool {
+        let (Some(occ), Some(current)) = (&o.occupant, old.current) else {
+            return false;
+        };
+        if occ.copy_of == Some(current) {
+            return false;
+        }
+        let to_name = self.plan.keys.get(key).map_or(key, |k| k.name.as_str());
+        let held = format!(
+            "{} v{}",
+            if occ.pending { "pending" } else { "current" },
+            occ.version
+        );
+        let what = match occ.copy_of {
+            Some(v) => format!(
+                "that holds v{v} of this key, an older copy (from an earlier move that did not finish?), not its current v{current}"
+            ),
+            None => format!(
+                "that is not this key: its material matches none of the versions of {key} that KMS {:?} holds (as {:?}), where the devices' keyslot records say they are",
+                o.kms, o.name
+            ),
+        };
+        self.refuse_key(key, format!(
+            "key {key}: the plan moves it to KMS {to_kms:?}, but that KMS already holds an entry {to_name:?} ({held}) {what}. Nothing was changed: the key stays in KMS {:?}. Give the key another `name:` in KMS {to_kms:?} (keys.{key}.name in the plan file), or remove or rename that entry in KMS {to_kms:?} if nothing needs it, then run `keyplan plan` again",
+            o.kms
+        ));
+        true
     }
 }

@@ -243,10 +243,12 @@ pub fn with_origins(
             } else {
                 None
             };
-            obs.origins
-                .entry(id.clone())
-                .or_default()
-                .push(Origin { kms, name, state });
+            obs.origins.entry(id.clone()).or_default().push(Origin {
+                kms,
+                name,
+                state,
+                occupant: None,
+            });
         }
     }
     obs

@@ -186,6 +186,62 @@ devices:
     insta::assert_snapshot!(render(&Ok(d)));
 }
 
+/// A key moved to an entry that already holds a version: an interrupted run's copy of the
+/// origin's current version is resumed from; another entry's version (no origin version has its
+/// material), or an older copy of the key, is refused before anything is planned.
+#[test]
+fn a_move_into_an_occupied_entry_is_refused() {
+    let p = plan(
+        "version: 1
+kms:
+  local: { provider: file, path: keys }
+  vault: { provider: file, path: vault-keys }
+keys:
+  osd: { kms: vault, name: osd-kek }
+devices:
+  block: { path: block.img, keys: [osd] }
+",
+    );
+    let disks = vec![Disk::luks2("block")
+        .holds(1, "osd", 2)
+        .entry(1, "local", "osd")];
+    let obs = observed(&p, disks, vec![("osd", key(Some(1), 0, None, &[], &[]))]);
+    let mut states = BTreeMap::new();
+    states.insert(
+        ("local".to_string(), "osd".to_string()),
+        key(Some(2), 10, None, &[1], &[]),
+    );
+    let obs = scenario::with_origins(&p, obs, &states);
+    let with = |copy_of: Option<u64>| {
+        let mut o = obs.clone();
+        for origin in o.origins.values_mut().flatten() {
+            origin.occupant = Some(crate::observe::Occupant {
+                version: 1,
+                pending: false,
+                copy_of,
+            });
+        }
+        o
+    };
+    for (copy_of, why) in [(None, "that is not this key"), (Some(1), "an older copy")] {
+        let refusals = run(&p, &with(copy_of), &[]).expect_err("refused");
+        let text: Vec<String> = refusals.iter().map(|r| r.to_string()).collect();
+        let text = text.join("\n");
+        assert!(
+            text.contains("already holds an entry \"osd-kek\" (current v1)"),
+            "{text}"
+        );
+        assert!(text.contains(why), "{text}");
+        assert!(text.contains("Nothing was changed"), "{text}");
+        assert!(text.contains("another `name:`"), "{text}");
+    }
+    let d = run(&p, &with(Some(2)), &[]).expect("an earlier run's copy is resumed from");
+    assert_eq!(
+        index_of(&d.graph, |s| matches!(s, Step::DestroyOrigin { .. })).len(),
+        1
+    );
+}
+
 /// Drift: a recorded keyslot killed outside keyplan (its record is dropped first), one
 /// rewritten (its record dropped, the keyslot now unmanaged and kept), and a record `--verify`
 /// failed (dropped only after the key is enrolled again and verified).
