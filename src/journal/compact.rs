@@ -151,24 +151,55 @@ pub fn compact(
 /// of the plan's own files ([`crate::spec::Plan::protected_path`]: the plan, a device, an
 /// `enroll_with` file, the state directory, a file KMS), and a file that exists must be a
 /// regular file whose first line is a journal record (an archive written before), so that
-/// `--journal-archive keyplan.yaml` or `--journal-archive /dev/sdb` appends to nothing.
+/// `--journal-archive keyplan.yaml` or `--journal-archive /dev/sdb` appends to nothing. A file
+/// that does not exist yet must be in a directory that does: keyplan creates the file, not
+/// its directory, and an archive it cannot create would fail every compaction that expires a
+/// run, after the run, where `-q` hides it.
 ///
-/// Errors: a text saying why the file is refused.
+/// Errors: a text saying why the file is refused and what to do.
 pub fn check_archive(plan: &crate::spec::Plan) -> Result<(), String> {
     let Some(path) = &plan.journal.archive else {
         return Ok(());
     };
-    let refuse = |why: String| {
+    let refuse_with = |why: String, advice: String| {
         Err(format!(
-            "refusing --journal-archive {}: {why}; nothing was run. Name a file of its own (a new one, or an archive keyplan wrote)",
+            "refusing --journal-archive {}: {why}; nothing was run. {advice}",
             path.display()
         ))
+    };
+    let refuse = |why: String| {
+        refuse_with(
+            why,
+            "Name a file of its own (a new one, or an archive keyplan wrote)".into(),
+        )
     };
     if let Some(why) = plan.protected_path(path) {
         return refuse(why);
     }
     let Ok(meta) = fs::symlink_metadata(path) else {
-        return Ok(());
+        // A new archive: its directory must be there (`parent` of a relative name is "").
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        return match fs::metadata(dir) {
+            Ok(m) if m.is_dir() => Ok(()),
+            Ok(_) => refuse_with(
+                format!("{} is not a directory", dir.display()),
+                "Name a file in an existing directory".into(),
+            ),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => refuse_with(
+                format!("its directory {} does not exist", dir.display()),
+                format!(
+                    "Create it first (`mkdir -p {}`), or name a file in an existing directory",
+                    dir.display()
+                ),
+            ),
+            Err(e) => refuse_with(
+                format!("its directory {} cannot be checked ({e})", dir.display()),
+                "Name a file in an existing directory keyplan can reach".into(),
+            ),
+        };
     };
     if !meta.is_file() {
         return refuse("it exists and is not a regular file".into());

@@ -210,3 +210,57 @@ fn a_damaged_audit_trail_is_set_aside() {
         "checkpoint"
     );
 }
+
+/// `--journal-archive` (or `KEYPLAN_JOURNAL_ARCHIVE`) in a directory that does not exist, or
+/// under a file, is refused before anything is changed, naming the path and what to do:
+/// accepted, every compaction that expires a run would fail after its run, and `-q` (the
+/// systemd example) would hide it (issue 46).
+#[test]
+fn an_archive_in_a_missing_directory_is_refused_up_front() {
+    let s = Scratch::new();
+    setup(&s);
+    let v1 = s.key_get("k", None);
+    let watched = [
+        s.path("a.img"),
+        s.path("b.img"),
+        s.path("keys"),
+        s.path(".keyplan/journal.jsonl"),
+    ];
+    let before = Snapshot::take(&watched);
+    let rotate = ["-q", "apply", "--auto-approve", "--rotate", "k"];
+    for (archive, why, advice) in [
+        ("missing/runs.jsonl", "does not exist", "`mkdir -p "),
+        (
+            "keyplan.yaml/runs.jsonl",
+            "is not a directory",
+            "in an existing directory",
+        ),
+    ] {
+        let mut args = rotate.to_vec();
+        args.extend(["--journal-archive", archive]);
+        let text = s.ok(&args, 1);
+        assert!(text.contains("refusing --journal-archive"), "{text}");
+        assert!(text.contains(archive), "names the path: {text}");
+        assert!(text.contains(why), "{text}");
+        assert!(text.contains("nothing was"), "{text}");
+        assert!(text.contains(advice), "{text}");
+        let text = s.ok_with_env(
+            &rotate,
+            &[("KEYPLAN_JOURNAL_ARCHIVE", Path::new(archive))],
+            1,
+        );
+        assert!(text.contains(why), "{text}");
+    }
+    before.assert_unchanged("a refused --journal-archive");
+    assert_eq!(s.key_get("k", None), v1);
+    assert!(!s.path("missing").exists());
+
+    // With the directory made, the same command runs and rotates the key.
+    std::fs::create_dir(s.path("missing")).expect("mkdir");
+    let mut args = rotate.to_vec();
+    args.extend(["--journal-archive", "missing/runs.jsonl"]);
+    s.ok(&args, 0);
+    let v2 = s.key_get("k", None);
+    assert_ne!(v2, v1);
+    assert!(opens(&s.path("a.img"), &v2, None));
+}
