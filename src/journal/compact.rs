@@ -75,29 +75,7 @@ pub fn compact(
 
     // 1. The history, with the runs moved out added, cut to the newest `keep_runs`.
     let history_path = state_dir.join(HISTORY_FILE);
-    let history = match super::read_path(&history_path) {
-        Err(JournalError::Corrupt { line, message, .. }) => {
-            // The audit trail is not the write-ahead log: nothing resumes from it, so a
-            // damaged one is set aside (kept for a person to read) rather than stopping every
-            // compaction, and the journal keeps growing.
-            let aside = state_dir.join(format!(
-                "{HISTORY_FILE}.corrupt-{}",
-                crate::clock::now_unix()
-            ));
-            fs::rename(&history_path, &aside).map_err(|source| JournalError::Io {
-                what: "setting aside the damaged audit trail",
-                path: history_path.clone(),
-                source,
-            })?;
-            tracing::warn!(
-                "the audit trail {} was damaged at line {line} ({message}); it was moved to {} and a new one is started",
-                history_path.display(),
-                aside.display()
-            );
-            Vec::new()
-        }
-        other => other?,
-    };
+    let history = read_history(state_dir)?;
     let known: HashSet<&str> = history.iter().map(|r| r.run.as_str()).collect();
     let mut trail: Vec<&Record> = history.iter().collect();
     trail.extend(
@@ -223,12 +201,33 @@ pub fn check_archive(plan: &crate::spec::Plan) -> Result<(), String> {
 
 /// The records of the audit trail and the journal of `state_dir`, oldest first: the history's
 /// runs, then the journal's [`Checkpoint`] record (if it was compacted), then the journal's
-/// runs (a run in both files, left by a compaction that crashed, once).
+/// runs (a run in both files, left by a compaction that crashed, once). A damaged audit trail
+/// is set aside with a warning, as a compaction does, when the state lock is free (taken for
+/// that moment only); while a run holds it, it is left for that run, and only the journal is
+/// returned.
 ///
-/// Errors: [`JournalError::Io`], [`JournalError::Corrupt`] for either file.
+/// Errors: [`JournalError::Io`] for either file, [`JournalError::Corrupt`] for the journal.
 pub fn read_with_history(state_dir: &Path) -> Result<Vec<Record>, JournalError> {
     let journal = super::read(state_dir)?;
-    let history = super::read_path(&state_dir.join(HISTORY_FILE))?;
+    let history = match super::read_path(&state_dir.join(HISTORY_FILE)) {
+        // Set aside under the state lock, so that it cannot race a compaction replacing the
+        // file; a run that holds the lock sets it aside itself when it compacts.
+        Err(JournalError::Corrupt {
+            path,
+            line,
+            message,
+        }) => match super::StateLock::acquire(state_dir) {
+            Ok(_lock) => read_history(state_dir)?,
+            Err(e) => {
+                tracing::warn!(
+                    "the audit trail {} is damaged at line {line} ({message}); it was left in place ({e}); showing the journal alone. The next run sets it aside",
+                    path.display()
+                );
+                Vec::new()
+            }
+        },
+        other => other?,
+    };
     let in_journal: HashSet<&str> = journal.iter().map(|r| r.run.as_str()).collect();
     let mut out: Vec<Record> = history
         .into_iter()
@@ -240,6 +239,37 @@ pub fn read_with_history(state_dir: &Path) -> Result<Vec<Record>, JournalError> 
     out.extend(check);
     out.extend(runs);
     Ok(out)
+}
+
+/// The audit trail `<state_dir>/history.jsonl`, oldest first (none when it does not exist). A
+/// damaged one is set aside as `history.jsonl.corrupt-<unix seconds>` (kept for a person to
+/// read), with a warning naming both files, and none returned: the audit trail is not the
+/// write-ahead log and nothing resumes from it, so its damage stops neither a compaction (the
+/// journal would grow for ever) nor `keyplan journal`. The caller holds the state lock.
+///
+/// Errors: [`JournalError::Io`] reading it or moving it aside.
+fn read_history(state_dir: &Path) -> Result<Vec<Record>, JournalError> {
+    let history_path = state_dir.join(HISTORY_FILE);
+    match super::read_path(&history_path) {
+        Err(JournalError::Corrupt { line, message, .. }) => {
+            let aside = state_dir.join(format!(
+                "{HISTORY_FILE}.corrupt-{}",
+                crate::clock::now_unix()
+            ));
+            fs::rename(&history_path, &aside).map_err(|source| JournalError::Io {
+                what: "setting aside the damaged audit trail",
+                path: history_path.clone(),
+                source,
+            })?;
+            tracing::warn!(
+                "the audit trail {} was damaged at line {line} ({message}); it was moved to {} and a new one is started",
+                history_path.display(),
+                aside.display()
+            );
+            Ok(Vec::new())
+        }
+        other => other,
+    }
 }
 
 /// The journal's [`Checkpoint`], if it was compacted.

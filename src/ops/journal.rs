@@ -1,4 +1,5 @@
-//! `journal`: the journal's records and a summary per run. Read-only.
+//! `journal`: the journal's records and a summary per run. Read-only, but for a damaged audit
+//! trail, which it sets aside as a run does ([`crate::journal::compact::read_with_history`]).
 
 use std::collections::BTreeSet;
 
@@ -29,7 +30,8 @@ pub struct RunInfo {
 /// The records of `plan`'s audit trail and journal, oldest first (none when neither exists):
 /// [`crate::journal::compact::read_with_history`].
 ///
-/// Errors: [`Error::Journal`] when either cannot be read or is corrupt.
+/// Errors: [`Error::Journal`] when either cannot be read, or the journal is corrupt (a
+/// damaged audit trail is set aside with a warning).
 pub fn read(plan: &Plan) -> Result<Vec<Record>, Error> {
     // Another plan's journal is not this plan's history (a state directory belongs to one
     // plan: world::owner).
