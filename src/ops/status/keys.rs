@@ -88,6 +88,7 @@ pub(super) fn key_report(
         rotation_due_at: None,
         overdue: false,
         pending: None,
+        pending_unclaimed: false,
         retained: Vec::new(),
     };
     let st = match state {
@@ -135,6 +136,13 @@ pub(super) fn key_report(
         ));
     }
     kr.pending = st.pending;
+    // Another node of the plan creating a shared key is no stranger: `apply` enrolls it once
+    // it is committed.
+    let peers = plan.peers.get(id).is_some_and(|p| !p.is_empty());
+    kr.pending_unclaimed = !peers
+        && observed
+            .and_then(|o| diff::unclaimed_creation(&o.devices, &o.staged_here, id, &st))
+            .is_some();
     kr.retained = st.retained_previous();
     kr
 }
