@@ -136,15 +136,21 @@ pub(super) fn key_report(
         ));
     }
     kr.pending = st.pending;
-    // Another node of the plan creating a shared key is no stranger: `apply` enrolls it once
-    // it is committed.
-    let peers = plan.peers.get(id).is_some_and(|p| !p.is_empty());
-    kr.pending_unclaimed = !peers
-        && observed
-            .and_then(|o| diff::unclaimed_creation(&o.devices, &o.staged_here, id, &st))
-            .is_some();
+    kr.pending_unclaimed = pending_unclaimed(plan, observed, id, &st);
     kr.retained = st.retained_previous();
     kr
+}
+
+/// Whether key `id`'s pending version (state `st`) is a creation that nothing shows is this
+/// plan's ([`diff::unclaimed_creation`]): an interrupted `keyplan key import`, or another plan
+/// creating the key. Another node of the plan creating a shared key is no stranger: `apply`
+/// enrolls it once it is committed.
+fn pending_unclaimed(plan: &Plan, observed: Option<&Observed>, id: &str, st: &KeyState) -> bool {
+    let peers = plan.peers.get(id).is_some_and(|p| !p.is_empty());
+    !peers
+        && observed
+            .and_then(|o| diff::unclaimed_creation(&o.devices, &o.staged_here, id, st))
+            .is_some()
 }
 
 /// A key that rotates on a schedule (`rotate_after`) but is also held by another plan
