@@ -189,15 +189,10 @@ pub(super) fn cmd_apply_saved(
     journal: &RetentionArgs,
 ) -> Result<Exit> {
     let (saved, _) = ops::saved::read(path).map_err(report::bare)?;
-    // Advice names the operator's own plan file (`-f` as given), never a path from the file.
-    let again = format!(
-        "run `keyplan plan{} -o {}` again, review it, and apply the new file",
-        arg.file
-            .as_ref()
-            .map(|f| format!(" -f {}", f.display()))
-            .unwrap_or_default(),
-        path.display()
-    );
+    // Advice names the operator's own plan file (`-f` as given), never a path from the file,
+    // and repeats the options that shaped the saved plan (`--rotate KEY`, ...).
+    let remedy = super::plan::saved_remedy(cli, arg, &saved.options, path);
+    let again = remedy.remake_help();
     let (mut plan, bytes) = load_plan_with_bytes(cli, arg)?;
     plan.journal = journal.retention()?;
     match ops::saved::check_plan_file(&saved, &plan, &bytes) {
@@ -217,7 +212,7 @@ pub(super) fn cmd_apply_saved(
     let engine = Engine::open(plan.clone()).or_report(&plan)?;
     let mut session = ApplySession::open(&engine).or_report(&plan)?;
     let planned = session
-        .plan_saved(&saved, path, &bytes, &again)
+        .plan_saved(&saved, path, &bytes, &remedy)
         .or_report(&plan)?;
     // Equal to the saved steps and changes: shown and run as keyplan planned them just now
     // (reasons and notes from keyplan itself, not texts from the file).

@@ -128,8 +128,9 @@ pub struct RetentionArgs {
     )]
     pub journal_keep_runs: u32,
     /// Append the records of runs that leave the audit trail to FILE (JSON Lines, as
-    /// `journal.jsonl` holds them; created mode 0600) instead of dropping them, e.g. for a
-    /// log shipper to tail. A run's records may reach it twice after a crash.
+    /// `journal.jsonl` holds them; created mode 0600, in a directory that must exist) instead
+    /// of dropping them, e.g. for a log shipper to tail. A run's records may reach it twice
+    /// after a crash.
     #[arg(long, env = "KEYPLAN_JOURNAL_ARCHIVE", value_name = "FILE")]
     pub journal_archive: Option<PathBuf>,
 }

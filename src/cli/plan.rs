@@ -74,7 +74,15 @@ pub(super) fn cmd_plan(
         PlanOutcome::Planned(p) => p,
         PlanOutcome::Interrupted(s) => {
             if let Some(path) = out {
-                return Err(report::bare(ops::saved::interrupted_refusal(&s, path)));
+                let options = crate::saved::SavedOptions {
+                    rotate: req.rotate.clone(),
+                    verify: req.verify,
+                    repair_headers: req.repair_headers,
+                };
+                let remedy = saved_remedy(cli, arg, &options, path);
+                return Err(report::bare(ops::saved::interrupted_refusal(
+                    &s, path, &remedy,
+                )));
             }
             // What is on the devices now is half of that run: a diff would mislead.
             if json {
@@ -103,10 +111,13 @@ pub(super) fn cmd_plan(
     }
     if let Some(path) = out {
         // With --json, stdout holds exactly one JSON document: the note goes to stderr.
+        // `keyplan apply SAVED` needs the same plan file and state directory.
+        let options = crate::saved::SavedOptions::default();
         let note = format!(
-            "Saved the plan to {}; apply it with `keyplan apply {}`",
+            "Saved the plan to {}; apply it with `{} {}`",
             path.display(),
-            path.display()
+            saved_remedy(cli, arg, &options, path).finish,
+            shell_word(&path.display().to_string())
         );
         if json {
             errln!("{note}");
@@ -124,4 +135,67 @@ pub(super) fn cmd_plan(
         return Ok(Exit::Failure);
     }
     Ok(Exit::changes(detailed, !d.is_empty()))
+}
+
+/// The commands a refused saved plan `out` points to ([`ops::saved::Remedy`]): `keyplan plan`
+/// with the options that shaped it (`options`: `--rotate KEY`..., `--verify`,
+/// `--repair-headers`) and `keyplan apply`, each with the operator's own `--state-dir`,
+/// `--node` (when given as an option, not through `$NODE_NAME`) and `-f`, never paths the
+/// saved file records. Words are quoted for a POSIX shell where they need it; texts from the
+/// file are escaped.
+pub(super) fn saved_remedy(
+    cli: &Cli,
+    arg: &PlanArg,
+    options: &crate::saved::SavedOptions,
+    out: &std::path::Path,
+) -> ops::saved::Remedy {
+    let mut scope = Vec::new();
+    if let Some(d) = &cli.state_dir {
+        scope.extend([
+            "--state-dir".to_string(),
+            shell_word(&d.display().to_string()),
+        ]);
+    }
+    if let Some(n) = cli
+        .node
+        .as_ref()
+        .filter(|n| std::env::var("NODE_NAME").ok().as_ref() != Some(*n))
+    {
+        scope.extend(["--node".to_string(), shell_word(n)]);
+    }
+    if let Some(f) = &arg.file {
+        scope.extend(["-f".to_string(), shell_word(&f.display().to_string())]);
+    }
+    let mut remake = vec!["keyplan".to_string(), "plan".to_string()];
+    remake.extend(scope.iter().cloned());
+    for k in &options.rotate {
+        remake.extend([
+            "--rotate".to_string(),
+            shell_word(&k.escape_debug().to_string()),
+        ]);
+    }
+    if options.verify {
+        remake.push("--verify".into());
+    }
+    if options.repair_headers {
+        remake.push("--repair-headers".into());
+    }
+    remake.extend(["-o".to_string(), shell_word(&out.display().to_string())]);
+    let mut finish = vec!["keyplan".to_string(), "apply".to_string()];
+    finish.extend(scope);
+    ops::saved::Remedy {
+        remake: remake.join(" "),
+        finish: finish.join(" "),
+    }
+}
+
+/// `word` as one word of a POSIX shell command line: as it is when it holds only characters
+/// no shell treats specially, else in single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_./:=@%+,-".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
 }

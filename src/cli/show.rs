@@ -129,11 +129,11 @@ pub(super) fn cmd_show(
             }
         }
         Shown::Stale(why) => errln!(
-            "\nWARNING: saved plan {} is STALE. Since it was made:\n  - {}\n`keyplan apply {}` would refuse it; run `keyplan plan -o {}` again.",
+            "\nWARNING: saved plan {} is STALE. Since it was made:\n  - {}\n`keyplan apply {}` would refuse it; run `{}` again.",
             path.display(),
             why.join("\n  - "),
             path.display(),
-            path.display()
+            super::plan::saved_remedy(cli, arg, &saved.options, path).remake
         ),
         Shown::Unknown(why) => errln!(
             "\nWARNING: cannot check whether saved plan {} is stale: {why}",

@@ -23,7 +23,7 @@
 
 mod decide;
 pub mod json;
-pub use decide::foreign_holders;
+pub use decide::{foreign_holders, unclaimed_creation};
 mod preflight;
 #[cfg(test)]
 mod tests;

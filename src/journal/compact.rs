@@ -75,29 +75,7 @@ pub fn compact(
 
     // 1. The history, with the runs moved out added, cut to the newest `keep_runs`.
     let history_path = state_dir.join(HISTORY_FILE);
-    let history = match super::read_path(&history_path) {
-        Err(JournalError::Corrupt { line, message, .. }) => {
-            // The audit trail is not the write-ahead log: nothing resumes from it, so a
-            // damaged one is set aside (kept for a person to read) rather than stopping every
-            // compaction, and the journal keeps growing.
-            let aside = state_dir.join(format!(
-                "{HISTORY_FILE}.corrupt-{}",
-                crate::clock::now_unix()
-            ));
-            fs::rename(&history_path, &aside).map_err(|source| JournalError::Io {
-                what: "setting aside the damaged audit trail",
-                path: history_path.clone(),
-                source,
-            })?;
-            tracing::warn!(
-                "the audit trail {} was damaged at line {line} ({message}); it was moved to {} and a new one is started",
-                history_path.display(),
-                aside.display()
-            );
-            Vec::new()
-        }
-        other => other?,
-    };
+    let history = read_history(state_dir)?;
     let known: HashSet<&str> = history.iter().map(|r| r.run.as_str()).collect();
     let mut trail: Vec<&Record> = history.iter().collect();
     trail.extend(
@@ -151,24 +129,55 @@ pub fn compact(
 /// of the plan's own files ([`crate::spec::Plan::protected_path`]: the plan, a device, an
 /// `enroll_with` file, the state directory, a file KMS), and a file that exists must be a
 /// regular file whose first line is a journal record (an archive written before), so that
-/// `--journal-archive keyplan.yaml` or `--journal-archive /dev/sdb` appends to nothing.
+/// `--journal-archive keyplan.yaml` or `--journal-archive /dev/sdb` appends to nothing. A file
+/// that does not exist yet must be in a directory that does: keyplan creates the file, not
+/// its directory, and an archive it cannot create would fail every compaction that expires a
+/// run, after the run, where `-q` hides it.
 ///
-/// Errors: a text saying why the file is refused.
+/// Errors: a text saying why the file is refused and what to do.
 pub fn check_archive(plan: &crate::spec::Plan) -> Result<(), String> {
     let Some(path) = &plan.journal.archive else {
         return Ok(());
     };
-    let refuse = |why: String| {
+    let refuse_with = |why: String, advice: String| {
         Err(format!(
-            "refusing --journal-archive {}: {why}; nothing was run. Name a file of its own (a new one, or an archive keyplan wrote)",
+            "refusing --journal-archive {}: {why}; nothing was run. {advice}",
             path.display()
         ))
+    };
+    let refuse = |why: String| {
+        refuse_with(
+            why,
+            "Name a file of its own (a new one, or an archive keyplan wrote)".into(),
+        )
     };
     if let Some(why) = plan.protected_path(path) {
         return refuse(why);
     }
     let Ok(meta) = fs::symlink_metadata(path) else {
-        return Ok(());
+        // A new archive: its directory must be there (`parent` of a relative name is "").
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        return match fs::metadata(dir) {
+            Ok(m) if m.is_dir() => Ok(()),
+            Ok(_) => refuse_with(
+                format!("{} is not a directory", dir.display()),
+                "Name a file in an existing directory".into(),
+            ),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => refuse_with(
+                format!("its directory {} does not exist", dir.display()),
+                format!(
+                    "Create it first (`mkdir -p {}`), or name a file in an existing directory",
+                    dir.display()
+                ),
+            ),
+            Err(e) => refuse_with(
+                format!("its directory {} cannot be checked ({e})", dir.display()),
+                "Name a file in an existing directory keyplan can reach".into(),
+            ),
+        };
     };
     if !meta.is_file() {
         return refuse("it exists and is not a regular file".into());
@@ -192,12 +201,33 @@ pub fn check_archive(plan: &crate::spec::Plan) -> Result<(), String> {
 
 /// The records of the audit trail and the journal of `state_dir`, oldest first: the history's
 /// runs, then the journal's [`Checkpoint`] record (if it was compacted), then the journal's
-/// runs (a run in both files, left by a compaction that crashed, once).
+/// runs (a run in both files, left by a compaction that crashed, once). A damaged audit trail
+/// is set aside with a warning, as a compaction does, when the state lock is free (taken for
+/// that moment only); while a run holds it, it is left for that run, and only the journal is
+/// returned.
 ///
-/// Errors: [`JournalError::Io`], [`JournalError::Corrupt`] for either file.
+/// Errors: [`JournalError::Io`] for either file, [`JournalError::Corrupt`] for the journal.
 pub fn read_with_history(state_dir: &Path) -> Result<Vec<Record>, JournalError> {
     let journal = super::read(state_dir)?;
-    let history = super::read_path(&state_dir.join(HISTORY_FILE))?;
+    let history = match super::read_path(&state_dir.join(HISTORY_FILE)) {
+        // Set aside under the state lock, so that it cannot race a compaction replacing the
+        // file; a run that holds the lock sets it aside itself when it compacts.
+        Err(JournalError::Corrupt {
+            path,
+            line,
+            message,
+        }) => match super::StateLock::acquire(state_dir) {
+            Ok(_lock) => read_history(state_dir)?,
+            Err(e) => {
+                tracing::warn!(
+                    "the audit trail {} is damaged at line {line} ({message}); it was left in place ({e}); showing the journal alone. The next run sets it aside",
+                    path.display()
+                );
+                Vec::new()
+            }
+        },
+        other => other?,
+    };
     let in_journal: HashSet<&str> = journal.iter().map(|r| r.run.as_str()).collect();
     let mut out: Vec<Record> = history
         .into_iter()
@@ -209,6 +239,37 @@ pub fn read_with_history(state_dir: &Path) -> Result<Vec<Record>, JournalError> 
     out.extend(check);
     out.extend(runs);
     Ok(out)
+}
+
+/// The audit trail `<state_dir>/history.jsonl`, oldest first (none when it does not exist). A
+/// damaged one is set aside as `history.jsonl.corrupt-<unix seconds>` (kept for a person to
+/// read), with a warning naming both files, and none returned: the audit trail is not the
+/// write-ahead log and nothing resumes from it, so its damage stops neither a compaction (the
+/// journal would grow for ever) nor `keyplan journal`. The caller holds the state lock.
+///
+/// Errors: [`JournalError::Io`] reading it or moving it aside.
+fn read_history(state_dir: &Path) -> Result<Vec<Record>, JournalError> {
+    let history_path = state_dir.join(HISTORY_FILE);
+    match super::read_path(&history_path) {
+        Err(JournalError::Corrupt { line, message, .. }) => {
+            let aside = state_dir.join(format!(
+                "{HISTORY_FILE}.corrupt-{}",
+                crate::clock::now_unix()
+            ));
+            fs::rename(&history_path, &aside).map_err(|source| JournalError::Io {
+                what: "setting aside the damaged audit trail",
+                path: history_path.clone(),
+                source,
+            })?;
+            tracing::warn!(
+                "the audit trail {} was damaged at line {line} ({message}); it was moved to {} and a new one is started",
+                history_path.display(),
+                aside.display()
+            );
+            Ok(Vec::new())
+        }
+        other => other,
+    }
 }
 
 /// The journal's [`Checkpoint`], if it was compacted.

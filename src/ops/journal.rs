@@ -1,4 +1,5 @@
-//! `journal`: the journal's records and a summary per run. Read-only.
+//! `journal`: the journal's records and a summary per run. Read-only, but for a damaged audit
+//! trail, which it sets aside as a run does ([`crate::journal::compact::read_with_history`]).
 
 use std::collections::BTreeSet;
 
@@ -33,7 +34,8 @@ pub struct RunInfo {
 /// another plan's history, shown all the same (reading changes nothing) with
 /// [`OwnerError::read_only_warning`].
 ///
-/// Errors: [`Error::Journal`] when either cannot be read or is corrupt.
+/// Errors: [`Error::Journal`] when either cannot be read, or the journal is corrupt (a
+/// damaged audit trail is set aside with a warning).
 pub fn read(plan: &Plan) -> Result<(Vec<Record>, Option<OwnerError>), Error> {
     let foreign = crate::world::owner::check(plan).err();
     let records = crate::journal::compact::read_with_history(&plan.state_dir)?;

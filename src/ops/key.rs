@@ -184,7 +184,9 @@ pub fn holders(
 /// no journal. Returns why the record was taken for this plan's own former one, if it was.
 ///
 /// Errors: [`Error::Request`] when the plan has no such key or no such holder is recorded
-/// (a typo must not look like success); [`Error::Kms`].
+/// (a typo must not look like success), when the holder is another plan on this node whose
+/// state directory exists (its devices may hold the key, listed by this plan or not), or a
+/// node this plan file lists with the key; [`Error::Kms`].
 pub fn release_holder(engine: &Engine, key: &str, holder: &str) -> Result<Option<String>, Error> {
     let (spec, kms) = key_and_kms(engine, key)?;
     let st = kms.read(&spec.name)?;
@@ -207,20 +209,25 @@ pub fn release_holder(engine: &Engine, key: &str, holder: &str) -> Result<Option
     // so its record must stay (a shared key's commit waits for its vote).
     let node = holder.split_once(':').map(|(n, _)| n).unwrap_or(holder);
     let plan = engine.plan();
+    // Another state directory on this node: this plan's own former record (released), or
+    // another plan's that lives here, whose devices may hold the key, whether or not this plan
+    // lists it.
+    if crate::kms::book::parse_vote(holder).is_none()
+        && holder != plan.holder()
+        && node == plan.holder_node()
+    {
+        if let Some(why) = own_former_record(engine, holder) {
+            release_with_votes(kms, &spec.name, holder, &st)?;
+            return Ok(Some(why));
+        }
+        return Err(another_plan_here(kms.describe(), key, holder));
+    }
     let listed = plan.peers.get(key).is_some_and(|p| p.contains(node))
         || (plan.node.as_deref() == Some(node)
             && plan
                 .devices
                 .values()
                 .any(|d| d.keys.iter().any(|k| k.key == key)));
-    if listed && crate::kms::book::parse_vote(holder).is_none() && holder != plan.holder() {
-        // The same node under another state directory: this plan's own former record (its
-        // state directory moved), or one whose state directory is gone from this host.
-        if let Some(why) = own_former_record(engine, holder) {
-            release_with_votes(kms, &spec.name, holder, &st)?;
-            return Ok(Some(why));
-        }
-    }
     // This plan's own id, on a record none of its devices backs: a state directory that was
     // here before wrote it (observe::unbacked_own).
     if holder == plan.holder()
@@ -296,6 +303,31 @@ fn own_former_record(engine: &Engine, holder: &str) -> Option<String> {
     let owner = crate::world::owner::read(&plan.state_dir).ok().flatten();
     let uuids = crate::observe::plan_uuids(plan, &devices);
     crate::observe::former_holder(plan, owner.as_ref(), &uuids, holder)
+}
+
+/// The refusal of `key release` for `holder`, the record of another plan on this node whose
+/// state directory exists (`kms`: the KMS's description): names that plan (its `owner.json`)
+/// and the ways on.
+fn another_plan_here(kms: String, key: &str, holder: &str) -> Error {
+    let dir = holder.split_once(':').map_or(holder, |(_, d)| d);
+    let owner = crate::world::owner::read(std::path::Path::new(dir))
+        .ok()
+        .flatten();
+    let (whose, finish) = match &owner {
+        Some(o) => (
+            format!(", the state directory of plan file {}", o.plan.display()),
+            format!("`keyplan apply -f {}`", o.plan.display()),
+        ),
+        None => (String::new(), "`keyplan apply` of that plan".to_string()),
+    };
+    Error::request(
+        format!(
+            "{kms}: holder {holder:?} is another plan on this host: its state directory {dir} exists{whose}, so its devices may hold key {key}; nothing was changed. Releasing its record would let the key be rotated without those devices, locking them out"
+        ),
+        Some(format!(
+            "if that plan no longer uses key {key}, take the key out of its plan file and run {finish}: that removes its record; if the plan is gone for good, remove its state directory {dir} first, then release the record"
+        )),
+    )
 }
 
 /// The plan's key `key` and its KMS.

@@ -50,9 +50,32 @@ pub fn check_out_path(path: &Path) -> Result<(), Error> {
     Ok(())
 }
 
+/// The commands the refusal of a saved plan points to, spelled as the operator's command line
+/// gave the plan file, the state directory and the options (the front end knows them; the
+/// engine does not). Advice that leaves out `--rotate KEY` makes a plan without the rotation,
+/// which says "No changes" (issue 46).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Remedy {
+    /// Makes the saved plan again as it was made, e.g. `keyplan plan --rotate k -o SAVED`.
+    pub remake: String,
+    /// Finishes an interrupted run, e.g. `keyplan apply -f PLAN`.
+    pub finish: String,
+}
+
+impl Remedy {
+    /// The advice to make the saved plan again: run `REMAKE` again, review it, and apply the
+    /// new file.
+    pub fn remake_help(&self) -> String {
+        format!(
+            "run `{}` again, review it, and apply the new file",
+            self.remake
+        )
+    }
+}
+
 /// The refusal of `plan -o path` while run `s` is interrupted: a plan saved now would be made
 /// against a half-done run.
-pub fn interrupted_refusal(s: &RunSummary, path: &Path) -> Error {
+pub fn interrupted_refusal(s: &RunSummary, path: &Path, remedy: &Remedy) -> Error {
     Error::Interrupted {
         run: s.run.clone(),
         message: format!(
@@ -60,7 +83,10 @@ pub fn interrupted_refusal(s: &RunSummary, path: &Path) -> Error {
             s.run,
             path.display()
         ),
-        help: "run `keyplan apply` to finish it, then `keyplan plan -o FILE` again".into(),
+        help: format!(
+            "run `{}` to finish it, then `{}` again",
+            remedy.finish, remedy.remake
+        ),
     }
 }
 
@@ -204,8 +230,8 @@ impl ApplySession<'_> {
     /// `apply SAVED`: plans again exactly as `plan -o` did (same checks: `enroll_with`
     /// passphrases, free keyslots, writable devices, the KMS check), under this session's lock,
     /// and requires the saved file to agree with the state it was made from (`plan_bytes`, the
-    /// devices, the KMSs, the journal) and with the plan keyplan makes now. `again` says how to
-    /// make a new saved plan.
+    /// devices, the KMSs, the journal) and with the plan keyplan makes now. `remedy` holds the
+    /// commands the refusals advise.
     ///
     /// Errors: [`Error::Interrupted`] while the journal holds an interrupted run;
     /// [`Error::Stale`]; [`Error::SavedMismatch`]; and those of [`plan::make`].
@@ -214,7 +240,7 @@ impl ApplySession<'_> {
         saved: &SavedPlan,
         path: &Path,
         plan_bytes: &[u8],
-        again: &str,
+        remedy: &Remedy,
     ) -> Result<Planned, Error> {
         let plan = self.engine().plan();
         if let Some(s) = self.interrupted() {
@@ -226,9 +252,8 @@ impl ApplySession<'_> {
                     s.run
                 ),
                 help: format!(
-                    "run `keyplan apply -f {}` to finish it, then make a new saved plan: `keyplan plan -o {}`",
-                    plan.source_path.display(),
-                    path.display()
+                    "run `{}` to finish it, then make a new saved plan: `{}`",
+                    remedy.finish, remedy.remake
                 ),
             });
         }
@@ -241,7 +266,7 @@ impl ApplySession<'_> {
             return Err(Error::Stale {
                 saved: path.to_path_buf(),
                 changed,
-                help: again.to_string(),
+                help: remedy.remake_help(),
             });
         }
         let d = &planned.diff;
@@ -250,7 +275,7 @@ impl ApplySession<'_> {
             return Err(Error::SavedMismatch {
                 saved: path.to_path_buf(),
                 differences,
-                help: format!("{again}. A rotation that became due since the plan was made also changes the plan; a file edited by hand is never run"),
+                help: format!("{}. A rotation that became due since the plan was made also changes the plan; a file edited by hand is never run", remedy.remake_help()),
             });
         }
         Ok(planned)

@@ -171,10 +171,15 @@ fn key_text(s: &mut String, r: &StatusReport, k: &crate::ops::status::KeyReport)
         }
     }
     if let Some(p) = k.pending {
-        let _ = writeln!(
-            s,
-            "  pending  v{p} (a rotation is under way: run `keyplan apply`)"
-        );
+        let why = if k.pending_unclaimed {
+            format!(
+                "not committed, and no device of this plan holds it: if `keyplan key import {}` was interrupted, run it again with the same passphrase on stdin; otherwise another plan is creating the key",
+                k.id
+            )
+        } else {
+            "a rotation is under way: run `keyplan apply`".to_string()
+        };
+        let _ = writeln!(s, "  pending  v{p} ({why})");
     }
     if !k.retained.is_empty() {
         let list: Vec<String> = k.retained.iter().map(|v| format!("v{v}")).collect();

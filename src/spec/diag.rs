@@ -15,6 +15,8 @@ pub(crate) struct SourceFile {
     pub name: String,
     /// The whole text.
     pub text: Arc<str>,
+    /// Its format: the settings a message quotes are spelled in it ([`in_format`]).
+    pub format: super::Format,
 }
 
 impl SourceFile {
@@ -62,7 +64,7 @@ impl PlanError {
                 let text = if l.text.is_empty() {
                     None
                 } else {
-                    Some(l.text)
+                    Some(in_format(&l.text, src.format))
                 };
                 let ss = miette::SourceSpan::new(span.start.into(), span.len);
                 if l.primary {
@@ -73,11 +75,11 @@ impl PlanError {
             })
             .collect();
         PlanError {
-            message: message.into(),
+            message: in_format(&message.into(), src.format),
             code,
             source: Some(src.named()),
             labels,
-            help,
+            help: help.map(|h| in_format(&h, src.format)),
             related: Vec::new(),
             order,
         }
@@ -322,6 +324,67 @@ fn from_plan_error(e: &PlanError) -> JsonDiagnostic {
     }
 }
 
+/// `text` with every setting it quotes in YAML syntax (a backticked `key: value`, e.g.
+/// `` `rotate_after: 90x` ``, `` `keep: []` ``, `` `auth: {method: token}` ``) spelled in
+/// `format`: unchanged for YAML, `key = value` for TOML with strings quoted
+/// (`` `rotate_after = "90x"` ``), so that the advice of a TOML plan's error can be copied into
+/// it. Messages are written once, in YAML; this is the one place that translates them.
+pub(crate) fn in_format(text: &str, format: super::Format) -> String {
+    if format == super::Format::Yaml {
+        return text.to_owned();
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut parts = text.split('`');
+    if let Some(first) = parts.next() {
+        out.push_str(first);
+    }
+    // Odd pieces are inside backticks; an unpaired last backtick leaves its text as it is.
+    let rest: Vec<&str> = parts.collect();
+    for (i, piece) in rest.iter().enumerate() {
+        out.push('`');
+        let inside = i % 2 == 0 && i + 1 < rest.len();
+        match toml_setting(piece).filter(|_| inside) {
+            Some(t) => out.push_str(&t),
+            None => out.push_str(piece),
+        }
+    }
+    out
+}
+
+/// `key: value` (a plan field name, then YAML) as TOML's `key = value`; `None` when `text` is
+/// not one.
+fn toml_setting(text: &str) -> Option<String> {
+    let (key, value) = text.split_once(": ")?;
+    let is_key = !key.is_empty()
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    is_key.then(|| format!("{key} = {}", toml_value(value.trim())))
+}
+
+/// A YAML value as TOML: numbers, booleans, lists, `...` as they are; a flow mapping
+/// (`{a: b, c: d}`) as an inline table; anything else a quoted string.
+fn toml_value(value: &str) -> String {
+    if let Some(inner) = value.strip_prefix('{').and_then(|v| v.strip_suffix('}')) {
+        let fields: Vec<String> = inner
+            .split(',')
+            .map(|f| match f.trim().split_once(':') {
+                Some((k, v)) => format!("{} = {}", k.trim(), toml_value(v.trim())),
+                None => f.trim().to_owned(),
+            })
+            .collect();
+        return format!("{{ {} }}", fields.join(", "));
+    }
+    let plain = value.parse::<i64>().is_ok()
+        || matches!(value, "true" | "false" | "..." | "")
+        || value.starts_with('[');
+    if plain {
+        value.to_owned()
+    } else {
+        format!("{value:?}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -344,5 +407,23 @@ mod tests {
         // Inside a character: moved back to its start; past the end: clamped.
         assert_eq!(position(text, 4), p(2, 1, 3));
         assert_eq!(position(text, 99), p(4, 2, 15));
+    }
+}
+
+#[cfg(test)]
+mod format_tests {
+    use super::*;
+    use crate::spec::Format;
+
+    #[test]
+    fn settings_are_quoted_in_the_plans_format() {
+        let yaml = "say `unmanaged_keyslots: remove`, or `keep: []`; `rotate_after: 1w 3d` of `node: <node name>` in `auth: {method: token, token_env: ...}`; `version: 1`; run `keyplan plan`";
+        assert_eq!(in_format(yaml, Format::Yaml), yaml);
+        assert_eq!(
+            in_format(yaml, Format::Toml),
+            "say `unmanaged_keyslots = \"remove\"`, or `keep = []`; `rotate_after = \"1w 3d\"` of `node = \"<node name>\"` in `auth = { method = \"token\", token_env = ... }`; `version = 1`; run `keyplan plan`"
+        );
+        // Text outside backticks, and an unpaired backtick, are left alone.
+        assert_eq!(in_format("a: b `c: d", Format::Toml), "a: b `c: d");
     }
 }

@@ -221,12 +221,13 @@ fn text_of(src: &SourceFile) -> &str {
 }
 
 /// The file name given, as shared text for a [`SourceFile`].
-pub(crate) fn source_file(text: &str, name: &str) -> SourceFile {
+pub(crate) fn source_file(text: &str, name: &str, format: super::Format) -> SourceFile {
     // A byte order mark would shift every offset the parsers report.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     SourceFile {
         name: name.to_owned(),
         text: Arc::from(text),
+        format,
     }
 }
 

@@ -150,11 +150,14 @@ pub fn load_str(
     if content > 0 && !fields.iter().any(|f| text.contains(f)) {
         return Err(miette::miette!(
             code = "keyplan::plan::not_a_plan",
-            help = "a plan file starts with `version: 1`; check the -f argument",
+            help = diag::in_format(
+                "a plan file starts with `version: 1`; check the -f argument",
+                format
+            ),
             "{name} is not a keyplan plan file: it names none of the plan fields (version, kms, keys, devices, settings, state_dir); its content is not shown"
         ));
     }
-    let src = load::source_file(text, name);
+    let src = load::source_file(text, name, format);
     let (file, tree) = load::parse(&src, format)?;
     let base = absolute_dir(base_dir);
     // File positions of the entries of each top-level section (`devices.<id>`, ...), found in

@@ -343,6 +343,32 @@ fn unknown_field_in_toml() {
     assert_report(&r, "plan.toml:4:1", "devices.osd0.uid: unknown field `uid`");
 }
 
+/// A TOML plan's errors quote its settings in TOML (`key = "value"`), as its advice is to be
+/// copied into it; YAML syntax there would not parse (issue 46).
+#[test]
+fn toml_errors_quote_toml_syntax() {
+    let r = toml_err(
+        "version = 1\n[kms.local]\nprovider = \"file\"\npath = \"k\"\n[keys.k]\nkms = \"local\"\nrotate_after = \"90x\"\n[devices.a]\npath = \"/dev/a\"\nkeys = [\"k\"]\nunmanaged_keyslots = { keep = [] }\n[devices.b]\npath = \"/dev/b\"\nunmanaged_keyslots = \"remove\"\n",
+    );
+    for toml in [
+        "`rotate_after = \"90x\"`",
+        "`keep = []`",
+        "`unmanaged_keyslots = \"remove\"`",
+        "`unmanaged_keyslots = \"keep\"`",
+    ] {
+        assert!(r.contains(toml), "expected {toml} in:\n{r}");
+    }
+    for yaml in ["rotate_after: ", "keep: []", "unmanaged_keyslots: "] {
+        assert!(
+            !r.contains(yaml),
+            "YAML {yaml:?} in a TOML plan's errors:\n{r}"
+        );
+    }
+    // A YAML plan's errors keep YAML.
+    let r = yaml_err("version: 1\nkms:\n  local: { provider: file, path: k }\nkeys:\n  k: { kms: local, rotate_after: 90x }\n");
+    assert!(r.contains("`rotate_after: 90x`"), "{r}");
+}
+
 #[test]
 fn unknown_kms_provider() {
     let r = yaml_err("version: 1\nkms:\n  local:\n    provider: files\n    path: k\n");

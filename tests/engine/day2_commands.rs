@@ -173,6 +173,59 @@ fn an_interrupted_import_is_finished_by_importing_again() {
     assert_eq!(s.key_get("k", None), kek.to_vec());
 }
 
+/// After an interrupted import, `status` and `apply` name what finishes it: the same import
+/// again, not `keyplan apply` (which refuses a pending version no device of the plan holds) nor
+/// removing the version by hand. Followed, the advice commits the passphrase and `apply`
+/// adopts the keyslot it opens (issue 46).
+#[cfg(feature = "failpoints")]
+#[test]
+fn status_and_apply_say_an_interrupted_import_is_finished_by_importing_again() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let s = Scratch::new();
+    let kek = b"the KEK of an import killed before its commit";
+    luks_format(&s.path("a.img"), 16 << 20, "luks2", &[], kek);
+    s.plan(
+        "keyplan.yaml",
+        "version: 1\nkms:\n  local: { provider: file, path: keys }\nkeys:\n  k: { kms: local }\ndevices:\n  a: { path: a.img, keys: [k] }\nsettings:\n  pbkdf: { type: pbkdf2, iterations: 1000 }\n",
+    );
+    let mut cmd = keyplan_command();
+    cmd.current_dir(s.dir.path())
+        .env("FAILPOINTS", "kms.commit=return")
+        .args(["key", "import", "k"]);
+    let out = run_with_stdin(cmd, kek);
+    assert_eq!(out.status.signal(), Some(9), "{}", text(&out));
+    assert_eq!(
+        file_kms_state(s.dir.path(), "k").0,
+        None,
+        "nothing committed"
+    );
+
+    let advice = "`keyplan key import k`";
+    let status = text(&s.keyplan(&["status"]));
+    assert!(status.contains(advice), "{status}");
+    assert!(
+        !status.contains("a rotation is under way: run `keyplan apply`"),
+        "{status}"
+    );
+    let before = Snapshot::take(&[s.path("a.img"), s.path("keys")]);
+    let refused = s.ok(&["apply", "--auto-approve"], 1);
+    assert!(refused.contains(advice), "{refused}");
+    assert!(refused.contains("with the same passphrase"), "{refused}");
+    assert!(refused.contains("Nothing was changed"), "{refused}");
+    before.assert_unchanged("apply after an interrupted import");
+
+    // Followed: the import again commits it, and apply adopts the keyslot.
+    let out = keyplan_stdin(s.dir.path(), &["key", "import", "k"], kek);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("committed now"), "{}", text(&out));
+    let applied = s.ok(&["apply", "--auto-approve"], 0);
+    assert!(applied.contains("1 adopted"), "{applied}");
+    assert_eq!(s.key_get("k", None), kek.to_vec());
+    assert!(opens(&s.path("a.img"), kek, None));
+    let status = text(&s.keyplan(&["status"]));
+    assert!(!status.contains("pending"), "{status}");
+}
+
 #[test]
 fn a_plan_signature_is_verified_locally_as_an_agent_would() {
     let s = Scratch::new();

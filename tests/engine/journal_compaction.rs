@@ -210,3 +210,99 @@ fn a_damaged_audit_trail_is_set_aside() {
         "checkpoint"
     );
 }
+
+/// `--journal-archive` (or `KEYPLAN_JOURNAL_ARCHIVE`) in a directory that does not exist, or
+/// under a file, is refused before anything is changed, naming the path and what to do:
+/// accepted, every compaction that expires a run would fail after its run, and `-q` (the
+/// systemd example) would hide it (issue 46).
+#[test]
+fn an_archive_in_a_missing_directory_is_refused_up_front() {
+    let s = Scratch::new();
+    setup(&s);
+    let v1 = s.key_get("k", None);
+    let watched = [
+        s.path("a.img"),
+        s.path("b.img"),
+        s.path("keys"),
+        s.path(".keyplan/journal.jsonl"),
+    ];
+    let before = Snapshot::take(&watched);
+    let rotate = ["-q", "apply", "--auto-approve", "--rotate", "k"];
+    for (archive, why, advice) in [
+        ("missing/runs.jsonl", "does not exist", "`mkdir -p "),
+        (
+            "keyplan.yaml/runs.jsonl",
+            "is not a directory",
+            "in an existing directory",
+        ),
+    ] {
+        let mut args = rotate.to_vec();
+        args.extend(["--journal-archive", archive]);
+        let text = s.ok(&args, 1);
+        assert!(text.contains("refusing --journal-archive"), "{text}");
+        assert!(text.contains(archive), "names the path: {text}");
+        assert!(text.contains(why), "{text}");
+        assert!(text.contains("nothing was"), "{text}");
+        assert!(text.contains(advice), "{text}");
+        let text = s.ok_with_env(
+            &rotate,
+            &[("KEYPLAN_JOURNAL_ARCHIVE", Path::new(archive))],
+            1,
+        );
+        assert!(text.contains(why), "{text}");
+    }
+    before.assert_unchanged("a refused --journal-archive");
+    assert_eq!(s.key_get("k", None), v1);
+    assert!(!s.path("missing").exists());
+
+    // With the directory made, the same command runs and rotates the key.
+    std::fs::create_dir(s.path("missing")).expect("mkdir");
+    let mut args = rotate.to_vec();
+    args.extend(["--journal-archive", "missing/runs.jsonl"]);
+    s.ok(&args, 0);
+    let v2 = s.key_get("k", None);
+    assert_ne!(v2, v1);
+    assert!(opens(&s.path("a.img"), &v2, None));
+}
+
+/// `keyplan journal` sets a damaged audit trail aside with a warning and shows the journal,
+/// as a run's compaction does (one code path): the audit trail is not the write-ahead journal,
+/// so its damage is no reason to fail, nor to give the advice of a damaged journal (issue 46).
+#[test]
+fn journal_sets_a_damaged_audit_trail_aside() {
+    let s = Scratch::new();
+    setup(&s);
+    for _ in 0..2 {
+        s.ok(ROTATE, 0);
+    }
+    let history = s.path(".keyplan/history.jsonl");
+    let mut bytes = b"{not json}\n".to_vec();
+    bytes.extend(std::fs::read(&history).expect("history"));
+    std::fs::write(&history, &bytes).expect("write");
+    let journal = std::fs::read(s.path(".keyplan/journal.jsonl")).expect("journal");
+
+    let out = s.keyplan(&["journal"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("was damaged at line 1"), "{stderr}");
+    assert!(stderr.contains("history.jsonl.corrupt-"), "{stderr}");
+    let aside: Vec<_> = walk(&s.path(".keyplan"))
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains("history.jsonl.corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(std::fs::read(&aside[0]).expect("aside"), bytes);
+    // The journal itself is untouched, and its last run is listed.
+    assert_eq!(
+        std::fs::read(s.path(".keyplan/journal.jsonl")).expect("journal"),
+        journal
+    );
+    let last = records(&s.path(".keyplan/journal.jsonl"))
+        .last()
+        .and_then(|r| r["run"].as_str().map(str::to_string))
+        .expect("a run in the journal");
+    assert_eq!(listed(&s), vec![last]);
+    // The next run starts a new audit trail.
+    s.ok(ROTATE, 0);
+    assert_eq!(listed(&s).len(), 2);
+}

@@ -215,3 +215,66 @@ fn a_keep_list_with_a_typo_removes_nothing() {
     }
     assert!(opens(&a, b"recovery passphrase", Some(5)));
 }
+
+/// A keep list (as `remove`) also removes the unmanaged keyslots that the list of keyslots
+/// keyplan does not manage leaves out: an unbound keyslot and one of priority `ignore`. `plan`
+/// says so on each of their lines, so that the keep list's reader is not surprised (issue 46).
+#[test]
+fn a_keep_list_says_it_removes_unbound_and_ignored_keyslots_too() {
+    let s = Scratch::new();
+    s.initial_pass();
+    // Room for five keyslots (a small image's keyslots area holds four).
+    let a = s.image("a.img", "luks2");
+    add_keyslot(&a, 5, b"recovery passphrase");
+    // An unbound keyslot (no volume key) and a keyslot cryptsetup tries only when named.
+    let pass = s.path("other.pass");
+    std::fs::write(&pass, b"another passphrase").expect("write");
+    let mut cmd = std::process::Command::new(real_cryptsetup());
+    cmd.args([
+        "luksAddKey",
+        "--batch-mode",
+        "--unbound",
+        "--key-size",
+        "256",
+        "--pbkdf",
+        "pbkdf2",
+        "--pbkdf-force-iterations",
+        "1000",
+        "--key-slot",
+        "6",
+    ])
+    .arg(&a)
+    .arg(&pass);
+    let out = cmd.output().expect("cryptsetup");
+    assert!(out.status.success(), "{out:?}");
+    add_keyslot(&a, 7, b"an ignored passphrase");
+    let out = std::process::Command::new(real_cryptsetup())
+        .args(["config", "--priority", "ignore", "--key-slot", "7"])
+        .arg(&a)
+        .output()
+        .expect("cryptsetup");
+    assert!(out.status.success(), "{out:?}");
+
+    s.plan("keyplan.yaml", &plan(", unmanaged_keyslots: { keep: [5] }"));
+    let text = s.ok(&["plan", "--detailed-exitcode"], 2);
+    let line = |n: u32| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(&format!("- keyslot {n} ")))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        line(6).contains("unbound keyslots are removed too"),
+        "{text}"
+    );
+    assert!(
+        line(7).contains("keyslots of priority ignore are removed too"),
+        "{text}"
+    );
+    assert!(!line(0).contains("removed too"), "{text}");
+    s.ok(&["apply", "--auto-approve"], 0);
+    assert!(!keyslots(&a).contains(&6), "{:?}", keyslots(&a));
+    assert!(!opens(&a, b"an ignored passphrase", Some(7)));
+    assert!(opens(&a, b"recovery passphrase", Some(5)));
+    assert!(opens(&a, &s.key_get("k", None), None));
+}

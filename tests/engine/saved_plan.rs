@@ -122,11 +122,102 @@ fn header_changed_behind_the_plan_makes_it_stale() {
     assert!(!out.contains("device a:"), "{out}");
     assert!(!out.contains("key k:"), "{out}");
     assert!(
-        out.contains("run `keyplan plan -o rotate.json` again"),
+        out.contains("run `keyplan plan --rotate k -o rotate.json` again"),
         "{out}"
     );
     before.assert_unchanged("stale saved plan");
     assert_eq!(s.key_get("k", None), v1);
+}
+
+/// The `keyplan plan` command between backticks in `text`: the advice to make a saved plan
+/// again.
+fn plan_advice(text: &str) -> String {
+    let start = text
+        .find("`keyplan plan")
+        .map(|i| i + 1)
+        .expect("advice in the output");
+    let len = text[start..].find('`').expect("closing backtick");
+    text[start..start + len].to_string()
+}
+
+/// A stale saved rotation says how to make it again, and the advice, followed word for word,
+/// makes the same plan: it repeats `--rotate k` and the other options that shaped the saved
+/// plan (`--verify`, `-f`, `--state-dir`), so the rotation is not lost to a "No changes"
+/// plan, and applying the new file rotates the key (issue 46).
+#[test]
+fn stale_saved_rotation_advice_repeats_the_command_line() {
+    let s = Scratch::new();
+    let devs = setup(&s);
+    let st = ["--state-dir", "st"];
+    s.ok(&["--state-dir", "st", "apply", "--auto-approve"], 0);
+    let v1 = s.key_get_as(&st, "k", None);
+    s.ok(
+        &[
+            "--state-dir",
+            "st",
+            "plan",
+            "-f",
+            "keyplan.yaml",
+            "--rotate",
+            "k",
+            "--verify",
+            "-o",
+            "rotate.json",
+        ],
+        0,
+    );
+    // The plan file is edited (a comment): the saved plan is stale.
+    let mut text = std::fs::read_to_string(s.path("keyplan.yaml")).expect("read plan");
+    text.push_str("# reviewed\n");
+    std::fs::write(s.path("keyplan.yaml"), text).expect("write plan");
+    let apply_saved = [
+        "--state-dir",
+        "st",
+        "apply",
+        "-f",
+        "keyplan.yaml",
+        "rotate.json",
+    ];
+    let out = s.ok(&apply_saved, 1);
+    assert!(out.contains("saved plan rotate.json is stale"), "{out}");
+    let again = plan_advice(&out);
+    let shown = both(&s.keyplan(&[
+        "--state-dir",
+        "st",
+        "show",
+        "-f",
+        "keyplan.yaml",
+        "rotate.json",
+    ]));
+    assert!(shown.contains("is STALE"), "{shown}");
+    assert_eq!(
+        plan_advice(&shown),
+        again,
+        "show and apply give the same advice"
+    );
+    assert_eq!(s.key_get_as(&st, "k", None), v1, "nothing rotated yet");
+
+    // Followed word for word, the advice plans the rotation again, and the new file applies.
+    let args: Vec<&str> = again.split_whitespace().collect();
+    assert_eq!(args.first(), Some(&"keyplan"), "{again}");
+    let out = s.ok(&args[1..], 0);
+    assert!(
+        out.contains("~ key k v1 -> v2"),
+        "`{again}` plans the rotation: {out}"
+    );
+    let out = s.ok(&apply_saved, 0);
+    assert!(out.contains("1 keys rotated"), "{out}");
+    let v2 = s.key_get_as(&st, "k", None);
+    assert_eq!(s.key_get_as(&st, "k", Some(2)), v2);
+    assert_ne!(v2, v1);
+    for d in &devs {
+        assert!(opens(d, &v2, None), "{} opens with k v2", d.display());
+        assert!(
+            !opens(d, &v1, None),
+            "{}: the v1 keyslot is killed",
+            d.display()
+        );
+    }
 }
 
 #[test]

@@ -404,6 +404,50 @@ fn another_plans_record_on_the_same_host_still_stops_the_rotation() {
     let _ = other;
 }
 
+/// `key release` of another live plan's record on the same host is refused for what it is:
+/// the record of another plan whose state directory lives here and whose devices hold the
+/// key, not because this plan lists the key; so taking the key out of this plan (what the
+/// refusal used to advise) does not let the release through (issue 46).
+#[test]
+fn key_release_of_another_live_plan_on_this_host_names_that_plan() {
+    let t = Tried::new();
+    std::fs::create_dir_all(t.s.path("other")).expect("mkdir");
+    let img2 = t.s.small_image("d2.img", "luks2");
+    let other_plan = t.s.plan(
+        "other/keyplan.yaml",
+        &plan_text(&t.kms, "d2", &img2, &t.s, ""),
+    );
+    run(&t.s.path("other"), &[], &["apply", "--auto-approve"], 0);
+    let other = t.holder("other/.keyplan");
+    let release = ["key", "release", "k", "--holder", other.as_str()];
+    let refused = |context: &str| {
+        let text = run(&t.s.path("try"), &[], &release, 1);
+        assert!(
+            text.contains("another plan on this host") && text.contains("other/.keyplan"),
+            "{context}: {text}"
+        );
+        assert!(
+            text.contains("other/keyplan.yaml"),
+            "{context}: names that plan: {text}"
+        );
+        assert!(!text.contains("still lists with key"), "{context}: {text}");
+        assert!(text.contains("nothing was changed"), "{context}: {text}");
+        assert!(holders(&t.s.path("try"), &[], &t.plan).contains(&other));
+    };
+    refused("this plan lists the key");
+    // This plan lets its device go: the other plan's record is still not its to release.
+    t.s.plan(
+        "try/keyplan.yaml",
+        &format!(
+            "version: 1\nkms:\n  shared: {}\nkeys:\n  k: {{ kms: shared, name: shared-kek }}\ndevices: {{}}\n{FAST_PBKDF}",
+            t.kms
+        ),
+    );
+    refused("this plan lists no device with the key");
+    let v = current(&t.s.path("other"), &[], &other_plan);
+    assert!(opens(&img2, &v, None));
+}
+
 /// The tester's lock-out (issue 29): a plan's state directory moved away (`try` → `moved`) and
 /// a new plan with another device, the same key, created at the old path: the new state
 /// directory there has the old holder id, and the KMS's record under it stands for the moved

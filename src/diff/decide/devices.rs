@@ -200,11 +200,15 @@ impl Planner<'_> {
                     None,
                     (
                         ReasonCode::UnmanagedRemove,
-                        if spec.keep_keyslots.is_empty() {
-                            "not created by keyplan (unmanaged_keyslots: remove)".to_string()
-                        } else {
-                            "not created by keyplan, not in unmanaged_keyslots.keep".to_string()
-                        },
+                        format!(
+                            "{}{}",
+                            if spec.keep_keyslots.is_empty() {
+                                "not created by keyplan (unmanaged_keyslots: remove)"
+                            } else {
+                                "not created by keyplan, not in unmanaged_keyslots.keep"
+                            },
+                            unlisted_kind(ks)
+                        ),
                     ),
                 ));
             }
@@ -231,5 +235,19 @@ impl Planner<'_> {
             }
         }
         None
+    }
+}
+
+/// What sets unmanaged keyslot `ks` apart from those the list of keyslots keyplan does not
+/// manage shows (bound ones, of priority normal or prefer), as a suffix of its removal reason:
+/// `remove` and a keep list remove unbound keyslots and those of priority `ignore` too, which a
+/// reader of that list would not expect. Empty for the others.
+fn unlisted_kind(ks: &crate::luks::Keyslot) -> &'static str {
+    if !ks.bound {
+        "; unbound keyslots are removed too"
+    } else if ks.priority == crate::luks::Priority::Ignore {
+        "; keyslots of priority ignore are removed too"
+    } else {
+        ""
     }
 }

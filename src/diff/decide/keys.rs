@@ -1,7 +1,7 @@
 //! Per key: what happens to it (create, rotate, finish a pending rotation, migrate, converge),
 //! and converging a key that does not rotate.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::Planner;
@@ -77,19 +77,12 @@ impl Planner<'_> {
         action: KeyAction,
         opts: &DiffOptions,
     ) -> bool {
-        let (KeyAction::Finish, None, Some(p)) = (action, st.current, st.pending) else {
-            return false;
-        };
-        let mine = self.obs.devices.values().any(|d| {
-            d.records
-                .iter()
-                .any(|r| r.record.key == key && r.record.version == p)
-        });
-        let staged_here = opts.staged_here.contains(&(key.to_string(), Some(p)))
-            || opts.staged_here.contains(&(key.to_string(), None));
-        if mine || staged_here {
+        if action != KeyAction::Finish {
             return false;
         }
+        let Some(p) = unclaimed_creation(&self.obs.devices, &opts.staged_here, key, st) else {
+            return false;
+        };
         let kms = self.kms_of(key);
         if let Some(peers) = self.plan.peers.get(key).filter(|p| !p.is_empty()) {
             // A key this node shares with others: one of them is creating it. This node
@@ -101,7 +94,7 @@ impl Planner<'_> {
             return true;
         }
         self.refuse_key(key, format!(
-            "key {key} (KMS {kms}) has a pending v{p} and no current version, and no device of this plan holds v{p}: another plan (another host or state directory) is creating the key right now, or an earlier run of this plan lost its journal. Nothing was changed. Run keyplan again once the key exists (this plan then enrolls its current version); if no other plan is creating it, the pending version is a leftover: remove it in the KMS by hand"
+            "key {key} (KMS {kms}) has a pending v{p} and no current version, and no device of this plan holds v{p}. Nothing was changed. If `keyplan key import {key}` was interrupted, run it again with the same passphrase on stdin: it commits v{p}. Otherwise another plan (another host or state directory) is creating the key right now, or an earlier run of this plan lost its journal: run keyplan again once the key exists (this plan then enrolls its current version); if no other plan is creating it, the pending version is a leftover: remove it in the KMS by hand"
         ));
         true
     }
@@ -614,6 +607,31 @@ impl Planner<'_> {
         );
         self.refuse_device(device, message);
     }
+}
+
+/// The pending version of `key` (state `st`) when it has no current version and nothing shows
+/// it is this plan's creation: no device of `devices` (the plan's, as observed) records it, and
+/// `staged_here` (this plan's journal: [`crate::observe::Observed::staged_here`]) does not
+/// show it staged. Such a version is a `keyplan key import` that was interrupted between its
+/// stage and its commit (the same import again commits it), another plan creating the key, or
+/// a leftover; `apply` does not finish it and `status` says so.
+pub fn unclaimed_creation(
+    devices: &BTreeMap<String, crate::observe::DeviceState>,
+    staged_here: &BTreeSet<(String, Option<u64>)>,
+    key: &str,
+    st: &crate::kms::KeyState,
+) -> Option<u64> {
+    let (None, Some(p)) = (st.current, st.pending) else {
+        return None;
+    };
+    let mine = devices.values().any(|d| {
+        d.records
+            .iter()
+            .any(|r| r.record.key == key && r.record.version == p)
+    });
+    let staged = staged_here.contains(&(key.to_string(), Some(p)))
+        || staged_here.contains(&(key.to_string(), None));
+    (!mine && !staged).then_some(p)
 }
 
 /// The holder records of `key` (state `st`, with this plan's own former records already taken

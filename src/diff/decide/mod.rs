@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 pub(super) use adopt::with_adopted_records;
 pub(super) use former::without_former_holders;
-pub use keys::foreign_holders;
+pub use keys::{foreign_holders, unclaimed_creation};
 
 use super::{
     DiffOptions, HolderAction, HolderChange, KeyChange, ReasonCode, Refusal, SlotAction, SlotChange,

@@ -88,6 +88,7 @@ pub(super) fn key_report(
         rotation_due_at: None,
         overdue: false,
         pending: None,
+        pending_unclaimed: false,
         retained: Vec::new(),
     };
     let st = match state {
@@ -135,6 +136,7 @@ pub(super) fn key_report(
         ));
     }
     kr.pending = st.pending;
+    kr.pending_unclaimed = pending_unclaimed(plan, observed, id, &st);
     kr.retained = st.retained_previous();
     lingering(engine, id, f);
     kr
@@ -163,6 +165,18 @@ fn lingering(engine: &Engine, id: &str, f: &mut Findings) {
         if versions.len() == 1 { "its" } else { "their" },
         if versions.len() == 1 { "it" } else { "them" },
     ));
+}
+
+/// Whether key `id`'s pending version (state `st`) is a creation that nothing shows is this
+/// plan's ([`diff::unclaimed_creation`]): an interrupted `keyplan key import`, or another plan
+/// creating the key. Another node of the plan creating a shared key is no stranger: `apply`
+/// enrolls it once it is committed.
+fn pending_unclaimed(plan: &Plan, observed: Option<&Observed>, id: &str, st: &KeyState) -> bool {
+    let peers = plan.peers.get(id).is_some_and(|p| !p.is_empty());
+    !peers
+        && observed
+            .and_then(|o| diff::unclaimed_creation(&o.devices, &o.staged_here, id, st))
+            .is_some()
 }
 
 /// A key that rotates on a schedule (`rotate_after`) but is also held by another plan

@@ -107,6 +107,12 @@ pub struct KeyReport {
     pub overdue: bool,
     /// Version staged by a run that has not committed it yet.
     pub pending: Option<u64>,
+    /// True when `pending` has no current version before it and nothing shows it is this
+    /// plan's creation ([`crate::diff::unclaimed_creation`]): an interrupted `keyplan key
+    /// import` (run again, it commits it) or another plan creating the key; `apply` does not
+    /// finish it. For the text only (the JSON document has `pending` and `current`).
+    #[serde(skip)]
+    pub pending_unclaimed: bool,
     /// Older versions whose material the KMS still holds.
     pub retained: Vec<u64>,
 }

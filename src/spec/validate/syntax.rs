@@ -179,6 +179,20 @@ mod tests {
             parse_rotate_after("30m").unwrap(),
             Duration::from_secs(1800)
         );
+        // The long spellings, with or without a space, as docs/plan-file.md says.
+        for (text, secs) in [
+            ("30 days", 30 * 86400),
+            ("30days", 30 * 86400),
+            ("2 weeks 3 days", 17 * 86400),
+            ("12 hours", 12 * 3600),
+            ("1 day", 86400),
+        ] {
+            assert_eq!(
+                parse_rotate_after(text).unwrap(),
+                Duration::from_secs(secs),
+                "{text}"
+            );
+        }
         for bad in [
             "90x",
             "3 months",
