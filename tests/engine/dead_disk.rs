@@ -159,3 +159,45 @@ fn a_device_with_a_wiped_header_is_gone_around() {
     std::fs::write(&h.d3, &saved).expect("restore d3");
     back(&h);
 }
+
+/// A path without `uuid:` that now holds another LUKS device than the one keyplan worked on
+/// there (a loop device attached to another image, a replaced disk): `plan` enrolls the new
+/// one, as the plan names it, but says so and how to pin the right one (issue 46).
+#[test]
+fn a_path_that_now_holds_another_luks_device_is_noted_at_plan_time() {
+    let s = Scratch::new();
+    s.initial_pass();
+    s.small_image("d.img", "luks2");
+    s.plan(
+        "keyplan.yaml",
+        &format!(
+            "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  k: {{ kms: local }}\ndevices:\n  d: {{ path: d.img, keys: [k], enroll_with: initial.pass }}\n{FAST_PBKDF}"
+        ),
+    );
+    s.ok(&["apply", "--auto-approve"], 0);
+    // Another image behind the same path, as `losetup` re-attached to another file leaves it.
+    std::fs::rename(s.path("d.img"), s.path("first.img")).expect("set the first disk aside");
+    s.small_image("d.img", "luks2");
+    let out = std::process::Command::new("cryptsetup")
+        .arg("luksUUID")
+        .arg(s.path("d.img"))
+        .output()
+        .expect("cryptsetup luksUUID");
+    let new_uuid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(!new_uuid.is_empty());
+    let out = s.ok(&["plan", "--detailed-exitcode"], 2);
+    assert!(
+        out.contains("keyplan worked on another LUKS device at this path before"),
+        "{out}"
+    );
+    assert!(out.contains(&format!("uuid: {new_uuid}")), "{out}");
+    // Pinned, the note is gone and the plan is the same enrollment.
+    s.plan(
+        "keyplan.yaml",
+        &format!(
+            "version: 1\nkms:\n  local: {{ provider: file, path: keys }}\nkeys:\n  k: {{ kms: local }}\ndevices:\n  d: {{ path: d.img, uuid: {new_uuid}, keys: [k], enroll_with: initial.pass }}\n{FAST_PBKDF}"
+        ),
+    );
+    let out = s.ok(&["plan", "--detailed-exitcode"], 2);
+    assert!(!out.contains("worked on another LUKS device"), "{out}");
+}

@@ -19,9 +19,33 @@ type Victim = (
 );
 
 impl Planner<'_> {
+    /// A plan device without `uuid:` whose path now holds another LUKS device than the one
+    /// keyplan worked on there (a loop device re-attached to another image, a replaced disk
+    /// behind the same path): the registry's device at that path reads as another UUID
+    /// ([`crate::observe::Observed::former_unreadable`]). `plan` goes on with the new one (it is
+    /// what the plan names) but says so, and how to pin the right one.
+    fn reattached(&mut self) {
+        let obs = self.obs;
+        for (former, path, why) in &obs.former_unreadable {
+            let Some((id, st)) = obs.devices.iter().find(|(_, d)| d.path == *path) else {
+                continue;
+            };
+            if self.plan.devices.get(id).is_none_or(|d| d.uuid.is_some()) {
+                continue;
+            }
+            self.notes.push(format!(
+                "device {id} ({}) is LUKS device {}, but keyplan worked on another LUKS device at this path before ({former}: {why}). If the path now names another disk (a loop device attached to another image, a replaced disk), this plan treats the new one as device {id}, and keeps every key version the old one may hold until `keyplan device forget`. Pin the one you mean with `uuid: {}` on device {id}, so a path that names another disk is refused",
+                path.display(),
+                st.header.uuid,
+                st.header.uuid,
+            ));
+        }
+    }
+
     /// Records whose keyslot was killed or rewritten outside keyplan (or that `--verify`
     /// failed): a forget step and a `~` change each.
     pub(super) fn drift(&mut self) {
+        self.reattached();
         let obs = self.obs;
         for (id, d) in &obs.devices {
             for r in &d.records {
