@@ -146,7 +146,10 @@ fn check_kms(engine: &Engine, d: &Diff) -> Result<(), Error> {
 
 /// `plan --verify`: tests every valid record of a key in the plan against its keyslot (one
 /// PBKDF run each); a version that does not open it, or a keyslot that is not bound, marks the
-/// record [`RecordStatus::FailedVerify`] (drift the diff repairs).
+/// record [`RecordStatus::FailedVerify`] (drift the diff repairs). The version is read from
+/// the KMS the record names (its `entry`) when the plan has that KMS: during a migration the
+/// records not yet re-recorded name the KMS the key moves from, which the plan's own KMS for
+/// the key does not hold yet (issue 46; found by the simulation's migration scenario).
 ///
 /// Errors: a KMS the plan does not have for a key; a cryptsetup failure.
 fn verify_records(engine: &Engine, observed: &mut Observed) -> Result<(), Error> {
@@ -159,10 +162,20 @@ fn verify_records(engine: &Engine, observed: &mut Observed) -> Result<(), Error>
             let Some(key) = plan.keys.get(&r.record.key) else {
                 continue;
             };
-            let kms = world
-                .kms_for(plan, &key.id)
-                .map_err(|e| Error::request(e.to_string(), None))?;
-            let Ok(p) = kms.get(&key.name, r.record.version) else {
+            let named =
+                r.record.entry.as_ref().and_then(|(kms, name)| {
+                    world.kms.get(kms).map(|k| (k.as_ref(), name.as_str()))
+                });
+            let (kms, name) = match named {
+                Some(found) => found,
+                None => (
+                    world
+                        .kms_for(plan, &key.id)
+                        .map_err(|e| Error::request(e.to_string(), None))?,
+                    key.name.as_str(),
+                ),
+            };
+            let Ok(p) = kms.get(name, r.record.version) else {
                 r.status = RecordStatus::FailedVerify;
                 continue;
             };

@@ -351,3 +351,28 @@ fn status_reports_retired_material_still_readable() {
     std::fs::remove_file(root.join("keys-old").join("k").join("v1.key")).expect("rm v1.key");
     s.ok(&["status"], 0);
 }
+
+/// `apply --verify` in the middle of a migration (the operator's answer to a failed verify)
+/// tests each record against the KMS it names: the records not yet re-recorded name the KMS
+/// the key moves from, which the plan's KMS for the key does not hold yet. Before the fix it
+/// read the version from the new KMS, marked every such record as failing, and dropped them:
+/// the migration was lost, and with a device that left the plan holding the key every later
+/// `apply` refused ("KMS new holds no version of it"). Found by the simulation's migration
+/// scenario (tests/verification/simulation.rs).
+#[test]
+fn apply_verify_during_a_migration_tests_records_against_the_kms_they_name() {
+    let (s, v1) = departed_setup();
+    let root = s.path("");
+    let v2 = current(&root, "keys-old").expect("v2");
+    s.plan("keyplan.yaml", &plan("new", &["a", "c"]));
+    s.ok(&["apply", "--auto-approve", "--verify"], 0);
+    assert_eq!(current(&root, "keys-new"), Some(v2.clone()), "v2 moved");
+    for d in ["a.img", "c.img"] {
+        assert!(opens(&s.path(d), &v2, None), "{d} opens with v2");
+    }
+    assert!(opens(&s.path("b.img"), &v1, None), "b still opens with v1");
+    assert!(opens_with_kept(&root, &s.path("b.img")), "b locked out");
+    s.ok(&["plan", "--detailed-exitcode"], 0);
+    s.ok(&["apply", "--auto-approve", "--verify"], 0);
+    s.ok(&["plan", "--detailed-exitcode"], 0);
+}

@@ -28,6 +28,9 @@ pub const INSTALL: u8 = 0;
 pub const V1: u8 = 1;
 /// Material of a keyslot that silent damage made open nothing.
 pub const GARBAGE: u8 = 254;
+/// Material of an older version (v0) that a device which left the plan holds, and the origin
+/// KMS keeps as previous ([`Scenario::departed`]).
+pub const DEPARTED: u8 = 253;
 /// Material of a keyslot keyplan does not manage (another tool's passphrase).
 pub const FOREIGN: u8 = 255;
 /// Keyslots per device.
@@ -71,6 +74,9 @@ pub enum Variant {
     /// A resumed run trusts the copy search the interrupted run made, though the operator may
     /// have added a keyslot since (keyplan before the fix this model found).
     TrustJournaledCopySearch,
+    /// A migration destroys the key in the origin KMS even while a device that left the plan
+    /// holds a version there (keyplan before issue 46).
+    DestroyKeptOrigin,
 }
 
 /// How a device starts.
@@ -113,6 +119,12 @@ pub struct Scenario {
     pub max_concurrent_nodes: u8,
     /// The key moves from KMS "origin" to KMS "dest" (migration) instead of rotating.
     pub migrate: bool,
+    /// With `migrate`: a device that left the plan holds an older version (v0, material
+    /// [`DEPARTED`]), which the origin keeps as previous. keyplan never writes such a device,
+    /// so it is not in the state: it opens with [`DEPARTED`] only. The migration keeps the key
+    /// in the origin (src/diff/decide/migrate.rs, `kept_in_origin`), and the property "a
+    /// departed device opens with what a KMS holds" checks it (issue 46).
+    pub departed: bool,
     /// The operator may, while no run is live on the device's node, re-salt one managed
     /// keyslot (`luksConvertKey`: the same passphrase) and add the current or the previous
     /// version by hand into one free keyslot (a copy keyplan did not make), once each
@@ -432,6 +444,7 @@ impl ProtocolModel {
         }
         let key = KmsKey {
             current: Some((1, V1)),
+            previous: sc.departed.then_some((0, DEPARTED)),
             ..Default::default()
         };
         let (kms, origin) = if sc.migrate {
@@ -752,8 +765,30 @@ impl ProtocolModel {
                 }
             }
         }
-        steps.push(MStep::DestroyOrigin);
+        if !self.kept_in_origin() {
+            steps.push(MStep::DestroyOrigin);
+        }
         steps
+    }
+
+    /// Whether the migration keeps the key in the origin: a device that left the plan holds
+    /// a version there (the broken variant destroys it anyway).
+    fn kept_in_origin(&self) -> bool {
+        self.sc.departed && self.sc.variant != Variant::DestroyKeptOrigin
+    }
+
+    /// Whether the migration is done: the destination holds the key and every keyslot of a
+    /// device of the plan that keyplan records is recorded there.
+    fn migrated(&self, s: &State) -> bool {
+        s.kms.current.is_some()
+            && (0..self.sc.devices.len())
+                .filter(|d| !s.released.contains(&self.dev_node(*d)))
+                .all(|d| {
+                    s.devs[d]
+                        .iter()
+                        .flatten()
+                        .all(|k| k.rec.is_none() || k.rec_dest)
+                })
     }
 
     /// Runs one door call of `step` for run `r` (its journal is `node`'s). `Ok(true)`: the
@@ -1473,7 +1508,7 @@ impl ProtocolModel {
     /// each device of the plan holds exactly one recorded keyslot (the current version,
     /// opening it) beside its install and foreign keyslots.
     pub fn goal(&self, s: &State) -> Result<(), String> {
-        if s.origin.is_some() {
+        if s.origin.is_some() && !(self.kept_in_origin() && self.migrated(s)) {
             return Err("the origin KMS still holds the key".into());
         }
         let cur = s.kms.current.ok_or("no current version")?;
@@ -1604,8 +1639,13 @@ impl Model for ProtocolModel {
                 |m: &Self, s: &State| m.i8(s),
             ),
             Property::always("no unasked-for version", |_, s: &State| !s.bound_hit),
+            Property::always(
+                "a departed device opens with what a KMS holds",
+                |m: &Self, s: &State| !m.sc.departed || Self::kms_materials(s).contains(&DEPARTED),
+            ),
             Property::sometimes("a rotation commits", |m: &Self, s: &State| {
-                s.kms.current.is_some_and(|c| c.0 > 1) || (m.sc.migrate && s.origin.is_none())
+                s.kms.current.is_some_and(|c| c.0 > 1)
+                    || (m.sc.migrate && (s.origin.is_none() || m.migrated(s)))
             }),
         ]
     }

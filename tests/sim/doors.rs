@@ -17,6 +17,11 @@
 //!   write is a read followed by a compare-and-swap write on the key's revision (Vault KV v2
 //!   `cas`, the Kubernetes `resourceVersion`), **two door calls**, so another process can
 //!   write in between and the write then fails with a conflict, as on the real servers.
+//!   Keys live per KMS instance (`World::keys` by `<instance>/<name>`), so a key can move
+//!   from one simulated KMS to another. `destroy_key` removes the material of every version
+//!   but the current one with its record, then the current version's material in a door call
+//!   of its own, as the file KMS removes the file after `meta.json` says destroyed; a
+//!   `destroy_key` of a key recorded destroyed finishes what an interrupted one left.
 //!
 //! Every call goes through [`Sim::door`] (tests/sim/mod.rs): the scheduler's turn, the fault
 //! the schedule injects, the effect, and the invariant check.
@@ -189,7 +194,9 @@ pub struct MemKey {
     pub versions: Vec<VersionInfo>,
     /// Holder records.
     pub holders: BTreeMap<String, u64>,
-    /// Material by version (dropped when retired).
+    /// Material by version: what the KMS can still hand out (dropped when retired; after a
+    /// `destroy_key` interrupted between its two door calls, the destroyed current version's
+    /// material is still here, as a file KMS's `.key` file would be).
     pub material: BTreeMap<u64, Vec<u8>>,
     /// The material of versions retired or destroyed since: the test's own memory (the engine
     /// cannot read it), for invariant I8 (a retired version opens no keyslot unnoticed).
@@ -207,6 +214,30 @@ impl MemKey {
         self.current
             .and_then(|c| self.material.get(&c))
             .map(|m| m.as_slice())
+    }
+    /// Versions recorded as retired whose material the KMS still holds (none once every
+    /// retire and destroy finished).
+    pub fn lingering(&self) -> Vec<u64> {
+        self.versions
+            .iter()
+            .filter(|v| v.state == VersionState::Retired && self.material.contains_key(&v.version))
+            .map(|v| v.version)
+            .collect()
+    }
+    /// Moves the material of `versions` (all when `None`) to the test's memory of retired
+    /// material: the KMS can no longer hand it out.
+    fn drop_material(&mut self, versions: Option<&[u64]>) {
+        let gone: Vec<u64> = self
+            .material
+            .keys()
+            .copied()
+            .filter(|v| versions.is_none_or(|vs| vs.contains(v)))
+            .collect();
+        for v in gone {
+            if let Some(m) = self.material.remove(&v) {
+                self.retired.insert(v, m);
+            }
+        }
     }
 }
 
@@ -279,7 +310,18 @@ fn fresh_salt(counter: &mut u64) -> String {
 
 impl LuksDoor for SimLuks {
     fn dump(&self, dev: &Path) -> Result<Header, LuksError> {
-        self.with_dev(Call::read("dump", dev), dev, |d, _| Ok(d.header()))
+        // The broken variant shows a device that left the plan without keyplan's tokens: the
+        // planner no longer sees the version it holds, as a planner that ignores departed
+        // devices (`Observed::former`) would not.
+        let hide =
+            self.sim.variant() == super::Variant::DepartedRecordsHidden && self.sim.departed(dev);
+        self.with_dev(Call::read("dump", dev), dev, move |d, _| {
+            let mut h = d.header();
+            if hide {
+                h.tokens.retain(|_, t| t.token_type != "keyplan");
+            }
+            Ok(h)
+        })
     }
 
     fn test_passphrase(&self, dev: &Path, slot: u32, pass: &Passphrase) -> Result<bool, LuksError> {
@@ -506,6 +548,11 @@ pub struct SimKms {
 }
 
 impl SimKms {
+    /// Where key `key` of this KMS instance lives in [`super::World::keys`].
+    fn path(&self, key: &str) -> String {
+        format!("{}/{key}", self.name)
+    }
+
     /// A read-only call on key `key`.
     fn read_call<T>(
         &self,
@@ -513,7 +560,7 @@ impl SimKms {
         key: &str,
         f: impl FnOnce(&MemKey) -> Result<T, KmsError>,
     ) -> Result<T, KmsError> {
-        let key = key.to_string();
+        let key = self.path(key);
         self.sim.kms_door(
             self.proc,
             Call::kms_read(op, &key),
@@ -533,11 +580,12 @@ impl SimKms {
         let seen = self.read_call(op, key, |k| Ok(k.clone()))?;
         let no_cas = self.sim.variant() == super::Variant::NoCompareAndSwap;
         let key_s = key.to_string();
+        let path = self.path(key);
         let me = self.describe();
         let describe = me.clone();
         self.sim
-            .kms_door(self.proc, Call::kms_write(op, key), &describe, move |w| {
-                let k = w.keys.entry(key_s.clone()).or_default();
+            .kms_door(self.proc, Call::kms_write(op, &path), &describe, move |w| {
+                let k = w.keys.entry(path.clone()).or_default();
                 // The broken variant writes what it computed from its read, whatever was
                 // written since (a lost update).
                 let mut copy = if no_cas {
@@ -671,26 +719,55 @@ impl Kms for SimKms {
             k.book()
                 .retire(version)
                 .map_err(|r| r.conflict(&this, &key))?;
+            k.drop_material(Some(&[version]));
             book::retire_state(&mut k.versions, version);
-            if let Some(m) = k.material.remove(&version) {
-                k.retired.insert(version, m);
-            }
             Ok(())
         })
     }
 
+    /// As the file KMS (src/kms/file.rs) does it: every version's material but the current
+    /// one's goes with the record that says the key is destroyed (one compare-and-swap write),
+    /// then the current version's material in a door call of its own, so a crash in between
+    /// leaves a destroyed key whose current material is still readable. A `destroy_key` of a
+    /// key recorded destroyed finishes it (the broken variant
+    /// [`super::Variant::DestroyLeavesMaterial`] returns early instead, as the file KMS did
+    /// before issue 46).
     fn destroy_key(&self, name: &str, expected_current: u64) -> Result<(), KmsError> {
         let this = self.clone();
         let key = name.to_string();
-        self.write_call("destroy", name, move |k| {
+        let early = self.sim.variant() == super::Variant::DestroyLeavesMaterial;
+        let recorded_before = self.write_call("destroy", name, move |k| {
             let decision = k.book().destroy(expected_current);
             if decision.map_err(|r| r.conflict(&this, &key))? == Destroy::NothingLeft {
-                return Ok(());
+                if !early {
+                    k.drop_material(None);
+                }
+                return Ok(true);
             }
+            let others: Vec<u64> = k
+                .material
+                .keys()
+                .copied()
+                .filter(|v| Some(*v) != k.current)
+                .collect();
+            k.drop_material(Some(&others));
             (k.current, k.pending) = book::destroy_states(&mut k.versions);
-            let gone = std::mem::take(&mut k.material);
-            k.retired.extend(gone);
-            Ok(())
-        })
+            Ok(false)
+        })?;
+        if recorded_before {
+            return Ok(());
+        }
+        let path = self.path(name);
+        self.sim.kms_door(
+            self.proc,
+            Call::kms_write("destroy-material", &path),
+            &self.describe(),
+            move |w| {
+                if let Some(k) = w.keys.get_mut(&path) {
+                    k.drop_material(None);
+                }
+                Ok(())
+            },
+        )
     }
 }

@@ -61,11 +61,11 @@ const OPERATOR_PER_MILLE: u32 = 300;
 const FAULT_PER_MILLE: u32 = 40;
 
 /// What the simulated world holds: the devices and the KMS keys.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct World {
     /// Devices by path.
     pub devices: BTreeMap<PathBuf, MemDev>,
-    /// KMS keys by name.
+    /// KMS keys by `<KMS instance>/<name in the KMS>` (several KMS instances: a key can move).
     pub keys: BTreeMap<String, MemKey>,
     /// Salt counter (fresh salts for written keyslots).
     pub salts: u64,
@@ -127,7 +127,7 @@ impl fmt::Display for Call {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let door = if self.kms { "kms" } else { "luks" };
         let half = match (self.kms, self.write) {
-            (true, true) => " (cas write)",
+            (true, true) if self.op != "destroy-material" => " (cas write)",
             (true, false) if self.op != "read" && self.op != "get" => " (read)",
             _ => "",
         };
@@ -173,6 +173,20 @@ pub enum Variant {
     /// The KMS's writes are not compare-and-swap: a write computed from a read overwrites
     /// whatever was written since (lost updates).
     NoCompareAndSwap,
+    /// The LUKS door shows a device that left the plan ([`Scenario::departed`]) without
+    /// keyplan's tokens, so the planner no longer sees the version it holds: a migration then
+    /// destroys the key in the KMS it moves from, as a planner that ignores departed devices
+    /// (`Observed::former`, `kept_in_origin` in src/diff/decide/migrate.rs) would.
+    DepartedRecordsHidden,
+    /// The KMS's `destroy_key` of a key already recorded destroyed returns at once, leaving
+    /// the material an interrupted destroy left (the file KMS before issue 46).
+    DestroyLeavesMaterial,
+}
+
+/// The path of a key in [`World::keys`] without its KMS instance: the key's name there
+/// (the plan's key id in every scenario).
+pub fn key_name(path: &str) -> &str {
+    path.split_once('/').map_or(path, |(_, n)| n)
 }
 
 /// The seeded choice stream; every decision takes a fixed number of choices, so a stream
@@ -279,6 +293,13 @@ struct State {
     /// Keyslots the operator added by hand with a key version: (device, keyslot, salt). Kept
     /// under `unmanaged_keyslots: keep` (I4); reported once their version is retired (I8).
     copied: Vec<(PathBuf, u32, String)>,
+    /// Devices that left the plan ([`Scenario::departed`]).
+    departed: Vec<PathBuf>,
+    /// Devices that must open with some version a KMS holds at every instant
+    /// ([`Scenario::kms_opens`]).
+    kms_opens: Vec<PathBuf>,
+    /// Whether the other writer may stage a version of its own ([`Scenario::writer_stages`]).
+    writer_stages: bool,
 }
 
 /// The simulation shared by every door of every process.
@@ -294,7 +315,8 @@ impl fmt::Debug for Sim {
     }
 }
 
-fn copy_dir(from: &Path, to: &Path) {
+/// Copies directory `from` into `to` (created), recursively; a missing `from` copies nothing.
+pub fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).expect("create snapshot dir");
     if let Ok(entries) = std::fs::read_dir(from) {
         for e in entries.flatten() {
@@ -399,6 +421,16 @@ impl Sim {
         if call.op == "add" {
             kinds.push(Fault::TornAdd);
         }
+        // A destroy is split between its two calls by a crash only: an error between them (a
+        // lost reply of the record write, a failed removal of the material) fails the run, and
+        // no later run destroys again (docs/verification.md, "What the simulation does not
+        // cover").
+        if call.op.starts_with("destroy") && call.write {
+            kinds.retain(|k| *k != Fault::ErrorAfter);
+        }
+        if call.op == "destroy-material" {
+            kinds.retain(|k| *k != Fault::ErrorBefore);
+        }
         st.faults_left -= 1;
         kinds[kind as usize % kinds.len()]
     }
@@ -426,7 +458,14 @@ impl Sim {
         let Some(k) = st.world.keys.get_mut(name) else {
             return;
         };
-        if stage && k.pending.is_none() && k.current == initial {
+        // Never into a key no run created (a failed first write left it empty): that would be
+        // a move into an occupied KMS, which `plan` refuses.
+        if stage
+            && st.writer_stages
+            && !k.versions.is_empty()
+            && k.pending.is_none()
+            && k.current == initial
+        {
             // Another run starts the same rotation: a pending version of its own.
             let v = k.versions.iter().map(|v| v.version).max().unwrap_or(0) + 1;
             k.material
@@ -477,28 +516,48 @@ impl Sim {
             if st.damaged.contains(&dev) {
                 continue;
             }
-            let Some(k) = st.world.keys.get(&key) else {
-                continue;
-            };
-            let Some(m) = k.current_material() else {
-                continue;
-            };
-            // A record of the pending version is an enrollment in progress, not yet held.
-            let held = records(d, &luks1_dir).iter().any(|(slot, rk, v)| {
-                *rk == key
-                    && k.pending != Some(*v)
-                    && k.current.is_some_and(|c| *v <= c)
-                    && d.slots.contains_key(slot)
-                    && !st.torn.contains(&(dev.clone(), *slot))
-            });
-            if held && !d.opens(m) {
-                st.violation = Some(format!(
-                    "I1 broken: {} holds {key} (keyplan's record), and no bound keyslot opens with its current version v{}",
-                    dev.display(),
-                    k.current.unwrap_or(0)
-                ));
-                return;
+            // The KMS key a record names (during a migration, the old KMS's or the new one's).
+            for (slot, rk, v, entry) in records(d, &luks1_dir) {
+                let path = entry.unwrap_or_else(|| key.clone());
+                let Some(k) = st.world.keys.get(&path) else {
+                    continue;
+                };
+                let Some(m) = k.current_material() else {
+                    continue;
+                };
+                // A record of the pending version is an enrollment in progress, not yet held.
+                let held = rk == key_name(&key)
+                    && k.pending != Some(v)
+                    && k.current.is_some_and(|c| v <= c)
+                    && d.slots.contains_key(&slot)
+                    && !st.torn.contains(&(dev.clone(), slot));
+                if held && !d.opens(m) {
+                    st.violation = Some(format!(
+                        "I1 broken: {} holds {path} (keyplan's record), and no bound keyslot opens with its current version v{}",
+                        dev.display(),
+                        k.current.unwrap_or(0)
+                    ));
+                    return;
+                }
             }
+        }
+        if let Some(dev) = st.kms_opens.iter().find(|p| {
+            !st.damaged.contains(*p)
+                && st
+                    .world
+                    .devices
+                    .get(*p)
+                    .is_some_and(|d| !opens_with_kms(&st.world, d))
+        }) {
+            let why = if st.departed.contains(dev) {
+                "which left the plan holding a version keyplan kept"
+            } else {
+                "which the plan lists"
+            };
+            st.violation = Some(format!(
+                "I1 broken: {}, a device keyplan knows ({why}), opens with no version any KMS still holds",
+                dev.display()
+            ));
         }
     }
 
@@ -652,6 +711,11 @@ impl Sim {
         self.lock().variant
     }
 
+    /// Whether `dev` is a device that left the plan ([`Scenario::departed`]).
+    pub fn departed(&self, dev: &Path) -> bool {
+        self.lock().departed.iter().any(|d| d == dev)
+    }
+
     /// A KMS door call (see [`Self::door`]).
     pub fn kms_door<T>(
         &self,
@@ -693,9 +757,9 @@ fn operator_change(st: &mut State, sc: &Scenario) {
             let (Some(d), Some(k)) = (st.world.devices.get(dev), st.world.keys.get(key)) else {
                 continue;
             };
-            for (slot, rk, v) in records(d, luks1_dir) {
+            for (slot, rk, v, _) in records(d, luks1_dir) {
                 let real = d.slots.get(&slot).zip(k.material.get(&v));
-                if rk == *key && real.is_some_and(|(s, m)| s.pass == *m) {
+                if rk == key_name(key) && real.is_some_and(|(s, m)| s.pass == *m) {
                     managed.push((dev.clone(), slot));
                 }
             }
@@ -818,7 +882,7 @@ fn revoked(sc: &Scenario, st: &State) -> Result<(), String> {
             .find(|(d, _, _)| d == dev)
             .map(|(_, _, l)| l.clone())
             .unwrap_or_default();
-        if !records(d, &luks1_dir).iter().any(|(n, _, _)| n == slot) {
+        if !records(d, &luks1_dir).iter().any(|(n, ..)| n == slot) {
             return Err(format!(
                 "I8 broken: {} keyslot {slot}, which keyplan managed and the operator re-salted (luksConvertKey, same passphrase), is no longer managed",
                 dev.display()
@@ -830,20 +894,29 @@ fn revoked(sc: &Scenario, st: &State) -> Result<(), String> {
 
 /// Whether `d` opens with any version material the KMS holds, or with `initial`.
 fn openable(w: &World, initial: &[u8], d: &MemDev) -> bool {
-    d.opens(initial)
-        || w.keys
-            .values()
-            .any(|k| k.material.values().any(|m| d.opens(m)))
+    d.opens(initial) || opens_with_kms(w, d)
 }
 
-/// keyplan's records on device `d`: `(keyslot, key id, version)` from its `keyplan` LUKS2
-/// tokens, or from the LUKS1 record file `<luks1_dir>/<uuid>.json`.
-fn records(d: &MemDev, luks1_dir: &Path) -> Vec<(u32, String, u64)> {
+/// Whether `d` opens with material some KMS instance can still hand out.
+fn opens_with_kms(w: &World, d: &MemDev) -> bool {
+    w.keys
+        .values()
+        .any(|k| k.material.values().any(|m| d.opens(m)))
+}
+
+/// keyplan's records on device `d`: `(keyslot, key id, version, KMS key)` from its `keyplan`
+/// LUKS2 tokens, or from the LUKS1 record file `<luks1_dir>/<uuid>.json`; the KMS key is the
+/// record's `entry` as a [`World::keys`] path (`None` in a record without one).
+fn records(d: &MemDev, luks1_dir: &Path) -> Vec<(u32, String, u64, Option<String>)> {
     let triple = |slot: &serde_json::Value, r: &serde_json::Value| {
+        let entry = r["entry"]
+            .as_array()
+            .and_then(|e| Some(format!("{}/{}", e.first()?.as_str()?, e.get(1)?.as_str()?)));
         Some((
             u32::try_from(slot.as_u64()?).ok()?,
             r["key"].as_str()?.to_string(),
             r["version"].as_u64()?,
+            entry,
         ))
     };
     if d.version == LuksVersion::Luks2 {
@@ -904,6 +977,56 @@ pub struct Scenario {
     /// keyslot (`luksConvertKey`), or copies a key version (the previous one when there is
     /// one) by hand into a free keyslot of a device that keeps unmanaged keyslots.
     pub operator: bool,
+    /// The world and the state directory (of the only node) the schedules start from, when
+    /// earlier fault-free runs made them ([`prepare`]); `world` is not used then.
+    pub prepared: Option<Prepared>,
+    /// Devices that left the plan: keyplan's registry knows them, the plan no longer lists
+    /// them, and they hold a version of a key.
+    pub departed: Vec<PathBuf>,
+    /// Devices that must open with some version a KMS still holds, at every instant and at
+    /// the end (not the initial passphrase): every device keyplan knows of, departed ones
+    /// included, once it holds a key (I1 across a migration).
+    pub kms_opens: Vec<PathBuf>,
+    /// Whether the other writer may stage a version of its own (else it only bumps the
+    /// revision).
+    pub writer_stages: bool,
+}
+
+/// A world and a state directory made by fault-free runs ([`prepare`]).
+pub struct Prepared {
+    /// The world after those runs.
+    pub world: World,
+    /// A copy of the state directory after them.
+    pub state: PathBuf,
+}
+
+/// Runs `apply --auto-approve` once per phase, fault-free and unchecked, each with its plan
+/// (all with one state directory and plan file) and its `--rotate` keys, on `world`; returns
+/// the world after the last one. The plans' state directory is left as those runs left it.
+///
+/// Errors: a phase's apply failed.
+pub fn prepare(world: World, phases: &[(&Plan, Vec<String>)]) -> Result<World, String> {
+    let sim = Arc::new(Sim {
+        st: Mutex::new(quiet_state(world, &[])),
+        cv: Condvar::new(),
+        pbkdf: AtomicU64::new(0),
+    });
+    for (i, (plan, rotate)) in phases.iter().enumerate() {
+        let p = {
+            let mut st = sim.lock();
+            let p = st.procs.len();
+            st.procs.push(Proc::new(0, &plan.state_dir, true));
+            st.baton = Some(p);
+            p
+        };
+        let engine = engine_for(&sim, p, plan);
+        let out = apply_once(&engine, rotate, false);
+        drop(engine);
+        sim.exit(p);
+        out.map_err(|e| format!("preparing, phase {}: {e}", i + 1))?;
+    }
+    let world = std::mem::take(&mut sim.lock().world);
+    Ok(world)
 }
 
 /// What one schedule did.
@@ -986,7 +1109,15 @@ pub fn run(sc: &Scenario, seed: u64, script: Option<Vec<u32>>, variant: Variant)
         taken: Vec::new(),
     };
     let faults = choices.choose(5) + 1;
-    let world = (sc.world)();
+    let world = match &sc.prepared {
+        Some(p) => {
+            for n in &sc.nodes {
+                copy_dir(&p.state, &n.plan.state_dir);
+            }
+            p.world.clone()
+        }
+        None => (sc.world)(),
+    };
     let initial = world
         .keys
         .iter()
@@ -1021,6 +1152,9 @@ pub fn run(sc: &Scenario, seed: u64, script: Option<Vec<u32>>, variant: Variant)
             snapshots,
             converted: Vec::new(),
             copied: Vec::new(),
+            departed: sc.departed.clone(),
+            kms_opens: sc.kms_opens.clone(),
+            writer_stages: sc.writer_stages,
         }),
         cv: Condvar::new(),
         pbkdf: AtomicU64::new(0),
@@ -1175,6 +1309,12 @@ pub fn run(sc: &Scenario, seed: u64, script: Option<Vec<u32>>, variant: Variant)
         }
         if round + 1 >= FAULT_ROUNDS {
             if let Err(why) = converged(&sim, sc) {
+                // Every node's plan is empty by then: nothing will finish that retire or
+                // destroy, so it is a violation now rather than after the last round.
+                if why.starts_with("retired material left") {
+                    sim.lock().violation = Some(why);
+                    break;
+                }
                 last_why = why;
             } else {
                 done = true;
@@ -1238,6 +1378,24 @@ fn converged(sim: &Arc<Sim>, sc: &Scenario) -> Result<(), String> {
 /// The independent half of [`converged`].
 fn world_at_plan(sc: &Scenario, st: &State) -> Result<(), String> {
     revoked(sc, st)?;
+    // Destroying and retiring finish, whatever the interruption (issue 46): no version a KMS
+    // records as retired (or destroyed) is still handed out.
+    for (path, k) in &st.world.keys {
+        if let Some(v) = k.lingering().first() {
+            return Err(format!(
+                "retired material left: KMS key {path} records v{v} as retired (or destroyed), yet still hands out its material"
+            ));
+        }
+    }
+    for dev in &sc.kms_opens {
+        let d = st.world.devices.get(dev).ok_or("device gone")?;
+        if !st.damaged.contains(dev) && !opens_with_kms(&st.world, d) {
+            return Err(format!(
+                "{} opens with no version any KMS still holds",
+                dev.display()
+            ));
+        }
+    }
     for (dev, key, _) in &sc.listing {
         let k = st
             .world
@@ -1283,7 +1441,13 @@ fn world_at_plan(sc: &Scenario, st: &State) -> Result<(), String> {
             return Err(format!("{key} still has the vote {votes}"));
         }
     }
-    for key in &sc.rotate {
+    for id in &sc.rotate {
+        let key = sc
+            .listing
+            .iter()
+            .map(|(_, path, _)| path)
+            .find(|path| key_name(path) == id)
+            .unwrap_or(id);
         let started = st.initial.get(key).copied().flatten().unwrap_or(0);
         let now = st.world.keys.get(key).and_then(|k| k.current).unwrap_or(0);
         if st.rotated_any && now <= started {
@@ -1419,39 +1583,51 @@ pub fn standalone(version: LuksVersion, uuid: &str, pass: &[u8], path: &Path) ->
         path.to_owned(),
         MemDev::new(version, uuid, pass, "initial".into()),
     );
+    let mut st = quiet_state(world, pass);
+    st.procs.push(Proc::new(0, Path::new(""), true));
+    st.baton = Some(0);
     let sim = Arc::new(Sim {
-        st: Mutex::new(State {
-            world,
-            procs: vec![Proc::new(0, Path::new(""), true)],
-            baton: Some(0),
-            choices: Choices {
-                rng: rand::rngs::StdRng::seed_from_u64(0),
-                script: None,
-                taken: Vec::new(),
-            },
-            faults_left: 0,
-            faults_on: false,
-            trace: Vec::new(),
-            violation: None,
-            listing: Vec::new(),
-            torn: BTreeSet::new(),
-            damaged: BTreeSet::new(),
-            checking: false,
-            keep_install: Vec::new(),
-            rotated_any: false,
-            writer: (0, 0),
-            initial: BTreeMap::new(),
-            initial_pass: pass.to_vec(),
-            variant: Variant::Correct,
-            stats: Stats::default(),
-            snapshots: PathBuf::new(),
-            converted: Vec::new(),
-            copied: Vec::new(),
-        }),
+        st: Mutex::new(st),
         cv: Condvar::new(),
         pbkdf: AtomicU64::new(0),
     });
     Standalone {
         luks: SimLuks { sim, proc: 0 },
+    }
+}
+
+/// The state of a simulation that injects no fault and checks nothing, over `world` (no
+/// process yet).
+fn quiet_state(world: World, pass: &[u8]) -> State {
+    State {
+        world,
+        procs: Vec::new(),
+        baton: None,
+        choices: Choices {
+            rng: rand::rngs::StdRng::seed_from_u64(0),
+            script: None,
+            taken: Vec::new(),
+        },
+        faults_left: 0,
+        faults_on: false,
+        trace: Vec::new(),
+        violation: None,
+        listing: Vec::new(),
+        torn: BTreeSet::new(),
+        damaged: BTreeSet::new(),
+        checking: false,
+        keep_install: Vec::new(),
+        rotated_any: false,
+        writer: (0, 0),
+        initial: BTreeMap::new(),
+        initial_pass: pass.to_vec(),
+        variant: Variant::Correct,
+        stats: Stats::default(),
+        snapshots: PathBuf::new(),
+        converted: Vec::new(),
+        copied: Vec::new(),
+        departed: Vec::new(),
+        kms_opens: Vec::new(),
+        writer_stages: true,
     }
 }

@@ -27,6 +27,7 @@ fn base(name: &'static str) -> Scenario {
         max_concurrent_nodes: 1,
         migrate: false,
         operator: false,
+        departed: false,
     }
 }
 
@@ -86,6 +87,19 @@ fn migration() -> Scenario {
         max_crashes: 2,
         migrate: true,
         ..base("fleet: a key moves to another KMS on 2 nodes, 2 crashes")
+    }
+}
+
+/// Issue 46: a device that left the plan holds v0, which the origin keeps as previous; the
+/// key moves, and the origin must keep it.
+fn migration_departed() -> Scenario {
+    Scenario {
+        devices: vec![(0, Enrolled), (0, Enrolled)],
+        rotations: 0,
+        max_crashes: 2,
+        migrate: true,
+        departed: true,
+        ..base("single host: a key moves to another KMS, a device that left the plan holds an older version, 2 crashes")
     }
 }
 
@@ -161,6 +175,11 @@ fn larger_scenarios_hold_in_every_state() {
         max_crashes: 1,
         ..fleet_lost_node()
     });
+}
+
+#[test]
+fn a_migration_with_a_departed_device_holds_in_every_state() {
+    check(migration_departed());
 }
 
 /// A broken variant must break `property`; prints the counterexample.
@@ -274,5 +293,16 @@ fn trusting_the_copy_search_of_an_interrupted_run_misses_a_copy() {
             ..revocation()
         },
         "I8 a retired version opens nothing unreported",
+    );
+}
+
+#[test]
+fn destroying_the_origin_a_departed_device_needs_locks_it_out() {
+    must_break(
+        Scenario {
+            variant: Variant::DestroyKeptOrigin,
+            ..migration_departed()
+        },
+        "a departed device opens with what a KMS holds",
     );
 }
