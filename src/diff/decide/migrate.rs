@@ -59,11 +59,7 @@ impl Planner<'_> {
             .get(key)
             .map(|k| k.name.clone())
             .unwrap_or_else(|| key.to_string());
-        let kept = if copy {
-            self.kept_in_origin(key, o, old, &holders)
-        } else {
-            Vec::new()
-        };
+        let kept = self.kept_in_origin(key, o, old, &holders);
         self.keys.push(KeyChange {
             key: key.to_string(),
             kms: to_kms.clone(),
@@ -81,7 +77,10 @@ impl Planner<'_> {
             kept_in_origin: kept.clone(),
         });
         let dest = (to_kms.clone(), to_name);
-        let destroy = copy && kept.is_empty();
+        // Also when the origin holds no current version any more (an earlier run copied and
+        // destroyed it, then stopped, or its destroy failed after recording the key destroyed):
+        // destroying again finishes what material a destroy left (`Kms::destroy_key`).
+        let destroy = kept.is_empty();
         self.migration_steps(key, o, (from, copy, destroy, to), &dest, &holders);
         if opts.rotate.iter().any(|k| k == key) {
             self.notes.push(format!(
@@ -91,7 +90,8 @@ impl Planner<'_> {
     }
 
     /// The steps of a migration from origin `o` to `(to_kms, to_name)`: when `copy`, copy
-    /// version `from`, and when `destroy` too, destroy the key in the origin; then, per holder,
+    /// version `from`; when `destroy`, destroy the key in the origin (with nothing current
+    /// left there, that finishes an earlier destroy: no material stays); then, per holder,
     /// verify the keyslot with the version now in the destination (the copy, or `from`) and
     /// re-record it as `to`.
     fn migration_steps(
@@ -111,20 +111,20 @@ impl Planner<'_> {
                 to_kms: to_kms.clone(),
                 to_name: to_name.clone(),
             });
-            if destroy {
-                self.g.add(Step::DestroyOrigin {
-                    key: key.to_string(),
-                    from_kms: o.kms.clone(),
-                    from_name: o.name.clone(),
-                    version: from,
-                    to_kms: to_kms.clone(),
-                    to_name: to_name.clone(),
-                });
-            }
             VersionRef::Staged
         } else {
             VersionRef::Version(from)
         };
+        if destroy {
+            self.g.add(Step::DestroyOrigin {
+                key: key.to_string(),
+                from_kms: o.kms.clone(),
+                from_name: o.name.clone(),
+                version: from,
+                to_kms: to_kms.clone(),
+                to_name: to_name.clone(),
+            });
+        }
         for (device, slot, _) in holders {
             self.verify_step(device, key, version, *slot);
             self.g.add(Step::Rerecord {

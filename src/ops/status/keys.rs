@@ -138,33 +138,39 @@ pub(super) fn key_report(
     kr.pending = st.pending;
     kr.pending_unclaimed = pending_unclaimed(plan, observed, id, &st);
     kr.retained = st.retained_previous();
-    lingering(engine, id, f);
+    lingering(engine, observed, id, f);
     kr
 }
 
 /// Versions of key `id` its KMS records as retired but whose material it can still hand out
-/// ([`crate::kms::Kms::lingering`]): a problem, since a version rotated out must open nothing.
-/// A KMS that cannot be asked is left to the key's own line (it was read just before).
-fn lingering(engine: &Engine, id: &str, f: &mut Findings) {
+/// ([`crate::kms::Kms::lingering`]), in its KMS and in the KMSs a move takes it from
+/// ([`Observed::origins`]): a problem, since a version rotated out, or a key moved away, must
+/// open nothing. A KMS that cannot be asked is left to the key's own line.
+fn lingering(engine: &Engine, observed: Option<&Observed>, id: &str, f: &mut Findings) {
     let plan = engine.plan();
     let key = &plan.keys[id];
-    let Ok(kms) = engine.world().kms_for(plan, id) else {
-        return;
-    };
-    let Ok(versions) = kms.lingering(&key.name) else {
-        return;
-    };
-    if versions.is_empty() {
-        return;
+    let mut entries = vec![(key.kms.clone(), key.name.clone())];
+    if let Some(os) = observed.and_then(|o| o.origins.get(id)) {
+        entries.extend(os.iter().map(|o| (o.kms.clone(), o.name.clone())));
     }
-    let list: Vec<String> = versions.iter().map(|v| format!("v{v}")).collect();
-    f.problems.push(format!(
-        "key {id}: KMS {} records {} as retired, yet can still hand out {} material (a retire or destroy interrupted before it finished, or material restored by hand); a version rotated out must open nothing. Run `keyplan apply` to finish an interrupted run; if it stays, destroy {} with the KMS's own tools (for the file KMS: delete the version's `.key` file, docs/operations.md, \"File KMS layout\")",
-        key.kms,
-        list.join(", "),
-        if versions.len() == 1 { "its" } else { "their" },
-        if versions.len() == 1 { "it" } else { "them" },
-    ));
+    for (kms_name, name) in entries {
+        let Some(kms) = engine.world().kms.get(&kms_name) else {
+            continue;
+        };
+        let Ok(versions) = kms.lingering(&name) else {
+            continue;
+        };
+        if versions.is_empty() {
+            continue;
+        }
+        let list: Vec<String> = versions.iter().map(|v| format!("v{v}")).collect();
+        f.problems.push(format!(
+            "key {id}: KMS {kms_name} records {} of {name:?} as retired, yet can still hand out {} material (a retire or destroy interrupted before it finished, or material restored by hand); a version rotated out must open nothing. Run `keyplan apply` to finish an interrupted run; if it stays, destroy {} with the KMS's own tools (for the file KMS: delete the version's `.key` file, docs/operations.md, \"File KMS layout\")",
+            list.join(", "),
+            if versions.len() == 1 { "its" } else { "their" },
+            if versions.len() == 1 { "it" } else { "them" },
+        ));
+    }
 }
 
 /// Whether key `id`'s pending version (state `st`) is a creation that nothing shows is this
