@@ -368,9 +368,16 @@ pub fn own_record_unbacked(
 /// Sorted, each once; empty when the records name only the plan's entry. Reads the headers
 /// and keyplan's records of the devices that list the key (no PBKDF, no KMS); devices that
 /// cannot be read are left out.
-pub fn recorded_elsewhere(plan: &Plan, world: &World, key_id: &str) -> Vec<(String, String)> {
+///
+/// Also says whether a valid record already names the plan's own entry: a move that reached
+/// those devices (copied, verified, re-recorded), so the plan's entry holds what they need.
+pub fn recorded_elsewhere(
+    plan: &Plan,
+    world: &World,
+    key_id: &str,
+) -> (Vec<(String, String)>, bool) {
     let Some(key) = plan.keys.get(key_id) else {
-        return Vec::new();
+        return (Vec::new(), false);
     };
     let mut listing = plan.clone();
     listing
@@ -379,5 +386,14 @@ pub fn recorded_elsewhere(plan: &Plan, world: &World, key_id: &str) -> Vec<(Stri
     let mut findings = Vec::new();
     let mut read = devices::read(&listing, world, &mut findings);
     rename::apply(&listing, &mut read.devices);
-    keys::moved_from(key, &read.devices)
+    let here = read
+        .devices
+        .values()
+        .flat_map(|d| d.records.iter())
+        .any(|r| {
+            r.status == crate::world::RecordStatus::Valid
+                && r.record.key == key.id
+                && r.record.entry.as_ref() == Some(&(key.kms.clone(), key.name.clone()))
+        });
+    (keys::moved_from(key, &read.devices), here)
 }

@@ -60,7 +60,27 @@ pub fn source<'e>(engine: &'e Engine, key: &str) -> Result<Source<'e>, Error> {
     engine.world().bound_kms_waits();
     let (spec, kms) = key_and_kms(engine, key)?;
     let plan = engine.plan();
-    let elsewhere = crate::observe::recorded_elsewhere(plan, engine.world(), key);
+    let (elsewhere, here) = crate::observe::recorded_elsewhere(plan, engine.world(), key);
+    if here && !elsewhere.is_empty() {
+        // Some devices' records already name the plan's entry: the move reached them (the
+        // copy was verified on them first), so what the plan's KMS holds opens them. Other
+        // records naming an old entry are devices the move has not reached yet, or one that
+        // rejoined the plan; an old entry may still hold a stale copy, never read here.
+        let list: Vec<String> = elsewhere
+            .iter()
+            .map(|(k, n)| format!("KMS {k:?} (as {n:?})"))
+            .collect();
+        return Ok(Source {
+            kms,
+            name: spec.name.clone(),
+            note: Some(format!(
+                "key {key}: read from KMS {:?} (as {:?}), which the plan names and its devices' records name; some keyslot records still name {}: run `keyplan plan` to see what the next `apply` does about them",
+                spec.kms,
+                spec.name,
+                list.join(", ")
+            )),
+        });
+    }
     let mut holding = Vec::new();
     let mut moved = Vec::new();
     for (kms_name, name) in &elsewhere {

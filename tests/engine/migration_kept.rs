@@ -106,7 +106,7 @@ fn a_migration_keeps_what_a_device_that_left_the_plan_holds() {
     assert!(!out.contains("then destroyed there"), "{out}");
 
     s.ok(&["apply", "--auto-approve"], 0);
-    assert_eq!(current(&root, "keys-new"), Some(v2.clone()), "v2 moved");
+    assert!(current(&root, "keys-new") == Some(v2.clone()), "v2 moved");
     for d in ["a.img", "c.img"] {
         assert!(
             opens(&s.path(d), &v2, None),
@@ -119,7 +119,7 @@ fn a_migration_keeps_what_a_device_that_left_the_plan_holds() {
     );
     assert!(opens(&s.path("b.img"), &v1, None));
     s.ok(&["plan", "--detailed-exitcode"], 0);
-    assert_eq!(s.key_get("k", None), v2);
+    assert!(s.key_get("k", None) == v2, "key get prints v2");
 
     // Rotations in the new KMS never touch the old one's copy b needs.
     s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
@@ -153,8 +153,11 @@ fn a_migration_keeps_the_origin_while_a_plan_device_cannot_be_read() {
     assert!(out.contains("cannot be read now"), "{out}");
     let out = s.ok(&["apply", "--auto-approve"], 1);
     assert!(out.contains("cannot be used: c"), "{out}");
-    assert_eq!(current(&root, "keys-new"), Some(v1.clone()));
-    assert_eq!(current(&root, "keys-old"), Some(v1.clone()), "kept for c");
+    assert!(
+        current(&root, "keys-new") == Some(v1.clone()),
+        "material differs (not printed)"
+    );
+    assert!(current(&root, "keys-old") == Some(v1.clone()), "kept for c");
 
     // c is back: its keyslot is verified against the copy and re-recorded, and only then is
     // the key destroyed in the old KMS, no device needing it any more.
@@ -366,7 +369,7 @@ fn apply_verify_during_a_migration_tests_records_against_the_kms_they_name() {
     let v2 = current(&root, "keys-old").expect("v2");
     s.plan("keyplan.yaml", &plan("new", &["a", "c"]));
     s.ok(&["apply", "--auto-approve", "--verify"], 0);
-    assert_eq!(current(&root, "keys-new"), Some(v2.clone()), "v2 moved");
+    assert!(current(&root, "keys-new") == Some(v2.clone()), "v2 moved");
     for d in ["a.img", "c.img"] {
         assert!(opens(&s.path(d), &v2, None), "{d} opens with v2");
     }
@@ -407,8 +410,67 @@ fn a_destroy_that_failed_after_its_record_is_finished_by_the_next_apply() {
     assert!(out.contains("yet can still hand out"), "{out}");
     s.ok(&["apply", "--auto-approve"], 0);
     assert!(materials(&root, "keys-old").is_empty(), "finished");
-    assert_eq!(current(&root, "keys-new"), Some(v1.clone()));
+    assert!(
+        current(&root, "keys-new") == Some(v1.clone()),
+        "material differs (not printed)"
+    );
     assert!(opens(&s.path("a.img"), &v1, None));
     s.ok(&["plan", "--detailed-exitcode"], 0);
     s.ok(&["status"], 0);
+}
+
+/// A device that left the plan, held v1 that the old KMS kept for it, and comes back after the
+/// key moved and rotated: `key get` prints what the plan's KMS holds, which opens the devices
+/// the move reached, never the stale copy the old KMS kept (a new-user trial, issue 46).
+#[test]
+fn key_get_after_a_departed_device_rejoins_a_moved_and_rotated_key() {
+    let (s, v1) = departed_setup();
+    let root = s.path("");
+    s.plan("keyplan.yaml", &plan("new", &["a", "c"]));
+    s.ok(&["apply", "--auto-approve"], 0);
+    s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
+    let now = current(&root, "keys-new").expect("current in new");
+    s.plan("keyplan.yaml", &plan("new", &["a", "b", "c"]));
+    let out = s.keyplan(&["key", "get", "k"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        out.stdout, now,
+        "key get prints the plan's KMS's current version"
+    );
+    for d in ["a.img", "c.img"] {
+        assert!(opens(&s.path(d), &out.stdout, None), "{d}");
+    }
+    assert!(opens(&s.path("b.img"), &v1, None), "b untouched");
+}
+
+/// The same rejoined device: `plan` refuses the "move" of its keyslot for what it is, and
+/// never advises removing the live entry in the plan's KMS (a new-user trial, issue 46).
+#[test]
+fn plan_refuses_a_rejoined_device_without_advising_to_remove_the_live_key() {
+    let (s, v1) = departed_setup();
+    let root = s.path("");
+    s.plan("keyplan.yaml", &plan("new", &["a", "c"]));
+    s.ok(&["apply", "--auto-approve"], 0);
+    s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
+    let now = current(&root, "keys-new").expect("current in new");
+    s.plan("keyplan.yaml", &plan("new", &["a", "b", "c"]));
+    let out = s.ok(&["plan"], 1);
+    assert!(out.contains("rejoined"), "{out}");
+    assert!(out.contains("do not remove it"), "{out}");
+    assert!(!out.contains("if nothing needs it"), "{out}");
+    let out = s.ok(&["apply", "--auto-approve"], 1);
+    assert!(out.contains("rejoined"), "{out}");
+    assert_eq!(
+        current(&root, "keys-new"),
+        Some(now.clone()),
+        "the live key untouched"
+    );
+    for d in ["a.img", "c.img"] {
+        assert!(opens(&s.path(d), &now, None), "{d}");
+    }
+    assert!(opens(&s.path("b.img"), &v1, None), "b untouched");
 }

@@ -32,7 +32,8 @@ impl Planner<'_> {
             ));
             return;
         };
-        if self.refuse_occupied(key, o, old, &to_kms) {
+        if self.refuse_rejoined(key, o, old, &to_kms) || self.refuse_occupied(key, o, old, &to_kms)
+        {
             return;
         }
         let holders = self.migration_holders(key, o);
@@ -299,6 +300,75 @@ impl Planner<'_> {
             o.kms, o.name
         ));
         None
+    }
+
+    /// The move already reached some of the key's devices (their records name the plan's
+    /// entry) and the plan's KMS no longer holds a copy of what the old KMS holds as current
+    /// (the key was rotated there since), yet records of other plan devices still name the old
+    /// entry: a device that left the plan while the old KMS kept its version, and rejoined.
+    /// Refuses (true) with what the devices hold and the way on; the plan's entry is the live
+    /// key and must not be removed.
+    fn refuse_rejoined(
+        &mut self,
+        key: &str,
+        o: &Origin,
+        old: &crate::kms::KeyState,
+        to_kms: &str,
+    ) -> bool {
+        let to_name = self
+            .plan
+            .keys
+            .get(key)
+            .map_or_else(|| key.to_string(), |k| k.name.clone());
+        let entry = Some((to_kms.to_string(), to_name.clone()));
+        let planned = self.devices_of(key);
+        let reached: Vec<String> = self
+            .obs
+            .devices
+            .iter()
+            .filter(|(id, d)| {
+                planned.contains(id)
+                    && d.records.iter().any(|r| {
+                        r.status == RecordStatus::Valid
+                            && r.record.key == key
+                            && r.record.entry == entry
+                    })
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        if reached.is_empty() {
+            return false;
+        }
+        // An interrupted move: the old KMS no longer holds the key (destroyed before the
+        // records were rewritten), or the plan's KMS holds a copy of its current version; the
+        // rest of its devices follow.
+        if old.current.is_none()
+            || o.occupant
+                .as_ref()
+                .is_some_and(|occ| occ.copy_of == old.current)
+        {
+            return false;
+        }
+        let holders = self.migration_holders(key, o);
+        if holders.is_empty() {
+            return false;
+        }
+        let left: Vec<String> = holders
+            .iter()
+            .map(|(d, s, v)| format!("{} keyslot {s} (v{v})", self.at(d)))
+            .collect();
+        self.refuse_key(key, format!(
+            "key {key}: {} still record{} it in KMS {:?} (as {:?}), but the key already lives in KMS {to_kms:?} (as {to_name:?}), which {} hold{} and which holds no copy of those versions: a device that left the plan while KMS {:?} kept its version, and rejoined it? Nothing was changed; KMS {to_kms:?} holds the live key: do not remove it. Take the device out of the plan again (it keeps opening with the version KMS {:?} keeps for it), or, to give it the live key, kill that keyslot (`cryptsetup luksKillSlot`, while its `enroll_with` passphrase still opens another keyslot) and list it again with `enroll_with`",
+            left.join(", "),
+            if holders.len() == 1 { "s" } else { "" },
+            o.kms,
+            o.name,
+            reached.join(", "),
+            if reached.len() == 1 { "s" } else { "" },
+            o.kms,
+            o.kms,
+        ));
+        true
     }
 
     /// The entry the plan moves `key` to (in KMS `to_kms`) already holds a version that is not
