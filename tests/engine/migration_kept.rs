@@ -191,6 +191,22 @@ mod kill {
         assert!(st.success());
     }
 
+    /// Every device of `in_plan` opens with `current`, and every device of `all` (a departed
+    /// one included) with material some KMS in `dir` still holds.
+    fn check_devices(dir: &Path, current: &[u8], (in_plan, all): (&[&str], &[&str]), when: &str) {
+        for d in in_plan {
+            let p = dir.join(format!("{d}.img"));
+            assert!(opens(&p, current, None), "{when}: {d} locked out");
+        }
+        for d in all {
+            let p = dir.join(format!("{d}.img"));
+            assert!(
+                opens_with_kept(dir, &p),
+                "{when}: {d} opens with nothing kept"
+            );
+        }
+    }
+
     /// Kills `apply` of the move at every hit of every crash point (the crash matrix's
     /// points, tests/engine/crash.rs), checks I1 for `in_plan` (the current version of
     /// whichever KMS holds it opens them) and that every device, a departed one included,
@@ -227,17 +243,7 @@ mod kill {
                 crashes += 1;
                 let cur = current(&dir, "keys-new").or_else(|| current(&dir, "keys-old"));
                 let cur = cur.unwrap_or_else(|| panic!("{when}: no KMS holds a current version"));
-                for d in in_plan {
-                    let p = dir.join(format!("{d}.img"));
-                    assert!(opens(&p, &cur, None), "{when}: I1: {d} locked out");
-                }
-                for d in all {
-                    let p = dir.join(format!("{d}.img"));
-                    assert!(
-                        opens_with_kept(&dir, &p),
-                        "{when}: {d} opens with nothing kept"
-                    );
-                }
+                check_devices(&dir, &cur, (in_plan, all), &format!("{when}: I1"));
                 let out = keyplan_in(&dir, &["apply", "--auto-approve"]);
                 assert!(
                     out.status.success(),
@@ -253,17 +259,12 @@ mod kill {
                     String::from_utf8_lossy(&out.stderr)
                 );
                 let now = current(&dir, "keys-new").expect("moved");
-                for d in in_plan {
-                    let p = dir.join(format!("{d}.img"));
-                    assert!(opens(&p, &now, None), "{when}: {d} after the resume");
-                }
-                for d in all {
-                    let p = dir.join(format!("{d}.img"));
-                    assert!(
-                        opens_with_kept(&dir, &p),
-                        "{when}: {d} locked out after the resume"
-                    );
-                }
+                check_devices(
+                    &dir,
+                    &now,
+                    (in_plan, all),
+                    &format!("{when}, after the resume"),
+                );
                 assert_no_retired_material(&dir, &when);
                 std::fs::remove_dir_all(&dir).expect("rm");
             }

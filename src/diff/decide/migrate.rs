@@ -54,12 +54,7 @@ impl Planner<'_> {
             (false, Some(c)) => c,
             _ => from.max(st.versions.keys().copied().max().map_or(0, |m| m + 1)),
         };
-        let to_name = self
-            .plan
-            .keys
-            .get(key)
-            .map(|k| k.name.clone())
-            .unwrap_or_else(|| key.to_string());
+        let to_name = self.name_of(key);
         let kept = self.kept_in_origin(key, o, old, &holders);
         self.keys.push(KeyChange {
             key: key.to_string(),
@@ -225,6 +220,15 @@ impl Planner<'_> {
         versions
     }
 
+    /// The name of `key` in the KMS the plan puts it in (its id when the key is not in the
+    /// plan).
+    fn name_of(&self, key: &str) -> String {
+        self.plan
+            .keys
+            .get(key)
+            .map_or_else(|| key.to_string(), |k| k.name.clone())
+    }
+
     /// The one origin a moved key's records name; refuses when they name several.
     fn single_origin<'o>(
         &mut self,
@@ -315,11 +319,7 @@ impl Planner<'_> {
         old: &crate::kms::KeyState,
         to_kms: &str,
     ) -> bool {
-        let to_name = self
-            .plan
-            .keys
-            .get(key)
-            .map_or_else(|| key.to_string(), |k| k.name.clone());
+        let to_name = self.name_of(key);
         let entry = Some((to_kms.to_string(), to_name.clone()));
         let planned = self.devices_of(key);
         let reached: Vec<String> = self
@@ -390,7 +390,7 @@ impl Planner<'_> {
         if occ.copy_of == Some(current) {
             return false;
         }
-        let to_name = self.plan.keys.get(key).map_or(key, |k| k.name.as_str());
+        let to_name = self.name_of(key);
         let held = format!(
             "{} v{}",
             if occ.pending { "pending" } else { "current" },
