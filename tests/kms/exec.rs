@@ -1549,3 +1549,62 @@ fn cli_a_destroy_killed_after_its_record_is_finished_by_the_next_apply() {
     }
     s.ok(&["plan", "--detailed-exitcode"], 0);
 }
+
+/// `lingering` (docs/kms/exec.md): the versions a helper reports become keyplan's, sorted
+/// and without duplicates; a helper that does not know the operation (`config`) cannot tell
+/// (none); more than the protocol allows is an error.
+#[test]
+fn helper_lingering_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ok = |result: &str| format!(r#"{{"protocol_version":1,"ok":true,"result":{result}}}"#);
+    let kms = answering(d, "reports", &ok(r#"{"versions":[3,1,3]}"#));
+    assert_eq!(kms.lingering("k").expect("lingering"), [1, 3]);
+    let kms = answering(d, "none", &ok(r#"{"versions":[]}"#));
+    assert!(kms.lingering("k").expect("lingering").is_empty());
+    let kms = answering(
+        d,
+        "older",
+        r#"{"protocol_version":1,"ok":false,"error":{"kind":"config","message":"unknown operation 'lingering'"}}"#,
+    );
+    assert!(kms.lingering("k").expect("lingering").is_empty());
+    let many: Vec<String> = (0..=keyplan::kms::exec::MAX_LINGERING)
+        .map(|v| v.to_string())
+        .collect();
+    let kms = answering(
+        d,
+        "many",
+        &ok(&format!(r#"{{"versions":[{}]}}"#, many.join(","))),
+    );
+    match kms.lingering("k") {
+        Err(KmsError::Unavailable { detail, .. }) => {
+            assert!(detail.contains("at most"), "{detail}")
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
+
+/// Issue 46: material of a retired version restored by hand in the example helper's store is
+/// reported by `keyplan status` as a problem (exit 1) naming the version (before: the exec
+/// protocol had no way to tell, and `status` exited 0); once it is removed, `status` is clean.
+#[test]
+fn cli_status_reports_retired_material_the_example_helper_still_holds() {
+    if !python_available("cli_status_reports_retired_material_the_example_helper_still_holds") {
+        return;
+    }
+    let (s, _devs) = enrolled(None);
+    let root = s.dir.path();
+    s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
+    s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
+    assert_eq!(state_of(&stored_meta(root, "k"), 1), "retired");
+    s.ok(&["status"], 0);
+    let restored = root.join("keys/k/v1.key");
+    std::fs::write(&restored, b"bytes-from-the-backup-tape").unwrap();
+    let (code, out) = keyplan_env(&s, &["status"], &[]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("KMS custom records v1"), "{out}");
+    assert!(out.contains("retired"), "{out}");
+    assert!(!out.contains("backup-tape"), "{out}");
+    std::fs::remove_file(&restored).unwrap();
+    s.ok(&["status"], 0);
+}

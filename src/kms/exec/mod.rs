@@ -55,7 +55,9 @@ use zeroize::Zeroizing;
 use super::{with_retries, Credential, KeyState, Kms, KmsError, VersionState};
 use crate::secret::Passphrase;
 use crate::spec::KmsConfig;
-use protocol::{CredentialsResult, GetResult, HelperCredential, Op, ReadResult, StageResult};
+use protocol::{
+    CredentialsResult, GetResult, HelperCredential, LingeringResult, Op, ReadResult, StageResult,
+};
 
 pub use helper::{ExecKms, STDERR_SHOWN_CHARS, TIMEOUT_ENV};
 pub use process::MAX_RESPONSE_BYTES;
@@ -203,6 +205,9 @@ impl ExecKms {
 
 /// Most credentials an `exec` helper may report.
 const MAX_CREDENTIALS: usize = 16;
+
+/// Most versions a `lingering` answer may list (docs/kms/exec.md).
+pub const MAX_LINGERING: usize = 1000;
 
 /// Most characters of a credential `kind` an `exec` helper may report.
 const KIND_MAX_CHARS: usize = 40;
@@ -376,6 +381,35 @@ impl Kms for ExecKms {
             }
             Err(KmsError::Config { detail, .. }) => {
                 tracing::debug!(kms = %self.name, "the helper reports no credentials: {detail}");
+                Ok(Vec::new())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// What the helper reports for `lingering` (docs/kms/exec.md): versions its store records
+    /// as retired whose material it can still hand out. A helper that answers `config`, as
+    /// helpers written before this operation answer an unknown one, cannot tell: none. More
+    /// than [`MAX_LINGERING`] versions is a protocol violation (unavailable).
+    fn lingering(&self, name: &str) -> Result<Vec<u64>, KmsError> {
+        let answer = with_retries(&format!("lingering of key {name:?}"), || {
+            self.call_for::<LingeringResult>(&Op::Lingering, Some(name), None)
+        });
+        match answer {
+            Ok(r) if r.versions.len() > MAX_LINGERING => Err(KmsError::Unavailable {
+                kms: self.describe(),
+                detail: format!(
+                    "operation `lingering` of key {name:?}: the answer lists {} versions; keyplan's exec protocol version 1 (docs/kms/exec.md) allows at most {MAX_LINGERING}; fix the helper",
+                    r.versions.len()
+                ),
+            }),
+            Ok(mut r) => {
+                r.versions.sort_unstable();
+                r.versions.dedup();
+                Ok(r.versions)
+            }
+            Err(KmsError::Config { detail, .. }) => {
+                tracing::debug!(kms = %self.name, "the helper cannot tell lingering material of {name:?}: {detail}");
                 Ok(Vec::new())
             }
             Err(e) => Err(e),

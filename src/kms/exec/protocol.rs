@@ -50,6 +50,9 @@ pub(super) enum Op<'a> {
     /// The credentials the helper uses, for `status` (optional: a helper that does not know
     /// it answers `config`).
     Credentials,
+    /// The versions the store records as retired whose material it can still hand out, for
+    /// `status` (optional: a helper that does not know it answers `config`).
+    Lingering,
 }
 
 impl Op<'_> {
@@ -66,6 +69,7 @@ impl Op<'_> {
             Op::Retire { .. } => "retire",
             Op::DestroyKey { .. } => "destroy_key",
             Op::Credentials => "credentials",
+            Op::Lingering => "lingering",
         }
     }
 
@@ -160,6 +164,13 @@ pub(super) struct StageResult {
 #[derive(Deserialize)]
 pub(super) struct CredentialsResult {
     pub(super) credentials: Vec<HelperCredential>,
+}
+
+/// `result` of `lingering`: version numbers (any order; keyplan sorts them and drops
+/// duplicates).
+#[derive(Deserialize)]
+pub(super) struct LingeringResult {
+    pub(super) versions: Vec<u64>,
 }
 
 /// One credential a helper reports (the fields of [`crate::kms::Credential`]).
