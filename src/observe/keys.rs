@@ -179,7 +179,10 @@ fn occupant(
 /// Errors: the file is corrupt or cannot be read; a KMS holding a kept entry cannot be read.
 pub(super) fn kept(plan: &Plan, world: &World) -> Result<Vec<Kept>, Vec<Finding>> {
     let copies = crate::world::kept::read(&plan.state_dir).map_err(|e| {
-        let f = Finding::bare(e.to_string(), Some("keyplan changed nothing".into()));
+        let f = Finding::bare(
+            e.to_string(),
+            Some("fix or restore the file, then run `keyplan plan` again".into()),
+        );
         vec![match e {
             crate::world::kept::KeptError::Io { .. } => f.unreachable(),
             crate::world::kept::KeptError::Corrupt { .. } => f,

@@ -336,6 +336,23 @@ fn a_key_moved_back_forgets_its_kept_copy_and_destroys_nothing() {
     s.ok(&["plan", "--detailed-exitcode"], 0);
 }
 
+/// A corrupt `kept.json` stops `plan` and `apply` before anything is changed, naming the file
+/// and how to fix it: keyplan never guesses which copies it kept.
+#[test]
+fn a_corrupt_kept_file_is_an_error_naming_it() {
+    let (s, _) = departed_setup();
+    let root = s.path("");
+    s.plan("keyplan.yaml", &plan("new", &["a", "c"]));
+    std::fs::write(root.join(".keyplan").join("kept.json"), "{\"format\":1,").expect("write");
+    for args in [&["plan"][..], &["apply", "--auto-approve"]] {
+        let out = s.ok(args, 1);
+        assert!(out.contains("kept.json is corrupt"), "{out}");
+        assert!(out.contains("changed nothing"), "{out}");
+        assert!(out.contains("\"format\":1,\"copies\""), "{out}");
+    }
+    assert!(current(&root, "keys-new").is_none(), "nothing moved");
+}
+
 #[cfg(feature = "failpoints")]
 mod kill {
     use std::os::unix::process::ExitStatusExt as _;
