@@ -25,6 +25,11 @@ enum Revisit {
     KmsGone,
     /// Nothing holds it, but its KMS holds a pending version of it (not this move's): left.
     Pending(u64),
+    /// No device of this plan holds it, but the KMS records other holders of the entry
+    /// (another plan, another node: their devices are out of sight; this plan's own records,
+    /// also from before its state directory moved, [`crate::observe::Observed::former_holders`], are not
+    /// others): left.
+    OtherHolders(Vec<String>),
     /// Nothing holds it: destroy it, with `version` expected current there (or none).
     Destroy(Option<u64>),
 }
@@ -85,12 +90,24 @@ impl Planner<'_> {
         if !held.is_empty() || !unknown.is_empty() {
             return Revisit::Held(held, unknown);
         }
-        match &kept.state {
-            None => Revisit::KmsGone,
-            Some(st) => match st.pending {
-                Some(p) => Revisit::Pending(p),
-                None => Revisit::Destroy(st.current),
-            },
+        let Some(st) = &kept.state else {
+            return Revisit::KmsGone;
+        };
+        let others: Vec<String> = st
+            .holders
+            .keys()
+            .filter(|h| {
+                let holder = crate::kms::book::parse_vote(h).map_or(h.as_str(), |(h, _)| h);
+                holder != self.me && !self.obs.former_holders.contains_key(holder)
+            })
+            .cloned()
+            .collect();
+        if !others.is_empty() {
+            return Revisit::OtherHolders(others);
+        }
+        match st.pending {
+            Some(p) => Revisit::Pending(p),
+            None => Revisit::Destroy(st.current),
         }
     }
 
@@ -140,6 +157,15 @@ impl Planner<'_> {
             Revisit::Pending(p) => format!(
                 "{what}, kept there when the key moved away; no device keyplan knows holds it any more, but KMS {} holds a pending v{p} of it, which keyplan did not stage: not destroyed. Remove that pending version there, then run `keyplan apply`",
                 c.kms
+            ),
+            Revisit::OtherHolders(others) => format!(
+                "{what}, kept there when the key moved away; no device of this plan holds it any more, but KMS {} records other holders of it ({}), whose devices keyplan cannot see: not destroyed. Once none of them needs it, remove the entry (and their records) with that KMS's own tools, then delete its entry from {}",
+                c.kms,
+                others.join(", "),
+                self.plan
+                    .state_dir
+                    .join(crate::world::kept::KEPT_FILE)
+                    .display()
             ),
             Revisit::Destroy(current) => {
                 self.destroy_kept(kept, current);

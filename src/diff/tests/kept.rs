@@ -213,3 +213,34 @@ devices:
         d.keys
     );
 }
+
+/// Another plan (or node) recorded in the KMS as a holder of the kept entry may have devices
+/// that hold it, out of this plan's sight: the copy stays. This plan's own record does not
+/// keep it.
+#[test]
+fn a_kept_copy_another_holder_records_stays() {
+    let (p, mut obs) = state("new");
+    let me = p.holder();
+    if let Some(st) = obs.kept[0].state.as_mut() {
+        st.holders.insert(me.clone(), scenario::NOW);
+        st.holders
+            .insert(format!("{me} verified v2"), scenario::NOW);
+    }
+    let d = run(&p, &obs, &[]).expect("a plan");
+    assert_eq!(
+        destroys(&d).len(),
+        1,
+        "this plan's own records keep nothing"
+    );
+    if let Some(st) = obs.kept[0].state.as_mut() {
+        st.holders
+            .insert("node-2:/var/lib/keyplan".into(), scenario::NOW);
+    }
+    let d = run(&p, &obs, &[]).expect("a plan");
+    assert_eq!(destroys(&d), []);
+    let notes = d.notes.join("\n");
+    assert!(
+        notes.contains("records other holders of it (node-2:/var/lib/keyplan)"),
+        "{notes}"
+    );
+}
