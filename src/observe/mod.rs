@@ -8,9 +8,9 @@
 //! other way ([`enroll`]).
 //!
 //! Layout: `devices` reads and judges the plan's devices, `keys` reads the KMSs and finds
-//! migration origins and the entries earlier moves kept, `former` reads the registry's devices, `adopt` finds unrecorded keyslots
-//! a key's current version opens, `enroll` tests `enroll_with`, `holders` recognises this
-//! plan's own former KMS holder records.
+//! migration origins and the entries earlier moves kept, `former` reads the registry's
+//! devices, `adopt` finds unrecorded keyslots a key's current version opens, `enroll` tests
+//! `enroll_with`, `holders` recognises this plan's own former KMS holder records.
 
 mod adopt;
 mod devices;
