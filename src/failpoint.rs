@@ -29,6 +29,8 @@
 //!   retired;
 //! - `kms.file.destroy.after_meta`: a destroyed key's record says every version is retired,
 //!   the current version's file is not yet removed;
+//! - `kept.before_forget`: a move's or a kept copy's destroy in the KMS a key left is done,
+//!   its entry in `<state_dir>/kept.json` not yet dropped;
 //! - `commit.before`: a commit step is about to ask the KMS to make its staged version current
 //!   (outside the KMS call's deadline);
 //! - `step.after_effect`: a step's effect is complete, its `step_done` record not yet written;
@@ -52,6 +54,7 @@ pub const POINTS: &[&str] = &[
     "kms.file.stage.after_material",
     "kms.file.retire.after_material",
     "kms.file.destroy.after_meta",
+    "kept.before_forget",
     "commit.before",
     "step.after_effect",
     "kms.read",

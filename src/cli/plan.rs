@@ -71,7 +71,7 @@ pub(super) fn cmd_plan(
         Err(e) => return report::could_not_check(&plan, e),
     };
     let planned = match outcome {
-        PlanOutcome::Planned(p) => p,
+        PlanOutcome::Planned(p) => *p,
         PlanOutcome::Interrupted(s) => {
             if let Some(path) = out {
                 let options = crate::saved::SavedOptions {

@@ -72,6 +72,10 @@ pub fn plan_json(diff: &Diff) -> serde_json::Value {
     if diff.adoptions() > 0 {
         doc["summary"]["adopt"] = diff.adoptions().into();
     }
+    // Likewise: the copies earlier moves kept, destroyed now (`actions: ["destroy_kept"]`).
+    if diff.kept_destroys() > 0 {
+        doc["summary"]["destroy_kept"] = diff.kept_destroys().into();
+    }
     // Likewise: only devices with keyslots keyplan does not manage, or tokens of other
     // tools, add `unmanaged_keyslots` (one object per device: its keyslots with their fate,
     // `kept`, `removed` or `adopted`, and its tokens of other tools).

@@ -52,6 +52,11 @@ pub enum KeyAction {
     /// current version, verify the copy opens every device, destroy the key in the old KMS,
     /// update the records.
     Migrate,
+    /// Destroy the copy an earlier move kept in the KMS the key left (`kms`, `from_kms`) for
+    /// devices outside the move, now that no device keyplan knows holds it; `from` and `to`
+    /// are the version current there (`to` 0 when none), `retire` every version destroyed
+    /// (docs/operations.md, "Moving a key to another KMS").
+    DestroyKept,
 }
 
 /// A change of this plan's holder record of a key in its KMS ([`crate::kms::Kms::hold`]).
@@ -190,6 +195,9 @@ pub enum ReasonCode {
     /// Keyslot (record): the key's id changed in the plan while its KMS instance and name
     /// stayed; the record is rewritten to the new id (no PBKDF run).
     KeyRenamed,
+    /// Key: the copy an earlier move kept in the KMS the key left is destroyed there: no
+    /// device keyplan knows holds it any more ([`KeyAction::DestroyKept`]).
+    KeptCopyUnneeded,
 }
 
 /// What happens to a keyslot.
@@ -345,7 +353,10 @@ impl Diff {
         self.keys
             .iter()
             .filter(|k| {
-                k.action != KeyAction::Create && k.action != KeyAction::Migrate && k.from.is_some()
+                !matches!(
+                    k.action,
+                    KeyAction::Create | KeyAction::Migrate | KeyAction::DestroyKept
+                ) && k.from.is_some()
             })
             .filter(|k| !self.waiting.iter().any(|w| w.key == k.key))
             .count()
@@ -354,6 +365,13 @@ impl Diff {
     /// for a plan made once the key is in its new KMS).
     pub fn migrates(&self) -> bool {
         self.keys.iter().any(|k| k.action == KeyAction::Migrate)
+    }
+    /// Kept copies to destroy in the KMS a key left ([`KeyAction::DestroyKept`]).
+    pub fn kept_destroys(&self) -> usize {
+        self.keys
+            .iter()
+            .filter(|k| k.action == KeyAction::DestroyKept)
+            .count()
     }
     fn count(&self, a: SlotAction) -> usize {
         self.slots.iter().filter(|s| s.action == a).count()

@@ -252,7 +252,11 @@ pub enum Step {
         to_name: String,
     },
     /// Migration: destroy the key in the KMS it moved from (compare-and-swap on `version`
-    /// being current there), once every device was verified with the copy.
+    /// being current there), once every device was verified with the copy. With `kept`: the
+    /// copy an earlier move kept there for devices outside it (`<state_dir>/kept.json`), now
+    /// that no device keyplan knows holds it; the move is long done, so `to_kms`/`to_name`
+    /// only say where the plan put the key when planning (empty when the key left the plan).
+    /// Either way the entry of `kept.json` naming it is dropped once it is destroyed.
     DestroyOrigin {
         /// Key id.
         key: String,
@@ -269,6 +273,11 @@ pub enum Step {
         /// Name of the key there.
         #[serde(default)]
         to_name: String,
+        /// The copy an earlier move kept, destroyed now no device needs it (not part of a
+        /// move: its destination is not checked, only that the plan does not put the key in
+        /// the entry destroyed).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        kept: bool,
     },
     /// Migration: record that `slot` of `device` holds `version` of `key` in the key's KMS in
     /// the plan (replacing the record naming the old KMS).
@@ -292,7 +301,8 @@ pub enum Step {
 }
 
 impl Step {
-    /// For a migration step: `(key, KMS instance, name)` the step moves the key to.
+    /// For a migration step: `(key, KMS instance, name)` the step moves the key to (not for
+    /// the destroy of a kept copy, which belongs to no move under way).
     pub fn migration_target(&self) -> Option<(&str, &str, &str)> {
         match self {
             Step::MigrateCopy {
@@ -305,6 +315,7 @@ impl Step {
                 key,
                 to_kms,
                 to_name,
+                kept: false,
                 ..
             }
             | Step::Rerecord {
@@ -432,12 +443,7 @@ impl fmt::Display for Step {
                 f,
                 "copy {key} v{version} from KMS {from_kms} to KMS {to_kms}"
             ),
-            Step::DestroyOrigin {
-                key,
-                from_kms,
-                version,
-                ..
-            } => write!(f, "destroy {key} (v{version}) in KMS {from_kms}"),
+            Step::DestroyOrigin { .. } => destroy_origin_text(f, self),
             Step::Rerecord {
                 device,
                 key,
@@ -449,6 +455,29 @@ impl fmt::Display for Step {
                 "{device}: record keyslot {slot} as {key} in KMS {to_kms}"
             ),
         }
+    }
+}
+
+/// The text of a [`Step::DestroyOrigin`] (a move's, or a kept copy's).
+fn destroy_origin_text(f: &mut fmt::Formatter<'_>, step: &Step) -> fmt::Result {
+    match step {
+        Step::DestroyOrigin {
+            key,
+            from_kms,
+            version,
+            kept: false,
+            ..
+        } => write!(f, "destroy {key} (v{version}) in KMS {from_kms}"),
+        Step::DestroyOrigin {
+            key,
+            from_kms,
+            from_name,
+            ..
+        } => write!(
+            f,
+            "destroy {key} in KMS {from_kms} ({from_name}), kept there for devices that no longer need it"
+        ),
+        _ => Ok(()),
     }
 }
 

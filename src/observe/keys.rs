@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{DeviceState, Occupant, Origin};
+use super::{DeviceState, Kept, Occupant, Origin};
 use crate::finding::Finding;
 use crate::kms::{KeyState, Kms, KmsError};
 use crate::spec::{PathSeg, Plan};
@@ -171,4 +171,47 @@ fn occupant(
         pending,
         copy_of,
     }))
+}
+
+/// The entries earlier moves kept (`<state_dir>/kept.json`), each read in its KMS (one read
+/// each) when that KMS instance is still in the plan.
+///
+/// Errors: the file is corrupt or cannot be read; a KMS holding a kept entry cannot be read.
+pub(super) fn kept(plan: &Plan, world: &World) -> Result<Vec<Kept>, Vec<Finding>> {
+    let copies = crate::world::kept::read(&plan.state_dir).map_err(|e| {
+        let f = Finding::bare(
+            e.to_string(),
+            Some("fix or restore the file, then run `keyplan plan` again".into()),
+        );
+        vec![match e {
+            crate::world::kept::KeptError::Io { .. } => f.unreachable(),
+            crate::world::kept::KeptError::Corrupt { .. } => f,
+        }]
+    })?;
+    let mut out = Vec::new();
+    let mut errors = Vec::new();
+    for copy in copies {
+        let state = match world.kms.get(&copy.kms) {
+            None => None,
+            Some(kms) => match kms.read(&copy.name) {
+                Ok(st) => Some(st),
+                Err(e) => {
+                    errors.push(Finding::bare(
+                        format!(
+                            "key {}: KMS {:?} keeps a copy of it (as {:?}) for devices outside an earlier move, and cannot be read: {e}",
+                            copy.key, copy.kms, copy.name
+                        ),
+                        Some("nothing was changed; run `keyplan plan` again once the KMS answers".into()),
+                    ).unreachable());
+                    continue;
+                }
+            },
+        };
+        out.push(Kept { copy, state });
+    }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors)
+    }
 }

@@ -8,9 +8,9 @@
 //! other way ([`enroll`]).
 //!
 //! Layout: `devices` reads and judges the plan's devices, `keys` reads the KMSs and finds
-//! migration origins, `former` reads the registry's devices, `adopt` finds unrecorded keyslots
-//! a key's current version opens, `enroll` tests `enroll_with`, `holders` recognises this
-//! plan's own former KMS holder records.
+//! migration origins and the entries earlier moves kept, `former` reads the registry's
+//! devices, `adopt` finds unrecorded keyslots a key's current version opens, `enroll` tests
+//! `enroll_with`, `holders` recognises this plan's own former KMS holder records.
 
 mod adopt;
 mod devices;
@@ -165,6 +165,20 @@ pub struct Observed {
     /// ([`crate::luks::KdfHost`]); `None` when they could not be read.
     #[serde(default)]
     pub host: Option<crate::luks::KdfHost>,
+    /// The KMS entries earlier moves kept for devices outside the move
+    /// (`<state_dir>/kept.json`, [`crate::world::kept`]), each with that KMS's state of it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<Kept>,
+}
+
+/// A KMS entry an earlier move kept ([`crate::world::kept::KeptCopy`]), as observed now.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Kept {
+    /// The entry as recorded.
+    pub copy: crate::world::kept::KeptCopy,
+    /// That KMS's state of the entry; `None` when the KMS instance is no longer in the plan
+    /// (it cannot be reached: the copy can be neither checked nor destroyed).
+    pub state: Option<KeyState>,
 }
 
 impl Observed {
@@ -282,6 +296,7 @@ pub fn observe(plan: &Plan, world: &World, testing: Testing) -> Result<Observed,
     if !findings.is_empty() {
         return Err(findings);
     }
+    let kept = keys::kept(plan, world)?;
     let former_holders = holders::own_former(plan, &keys, &devices);
     findings.extend(holders::unbacked_findings(plan, &keys, &devices));
     if !findings.is_empty() {
@@ -298,6 +313,7 @@ pub fn observe(plan: &Plan, world: &World, testing: Testing) -> Result<Observed,
         now: crate::clock::now_unix(),
         staged_here,
         host: crate::luks::KdfHost::this(),
+        kept,
     })
 }
 

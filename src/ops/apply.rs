@@ -194,8 +194,8 @@ impl<'e> ApplySession<'e> {
     }
 
     /// Runs `planned` as a new run: claims the state directory for this plan
-    /// ([`Self::claim`]), records its devices in the registry, then runs the steps with the
-    /// journal.
+    /// ([`Self::claim`]), records its devices in the registry and the copies its moves keep
+    /// ([`remember_kept`]), then runs the steps with the journal.
     ///
     /// Errors: [`Error::Owner`] when `owner.json` cannot be written; the registry cannot be
     /// written; [`Error::Run`] when the run fails or is stopped.
@@ -213,6 +213,7 @@ impl<'e> ApplySession<'e> {
             .iter()
             .map(|(id, d)| (id.as_str(), d.header.uuid.as_str(), d.path.as_path()));
         registry::update(&plan.state_dir, devices)?;
+        remember_kept(plan, planned)?;
         let run_id = apply::new_run_id();
         let graph = &planned.diff.graph;
         tracing::info!(run = %run_id, steps = graph.len(), "starting run");
@@ -294,6 +295,46 @@ impl<'e> ApplySession<'e> {
     pub(crate) fn records(&self) -> Result<Vec<crate::journal::Record>, Error> {
         Ok(crate::journal::read(&self.engine.plan().state_dir)?)
     }
+}
+
+/// Before any step of `planned` runs (so no kill can lose it): records in
+/// `<state_dir>/kept.json` every entry a move of this plan keeps in the KMS the key leaves
+/// ([`crate::diff::KeyChange::kept_in_origin`]), and forgets the kept copies whose entry the
+/// plan puts a key in again (a live key: [`crate::world::kept::is_live`]). Idempotent: a
+/// resumed or repeated move records the same entry again.
+///
+/// Errors: [`Error::Request`] when the file is corrupt or cannot be written; nothing was
+/// changed then (no step ran).
+fn remember_kept(plan: &Plan, planned: &Planned) -> Result<(), Error> {
+    use crate::world::kept::{self, KeptCopy};
+    let add: Vec<KeptCopy> = planned
+        .diff
+        .keys
+        .iter()
+        .filter(|k| k.action == crate::diff::KeyAction::Migrate && !k.kept_in_origin.is_empty())
+        .filter_map(|k| {
+            let from = k.from_kms.as_deref()?;
+            let origin = planned
+                .observed
+                .origins
+                .get(&k.key)?
+                .iter()
+                .find(|o| o.kms == from)?;
+            Some(KeptCopy {
+                key: k.key.clone(),
+                kms: origin.kms.clone(),
+                name: origin.name.clone(),
+                versions: k.kept_in_origin.clone(),
+                since: planned.observed.now,
+            })
+        })
+        .collect();
+    kept::update(&plan.state_dir, &add, &|c| kept::is_live(plan, c)).map_err(|e| {
+        Error::request(
+            format!("{e}; no step ran, nothing was changed"),
+            Some("fix the state directory, then run `keyplan apply` again".into()),
+        )
+    })
 }
 
 /// See [`ApplySession::check_resumable`].

@@ -40,9 +40,9 @@ pub struct Planned {
 pub enum PlanOutcome {
     /// The journal's last run was interrupted: `apply` finishes it before anything else, so no
     /// diff is made (the devices hold half of that run; a diff would mislead).
-    Interrupted(RunSummary),
-    /// The plan.
-    Planned(Planned),
+    Interrupted(Box<RunSummary>),
+    /// The plan (both variants are boxed: each is large).
+    Planned(Box<Planned>),
 }
 
 /// `keyplan plan`: the interrupted run, if there is one; else observes, diffs and checks the
@@ -54,9 +54,9 @@ pub enum PlanOutcome {
 pub fn plan(engine: &Engine, req: &PlanRequest) -> Result<PlanOutcome, Error> {
     engine.world().bound_kms_waits();
     if let Some(s) = interrupted_run(engine.plan())? {
-        return Ok(PlanOutcome::Interrupted(s));
+        return Ok(PlanOutcome::Interrupted(Box::new(s)));
     }
-    make(engine, req).map(PlanOutcome::Planned)
+    make(engine, req).map(|p| PlanOutcome::Planned(Box::new(p)))
 }
 
 /// The last run of the journal when it was interrupted (no `run_end`).

@@ -106,7 +106,7 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
     let renames = diff.renames();
     let _ = writeln!(
         out,
-        "Plan: {} to add, {} to remove, {} keys to rotate{}{}{}{}{}.",
+        "Plan: {} to add, {} to remove, {} keys to rotate{}{}{}{}{}{}.",
         diff.adds(),
         diff.removes(),
         diff.rotations(),
@@ -114,6 +114,13 @@ pub fn plan_text(plan: &Plan, diff: &Diff) -> String {
             format!(", {migrations} to move to another KMS")
         } else {
             String::new()
+        },
+        match diff.kept_destroys() {
+            0 => String::new(),
+            n => format!(
+                ", {n} kept cop{} to destroy in the KMS a key left",
+                if n == 1 { "y" } else { "ies" }
+            ),
         },
         if adoptions > 0 {
             format!(", {adoptions} to adopt")
@@ -218,6 +225,27 @@ fn holder_lines(out: &mut String, plan: &Plan, diff: &Diff) {
     }
 }
 
+/// The line of a kept copy's destroy ([`KeyAction::DestroyKept`]): `- key k in KMS old (v1,
+/// v2)` and the reason.
+fn kept_destroy_line(out: &mut String, k: &KeyChange) {
+    let versions: Vec<String> = k.retire.iter().map(|v| format!("v{v}")).collect();
+    let _ = writeln!(
+        out,
+        "{:<44} ({})",
+        format!(
+            "  - key {} in KMS {}{}",
+            k.key,
+            k.kms,
+            if versions.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", versions.join(", "))
+            }
+        ),
+        k.reason
+    );
+}
+
 /// The block of one key change: the new version, the one kept as previous (or the KMS it
 /// leaves), the versions destroyed.
 fn key_block(out: &mut String, plan: &Plan, k: &KeyChange) {
@@ -227,6 +255,10 @@ fn key_block(out: &mut String, plan: &Plan, k: &KeyChange) {
         .map(|c| format!("{} KMS {:?}", c.provider(), k.kms))
         .unwrap_or_else(|| k.kms.clone());
     let _ = writeln!(out, "  # key {} ({kms})", k.key);
+    if k.action == KeyAction::DestroyKept {
+        kept_destroy_line(out, k);
+        return;
+    }
     let line = match (k.action, k.from) {
         (KeyAction::Migrate, from) => format!(
             "  > key {} v{} from KMS {}{}",

@@ -4,9 +4,11 @@
 //! memory: the cryptsetup driver ([`crate::luks`]), one client per KMS instance of the plan
 //! ([`crate::kms`]) and the [`RecordStore`] (keyplan's per-keyslot records: LUKS2 tokens, or
 //! LUKS1 record files in the state directory). The device registry ([`registry`]) remembers
-//! every device a run touched; [`owner`] records the one plan a state directory belongs to. The journal and the state lock are in [`crate::journal`].
+//! every device a run touched; [`kept`] the KMS entries a migration left in place for devices
+//! outside the move; [`owner`] records the one plan a state directory belongs to. The journal and the state lock are in [`crate::journal`].
 
 pub mod copies;
+pub mod kept;
 pub mod owner;
 pub mod records;
 pub mod registry;

@@ -173,6 +173,186 @@ fn a_migration_keeps_the_origin_while_a_plan_device_cannot_be_read() {
     s.ok(&["plan", "--detailed-exitcode"], 0);
 }
 
+/// The entries of `<dir>/.keyplan/kept.json` as `(key, kms, versions)` (none without a file).
+fn kept_entries(dir: &Path) -> Vec<(String, String, Vec<u64>)> {
+    let Ok(text) = std::fs::read(dir.join(".keyplan").join("kept.json")) else {
+        return Vec::new();
+    };
+    let doc: serde_json::Value = serde_json::from_slice(&text).expect("kept.json is JSON");
+    assert_eq!(doc["format"], 1, "{doc}");
+    doc["copies"]
+        .as_array()
+        .expect("copies")
+        .iter()
+        .map(|c| {
+            (
+                c["key"].as_str().expect("key").to_string(),
+                c["kms"].as_str().expect("kms").to_string(),
+                c["versions"]
+                    .as_array()
+                    .expect("versions")
+                    .iter()
+                    .map(|v| v.as_u64().expect("version"))
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+/// [`departed_setup`], then k moved to `new` (the old KMS keeps v1 for b), rotated there once,
+/// and b wiped and forgotten. Returns the scratch.
+fn moved_and_forgotten() -> (Scratch, Vec<u8>) {
+    let (s, v1) = departed_setup();
+    s.plan("keyplan.yaml", &plan("new", &["a", "c"]));
+    s.ok(&["apply", "--auto-approve"], 0);
+    assert_eq!(
+        kept_entries(&s.path("")),
+        [("k".to_string(), "old".to_string(), vec![1])],
+        "the move records what the old KMS keeps"
+    );
+    s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
+    std::fs::remove_file(s.path("b.img")).expect("wipe b");
+    // Gone but not forgotten: nobody knows what it held, so the copy stays.
+    let out = s.keyplan(&["plan", "--detailed-exitcode"]);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("KMS old keeps v1"), "{text}");
+    assert!(text.contains("cannot be read"), "{text}");
+    assert!(!text.contains("- key k in KMS old"), "{text}");
+    s.ok(&["device", "forget", "b"], 0);
+    (s, v1)
+}
+
+/// Once the device a move kept the old KMS's copy for is wiped and forgotten, the next plan
+/// destroys the copy there (issue 46: before, it stayed for good, and the operator had to
+/// remove it by hand); the plan's devices keep opening with the new KMS's key.
+#[test]
+fn a_kept_copy_is_destroyed_once_no_device_holds_it() {
+    let (s, v1) = moved_and_forgotten();
+    let root = s.path("");
+    let now = current(&root, "keys-new").expect("current in new");
+    let out = s.ok(&["plan", "--detailed-exitcode"], 2);
+    assert!(out.contains("- key k in KMS old (v1, v2)"), "{out}");
+    assert!(out.contains("no device keyplan knows holds it"), "{out}");
+    assert!(out.contains("1 kept copy to destroy"), "{out}");
+    let json = s.keyplan(&["plan", "--json"]);
+    let doc: serde_json::Value = serde_json::from_slice(&json.stdout).expect("plan JSON");
+    assert_eq!(doc["summary"]["destroy_kept"], 1, "{doc}");
+    let change = doc["changes"]
+        .as_array()
+        .expect("changes")
+        .iter()
+        .find(|c| c["actions"][0] == "destroy_kept")
+        .unwrap_or_else(|| panic!("no destroy_kept change: {doc}"));
+    assert_eq!(change["reason_code"], "kept_copy_unneeded", "{change}");
+    assert_eq!(change["kms"], "old", "{change}");
+    assert_eq!(change["retire"], serde_json::json!([1, 2]), "{change}");
+
+    s.ok(&["apply", "--auto-approve"], 0);
+    assert!(
+        materials(&root, "keys-old").is_empty(),
+        "every file of k gone"
+    );
+    assert!(current(&root, "keys-old").is_none());
+    assert_eq!(
+        current(&root, "keys-new"),
+        Some(now.clone()),
+        "the live key untouched"
+    );
+    for d in ["a.img", "c.img"] {
+        assert!(opens(&s.path(d), &now, None), "{d}");
+        assert!(!opens(&s.path(d), &v1, None), "{d}");
+    }
+    assert_eq!(kept_entries(&root), [], "the entry is dropped");
+    let out = s.ok(&["plan", "--detailed-exitcode"], 0);
+    assert!(out.contains("No changes"), "{out}");
+}
+
+/// While the device it was kept for is still there, every apply keeps the old KMS's copy, and
+/// `plan` says for whom (issue 46).
+#[test]
+fn a_kept_copy_stays_while_a_device_holds_it() {
+    let (s, v1) = departed_setup();
+    let root = s.path("");
+    s.plan("keyplan.yaml", &plan("new", &["a", "c"]));
+    s.ok(&["apply", "--auto-approve"], 0);
+    for args in [
+        &["apply", "--auto-approve"][..],
+        &["apply", "--auto-approve", "--rotate", "k"],
+        &["apply", "--auto-approve"],
+    ] {
+        s.ok(args, 0);
+        assert!(opens(&s.path("b.img"), &v1, None), "b holds v1");
+        assert!(
+            materials(&root, "keys-old").iter().any(|(_, m)| *m == v1),
+            "the old KMS keeps v1 for b"
+        );
+    }
+    let out = s.ok(&["plan", "--detailed-exitcode"], 0);
+    assert!(
+        out.contains("k: KMS old keeps v1 (as \"k\") for b keyslot"),
+        "{out}"
+    );
+    assert!(out.contains("(no longer in the plan)"), "{out}");
+    assert_eq!(
+        kept_entries(&root),
+        [("k".to_string(), "old".to_string(), vec![1])]
+    );
+}
+
+/// The key moved back to the KMS it left before the kept copy was revisited: that entry is the
+/// live key again, so the kept copy is forgotten and nothing is destroyed there (issue 46).
+#[test]
+fn a_key_moved_back_forgets_its_kept_copy_and_destroys_nothing() {
+    let (s, v1) = departed_setup();
+    let root = s.path("");
+    let v2 = current(&root, "keys-old").expect("v2");
+    s.plan("keyplan.yaml", &plan("new", &["a", "c"]));
+    s.ok(&["apply", "--auto-approve"], 0);
+    assert_eq!(
+        kept_entries(&root).len(),
+        1,
+        "the move recorded the kept copy"
+    );
+    s.plan("keyplan.yaml", &plan("old", &["a", "c"]));
+    let out = s.ok(&["plan", "--detailed-exitcode"], 2);
+    assert!(out.contains("the plan puts the key there again"), "{out}");
+    assert!(!out.contains("- key k in KMS old"), "{out}");
+    s.ok(&["apply", "--auto-approve"], 0);
+    assert_eq!(kept_entries(&root), [], "the entry is dropped");
+    assert_eq!(
+        current(&root, "keys-old"),
+        Some(v2.clone()),
+        "nothing destroyed"
+    );
+    assert!(
+        materials(&root, "keys-old").iter().any(|(_, m)| *m == v1),
+        "v1 kept for b"
+    );
+    for d in ["a.img", "c.img"] {
+        assert!(opens(&s.path(d), &v2, None), "{d}");
+    }
+    assert!(opens(&s.path("b.img"), &v1, None), "b");
+    s.ok(&["plan", "--detailed-exitcode"], 0);
+}
+
+/// A corrupt `kept.json` stops `plan` and `apply` before anything is changed, naming the file
+/// and how to fix it: keyplan never guesses which copies it kept.
+#[test]
+fn a_corrupt_kept_file_is_an_error_naming_it() {
+    let (s, _) = departed_setup();
+    let root = s.path("");
+    s.plan("keyplan.yaml", &plan("new", &["a", "c"]));
+    std::fs::write(root.join(".keyplan").join("kept.json"), "{\"format\":1,").expect("write");
+    for args in [&["plan"][..], &["apply", "--auto-approve"]] {
+        let out = s.ok(args, 1);
+        assert!(out.contains("kept.json is corrupt"), "{out}");
+        assert!(out.contains("changed nothing"), "{out}");
+        assert!(out.contains("\"format\":1,\"copies\""), "{out}");
+    }
+    assert!(current(&root, "keys-new").is_none(), "nothing moved");
+}
+
 #[cfg(feature = "failpoints")]
 mod kill {
     use std::os::unix::process::ExitStatusExt as _;
@@ -211,9 +391,12 @@ mod kill {
     /// points, tests/engine/crash.rs), checks I1 for `in_plan` (the current version of
     /// whichever KMS holds it opens them) and that every device, a departed one included,
     /// opens with material some KMS holds; resumes; checks convergence and that no retired
-    /// version's material is left.
-    /// Returns the crashes per point.
-    fn matrix(s: &Scratch, in_plan: &[&str], all: &[&str]) -> Vec<(&'static str, usize)> {
+    /// version's material is left, and `after(dir, when)`. Returns the crashes per point.
+    fn matrix_then(
+        s: &Scratch,
+        (in_plan, all): (&[&str], &[&str]),
+        after: &dyn Fn(&Path, &str),
+    ) -> Vec<(&'static str, usize)> {
         let base = s.path("");
         let work = tempfile::tempdir().expect("tempdir");
         let mut per_point = Vec::new();
@@ -266,6 +449,7 @@ mod kill {
                     &format!("{when}, after the resume"),
                 );
                 assert_no_retired_material(&dir, &when);
+                after(&dir, &when);
                 std::fs::remove_dir_all(&dir).expect("rm");
             }
             per_point.push((point, crashes));
@@ -292,7 +476,9 @@ mod kill {
         s.ok(&["apply", "--auto-approve"], 0);
         s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
         s.plan("keyplan.yaml", &plan("new", &["a", "c"]));
-        let per_point = matrix(&s, &["a", "c"], &["a", "c"]);
+        let per_point = matrix_then(&s, (&["a", "c"], &["a", "c"]), &|dir, when| {
+            assert_eq!(kept_entries(dir), [], "{when}: nothing kept");
+        });
         // The destroy was killed between its record and the current version's material, and
         // the resume finished it (no retired version's file left: checked in `matrix`).
         assert_eq!(
@@ -306,11 +492,56 @@ mod kill {
         assert!(materials(&s.path(""), "keys-old").is_empty());
     }
 
+    /// The destroy of a kept copy, once the device it was kept for is forgotten, killed at
+    /// every hit of every crash point: the resume converges, the old KMS ends empty and
+    /// `kept.json` without the entry (issue 46).
+    #[test]
+    fn kill_matrix_of_the_destroy_of_a_kept_copy() {
+        let (s, _) = moved_and_forgotten();
+        let out = s.ok(&["plan", "--detailed-exitcode"], 2);
+        assert!(out.contains("- key k in KMS old"), "{out}");
+        // The matrix runs each kill in a copy of this directory, whose state directory is
+        // another path, so this plan's holder record on the old entry (holder ids name the
+        // state directory) would read as another plan's, which keeps the copy: drop it.
+        let path = s.path("keys-old/k/meta.json");
+        let mut m = meta(&s.path(""), "keys-old").expect("meta");
+        m["holders"] = serde_json::json!({});
+        std::fs::write(&path, serde_json::to_vec_pretty(&m).expect("json")).expect("write meta");
+        let per_point = matrix_then(&s, (&["a", "c"], &["a", "c"]), &|dir, when| {
+            assert!(
+                materials(dir, "keys-old").is_empty(),
+                "{when}: old KMS not empty"
+            );
+            assert!(
+                kept_entries(dir).is_empty(),
+                "{when}: kept.json still names it"
+            );
+        });
+        assert_eq!(
+            hits(&per_point, "kms.file.destroy.after_meta"),
+            1,
+            "{per_point:?}"
+        );
+        // Killed between the destroy and the drop of the entry: the resume destroys again
+        // (nothing left) and drops it.
+        assert_eq!(hits(&per_point, "kept.before_forget"), 1, "{per_point:?}");
+        assert!(hits(&per_point, "step.before_effect") >= 1, "{per_point:?}");
+        s.ok(&["apply", "--auto-approve"], 0);
+        assert!(materials(&s.path(""), "keys-old").is_empty());
+    }
+
     #[test]
     fn kill_matrix_of_a_migration_with_a_device_that_left_the_plan() {
         let (s, _) = departed_setup();
         s.plan("keyplan.yaml", &plan("new", &["a", "c"]));
-        let per_point = matrix(&s, &["a", "c"], &["a", "b", "c"]);
+        // Whatever the kill, the kept copy is remembered: once b is gone, it is destroyed.
+        let per_point = matrix_then(&s, (&["a", "c"], &["a", "b", "c"]), &|dir, when| {
+            assert_eq!(
+                kept_entries(dir),
+                [("k".to_string(), "old".to_string(), vec![1])],
+                "{when}"
+            );
+        });
         // Nothing is destroyed in the old KMS: b holds v1 there.
         assert_eq!(
             hits(&per_point, "kms.file.destroy.after_meta"),

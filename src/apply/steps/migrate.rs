@@ -65,8 +65,17 @@ impl<'a> Exec<'a> {
     /// `destroy origin`: destroys the key in the KMS it moved from (compare-and-swap on
     /// `version` being current there), but only when the destination demonstrably holds it as
     /// its current version.
+    ///
+    /// The copy an earlier move kept (`kept`) is destroyed without a destination check: the
+    /// move is done, and the plan's KMS may have rotated the key since; it is refused only when
+    /// the plan now puts the key in that very entry (the live key). Either way the entry of
+    /// `<state_dir>/kept.json` naming it is dropped after the destroy: a run killed in between
+    /// destroys again (nothing left: a no-op) and then drops it.
     pub(super) fn destroy_origin(&self, step: &Step) -> Result<StepOutcome, StepError> {
         let m = Move::of(step)?;
+        if m.kept {
+            return self.destroy_kept(&m);
+        }
         let ((kms, name), old) = self.endpoints(&m)?;
         let (key, from_kms, from_name, version) = (m.key, m.from_kms, m.from_name, m.version);
         let old_st = old.read(from_name)?;
@@ -85,7 +94,43 @@ impl<'a> Exec<'a> {
             }
         }
         old.destroy_key(from_name, version)?;
+        self.forget_kept(&m)?;
         StepOutcome::done(format!("destroyed {key} in KMS {from_kms}"))
+    }
+
+    /// The `kept` form of [`Self::destroy_origin`].
+    fn destroy_kept(&self, m: &Move<'_>) -> Result<StepOutcome, StepError> {
+        if self
+            .entry(m.key)
+            .as_ref()
+            .map(|(k, n)| (k.as_str(), n.as_str()))
+            == Some((m.from_kms, m.from_name))
+        {
+            return Err(StepError::Drift(format!(
+                "not destroying {} in KMS {} ({}): the plan now puts the key there, so it is the live key; nothing was destroyed. Run `keyplan apply` again: it forgets the kept copy instead",
+                m.key, m.from_kms, m.from_name
+            )));
+        }
+        let old = self.origin(m.key, m.from_kms)?;
+        old.destroy_key(m.from_name, m.version)?;
+        self.forget_kept(m)?;
+        StepOutcome::done(format!(
+            "destroyed {} in KMS {} ({}), which no device needs any more",
+            m.key, m.from_kms, m.from_name
+        ))
+    }
+
+    /// Drops the entry of `<state_dir>/kept.json` naming the entry `m` destroyed.
+    fn forget_kept(&self, m: &Move<'_>) -> Result<(), StepError> {
+        super::failpoint("kept.before_forget")?;
+        crate::world::kept::forget(&self.plan.state_dir, m.key, m.from_kms, m.from_name).map_err(
+            |e| {
+                StepError::State(format!(
+                    "{} was destroyed in KMS {}, but {e}; run `keyplan apply` again once it can be written (destroying again is harmless)",
+                    m.key, m.from_kms
+                ))
+            },
+        )
     }
 
     /// `re-record`: records that `slot` of `device` holds `version` of `key` in the KMS it
@@ -141,11 +186,13 @@ struct Move<'s> {
     version: u64,
     to_kms: &'s str,
     to_name: &'s str,
+    /// A kept copy's destroy (`Step::DestroyOrigin::kept`).
+    kept: bool,
 }
 
 impl<'s> Move<'s> {
     fn of(step: &'s Step) -> Result<Move<'s>, StepError> {
-        let (op, key, from_kms, from_name, version, to_kms, to_name) = match step {
+        let (op, key, from_kms, from_name, version, to_kms, to_name, kept) = match step {
             Step::MigrateCopy {
                 key,
                 from_kms,
@@ -153,7 +200,9 @@ impl<'s> Move<'s> {
                 version,
                 to_kms,
                 to_name,
-            } => ("move", key, from_kms, from_name, version, to_kms, to_name),
+            } => (
+                "move", key, from_kms, from_name, version, to_kms, to_name, false,
+            ),
             Step::DestroyOrigin {
                 key,
                 from_kms,
@@ -161,8 +210,9 @@ impl<'s> Move<'s> {
                 version,
                 to_kms,
                 to_name,
+                kept,
             } => (
-                "destroy", key, from_kms, from_name, version, to_kms, to_name,
+                "destroy", key, from_kms, from_name, version, to_kms, to_name, *kept,
             ),
             _ => return Err(StepError::Internal(format!("not a migration step: {step}"))),
         };
@@ -174,6 +224,7 @@ impl<'s> Move<'s> {
             version: *version,
             to_kms,
             to_name,
+            kept,
         })
     }
 }

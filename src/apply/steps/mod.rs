@@ -87,6 +87,10 @@ pub enum StepError {
     /// keyplan's records could not be read or written.
     #[error(transparent)]
     Records(#[from] RecordError),
+    /// A file of the state directory could not be read or written (the text says which, what
+    /// the step did before, and what to do).
+    #[error("{0}")]
+    State(String),
     /// The operating system's random source failed, or an internal lock was poisoned.
     #[error("{0}")]
     Internal(String),

@@ -119,6 +119,7 @@ impl Planner<'_> {
                 version: from,
                 to_kms: to_kms.clone(),
                 to_name: to_name.clone(),
+                kept: false,
             });
         }
         for (device, slot, _) in holders {
@@ -150,7 +151,9 @@ impl Planner<'_> {
     /// plan ([`crate::observe::Observed::former`]) or on a plan device whose keyslot is not one
     /// of the move's `holders`; while a device keyplan knows cannot be read
     /// ([`crate::observe::Observed::unknown_holders`]), every version the origin still holds.
-    /// Notes each, with the devices; the origin keeps the key while this is not empty.
+    /// Notes each, with the devices; the origin keeps the key while this is not empty (and
+    /// `apply` remembers it in `<state_dir>/kept.json`, to destroy it once nothing holds it:
+    /// [`Planner::revisit_kept`]).
     fn kept_in_origin(
         &mut self,
         key: &str,
@@ -210,12 +213,16 @@ impl Planner<'_> {
             ));
         }
         self.notes.push(format!(
-            "{key} is copied to KMS {} but not destroyed in KMS {} ({}): it keeps v{} there, as {}; keyplan never locks a device out. Once no such device needs it (a device gone for good: `keyplan device forget ID`), remove it there with that KMS's own tools (docs/operations.md, \"Moving a key to another KMS\")",
+            "{key} is copied to KMS {} but not destroyed in KMS {} ({}): it keeps v{} there, as {}; keyplan never locks a device out. keyplan remembers the copy ({}) and destroys it there once no device keyplan knows holds it (a device gone for good: `keyplan device forget ID`)",
             self.kms_of(key),
             o.kms,
             o.name,
             versions.iter().map(u64::to_string).collect::<Vec<_>>().join(", v"),
             why.join("; "),
+            self.plan
+                .state_dir
+                .join(crate::world::kept::KEPT_FILE)
+                .display(),
         ));
         versions
     }

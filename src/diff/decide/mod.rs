@@ -4,12 +4,14 @@
 //! Layout: [`keys`] dispatches per key (create/rotate/finish, converge, migrate) and holds
 //! `converge`; [`rotate`] a rotation; [`retention`] which old versions a rotation destroys;
 //! [`pins`] moving a key into its pinned keyslot; [`migrate`] moving a key to another KMS;
+//! [`kept`] destroying the copies earlier moves kept in the KMS a key left;
 //! [`devices`] records to drop (drift) and keyslots to remove; [`unlock`] how a device is
 //! opened to add a keyslot; this file the planner's state and the step helpers.
 
 mod adopt;
 mod devices;
 mod former;
+mod kept;
 mod keys;
 mod migrate;
 mod pins;
@@ -107,6 +109,7 @@ impl<'a> Planner<'a> {
         for key in self.plan.keys.keys() {
             self.key(key, opts);
         }
+        self.revisit_kept();
         self.removals();
         self.releases();
         self.withdraw_killed_votes();

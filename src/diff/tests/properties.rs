@@ -615,7 +615,9 @@ impl Checked<'_> {
     fn migration_order(&self) {
         for (i, s) in self.steps.iter().enumerate() {
             match s {
-                Step::DestroyOrigin { key, .. } => {
+                Step::DestroyOrigin {
+                    key, kept: false, ..
+                } => {
                     for (v, x) in self.steps.iter().enumerate() {
                         if matches!(x, Step::Verify { key: k, version: VersionRef::Staged, .. } if k == key)
                         {
@@ -636,7 +638,7 @@ impl Checked<'_> {
                     for (v, x) in self.steps.iter().enumerate() {
                         let first = matches!(x, Step::Verify { device: d, key: k, version: w, slot: n }
                             if d == device && k == key && w == version && n == slot)
-                            || matches!(x, Step::DestroyOrigin { key: k, .. } if k == key);
+                            || matches!(x, Step::DestroyOrigin { key: k, kept: false, .. } if k == key);
                         if first {
                             self.require(
                                 self.before(v, i),

@@ -129,13 +129,15 @@ pub fn migration_order(g: &mut StepGraph, _: &Intents) {
             } => {
                 for (v, other) in &steps {
                     let first = is_verify_of(other, device, key, *version, *slot)
-                        || matches!(other, Step::DestroyOrigin { key: k, .. } if k == key);
+                        || matches!(other, Step::DestroyOrigin { key: k, kept: false, .. } if k == key);
                     if first {
                         g.dep(*v, *r);
                     }
                 }
             }
-            Step::DestroyOrigin { key, .. } => {
+            Step::DestroyOrigin {
+                key, kept: false, ..
+            } => {
                 for (v, other) in &steps {
                     if matches!(other, Step::Verify { key: k, version: VersionRef::Staged, .. } if k == key)
                     {

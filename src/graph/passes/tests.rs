@@ -239,6 +239,7 @@ fn a_migration_destroys_after_the_verifies_and_re_records_last() {
             version: 1,
             to_kms: to_kms.clone(),
             to_name: to_name.clone(),
+            kept: false,
         },
         verify(0, NEW),
         Step::Rerecord {

@@ -144,7 +144,8 @@ pub(super) fn key_report(
 
 /// Versions of key `id` its KMS records as retired but whose material it can still hand out
 /// ([`crate::kms::Kms::lingering`]), in its KMS and in the KMSs a move takes it from
-/// ([`Observed::origins`]): a problem, since a version rotated out, or a key moved away, must
+/// ([`Observed::origins`]) or left with a copy kept for other devices ([`Observed::kept`]): a
+/// problem, since a version rotated out, or a key moved away, must
 /// open nothing. A KMS that cannot be asked is left to the key's own line.
 fn lingering(engine: &Engine, observed: Option<&Observed>, id: &str, f: &mut Findings) {
     let plan = engine.plan();
@@ -153,6 +154,17 @@ fn lingering(engine: &Engine, observed: Option<&Observed>, id: &str, f: &mut Fin
     if let Some(os) = observed.and_then(|o| o.origins.get(id)) {
         entries.extend(os.iter().map(|o| (o.kms.clone(), o.name.clone())));
     }
+    // The copies earlier moves kept in the KMS a key left ([`Observed::kept`]).
+    if let Some(o) = observed {
+        entries.extend(
+            o.kept
+                .iter()
+                .filter(|k| k.copy.key == id)
+                .map(|k| (k.copy.kms.clone(), k.copy.name.clone())),
+        );
+    }
+    entries.sort();
+    entries.dedup();
     for (kms_name, name) in entries {
         let Some(kms) = engine.world().kms.get(&kms_name) else {
             continue;
