@@ -15,6 +15,8 @@ mod common;
 
 mod aws;
 mod azure;
+#[cfg(feature = "failpoints")]
+mod destroy_matrix;
 mod exec;
 mod faults;
 mod file;
