@@ -8,14 +8,17 @@
 //! - **retire**: `apply --rotate k` is killed (`SIGKILL`) at every hit of `kms.retire`,
 //!   `kms.after_write` (inside the provider, after each of its writes) and `step.after_effect`.
 //!   After each crash the KMS's current value, read with the server's own reader, opens every
-//!   device (I1); a plain `apply` converges; the server hands out no material but the current
-//!   and the previous version's (no retired version's); `status` exits 0 and reports nothing
-//!   lingering.
+//!   device (I1), and `status` reports the version being retired as lingering exactly when
+//!   its record calls it retired and the server still has its material; a plain `apply`
+//!   converges; the server hands out no material but the current and the previous version's
+//!   (no retired version's); `status` reports nothing lingering.
 //! - **destroy**: the key is moved from the provider to the file KMS, and that `apply` is
 //!   killed at every hit of `kms.destroy_key`, `kms.after_write` and `step.after_effect`.
 //!   After each crash `keyplan key get k` opens every device (I1); a plain `apply` converges;
 //!   the provider's server hands out no material of the key at all; `status` reports nothing
-//!   lingering. The key then moves back, for the next case.
+//!   lingering (and, before the resume, reports lingering material only where the server
+//!   has some). The key then moves back and is rotated, so that each destroy meets a current
+//!   and a previous version.
 //!
 //! "Hands out" is the server's own reader over everything it keeps for the key: every KV
 //! version of both paths (vault), every Secret of the namespace read as admin (kubernetes),
@@ -157,36 +160,38 @@ impl<'a> Matrix<'a> {
         out.stdout
     }
 
-    /// A plain `apply` converges: `plan` then has no changes, and `status` reports no
-    /// problem (nothing lingering) but the test servers' short-lived credentials (a
-    /// kubeconfig token, a client certificate valid for days), and exits 0 without those.
-    fn converge(&self, when: &str) {
-        self.run(&["apply", "--auto-approve"], 0);
-        let out = self.run(&["plan", "--detailed-exitcode"], 0);
-        assert!(out.contains("No changes"), "{when}: {out}");
+    /// `status --format json`: the report and its exit code.
+    fn status(&self, when: &str) -> (serde_json::Value, Option<i32>) {
         let out = self
             .command(&["status", "--format", "json"])
             .output()
             .expect("status");
         self.w.record(&out);
-        let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        let j = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
             panic!(
                 "{when}: status JSON: {e}: {}",
                 String::from_utf8_lossy(&out.stderr)
             )
         });
-        let problems: Vec<&str> = j["problems"]
-            .as_array()
+        (j, out.status.code())
+    }
+
+    /// A plain `apply` converges: `plan` then has no changes, and `status` reports no
+    /// problem (nothing lingering) but the test servers' short-lived credentials (a
+    /// kubeconfig token, a client certificate valid for days), and exits 0 without those.
+    /// Returns the status report.
+    fn converge(&self, when: &str) -> serde_json::Value {
+        self.run(&["apply", "--auto-approve"], 0);
+        let out = self.run(&["plan", "--detailed-exitcode"], 0);
+        assert!(out.contains("No changes"), "{when}: {out}");
+        let (j, code) = self.status(when);
+        let (expiring, others): (Vec<&str>, Vec<&str>) = problems(&j)
             .into_iter()
-            .flatten()
-            .filter_map(|p| p.as_str())
-            .collect();
-        let (expiring, others): (Vec<&str>, Vec<&str>) = problems
-            .iter()
             .partition(|p| p.contains("expires at") && p.contains("within"));
         assert!(others.is_empty(), "{when}: status: {others:?}");
-        let code = if expiring.is_empty() { 0 } else { 1 };
-        assert_eq!(out.status.code(), Some(code), "{when}: status: {j}");
+        let want = if expiring.is_empty() { 0 } else { 1 };
+        assert_eq!(code, Some(want), "{when}: status: {j}");
+        j
     }
 
     /// The material the server holds besides `allowed`, by where it is.
@@ -202,6 +207,49 @@ impl<'a> Matrix<'a> {
     }
 }
 
+/// The problems a status report lists.
+fn problems(j: &serde_json::Value) -> Vec<&str> {
+    j["problems"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p.as_str())
+        .collect()
+}
+
+/// Whether status report `j` says KMS `kms` can still hand out material of version `v` (or
+/// of any version: `None`) it records as retired (Kms::lingering).
+fn reports_lingering(j: &serde_json::Value, kms: &str, v: Option<u64>) -> bool {
+    problems(j).iter().any(|p| {
+        p.contains(&format!("KMS {kms} records "))
+            && p.contains("can still hand out")
+            && v.is_none_or(|v| p.contains(&format!(" v{v} of")) || p.contains(&format!(" v{v},")))
+    })
+}
+
+/// The one previous version status report `j` lists for key `k`.
+fn previous_version(j: &serde_json::Value, when: &str) -> u64 {
+    match versions(j).2[..] {
+        [v] => v,
+        _ => panic!("{when}: not one previous version: {j}"),
+    }
+}
+
+/// Key `k`'s versions in status report `j`: current, pending, retained (previous).
+fn versions(j: &serde_json::Value) -> (Option<u64>, Option<u64>, Vec<u64>) {
+    let k = &j["keys"][0];
+    (
+        k["current"]["version"].as_u64(),
+        k["pending"]["version"].as_u64(),
+        k["retained"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(serde_json::Value::as_u64)
+            .collect(),
+    )
+}
+
 /// The retire scenario (module documentation); at least `min` crashes in all.
 fn retire_matrix(p: Provider<'_>, min: usize) {
     let t0 = Instant::now();
@@ -212,7 +260,9 @@ fn retire_matrix(p: Provider<'_>, min: usize) {
     m.run(&["apply", "--auto-approve", "--rotate", "k"], 0);
     let mut current = m.current("setup");
     assert_ne!(previous, current);
-    let mut per_point = Vec::new();
+    // The version number of `previous`: the one the next rotation retires.
+    let mut prev_ver = previous_version(&m.status("setup").0, "setup");
+    let (mut per_point, mut lingering) = (Vec::new(), 0);
     for point in ["kms.retire", "kms.after_write", "step.after_effect"] {
         let mut hits = 0;
         for k in 0..60 {
@@ -227,12 +277,27 @@ fn retire_matrix(p: Provider<'_>, min: usize) {
                 hits += 1;
                 let now = m.current(&when);
                 m.assert_opens(&now, &when);
+                // `status` before the resume reports the version being retired as lingering
+                // exactly when its record calls it retired and the server still has it.
+                let (j, _) = m.status(&when);
+                let (cur, pending, retained) = versions(&j);
+                let retired = cur != Some(prev_ver)
+                    && pending != Some(prev_ver)
+                    && !retained.contains(&prev_ver);
+                let readable = (m.p.held)().iter().any(|(_, x)| *x == previous);
+                lingering += usize::from(retired && readable);
+                assert_eq!(
+                    reports_lingering(&j, "p", Some(prev_ver)),
+                    retired && readable,
+                    "{when}: status before the resume; v{prev_ver} recorded retired: {retired}, its material readable in the server: {readable}: {j}"
+                );
             }
-            m.converge(&when);
+            let j = m.converge(&when);
             let now = m.current(&when);
             m.assert_opens(&now, &format!("{when}, after recovery"));
             if now != current {
                 previous = std::mem::replace(&mut current, now);
+                prev_ver = previous_version(&j, &when);
             }
             let left = m.held_besides(&[&current, &previous]);
             assert!(
@@ -247,7 +312,7 @@ fn retire_matrix(p: Provider<'_>, min: usize) {
     }
     let cases: usize = per_point.iter().map(|(_, h)| h).sum();
     eprintln!(
-        "{name} retire matrix: {cases} crashes {per_point:?} in {:?}",
+        "{name} retire matrix: {cases} crashes {per_point:?} ({lingering} reported lingering before the resume) in {:?}",
         t0.elapsed()
     );
     assert!(per_point.iter().all(|(_, h)| *h > 0), "{per_point:?}");
@@ -260,7 +325,9 @@ fn destroy_matrix(p: Provider<'_>, min: usize) {
     let t0 = Instant::now();
     let name = p.name;
     let m = Matrix::new(p);
-    let mut per_point = Vec::new();
+    // The provider holds two versions (current and previous) at each destroy.
+    m.run(&["apply", "--auto-approve", "--rotate", "k"], 0);
+    let (mut per_point, mut lingering) = (Vec::new(), 0);
     for point in ["kms.destroy_key", "kms.after_write", "step.after_effect"] {
         let mut hits = 0;
         for k in 0..60 {
@@ -272,6 +339,17 @@ fn destroy_matrix(p: Provider<'_>, min: usize) {
                 hits += 1;
                 let got = m.key_get(&when);
                 m.assert_opens(&got, &when);
+                // `status` before the resume reports material left in the provider only
+                // where there is some (whether the provider's record already calls the key
+                // destroyed is the provider's business; the resume must finish it either way).
+                let (j, _) = m.status(&when);
+                if reports_lingering(&j, "p", None) {
+                    assert!(
+                        !(m.p.held)().is_empty(),
+                        "{when}: status reports material the server no longer has: {j}"
+                    );
+                    lingering += 1;
+                }
             }
             m.converge(&when);
             assert_eq!(m.key_get(&when), value, "{when}: the key moved unchanged");
@@ -284,6 +362,7 @@ fn destroy_matrix(p: Provider<'_>, min: usize) {
             m.plan("p");
             m.converge(&format!("{when}, moved back"));
             assert_eq!(m.current(&when), value, "{when}: moved back unchanged");
+            m.run(&["apply", "--auto-approve", "--rotate", "k"], 0);
             if !crashed {
                 break;
             }
@@ -292,7 +371,7 @@ fn destroy_matrix(p: Provider<'_>, min: usize) {
     }
     let cases: usize = per_point.iter().map(|(_, h)| h).sum();
     eprintln!(
-        "{name} destroy matrix: {cases} crashes {per_point:?} in {:?}",
+        "{name} destroy matrix: {cases} crashes {per_point:?} ({lingering} reported lingering before the resume) in {:?}",
         t0.elapsed()
     );
     assert!(per_point.iter().all(|(_, h)| *h > 0), "{per_point:?}");
