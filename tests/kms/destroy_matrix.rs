@@ -1,6 +1,8 @@
 //! The crash matrix of retire and destroy for every provider with a real server (issue 46):
-//! OpenBao (vault), the real kube-apiserver (kubernetes), PyKMIP (kmip), moto (AWS Secrets
-//! Manager) and the example exec helper `keyplan-kms-dir`.
+//! OpenBao (vault), the real kube-apiserver (kubernetes, both layouts), PyKMIP (kmip), moto
+//! (AWS Secrets Manager), the example exec helper `keyplan-kms-dir`, and the exec helper
+//! `keyplan-kms-azure` against the Azure Key Vault stand-in (at the provider's points only:
+//! it is slow, and no real server can be had).
 //!
 //! One driver, two scenarios, each on two small LUKS2 images and one key `k` (KMS name
 //! `osd-kek`), each case continuing from the state the previous one converged to:
@@ -25,7 +27,8 @@
 //! every object PyKMIP's client locates (kmip), every secret version that carries a label
 //! (AWS: an unlabelled version is deprecated, and Secrets Manager deletes it at its own pace,
 //! readable by version id until then: no API deletes one version, docs/kms/aws-secrets-manager.md),
-//! every version file in the helper's directory (exec).
+//! every version file in the helper's directory (exec), every enabled version (Azure: a
+//! retired one is disabled, and Key Vault refuses its value).
 
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::PathBuf;
@@ -43,6 +46,16 @@ struct Provider<'a> {
     env: Vec<(String, String)>,
     /// The key's current value, as the server's own reader sees it.
     current: &'a dyn Fn() -> Option<Vec<u8>>,
+    /// Whether `current` reads the current version at every instant, a killed run's
+    /// included. Not so for Azure Key Vault, whose plain reader gets the secret's latest
+    /// version: the pending one between a stage and its commit (docs/kms/azure-key-vault.md,
+    /// "What other readers see"); I1 after a crash then reads the record, through
+    /// `keyplan key get`.
+    current_always: bool,
+    /// Whether to crash at `step.after_effect` too (the engine's point between steps), not
+    /// only at the provider's: false for a provider too slow for it (the Azure helper waits
+    /// out a settle margin of a second or more at each write).
+    step_points: bool,
     /// Every key material of `osd-kek` the server hands out, with where it is, read with the
     /// server's own reader.
     held: &'a dyn Fn() -> Vec<(String, Vec<u8>)>,
@@ -263,7 +276,11 @@ fn retire_matrix(p: Provider<'_>, min: usize) {
     // The version number of `previous`: the one the next rotation retires.
     let mut prev_ver = previous_version(&m.status("setup").0, "setup");
     let (mut per_point, mut lingering) = (Vec::new(), 0);
-    for point in ["kms.retire", "kms.after_write", "step.after_effect"] {
+    let points = ["kms.retire", "kms.after_write", "step.after_effect"];
+    for point in points
+        .into_iter()
+        .filter(|p| m.p.step_points || !p.starts_with("step."))
+    {
         let mut hits = 0;
         for k in 0..60 {
             let when = format!("{name} retire: crash at {point} hit {}", k + 1);
@@ -275,7 +292,11 @@ fn retire_matrix(p: Provider<'_>, min: usize) {
             );
             if crashed {
                 hits += 1;
-                let now = m.current(&when);
+                let now = if m.p.current_always {
+                    m.current(&when)
+                } else {
+                    m.key_get(&when)
+                };
                 m.assert_opens(&now, &when);
                 // `status` before the resume reports the version being retired as lingering
                 // exactly when its record calls it retired and the server still has it.
@@ -328,7 +349,11 @@ fn destroy_matrix(p: Provider<'_>, min: usize) {
     // The provider holds two versions (current and previous) at each destroy.
     m.run(&["apply", "--auto-approve", "--rotate", "k"], 0);
     let (mut per_point, mut lingering) = (Vec::new(), 0);
-    for point in ["kms.destroy_key", "kms.after_write", "step.after_effect"] {
+    let points = ["kms.destroy_key", "kms.after_write", "step.after_effect"];
+    for point in points
+        .into_iter()
+        .filter(|p| m.p.step_points || !p.starts_with("step."))
+    {
         let mut hits = 0;
         for k in 0..60 {
             let when = format!("{name} destroy: crash at {point} hit {}", k + 1);
@@ -433,6 +458,8 @@ fn vault_provider<'a>(
         ),
         env: vec![("VAULT_TOKEN".into(), bao.root_token.clone())],
         current,
+        current_always: true,
+        step_points: true,
         held,
     }
 }
@@ -484,19 +511,42 @@ fn kube_held(kube: &crate::common::kube::Cluster, ns: &str) -> Vec<(String, Vec<
     out
 }
 
-fn kube_matrix(prefix: &str, destroy: bool) {
+/// The kubernetes matrix in a fresh namespace; `per_version`: in the secret-per-version
+/// layout (an index Secret naming the layout exists before the key is created).
+fn kube_matrix(prefix: &str, destroy: bool, per_version: bool) {
     let Some(kube) = crate::common::kube::Cluster::get() else {
         return;
     };
     let ns = kube.fresh_namespace(prefix);
     let kubeconfig = kube.kubeconfig(&ns, "full");
-    let current = || kube.data(&ns, "osd-kek", "dmcrypt-key");
+    if per_version {
+        kube.put_secret(
+            &ns,
+            serde_json::json!({"metadata": {"name": "osd-kek-keyplan",
+                "annotations": {"keyplan.io/layout": "secret-per-version"}}}),
+        );
+    }
+    // The index names the Secret holding the current version (secret-per-version layout).
+    let current = || {
+        let secret = if per_version {
+            kube.annotation(&ns, "osd-kek-keyplan", "keyplan.io/current-secret")?
+        } else {
+            "osd-kek".to_string()
+        };
+        kube.data(&ns, &secret, "dmcrypt-key")
+    };
     let held = || kube_held(kube, &ns);
     let p = Provider {
-        name: "kubernetes",
+        name: if per_version {
+            "kubernetes (secret per version)"
+        } else {
+            "kubernetes"
+        },
         kms_yaml: format!("  p: {{ provider: kubernetes, namespace: {ns} }}\n"),
         env: vec![("KUBECONFIG".into(), kubeconfig.display().to_string())],
         current: &current,
+        current_always: true,
+        step_points: true,
         held: &held,
     };
     if destroy {
@@ -508,12 +558,22 @@ fn kube_matrix(prefix: &str, destroy: bool) {
 
 #[test]
 fn kubernetes_retire() {
-    kube_matrix("crash-retire", false);
+    kube_matrix("crash-retire", false, false);
 }
 
 #[test]
 fn kubernetes_destroy() {
-    kube_matrix("crash-destroy", true);
+    kube_matrix("crash-destroy", true, false);
+}
+
+#[test]
+fn kubernetes_secret_per_version_retire() {
+    kube_matrix("crash-retire-spv", false, true);
+}
+
+#[test]
+fn kubernetes_secret_per_version_destroy() {
+    kube_matrix("crash-destroy-spv", true, true);
 }
 
 // --- kmip (PyKMIP) ---
@@ -573,6 +633,8 @@ fn kmip_matrix(destroy: bool) {
         ),
         env: Vec::new(),
         current: &current,
+        current_always: true,
+        step_points: true,
         held: &held,
     };
     if destroy {
@@ -617,6 +679,8 @@ fn aws_matrix(destroy: bool) {
             .map(|(k, v)| (k.to_string(), v))
             .collect(),
         current: &current,
+        current_always: true,
+        step_points: true,
         held: &held,
     };
     if destroy {
@@ -678,6 +742,8 @@ fn exec_matrix(destroy: bool) {
         kms_yaml: format!("  p: {{ provider: exec, command: {argv} }}\n"),
         env: Vec::new(),
         current: &current,
+        current_always: true,
+        step_points: true,
         held: &held,
     };
     if destroy {
@@ -695,4 +761,56 @@ fn exec_retire() {
 #[test]
 fn exec_destroy() {
     exec_matrix(true);
+}
+
+// --- exec: the Azure Key Vault helper against its stand-in ---
+
+fn azure_matrix(destroy: bool) {
+    use crate::common::azure::{AzureVault, CLIENT_SECRET};
+    let Some(vault) = AzureVault::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let helper = vault.helper_script(dir.path(), "kms-azure", "", CLIENT_SECRET);
+    let current = || vault.get("osd-kek", None).ok().map(String::into_bytes);
+    // Every enabled version: Key Vault deletes no single version, a retired one is disabled
+    // (its value no longer readable).
+    let held = || {
+        vault
+            .versions("osd-kek")
+            .into_iter()
+            .filter(|v| v.enabled)
+            .filter_map(|v| {
+                let value = vault.get("osd-kek", Some(&v.id)).ok()?;
+                Some((format!("version {} (enabled)", v.id), value.into_bytes()))
+            })
+            .collect()
+    };
+    let p = Provider {
+        name: "exec (azure)",
+        kms_yaml: format!(
+            "  p: {{ provider: exec, command: [\"{}\"] }}\n",
+            helper.display()
+        ),
+        env: Vec::new(),
+        current: &current,
+        current_always: false,
+        step_points: false,
+        held: &held,
+    };
+    if destroy {
+        destroy_matrix(p, 2);
+    } else {
+        retire_matrix(p, 3);
+    }
+}
+
+#[test]
+fn exec_azure_retire() {
+    azure_matrix(false);
+}
+
+#[test]
+fn exec_azure_destroy() {
+    azure_matrix(true);
 }
