@@ -816,14 +816,13 @@ fn exec_azure_destroy() {
 }
 
 /// Found by running this matrix with `return(error)` instead of crashes: a retire that fails
-/// (the KMS unreachable at that moment; here the file KMS, `kms.retire=return(error)`) is not
+/// (the KMS unreachable at that moment; here the file KMS, `kms.retire=return(error)`) was not
 /// retried. The failed run has an end record, so the next `apply` plans afresh instead of
-/// resuming it, and a plan retires old versions only when it rotates: `plan` says "No
-/// changes", the version stays `previous` with its material readable, and `status` keeps
-/// reporting the failed run ("`keyplan apply` finishes or retries it"), until the next
-/// rotation. (A run killed at the same point is resumed from its journal, and passes.)
+/// resuming it, and a plan retired old versions only when it rotated: `plan` said "No
+/// changes", the version stayed `previous` with its material readable, and `status` kept
+/// reporting the failed run ("`keyplan apply` finishes or retries it") until the next
+/// rotation. Now a plan retires such a leftover (src/diff/decide/retention.rs).
 #[test]
-#[ignore = "known bug (issue 46): a failed retire is retried only by the next rotation"]
 fn a_retire_that_failed_is_finished_by_the_next_apply() {
     let w = Watched::new();
     w.s.initial_pass();
