@@ -37,6 +37,9 @@
 //! - `kms.read`, `kms.get`, `kms.stage`, `kms.commit`, `kms.retire`, `kms.check`,
 //!   `kms.destroy_key`: before each KMS call (any provider); `kms.commit.lost_reply` and
 //!   `kms.stage.lost_reply`: after a successful commit or stage, as if the reply was lost;
+//! - `kms.after_write`: inside a provider (vault, kubernetes, kmip, aws, exec), one of its
+//!   writing requests to its server got a successful answer and keyplan has not made its next
+//!   request (a compound call such as a retire or a destroy, killed between its writes);
 //! - `status.after_observe` (not a step's): `status` has read the journal, the devices and the
 //!   KMSs, and not yet the state lock (a run that ends here tests `status`'s second look);
 //! - `journal.compact.after_archive`, `journal.compact.after_history`,
@@ -66,6 +69,7 @@ pub const POINTS: &[&str] = &[
     "kms.retire",
     "kms.check",
     "kms.destroy_key",
+    "kms.after_write",
     "status.after_observe",
     "journal.compact.after_archive",
     "journal.compact.after_history",

@@ -46,6 +46,18 @@ if op == "versions":
     except c.exceptions.ResourceNotFoundException:
         vs = []
     print(json.dumps([{"id": v["VersionId"], "labels": v.get("VersionStages", [])} for v in vs]))
+elif op == "held":
+    try:
+        c.describe_secret(SecretId=sys.argv[3])
+    except c.exceptions.ResourceNotFoundException:
+        print("[]")
+        sys.exit(0)
+    out = []
+    for v in c.list_secret_version_ids(SecretId=sys.argv[3], IncludeDeprecated=True)["Versions"]:
+        if v.get("VersionStages"):
+            r = c.get_secret_value(SecretId=sys.argv[3], VersionId=v["VersionId"])
+            out.append({"id": v["VersionId"], "labels": v["VersionStages"], "value": r["SecretString"]})
+    print(json.dumps(out))
 elif op == "get":
     kw = {"SecretId": sys.argv[3], "VersionStage": "AWSCURRENT"}
     if len(sys.argv) > 4:
@@ -214,6 +226,30 @@ impl Moto {
                         .flatten()
                         .filter_map(|l| l.as_str().map(str::to_string))
                         .collect(),
+                )
+            })
+            .collect()
+    }
+
+    /// Every version of secret `id` that carries a label: `(version id, labels, value)`, in
+    /// one reader run; none when the secret does not exist. (An unlabelled version is
+    /// deprecated: Secrets Manager deletes it at its own pace.)
+    pub fn labelled(&self, id: &str) -> Vec<(String, Vec<String>, String)> {
+        let v: serde_json::Value =
+            serde_json::from_str(&self.python(&["held", id], b"")).expect("json");
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .map(|x| {
+                (
+                    x["id"].as_str().unwrap_or_default().to_string(),
+                    x["labels"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|l| l.as_str().map(str::to_string))
+                        .collect(),
+                    x["value"].as_str().unwrap_or_default().to_string(),
                 )
             })
             .collect()

@@ -1,4 +1,4 @@
-//! The KMS providers against real servers (OpenBao, PyKMIP, kube-apiserver, exec helpers): the contract test, faults, authentication, migration between providers.
+//! The KMS providers against real servers (OpenBao, PyKMIP, kube-apiserver, exec helpers): the contract test, faults, authentication, migration between providers, the retire and destroy crash matrix.
 //!
 //! One test binary per area (`cargo test --test kms`), one module per file; the support
 //! code every area shares is tests/common/ (CONTRIBUTING.md, "Tests").
@@ -15,6 +15,8 @@ mod common;
 
 mod aws;
 mod azure;
+#[cfg(feature = "failpoints")]
+mod destroy_matrix;
 mod exec;
 mod faults;
 mod file;

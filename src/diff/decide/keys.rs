@@ -59,6 +59,7 @@ impl Planner<'_> {
                     for d in &devices {
                         self.converge(key, c, d);
                     }
+                    self.unrotated.push(key.to_string());
                 }
             }
         }

@@ -73,6 +73,9 @@ pub(super) struct Planner<'a> {
     pub(super) waiting: Vec<super::CommitWait>,
     /// `--repair-headers`: changes on devices whose header copies disagree are allowed.
     pub(super) repair_headers: bool,
+    /// Keys with a current version that this plan does not rotate: their leftover previous
+    /// versions are retired once every keyslot to kill is known ([`Self::leftover_previous`]).
+    pub(super) unrotated: Vec<String>,
 }
 
 impl<'a> Planner<'a> {
@@ -97,11 +100,13 @@ impl<'a> Planner<'a> {
             notes: Vec::new(),
             waiting: Vec::new(),
             repair_headers: false,
+            unrotated: Vec::new(),
         }
     }
 
     /// Every decision, in this order: records drift made stale, keyslots to adopt, each key in
-    /// plan order, keyslots to remove, then the repair facts of each device.
+    /// plan order, keyslots to remove, old versions of unrotated keys to retire, then the
+    /// repair facts of each device.
     pub(super) fn decide(&mut self, opts: &DiffOptions) {
         self.drift();
         self.adopt();
@@ -111,6 +116,11 @@ impl<'a> Planner<'a> {
         }
         self.revisit_kept();
         self.removals();
+        for key in std::mem::take(&mut self.unrotated) {
+            if let Some(st) = self.obs.keys.get(&key) {
+                self.leftover_previous(&key, st);
+            }
+        }
         self.releases();
         self.withdraw_killed_votes();
         self.repairs();

@@ -6,7 +6,9 @@
 //! knows holds them: plan devices that do not list this key (their keyslots are removed by
 //! `removals`, but only after this run's retire would be too late to matter) and former devices
 //! that left the plan but are still present. While a former device cannot be read, nothing is
-//! destroyed.
+//! destroyed. A plan that does not rotate the key destroys what is left of that: versions
+//! below the newest previous one that no device holds (a retire that failed, or a device that
+//! has let go of the version since).
 
 use std::collections::BTreeMap;
 
@@ -67,6 +69,54 @@ impl Planner<'_> {
             }
         }
         retired
+    }
+
+    /// Retires the versions of `key` (state `st`, not rotated in this plan) left `previous`
+    /// below the newest previous one that no device keyplan knows holds: what a rotation's
+    /// retire would have destroyed had it not failed (the KMS unreachable then; a killed run
+    /// is resumed from its journal instead). Only when nothing else may hold them: no device
+    /// keyplan knows that cannot be read, no peer node or other plan holding the key, no
+    /// pending version. Each is noted.
+    pub(super) fn leftover_previous(&mut self, key: &str, st: &KeyState) {
+        if st.pending.is_some()
+            || !self.obs.unknown_holders().is_empty()
+            || self.plan.peers.get(key).is_some_and(|p| !p.is_empty())
+            || st.holders.keys().any(|h| *h != self.me)
+        {
+            return;
+        }
+        let previous = st.retained_previous();
+        let Some(&newest) = previous.iter().max() else {
+            return;
+        };
+        // Held: by a valid record of the key's entry whose keyslot this run does not kill
+        // (a kill of a version's keyslot runs before its retire: `retire_last`).
+        let spec = self.plan.keys.get(key);
+        let mut held = std::collections::BTreeSet::new();
+        for (id, d) in self.obs.devices.iter().chain(self.obs.former.iter()) {
+            let kills = self.devs.get(id).map(|x| &x.kills);
+            for r in d.records.iter().filter(|r| r.status == RecordStatus::Valid) {
+                if spec.is_some_and(|k| r.record.is_of(k))
+                    && !kills.is_some_and(|k| k.contains_key(&r.slot))
+                {
+                    held.insert(r.record.version);
+                }
+            }
+        }
+        let devices = self.devices_of(key);
+        for v in previous {
+            if v == newest || held.contains(&v) {
+                continue;
+            }
+            self.g.add(Step::Retire {
+                key: key.to_string(),
+                version: v,
+            });
+            self.find_copies(key, v, &devices);
+            self.notes.push(format!(
+                "{key} v{v} will be destroyed in the KMS: it is older than the previous version v{newest} and no device holds it (the retire of an earlier rotation did not finish)"
+            ));
+        }
     }
 
     /// Before `version` of `key` is retired (here, or by another node's commit this node votes

@@ -317,7 +317,8 @@ fn before(reach: &[BTreeSet<usize>], a: usize, b: usize) -> bool {
 ///   graph that commits that key, runs after the commit (until then the old version is the
 ///   KMS's current one: I1);
 /// - every commit runs after every observed device that lists the key verified the staged
-///   version (I1), and every retire after its key's commit;
+///   version (I1), and every retire after its key's commit (without one: of a previous
+///   version below the newest previous one, left over by an earlier rotation);
 /// - every step using a key's staged version runs after the step that fixes it;
 /// - two adds into the same keyslot of a device have a kill of that keyslot between them, and
 ///   an add into a keyslot occupied now waits for the kill of that keyslot;
@@ -345,10 +346,23 @@ fn check_plan(plan: &Plan, obs: &Observed, d: &Diff, context: &dyn Fn() -> Strin
         match s {
             Step::KillKeyslot { .. } => c.kill(i, s),
             Step::Commit { key, .. } => c.commit(i, key),
-            Step::Retire { key, .. } => {
-                let commit = c.commit_of(key).expect("a retire comes with a commit");
-                c.require(c.before(commit, i), &format!("retire [{i}] before commit"));
-            }
+            Step::Retire { key, version } => match c.commit_of(key) {
+                Some(commit) => {
+                    c.require(c.before(commit, i), &format!("retire [{i}] before commit"))
+                }
+                // Without a commit: a leftover of an earlier rotation (retention.rs), a
+                // previous version below the newest previous one.
+                None => {
+                    let st = &obs.keys[key];
+                    c.require(
+                        st.versions
+                            .get(version)
+                            .is_some_and(|v| v.state == crate::kms::VersionState::Previous)
+                            && st.retained_previous().iter().any(|p| p > version),
+                        &format!("retire [{i}] without a commit of a version not left over"),
+                    );
+                }
+            },
             _ => {}
         }
         if let Some(key) = staged_key(s) {

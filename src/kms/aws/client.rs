@@ -315,8 +315,8 @@ pub(super) async fn create_empty(c: &sm::Client, id: &str, tag: &str) -> Result<
             .description(format!("keyplan key {tag} (https://keyplan.io)"))
             .send(),
     )
-    .await
-    .map(|_| ())
+    .await?;
+    after_write()
 }
 
 /// `CreateSecret` of `id` with the text `value` as its first version (`AWSCURRENT`), version
@@ -334,8 +334,8 @@ pub(super) async fn create_with(
             .client_request_token(token)
             .send(),
     )
-    .await
-    .map(|_| ())
+    .await?;
+    after_write()
 }
 
 /// `PutSecretValue`: a new version of `id` holding `value`, version id `token` (a retry with
@@ -359,7 +359,8 @@ pub(super) async fn put_value(
     for l in labels {
         req = req.version_stages(*l);
     }
-    send(req.send()).await.map(|_| ())
+    send(req.send()).await?;
+    after_write()
 }
 
 /// `UpdateSecretVersionStage`: moves `label` to version `to` (when given) and off version
@@ -381,8 +382,8 @@ pub(super) async fn move_label(
             .set_remove_from_version_id(from.map(str::to_string))
             .send(),
     )
-    .await
-    .map(|_| ())
+    .await?;
+    after_write()
 }
 
 /// `DeleteSecret` of `id` without a recovery window; a secret that does not exist is fine.
@@ -395,8 +396,14 @@ pub(super) async fn delete(c: &sm::Client, id: &str) -> Result<(), CallError> {
     )
     .await
     {
-        Ok(_) => Ok(()),
+        Ok(_) => after_write(),
         Err(e) if e.is("ResourceNotFoundException") => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// Evaluates the `kms.after_write` injection point (crate::failpoint): a write request was
+/// answered with success; an injected error is a [`CallError::Transport`].
+fn after_write() -> Result<(), CallError> {
+    crate::failpoint::check("kms.after_write").map_err(CallError::Transport)
 }

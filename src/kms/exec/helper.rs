@@ -107,7 +107,11 @@ impl ExecKms {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "exec KMS helper answered"
         );
-        parse_response(&ctx, &done)
+        let answer = parse_response(&ctx, &done)?;
+        if op.writes() {
+            crate::failpoint::check("kms.after_write").map_err(|d| ctx.unavailable(d))?;
+        }
+        Ok(answer)
     }
 
     /// Starts the helper, feeds it `request`, and collects its exit status and output within

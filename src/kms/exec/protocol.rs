@@ -73,6 +73,20 @@ impl Op<'_> {
         }
     }
 
+    /// Whether the operation changes what the KMS holds (after a successful one keyplan
+    /// evaluates the `kms.after_write` injection point, crate::failpoint).
+    pub(super) fn writes(&self) -> bool {
+        matches!(
+            self,
+            Op::Stage { .. }
+                | Op::Commit { .. }
+                | Op::Hold { .. }
+                | Op::Release { .. }
+                | Op::Retire { .. }
+                | Op::DestroyKey { .. }
+        )
+    }
+
     /// The version the operation names (for
     /// [`KmsError::NoSuchVersion`](crate::kms::KmsError::NoSuchVersion)).
     pub(super) fn version(&self) -> Option<u64> {

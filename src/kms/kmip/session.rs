@@ -341,6 +341,13 @@ impl Session<'_> {
         self.exchange::<ResponseMessage>(op, &bytes)
     }
 
+    /// Evaluates the `kms.after_write` injection point (crate::failpoint): a writing
+    /// operation was answered with success; an injected error is [`KmsError::Unavailable`].
+    fn after_write(&self) -> Result<(), Fail> {
+        crate::failpoint::check("kms.after_write")
+            .map_err(|detail| Fail::Transport(self.kms.unavailable(detail)))
+    }
+
     fn io_fail(&self, e: std::io::Error) -> Fail {
         let inner = e
             .get_ref()
@@ -439,7 +446,10 @@ impl Session<'_> {
         let msg = wire::register(attrs, material, wire::Algorithm::HmacSha256, bits);
         let bytes = encode(&msg)?;
         match self.exchange::<ResponseMessage>(Operation::Register, &bytes)? {
-            ResponsePayload::Register(p) => Ok(p.unique_identifier.0),
+            ResponsePayload::Register(p) => {
+                self.after_write()?;
+                Ok(p.unique_identifier.0)
+            }
             _ => Err(Fail::Protocol("unexpected answer to Register".into())),
         }
     }
@@ -449,8 +459,8 @@ impl Session<'_> {
     pub(super) fn activate(&mut self, uid: &str) -> Result<(), Fail> {
         self.call(RequestPayload::Activate(Some(UniqueIdentifier(
             uid.to_string(),
-        ))))
-        .map(|_| ())
+        ))))?;
+        self.after_write()
     }
 
     /// Revoke ([KMIP 1.0 §4.19](https://docs.oasis-open.org/kmip/spec/v1.0/os/kmip-spec-1.0-os.html#_Toc262581227))
@@ -460,8 +470,8 @@ impl Session<'_> {
             Some(UniqueIdentifier(uid.to_string())),
             RevocationReason(reason, None),
             None,
-        ))
-        .map(|_| ())
+        ))?;
+        self.after_write()
     }
 
     /// Destroy ([KMIP 1.0 §4.20](https://docs.oasis-open.org/kmip/spec/v1.0/os/kmip-spec-1.0-os.html#_Toc262581228)):
@@ -469,8 +479,8 @@ impl Session<'_> {
     pub(super) fn destroy(&mut self, uid: &str) -> Result<(), Fail> {
         self.call(RequestPayload::Destroy(Some(UniqueIdentifier(
             uid.to_string(),
-        ))))
-        .map(|_| ())
+        ))))?;
+        self.after_write()
     }
 
     /// Query ([KMIP 1.0 §4.24](https://docs.oasis-open.org/kmip/spec/v1.0/os/kmip-spec-1.0-os.html#_Toc262581232)):

@@ -126,7 +126,9 @@ impl KubernetesKms {
         let body = encode_secret(obj)?;
         let req =
             kube::core::Request::new(self.secrets_path()).create(&PostParams::default(), vec![]);
-        decode_secret(&self.send(req, Some(body)).await?)
+        let buf = self.send(req, Some(body)).await?;
+        after_write()?;
+        decode_secret(&buf)
     }
 
     /// `PUT` of `obj`, conditional on its `metadata.resourceVersion`.
@@ -143,7 +145,9 @@ impl KubernetesKms {
             &PostParams::default(),
             vec![],
         );
-        decode_secret(&self.send(req, Some(body)).await?)
+        let buf = self.send(req, Some(body)).await?;
+        after_write()?;
+        decode_secret(&buf)
     }
 
     /// `DELETE` of Secret `name` (with `preconditions`); false when it did not exist.
@@ -158,7 +162,7 @@ impl KubernetesKms {
         };
         let req = kube::core::Request::new(self.secrets_path()).delete(name, &dp);
         match self.send(req, None).await {
-            Ok(_) => Ok(true),
+            Ok(_) => after_write().map(|()| true),
             Err(CallError::Api(st)) if st.code == 404 => Ok(false),
             Err(e) => Err(e),
         }
@@ -509,6 +513,12 @@ fn take_zeroizing(bytes: Bytes) -> Zeroizing<Vec<u8>> {
         m[..].zeroize();
     }
     v
+}
+
+/// Evaluates the `kms.after_write` injection point (crate::failpoint): a write request was
+/// answered with success; an injected error is a [`CallError::Transport`].
+fn after_write() -> Result<(), CallError> {
+    crate::failpoint::check("kms.after_write").map_err(CallError::Transport)
 }
 
 #[cfg(test)]

@@ -485,7 +485,10 @@ impl VaultKms {
             &what,
             vaultrs::kv2::set_with_options(self.client()?, &self.mount, path, data, opts),
         )? {
-            Answer::Ok(meta) => Ok(Some(meta.version)),
+            Answer::Ok(meta) => {
+                self.after_write()?;
+                Ok(Some(meta.version))
+            }
             Answer::CasMismatch => Ok(None),
             Answer::NotFound { .. } => Err(self.unexpected(&what)),
         }
@@ -498,7 +501,8 @@ impl VaultKms {
             &what,
             vaultrs::kv2::delete_metadata(self.client()?, &self.mount, path),
         )? {
-            Answer::Ok(()) | Answer::NotFound { .. } => Ok(()),
+            Answer::Ok(()) => self.after_write(),
+            Answer::NotFound { .. } => Ok(()),
             Answer::CasMismatch => Err(self.unexpected(&what)),
         }
     }
@@ -513,9 +517,19 @@ impl VaultKms {
             &what,
             vaultrs::kv2::destroy_versions(self.client()?, &self.mount, path, vec![kv_version]),
         )? {
-            Answer::Ok(()) | Answer::NotFound { .. } => Ok(()),
+            Answer::Ok(()) => self.after_write(),
+            Answer::NotFound { .. } => Ok(()),
             Answer::CasMismatch => Err(self.unexpected(&what)),
         }
+    }
+
+    /// Evaluates the `kms.after_write` injection point (crate::failpoint): a write request
+    /// was answered with success; an injected error is [`KmsError::Unavailable`].
+    fn after_write(&self) -> Result<(), KmsError> {
+        crate::failpoint::check("kms.after_write").map_err(|detail| KmsError::Unavailable {
+            kms: self.describe(),
+            detail,
+        })
     }
 
     /// The error for request `what` whose answer makes no sense for a KV version 2 mount.
