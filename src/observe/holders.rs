@@ -167,14 +167,23 @@ pub fn unbacked_own(
 
 /// Findings for the keys whose own holder record this plan's devices do not back
 /// ([`unbacked_own`]): the plan must not act on such a key before the record is sorted out.
+/// A key the plan puts in an entry an earlier move kept for another key (`kept`) is left to
+/// the planner, which refuses it for that (its holder record is the other key's).
 pub(super) fn unbacked_findings(
     plan: &Plan,
     keys: &BTreeMap<String, KeyState>,
     devices: &BTreeMap<String, DeviceState>,
+    kept: &[super::Kept],
 ) -> Vec<crate::finding::Finding> {
     let me = plan.holder();
+    let in_kept_entry = |id: &str| {
+        plan.keys.get(id).is_some_and(|k| {
+            kept.iter()
+                .any(|c| c.copy.key != id && c.copy.kms == k.kms && c.copy.name == k.name)
+        })
+    };
     keys.iter()
-        .filter(|(id, st)| unbacked_own(plan, id, st, devices))
+        .filter(|(id, st)| !in_kept_entry(id) && unbacked_own(plan, id, st, devices))
         .map(|(id, _)| {
             crate::finding::Finding::at(
                 vec![

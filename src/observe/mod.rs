@@ -298,7 +298,7 @@ pub fn observe(plan: &Plan, world: &World, testing: Testing) -> Result<Observed,
     }
     let kept = keys::kept(plan, world)?;
     let former_holders = holders::own_former(plan, &keys, &devices);
-    findings.extend(holders::unbacked_findings(plan, &keys, &devices));
+    findings.extend(holders::unbacked_findings(plan, &keys, &devices, &kept));
     if !findings.is_empty() {
         return Err(findings);
     }

@@ -706,3 +706,91 @@ fn plan_refuses_a_rejoined_device_without_advising_to_remove_the_live_key() {
     }
     assert!(opens(&s.path("b.img"), &v1, None), "b untouched");
 }
+
+/// Found by a new-user trial: moving a key back to the KMS whose entry an earlier move kept for
+/// a departed device, after a rotation in the new KMS, was refused as "an older copy (from an
+/// earlier move that did not finish?)" with advice to remove that entry if nothing needs it,
+/// which would lock the departed device out. Now the refusal names the kept copy and says
+/// never to remove it by hand; `apply` refuses too and nothing changes.
+#[test]
+fn moving_back_into_a_kept_copy_after_a_rotation_is_refused_for_what_it_is() {
+    let (s, v1) = departed_setup();
+    let root = s.path("");
+    s.plan("keyplan.yaml", &plan("new", &["a", "c"]));
+    s.ok(&["apply", "--auto-approve"], 0);
+    s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
+    let now = current(&root, "keys-new").expect("current in new");
+    let old_before = materials(&root, "keys-old");
+    s.plan("keyplan.yaml", &plan("old", &["a", "c"]));
+    for args in [&["plan"][..], &["apply", "--auto-approve"][..]] {
+        let out = s.ok(args, 1);
+        assert!(
+            out.contains("an earlier move kept a copy"),
+            "{args:?}: {out}"
+        );
+        assert!(
+            out.contains("Never remove the kept entry"),
+            "{args:?}: {out}"
+        );
+        assert!(!out.contains("if nothing needs it"), "{args:?}: {out}");
+        assert!(!out.contains("did not finish"), "{args:?}: {out}");
+    }
+    assert_eq!(
+        materials(&root, "keys-old"),
+        old_before,
+        "old KMS untouched"
+    );
+    assert_eq!(
+        kept_entries(&root).len(),
+        1,
+        "the kept copy is still remembered"
+    );
+    for d in ["a.img", "c.img"] {
+        assert!(opens(&s.path(d), &now, None), "{d}");
+    }
+    assert!(
+        opens(&s.path("b.img"), &v1, None),
+        "b still opens with the kept copy"
+    );
+}
+
+/// Found by a new-user trial: another key put in the entry an earlier move kept for key k's
+/// departed device was refused for an unrelated reason whose advice, followed, enrolled the new
+/// key with k's material and forgot the kept copy. Now it is refused for what it is, and
+/// `apply` changes nothing.
+#[test]
+fn another_key_in_a_kept_entry_is_refused() {
+    let (s, v1) = departed_setup();
+    let root = s.path("");
+    s.plan("keyplan.yaml", &plan("new", &["a", "c"]));
+    s.ok(&["apply", "--auto-approve"], 0);
+    let old_before = materials(&root, "keys-old");
+    let text = plan("new", &["a", "c"]).replacen(
+        "  k: { kms: new }\n",
+        "  k: { kms: new }\n  k9: { kms: old, name: k }\n",
+        1,
+    );
+    s.plan(
+        "keyplan.yaml",
+        &text.replacen("keys: [k]", "keys: [k, k9]", 1),
+    );
+    for args in [&["plan"][..], &["apply", "--auto-approve"][..]] {
+        let out = s.ok(args, 1);
+        assert!(
+            out.contains("that entry is the copy of key k an earlier move kept"),
+            "{args:?}: {out}"
+        );
+    }
+    assert_eq!(
+        materials(&root, "keys-old"),
+        old_before,
+        "old KMS untouched"
+    );
+    assert_eq!(
+        kept_entries(&root).len(),
+        1,
+        "the kept copy is still remembered"
+    );
+    assert!(opens(&s.path("b.img"), &v1, None), "b");
+    assert_eq!(keyslots(&s.path("a.img")).len(), 2, "no keyslot for k9");
+}

@@ -47,6 +47,34 @@ impl Planner<'_> {
         }
     }
 
+    /// A plan key placed in an entry that an earlier move kept for another key's devices
+    /// outside that move: refused (the entry holds the other key's versions, which those
+    /// devices still open with; taking it over would give this key that key's material).
+    pub(super) fn refuse_kept_entries(&mut self) {
+        let obs = self.obs;
+        for kept in &obs.kept {
+            let c = &kept.copy;
+            for (id, k) in &self.plan.keys {
+                if *id == c.key || k.kms != c.kms || k.name != c.name {
+                    continue;
+                }
+                self.refuse_key(id, format!(
+                    "key {id}: the plan puts it in KMS {:?} as {:?}, but that entry is the copy of key {} an earlier move kept there for devices outside the move (v{}, remembered in {}). Nothing was changed: give key {id} another `name:` (keys.{id}.name in the plan file); the kept copy is destroyed by `keyplan apply` once no device keyplan knows holds it",
+                    c.kms,
+                    c.name,
+                    c.key,
+                    c.versions.iter().map(u64::to_string).collect::<Vec<_>>().join(", v"),
+                    self.plan.state_dir.join(crate::world::kept::KEPT_FILE).display(),
+                ));
+            }
+        }
+    }
+
+    /// The copy an earlier move of `key` kept in `(kms, name)`, if any.
+    pub(super) fn kept_copy_of(&self, key: &str, kms: &str, name: &str) -> Option<&Kept> {
+        self.obs.kept.iter().find(|k| k.copy.is(key, kms, name))
+    }
+
     /// The decision for one kept copy (pure: see [`Revisit`]).
     fn revisit(&self, kept: &Kept) -> Revisit {
         let c = &kept.copy;

@@ -398,6 +398,23 @@ impl Planner<'_> {
             return false;
         }
         let to_name = self.name_of(key);
+        if let Some(kept) = self.kept_copy_of(key, to_kms, &to_name) {
+            let versions = kept
+                .copy
+                .versions
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", v");
+            self.refuse_key(key, format!(
+                "key {key}: the plan moves it back to KMS {to_kms:?} ({to_name:?}), where an earlier move kept a copy for devices outside the move (v{versions} for them, remembered in {}); that copy holds v{}, but the key has been rotated since in KMS {:?} (current v{current}), and keyplan does not carry versions into an entry devices still need. Nothing was changed: keep the key in KMS {:?}, or give it another `name:` in KMS {to_kms:?} (keys.{key}.name in the plan file). Never remove the kept entry by hand while a device holds a version there: `keyplan apply` destroys it once none does",
+                self.plan.state_dir.join(crate::world::kept::KEPT_FILE).display(),
+                occ.version,
+                o.kms,
+                o.kms,
+            ));
+            return true;
+        }
         let held = format!(
             "{} v{}",
             if occ.pending { "pending" } else { "current" },

@@ -111,6 +111,7 @@ impl<'a> Planner<'a> {
         self.drift();
         self.adopt();
         self.renames();
+        self.refuse_kept_entries();
         for key in self.plan.keys.keys() {
             self.key(key, opts);
         }
