@@ -346,23 +346,15 @@ fn check_plan(plan: &Plan, obs: &Observed, d: &Diff, context: &dyn Fn() -> Strin
         match s {
             Step::KillKeyslot { .. } => c.kill(i, s),
             Step::Commit { key, .. } => c.commit(i, key),
-            Step::Retire { key, version } => match c.commit_of(key) {
-                Some(commit) => {
-                    c.require(c.before(commit, i), &format!("retire [{i}] before commit"))
-                }
-                // Without a commit: a leftover of an earlier rotation (retention.rs), a
-                // previous version below the newest previous one.
-                None => {
-                    let st = &obs.keys[key];
-                    c.require(
-                        st.versions
-                            .get(version)
-                            .is_some_and(|v| v.state == crate::kms::VersionState::Previous)
-                            && st.retained_previous().iter().any(|p| p > version),
-                        &format!("retire [{i}] without a commit of a version not left over"),
-                    );
-                }
-            },
+            Step::Retire { key, version } => {
+                // Without a commit: a previous version below the newest previous one, left
+                // over by an earlier rotation (retention.rs).
+                let ok = c.commit_of(key).map_or_else(
+                    || scenario::left_over_previous(&obs.keys[key], *version),
+                    |commit| c.before(commit, i),
+                );
+                c.require(ok, &format!("retire [{i}]: after its commit, or left over"));
+            }
             _ => {}
         }
         if let Some(key) = staged_key(s) {

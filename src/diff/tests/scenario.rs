@@ -332,3 +332,13 @@ pub fn run(plan: &Plan, obs: &Observed, rotate: &[&str]) -> Result<Diff, Vec<Ref
     };
     crate::diff::diff(plan, obs, &opts)
 }
+
+/// Whether `version` of a key (state `st`) is a previous version below the newest previous
+/// one: a leftover of an earlier rotation, which a plan retires without a commit
+/// (src/diff/decide/retention.rs).
+pub(super) fn left_over_previous(st: &crate::kms::KeyState, version: u64) -> bool {
+    st.versions
+        .get(&version)
+        .is_some_and(|v| v.state == crate::kms::VersionState::Previous)
+        && st.retained_previous().iter().any(|p| *p > version)
+}
