@@ -19,6 +19,10 @@
 //! formats plans, status reports, journal lines for people and programs; [`saved`] is the
 //! saved-plan file format and its state digests.
 //!
+//! **Formats** ([`format`], docs/formats.md): every document keyplan stores or publishes
+//! (journal, state files, LUKS2 tokens, KMS records, node reports, JSON output) as its own
+//! versioned type, converted to and from the engine's types; a newer version is refused.
+//!
 //! **The doors to the world** are [`world::World`]: the LUKS door ([`luks::LuksDoor`], a trait:
 //! the cryptsetup driver [`luks`] in production, an in-memory door in the deterministic
 //! simulation, tests/sim), one client per KMS instance ([`kms`]: the `Kms` trait, its providers, `kms::book`, the version
@@ -55,6 +59,7 @@ pub mod error;
 pub mod failpoint;
 pub mod finding;
 pub mod fleet;
+pub mod format;
 pub mod fsutil;
 #[doc(hidden)]
 pub mod fuzzing;
