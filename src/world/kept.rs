@@ -255,7 +255,10 @@ mod tests {
             std::fs::write(dir.path().join(KEPT_FILE), text).expect("write");
             let e = read(dir.path()).expect_err("corrupt").to_string();
             assert!(e.contains(expect), "{e}");
-            assert!(e.contains("changed nothing") || e.contains("Nothing was changed"), "{e}");
+            assert!(
+                e.contains("changed nothing") || e.contains("Nothing was changed"),
+                "{e}"
+            );
             assert!(update(dir.path(), &[copy(&[1], 1)], &|_| false).is_err());
             assert_eq!(
                 std::fs::read_to_string(dir.path().join(KEPT_FILE)).expect("kept"),
