@@ -39,6 +39,9 @@ const LAYERS: &[&[&str]] = &[
     &["spec"],
     // The doors to the world, and the step graph.
     &["finding", "luks", "kms", "graph"],
+    // The stored and published formats (src/format/): data types with their versions, which
+    // the layers above convert their own types to and from.
+    &["format"],
     // The world as one object; the journal.
     &["world", "journal"],
     // The pipeline.
