@@ -164,3 +164,40 @@ pub fn read_file(path: &std::path::Path) -> std::io::Result<Option<Vec<u8>>> {
         Err(e) => Err(e),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_checked_before_the_shape() {
+        let ok = checked(&OWNER, "o", br#"{"format":1}"#, "format", None, 1);
+        assert_eq!(ok.map(|(_, v)| v), Ok(1));
+        let newer = checked(&OWNER, "o", br#"{"format":2,"x":[]}"#, "format", None, 1);
+        assert!(matches!(newer, Err(ReadError::Newer(_))), "{newer:?}");
+        for (text, want) in [
+            (&br#"{"format":"2"}"#[..], "not a format version number"),
+            (br#"{"plan":"p"}"#, "no `format`"),
+            (br#"[1]"#, "not a JSON object"),
+            (br#"{"format":"#, "EOF"),
+        ] {
+            match checked(&OWNER, "o", text, "format", None, 1) {
+                Err(ReadError::Corrupt(c)) => assert!(c.contains(want), "{c}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        let old = checked(
+            &LUKS1_RECORDS,
+            "l",
+            br#"{"slots":{}}"#,
+            "format",
+            Some(1),
+            2,
+        );
+        assert_eq!(
+            old.map(|(_, v)| v),
+            Ok(1),
+            "a file without a version is version 1"
+        );
+    }
+}
