@@ -35,13 +35,14 @@ const LAYERS: &[&[&str]] = &[
         "runtime",
         "kube_client",
     ],
+    // Every stored and published format (src/format/): data types, their versions and the
+    // refusal of a newer one, below every reader and writer of them, which convert their own
+    // types to and from these.
+    &["format"],
     // The plan file.
     &["spec"],
     // The doors to the world, and the step graph.
     &["finding", "luks", "kms", "graph"],
-    // The stored and published formats (src/format/): data types with their versions, which
-    // the layers above convert their own types to and from.
-    &["format"],
     // The world as one object; the journal.
     &["world", "journal"],
     // The pipeline.
