@@ -1,6 +1,411 @@
-//! The journal (`<state_dir>/journal.jsonl`), its checkpoint and the audit trail.
+//! The journal (`<state_dir>/journal.jsonl`), its checkpoint and the audit trail
+//! (`<state_dir>/history.jsonl` and the operator's `--journal-archive` file): JSON Lines, one
+//! record per line, in the same record format (docs/formats.md, "Journal and checkpoint").
+//!
+//! - **Format 1** is what keyplan wrote up to commit c322096: a record without a version,
+//!   `{"ts", "run", "event", ...}`, the event's fields inline ([`RecordV1`], [`EventV1`],
+//!   [`CheckpointV1`], and the steps of [`step::StepV1`]).
+//! - **Format 2** is format 1 with `"format":2` first on every record. It is what this keyplan
+//!   writes ([`encode`]).
+//!
+//! [`decode`] reads one line of either: a record without `format` is format 1. A line that is
+//! JSON with a `format` above [`WRITES`] (or one that is not a positive integer) is refused
+//! with [`NewerFormat`] before its fields are looked at: a newer record is never taken for a
+//! torn write nor skipped, whatever its events or steps. A journal may mix the two (a run
+//! started by an older keyplan and finished by this one); compaction rewrites format 1 records
+//! as format 2, which holds the same fields.
 
-use super::Format;
+pub mod step;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Format, NewerFormat};
+use crate::journal::{Checkpoint, Event, Record, UnfinishedAdd};
+use step::StepV1;
+
+/// The journal record format: the journal, its checkpoint, the audit trail and the archive.
+pub const JOURNAL: Format = Format {
+    name: "journal",
+    writes: "2",
+    reads: "1-2",
+    home: "<state_dir>/journal.jsonl, <state_dir>/history.jsonl, the --journal-archive file",
+};
 
 /// The formats of this module ([`super::all`]).
-pub const FORMATS: &[Format] = &[];
+pub const FORMATS: &[Format] = &[JOURNAL];
+
+/// The journal format this keyplan writes, and the newest it reads.
+pub const WRITES: u64 = 2;
+
+/// One journal line, format 1 (without `format`) or, behind [`encode`]'s `"format":2`,
+/// format 2. Mirrors [`Record`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordV1 {
+    /// Unix seconds.
+    pub ts: u64,
+    /// Run id, or `checkpoint`.
+    pub run: String,
+    /// The event, tagged by `event`, its fields inline.
+    #[serde(flatten)]
+    pub event: EventV1,
+}
+
+/// A format 2 record as written: `format` first, then the format 1 fields.
+#[derive(Serialize)]
+struct RecordV2<'a> {
+    format: u64,
+    #[serde(flatten)]
+    record: &'a RecordV1,
+}
+
+/// The events of formats 1 and 2, tagged by `event`. The meaning of every field is that of
+/// the [`Event`] of the same name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+#[allow(missing_docs)] // the fields are Event's, documented there
+pub enum EventV1 {
+    /// [`Event::RunStart`].
+    RunStart {
+        steps: Vec<StepV1>,
+        deps: Vec<(usize, usize)>,
+        plan_file: String,
+        devices: Vec<(String, String)>,
+        pid: u32,
+        host: String,
+    },
+    /// [`Event::StepStart`].
+    StepStart { step: usize },
+    /// [`Event::StepDone`].
+    StepDone {
+        step: usize,
+        outcome: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        staged_version: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        verified_salt: Option<String>,
+    },
+    /// [`Event::StepFailed`].
+    StepFailed { step: usize, error: String },
+    /// [`Event::RunResumed`].
+    RunResumed { pid: u32 },
+    /// [`Event::RunEnd`].
+    RunEnd {
+        outcome: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+    },
+    /// [`Event::Checkpoint`].
+    Checkpoint(CheckpointV1),
+}
+
+/// The checkpoint's fields (the `checkpoint` event), formats 1 and 2. Mirrors [`Checkpoint`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)] // the fields are Checkpoint's, documented there
+pub struct CheckpointV1 {
+    pub compacted_runs: u64,
+    pub through: String,
+    #[serde(default)]
+    pub staged: Vec<(String, Option<u64>)>,
+    #[serde(default)]
+    pub unfinished_adds: Vec<UnfinishedAddV1>,
+    #[serde(default)]
+    pub kms_keys: Vec<String>,
+    #[serde(default)]
+    pub committed: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_success_at: Option<u64>,
+}
+
+/// An unfinished add in a checkpoint, formats 1 and 2. Mirrors [`UnfinishedAdd`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[allow(missing_docs)] // the fields are UnfinishedAdd's, documented there
+pub struct UnfinishedAddV1 {
+    pub device: String,
+    pub path: String,
+    pub slot: u32,
+    pub key: String,
+    pub version: u64,
+}
+
+/// Why one line of a journal file is not a record this keyplan reads ([`decode`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum LineError {
+    /// Not JSON at all: on a file's last line, a write torn by a crash.
+    NotJson(String),
+    /// JSON, but not a record of journal format 1 or 2 (the parser's message).
+    Invalid(String),
+    /// A record of a newer journal format.
+    Newer(NewerFormat),
+}
+
+/// Reads one line (without its newline) of a journal, history or archive file: a record of
+/// format 1 or 2. `document` names the line in a [`NewerFormat`] (`<path> line <n>`); it is
+/// called only then.
+///
+/// Errors: [`LineError`]; the `format` is checked before anything else, so a newer record is
+/// [`LineError::Newer`] even when its fields mean nothing to this keyplan.
+pub fn decode(line: &[u8], document: impl FnOnce() -> String) -> Result<Record, LineError> {
+    let mut value: serde_json::Value =
+        serde_json::from_slice(line).map_err(|e| LineError::NotJson(e.to_string()))?;
+    if let Some(v) = value.as_object_mut().and_then(|m| m.remove("format")) {
+        match v.as_u64() {
+            Some(n) if (1..=WRITES).contains(&n) => {}
+            Some(0) => return Err(LineError::Invalid("\"format\" is 0".into())),
+            // Above WRITES, or not a positive integer, which no keyplan this one knows writes.
+            _ => return Err(LineError::Newer(newer(document, v.to_string()))),
+        }
+    }
+    let record: RecordV1 =
+        serde_json::from_value(value).map_err(|e| LineError::Invalid(e.to_string()))?;
+    Ok(record.into())
+}
+
+/// A [`NewerFormat`] for a journal line whose `format` is `found`.
+fn newer(document: impl FnOnce() -> String, found: String) -> NewerFormat {
+    NewerFormat {
+        document: document(),
+        format: JOURNAL.name,
+        found,
+        newest: WRITES.to_string(),
+    }
+}
+
+/// `record` as one line of journal format 2 (no newline; not yet redacted: the journal's
+/// writers pass it through [`crate::secret::redact::redact_json`]).
+///
+/// Errors: serialization failed (does not happen for these types).
+pub fn encode(record: &Record) -> Result<String, serde_json::Error> {
+    serde_json::to_string(&RecordV2 {
+        format: WRITES,
+        record: &RecordV1::from(record),
+    })
+}
+
+/// `record` as a JSON object of journal format 1 (no `format` field): the shape of the
+/// `records` of `keyplan journal --json` (docs/monitoring.md).
+///
+/// Errors: serialization failed (does not happen for these types).
+pub fn record_json(record: &Record) -> Result<serde_json::Value, serde_json::Error> {
+    serde_json::to_value(RecordV1::from(record))
+}
+
+impl From<&Record> for RecordV1 {
+    fn from(r: &Record) -> Self {
+        RecordV1 {
+            ts: r.ts,
+            run: r.run.clone(),
+            event: (&r.event).into(),
+        }
+    }
+}
+
+impl From<RecordV1> for Record {
+    fn from(r: RecordV1) -> Self {
+        Record {
+            ts: r.ts,
+            run: r.run,
+            event: r.event.into(),
+        }
+    }
+}
+
+impl From<&Event> for EventV1 {
+    fn from(e: &Event) -> Self {
+        match e.clone() {
+            Event::RunStart {
+                steps,
+                deps,
+                plan_file,
+                devices,
+                pid,
+                host,
+            } => EventV1::RunStart {
+                steps: steps.iter().map(StepV1::from).collect(),
+                deps,
+                plan_file,
+                devices,
+                pid,
+                host,
+            },
+            Event::StepStart { step } => EventV1::StepStart { step },
+            Event::StepDone {
+                step,
+                outcome,
+                staged_version,
+                verified_salt,
+            } => EventV1::StepDone {
+                step,
+                outcome,
+                staged_version,
+                verified_salt,
+            },
+            Event::StepFailed { step, error } => EventV1::StepFailed { step, error },
+            Event::RunResumed { pid } => EventV1::RunResumed { pid },
+            Event::RunEnd { outcome, message } => EventV1::RunEnd { outcome, message },
+            Event::Checkpoint(c) => EventV1::Checkpoint(c.into()),
+        }
+    }
+}
+
+impl From<EventV1> for Event {
+    fn from(e: EventV1) -> Self {
+        match e {
+            EventV1::RunStart {
+                steps,
+                deps,
+                plan_file,
+                devices,
+                pid,
+                host,
+            } => Event::RunStart {
+                steps: steps.into_iter().map(Into::into).collect(),
+                deps,
+                plan_file,
+                devices,
+                pid,
+                host,
+            },
+            EventV1::StepStart { step } => Event::StepStart { step },
+            EventV1::StepDone {
+                step,
+                outcome,
+                staged_version,
+                verified_salt,
+            } => Event::StepDone {
+                step,
+                outcome,
+                staged_version,
+                verified_salt,
+            },
+            EventV1::StepFailed { step, error } => Event::StepFailed { step, error },
+            EventV1::RunResumed { pid } => Event::RunResumed { pid },
+            EventV1::RunEnd { outcome, message } => Event::RunEnd { outcome, message },
+            EventV1::Checkpoint(c) => Event::Checkpoint(c.into()),
+        }
+    }
+}
+
+impl From<Checkpoint> for CheckpointV1 {
+    fn from(c: Checkpoint) -> Self {
+        let Checkpoint {
+            compacted_runs,
+            through,
+            staged,
+            unfinished_adds,
+            kms_keys,
+            committed,
+            last_success_at,
+        } = c;
+        CheckpointV1 {
+            compacted_runs,
+            through,
+            staged,
+            unfinished_adds: unfinished_adds.into_iter().map(Into::into).collect(),
+            kms_keys,
+            committed,
+            last_success_at,
+        }
+    }
+}
+
+impl From<CheckpointV1> for Checkpoint {
+    fn from(c: CheckpointV1) -> Self {
+        let CheckpointV1 {
+            compacted_runs,
+            through,
+            staged,
+            unfinished_adds,
+            kms_keys,
+            committed,
+            last_success_at,
+        } = c;
+        Checkpoint {
+            compacted_runs,
+            through,
+            staged,
+            unfinished_adds: unfinished_adds.into_iter().map(Into::into).collect(),
+            kms_keys,
+            committed,
+            last_success_at,
+        }
+    }
+}
+
+impl From<UnfinishedAdd> for UnfinishedAddV1 {
+    fn from(u: UnfinishedAdd) -> Self {
+        let UnfinishedAdd {
+            device,
+            path,
+            slot,
+            key,
+            version,
+        } = u;
+        UnfinishedAddV1 {
+            device,
+            path,
+            slot,
+            key,
+            version,
+        }
+    }
+}
+
+impl From<UnfinishedAddV1> for UnfinishedAdd {
+    fn from(u: UnfinishedAddV1) -> Self {
+        let UnfinishedAddV1 {
+            device,
+            path,
+            slot,
+            key,
+            version,
+        } = u;
+        UnfinishedAdd {
+            device,
+            path,
+            slot,
+            key,
+            version,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc() -> String {
+        "/s/journal.jsonl line 4".into()
+    }
+
+    #[test]
+    fn format_1_and_2_read_and_newer_is_refused_before_its_fields() {
+        let v1 = br#"{"ts":1,"run":"r","event":"run_resumed","pid":7}"#;
+        let r = decode(v1, doc).expect("v1");
+        assert_eq!(r.event, Event::RunResumed { pid: 7 });
+        let v2 = encode(&r).expect("encode");
+        assert_eq!(
+            v2,
+            r#"{"format":2,"ts":1,"run":"r","event":"run_resumed","pid":7}"#
+        );
+        assert_eq!(decode(v2.as_bytes(), doc).expect("v2"), r);
+        for newer in [
+            br#"{"format":3,"ts":1,"run":"r","event":"run_resumed","pid":7}"#.as_slice(),
+            br#"{"format":3,"event":"teleport"}"#,
+            br#"{"format":"2.1","ts":1,"run":"r","event":"run_resumed","pid":7}"#,
+        ] {
+            let Err(LineError::Newer(e)) = decode(newer, doc) else {
+                panic!("not refused: {}", String::from_utf8_lossy(newer));
+            };
+            assert_eq!(e.document, doc());
+            assert!(e.to_string().contains("journal format"), "{e}");
+        }
+        assert!(matches!(
+            decode(br#"{"ts":1,"run""#, doc),
+            Err(LineError::NotJson(_))
+        ));
+        assert!(matches!(
+            decode(br#"{"format":2,"event":"teleport"}"#, doc),
+            Err(LineError::Invalid(_))
+        ));
+    }
+}
