@@ -156,7 +156,7 @@ pub fn journal_reader(data: &[u8]) {
 fn assert_round_trip(records: &[Record], path: &Path) {
     let mut text = Vec::new();
     for r in records {
-        match crate::format::journal::encode(r) {
+        match journal::encode(r) {
             Ok(line) => text.extend_from_slice(line.as_bytes()),
             Err(e) => panic!("a parsed journal record cannot be written back: {e}"),
         }

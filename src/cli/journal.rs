@@ -35,7 +35,7 @@ pub(super) fn cmd_journal(cli: &Cli, arg: &PlanArg, json: bool) -> Result<Exit> 
             "state_dir": plan.state_dir.display().to_string(),
             "records": records
                 .iter()
-                .map(crate::format::journal::record_json)
+                .map(crate::journal::record_json)
                 .collect::<Result<Vec<_>, _>>()
                 .into_diagnostic()?,
             "runs": ops::journal::runs(&records),

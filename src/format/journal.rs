@@ -8,6 +8,11 @@
 //! - **Format 2** is format 1 with `"format":2` first on every record. It is what this keyplan
 //!   writes ([`encode`]).
 //!
+//! The engine's `journal::Record` and `graph::Step` are converted to and from [`RecordV1`]
+//! and [`step::StepV1`] by the journal (src/journal/convert.rs), which calls [`encode`] and
+//! [`decode`]: this module names no engine type, so the imports run one way (the format
+//! layer below the engine).
+//!
 //! [`decode`] reads one line of either: a record without `format` is format 1. A line that is
 //! JSON with a `format` above [`WRITES`] (or one that is not a positive integer) is refused
 //! with [`NewerFormat`] before its fields are looked at: a newer record is never taken for a
@@ -20,7 +25,6 @@ pub mod step;
 use serde::{Deserialize, Serialize};
 
 use super::{Format, NewerFormat};
-use crate::journal::{Checkpoint, Event, Record, UnfinishedAdd};
 use step::StepV1;
 
 /// The journal record format: the journal, its checkpoint, the audit trail and the archive.
@@ -38,7 +42,7 @@ pub const FORMATS: &[Format] = &[JOURNAL];
 pub const WRITES: u64 = 2;
 
 /// One journal line, format 1 (without `format`) or, behind [`encode`]'s `"format":2`,
-/// format 2. Mirrors [`Record`].
+/// format 2. Mirrors [`crate::journal::Record`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RecordV1 {
     /// Unix seconds.
@@ -59,12 +63,12 @@ struct RecordV2<'a> {
 }
 
 /// The events of formats 1 and 2, tagged by `event`. The meaning of every field is that of
-/// the [`Event`] of the same name.
+/// the [`crate::journal::Event`] of the same name.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 #[allow(missing_docs)] // the fields are Event's, documented there
 pub enum EventV1 {
-    /// [`Event::RunStart`].
+    /// [`crate::journal::Event::RunStart`].
     RunStart {
         steps: Vec<StepV1>,
         deps: Vec<(usize, usize)>,
@@ -73,9 +77,9 @@ pub enum EventV1 {
         pid: u32,
         host: String,
     },
-    /// [`Event::StepStart`].
+    /// [`crate::journal::Event::StepStart`].
     StepStart { step: usize },
-    /// [`Event::StepDone`].
+    /// [`crate::journal::Event::StepDone`].
     StepDone {
         step: usize,
         outcome: String,
@@ -84,21 +88,22 @@ pub enum EventV1 {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         verified_salt: Option<String>,
     },
-    /// [`Event::StepFailed`].
+    /// [`crate::journal::Event::StepFailed`].
     StepFailed { step: usize, error: String },
-    /// [`Event::RunResumed`].
+    /// [`crate::journal::Event::RunResumed`].
     RunResumed { pid: u32 },
-    /// [`Event::RunEnd`].
+    /// [`crate::journal::Event::RunEnd`].
     RunEnd {
         outcome: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         message: Option<String>,
     },
-    /// [`Event::Checkpoint`].
+    /// [`crate::journal::Event::Checkpoint`].
     Checkpoint(CheckpointV1),
 }
 
-/// The checkpoint's fields (the `checkpoint` event), formats 1 and 2. Mirrors [`Checkpoint`].
+/// The checkpoint's fields (the `checkpoint` event), formats 1 and 2. Mirrors
+/// [`crate::journal::Checkpoint`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[allow(missing_docs)] // the fields are Checkpoint's, documented there
 pub struct CheckpointV1 {
@@ -116,7 +121,8 @@ pub struct CheckpointV1 {
     pub last_success_at: Option<u64>,
 }
 
-/// An unfinished add in a checkpoint, formats 1 and 2. Mirrors [`UnfinishedAdd`].
+/// An unfinished add in a checkpoint, formats 1 and 2. Mirrors
+/// [`crate::journal::UnfinishedAdd`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[allow(missing_docs)] // the fields are UnfinishedAdd's, documented there
 pub struct UnfinishedAddV1 {
@@ -144,7 +150,7 @@ pub enum LineError {
 ///
 /// Errors: [`LineError`]; the `format` is checked before anything else, so a newer record is
 /// [`LineError::Newer`] even when its fields mean nothing to this keyplan.
-pub fn decode(line: &[u8], document: impl FnOnce() -> String) -> Result<Record, LineError> {
+pub fn decode(line: &[u8], document: impl FnOnce() -> String) -> Result<RecordV1, LineError> {
     let mut value: serde_json::Value =
         serde_json::from_slice(line).map_err(|e| LineError::NotJson(e.to_string()))?;
     if let Some(v) = value.as_object_mut().and_then(|m| m.remove("format")) {
@@ -155,9 +161,7 @@ pub fn decode(line: &[u8], document: impl FnOnce() -> String) -> Result<Record, 
             _ => return Err(LineError::Newer(newer(document, v.to_string()))),
         }
     }
-    let record: RecordV1 =
-        serde_json::from_value(value).map_err(|e| LineError::Invalid(e.to_string()))?;
-    Ok(record.into())
+    serde_json::from_value(value).map_err(|e| LineError::Invalid(e.to_string()))
 }
 
 /// A [`NewerFormat`] for a journal line whose `format` is `found`.
@@ -174,199 +178,11 @@ fn newer(document: impl FnOnce() -> String, found: String) -> NewerFormat {
 /// writers pass it through [`crate::secret::redact::redact_json`]).
 ///
 /// Errors: serialization failed (does not happen for these types).
-pub fn encode(record: &Record) -> Result<String, serde_json::Error> {
+pub fn encode(record: &RecordV1) -> Result<String, serde_json::Error> {
     serde_json::to_string(&RecordV2 {
         format: WRITES,
-        record: &RecordV1::from(record),
+        record,
     })
-}
-
-/// `record` as a JSON object of journal format 1 (no `format` field): the shape of the
-/// `records` of `keyplan journal --json` (docs/monitoring.md).
-///
-/// Errors: serialization failed (does not happen for these types).
-pub fn record_json(record: &Record) -> Result<serde_json::Value, serde_json::Error> {
-    serde_json::to_value(RecordV1::from(record))
-}
-
-impl From<&Record> for RecordV1 {
-    fn from(r: &Record) -> Self {
-        RecordV1 {
-            ts: r.ts,
-            run: r.run.clone(),
-            event: (&r.event).into(),
-        }
-    }
-}
-
-impl From<RecordV1> for Record {
-    fn from(r: RecordV1) -> Self {
-        Record {
-            ts: r.ts,
-            run: r.run,
-            event: r.event.into(),
-        }
-    }
-}
-
-impl From<&Event> for EventV1 {
-    fn from(e: &Event) -> Self {
-        match e.clone() {
-            Event::RunStart {
-                steps,
-                deps,
-                plan_file,
-                devices,
-                pid,
-                host,
-            } => EventV1::RunStart {
-                steps: steps.iter().map(StepV1::from).collect(),
-                deps,
-                plan_file,
-                devices,
-                pid,
-                host,
-            },
-            Event::StepStart { step } => EventV1::StepStart { step },
-            Event::StepDone {
-                step,
-                outcome,
-                staged_version,
-                verified_salt,
-            } => EventV1::StepDone {
-                step,
-                outcome,
-                staged_version,
-                verified_salt,
-            },
-            Event::StepFailed { step, error } => EventV1::StepFailed { step, error },
-            Event::RunResumed { pid } => EventV1::RunResumed { pid },
-            Event::RunEnd { outcome, message } => EventV1::RunEnd { outcome, message },
-            Event::Checkpoint(c) => EventV1::Checkpoint(c.into()),
-        }
-    }
-}
-
-impl From<EventV1> for Event {
-    fn from(e: EventV1) -> Self {
-        match e {
-            EventV1::RunStart {
-                steps,
-                deps,
-                plan_file,
-                devices,
-                pid,
-                host,
-            } => Event::RunStart {
-                steps: steps.into_iter().map(Into::into).collect(),
-                deps,
-                plan_file,
-                devices,
-                pid,
-                host,
-            },
-            EventV1::StepStart { step } => Event::StepStart { step },
-            EventV1::StepDone {
-                step,
-                outcome,
-                staged_version,
-                verified_salt,
-            } => Event::StepDone {
-                step,
-                outcome,
-                staged_version,
-                verified_salt,
-            },
-            EventV1::StepFailed { step, error } => Event::StepFailed { step, error },
-            EventV1::RunResumed { pid } => Event::RunResumed { pid },
-            EventV1::RunEnd { outcome, message } => Event::RunEnd { outcome, message },
-            EventV1::Checkpoint(c) => Event::Checkpoint(c.into()),
-        }
-    }
-}
-
-impl From<Checkpoint> for CheckpointV1 {
-    fn from(c: Checkpoint) -> Self {
-        let Checkpoint {
-            compacted_runs,
-            through,
-            staged,
-            unfinished_adds,
-            kms_keys,
-            committed,
-            last_success_at,
-        } = c;
-        CheckpointV1 {
-            compacted_runs,
-            through,
-            staged,
-            unfinished_adds: unfinished_adds.into_iter().map(Into::into).collect(),
-            kms_keys,
-            committed,
-            last_success_at,
-        }
-    }
-}
-
-impl From<CheckpointV1> for Checkpoint {
-    fn from(c: CheckpointV1) -> Self {
-        let CheckpointV1 {
-            compacted_runs,
-            through,
-            staged,
-            unfinished_adds,
-            kms_keys,
-            committed,
-            last_success_at,
-        } = c;
-        Checkpoint {
-            compacted_runs,
-            through,
-            staged,
-            unfinished_adds: unfinished_adds.into_iter().map(Into::into).collect(),
-            kms_keys,
-            committed,
-            last_success_at,
-        }
-    }
-}
-
-impl From<UnfinishedAdd> for UnfinishedAddV1 {
-    fn from(u: UnfinishedAdd) -> Self {
-        let UnfinishedAdd {
-            device,
-            path,
-            slot,
-            key,
-            version,
-        } = u;
-        UnfinishedAddV1 {
-            device,
-            path,
-            slot,
-            key,
-            version,
-        }
-    }
-}
-
-impl From<UnfinishedAddV1> for UnfinishedAdd {
-    fn from(u: UnfinishedAddV1) -> Self {
-        let UnfinishedAddV1 {
-            device,
-            path,
-            slot,
-            key,
-            version,
-        } = u;
-        UnfinishedAdd {
-            device,
-            path,
-            slot,
-            key,
-            version,
-        }
-    }
 }
 
 #[cfg(test)]
@@ -381,7 +197,7 @@ mod tests {
     fn format_1_and_2_read_and_newer_is_refused_before_its_fields() {
         let v1 = br#"{"ts":1,"run":"r","event":"run_resumed","pid":7}"#;
         let r = decode(v1, doc).expect("v1");
-        assert_eq!(r.event, Event::RunResumed { pid: 7 });
+        assert_eq!(r.event, EventV1::RunResumed { pid: 7 });
         let v2 = encode(&r).expect("encode");
         assert_eq!(
             v2,

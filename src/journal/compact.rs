@@ -195,7 +195,7 @@ pub fn check_archive(plan: &crate::spec::Plan) -> Result<(), String> {
     // say.
     let first = head.split(|b| *b == b'\n').next().unwrap_or_default();
     let document = || format!("{} line 1", path.display());
-    match crate::format::journal::decode(first, document) {
+    match super::decode(first, document) {
         Ok(_) => Ok(()),
         // Written by a newer keyplan: this one appends nothing to it.
         Err(LineError::Newer(e)) => Err(format!("refusing --journal-archive: {e}")),
@@ -399,7 +399,7 @@ fn fold(old: Checkpoint, moved: &[&Record]) -> Checkpoint {
 fn lines(first: Option<&Record>, records: &[&Record]) -> Result<Vec<u8>, serde_json::Error> {
     let mut out = Vec::new();
     for r in first.into_iter().chain(records.iter().copied()) {
-        let text = crate::format::journal::encode(r)?;
+        let text = super::encode(r)?;
         out.extend_from_slice(crate::secret::redact::redact_json(&text).as_bytes());
         out.push(b'\n');
     }

@@ -2,7 +2,9 @@
 //!
 //! The journal is `<state_dir>/journal.jsonl`: one JSON object per line (JSON Lines), appended
 //! and `fsync`ed before the effect it announces (`step_start`) and after the effect
-//! (`step_done`). A crash can tear only the last line; [`read`] ignores a torn last line, and
+//! (`step_done`), as journal format 2 ([`crate::format::journal`], which also reads format 1
+//! and refuses newer ones). A crash can tear only the last line; [`read`] ignores a torn last
+//! line (one that is not JSON), and
 //! [`Journal::open`] cuts it off before appending (a whole record missing only its newline is
 //! kept and terminated). It never holds key material: steps name
 //! keys, versions, devices and keyslots only, and each line is redacted
@@ -15,6 +17,7 @@
 //! still needs from them, so reading the journal costs O(unfinished work), not O(all runs).
 
 pub mod compact;
+mod convert;
 mod lock;
 
 use std::collections::BTreeSet;
@@ -26,6 +29,7 @@ use crate::format::journal::LineError;
 use crate::fsutil;
 use crate::graph::Step;
 
+pub use convert::{decode, encode, record_json};
 pub use lock::{lock_holder, StateLock, LOCK_FILE};
 
 /// Journal file name inside the state directory.
@@ -235,7 +239,7 @@ impl Journal {
             run: run.to_string(),
             event,
         };
-        let text = crate::format::journal::encode(&record).map_err(|e| JournalError::Io {
+        let text = encode(&record).map_err(|e| JournalError::Io {
             what: "encoding a record for",
             path: self.path.clone(),
             source: io::Error::other(e),
@@ -363,7 +367,7 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<Vec<Record>, JournalError> {
             continue;
         }
         let document = || format!("{} line {}", path.display(), i + 1);
-        match crate::format::journal::decode(line, document) {
+        match decode(line, document) {
             Ok(r) => out.push(r),
             Err(LineError::NotJson(_)) if i + 1 == count => break,
             Err(LineError::Newer(e)) => return Err(e.into()),

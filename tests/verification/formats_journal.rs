@@ -92,8 +92,14 @@ fn steps_of<'a>(records: &'a [Record], run: &str) -> &'a [Step] {
 fn check_scenarios(version: &str) {
     let dir = fixtures(version);
     let life = dir.join("lifecycle");
-    let (archive, history) = (read(&life.join("archive.jsonl")), read(&life.join("history.jsonl")));
-    let (now, interrupted) = (read(&life.join("journal.jsonl")), read(&life.join("interrupted.jsonl")));
+    let (archive, history) = (
+        read(&life.join("archive.jsonl")),
+        read(&life.join("history.jsonl")),
+    );
+    let (now, interrupted) = (
+        read(&life.join("journal.jsonl")),
+        read(&life.join("interrupted.jsonl")),
+    );
 
     // Every run reached one of the three files once; the journal starts with the checkpoint of
     // the runs compacted away, through the one the audit trail keeps.
@@ -107,14 +113,23 @@ fn check_scenarios(version: &str) {
         "{version}: {ended:?}"
     );
     let Event::Checkpoint(c) = &now[0].event else {
-        panic!("{version}: the journal does not start with its checkpoint: {:?}", now[0]);
+        panic!(
+            "{version}: the journal does not start with its checkpoint: {:?}",
+            now[0]
+        );
     };
     assert_eq!(now[0].run, compact::CHECKPOINT_RUN);
     assert_eq!(c.compacted_runs, 7, "{version}");
-    assert_eq!(c.through, ended[6].0, "{version}: through the run history.jsonl keeps");
+    assert_eq!(
+        c.through, ended[6].0,
+        "{version}: through the run history.jsonl keeps"
+    );
     assert!(c.committed.contains(&"e".to_string()), "{version}: {c:?}");
     assert!(c.kms_keys.contains(&"k".to_string()), "{version}: {c:?}");
-    assert_eq!(journal::last_success_at(&now), Some(now.last().map_or(0, |r| r.ts)));
+    assert_eq!(
+        journal::last_success_at(&now),
+        Some(now.last().map_or(0, |r| r.ts))
+    );
 
     // The failed run: its stage failed on the KMS write, nothing after it ran.
     let failed = &ended[4].0;
@@ -125,7 +140,10 @@ fn check_scenarios(version: &str) {
             _ => None,
         })
         .expect("a step_failed record");
-    assert!(matches!(steps_of(&archive, failed)[failure.0], Step::Stage { .. }));
+    assert!(matches!(
+        steps_of(&archive, failed)[failure.0],
+        Step::Stage { .. }
+    ));
     assert!(failure.1.contains("Is a directory"), "{}", failure.1);
 
     // The interrupted run, as the signal left it: not ended, its stage done with v4, the rest
@@ -134,21 +152,31 @@ fn check_scenarios(version: &str) {
     assert_eq!(run.ended, None, "{version}");
     assert_eq!(run.staged, [("e".to_string(), 4)], "{version}");
     let done = run.done.iter().filter(|d| **d).count();
-    assert!(done >= 1 && done < run.steps.len(), "{version}: {done} of {}", run.steps.len());
     assert!(
-        archive.iter().any(|r| r.run == run.run && matches!(r.event, Event::RunResumed { .. })),
+        done >= 1 && done < run.steps.len(),
+        "{version}: {done} of {}",
+        run.steps.len()
+    );
+    assert!(
+        archive
+            .iter()
+            .any(|r| r.run == run.run && matches!(r.event, Event::RunResumed { .. })),
         "{version}: the interrupted run was resumed"
     );
     assert!(ended.iter().any(|(id, o)| *id == run.run && o == "success"));
 
     // The migration of k moved it from KMS local to other.
-    let moved = archive.iter().chain(&history).chain(&now).any(|r| match &r.event {
-        Event::RunStart { steps, .. } => steps.iter().any(|s| {
-            matches!(s, Step::MigrateCopy { key, from_kms, to_kms, .. }
+    let moved = archive
+        .iter()
+        .chain(&history)
+        .chain(&now)
+        .any(|r| match &r.event {
+            Event::RunStart { steps, .. } => steps.iter().any(|s| {
+                matches!(s, Step::MigrateCopy { key, from_kms, to_kms, .. }
                 if key == "k" && from_kms == "local" && to_kms == "other")
-        }),
-        _ => false,
-    });
+            }),
+            _ => false,
+        });
     assert!(moved, "{version}: no migration of k");
 
     // Every step kind is in the fixtures, lifecycle and fleet together.
@@ -203,17 +231,26 @@ fn format_2_is_written_again_byte_for_byte_and_is_format_1_with_its_version() {
         let bytes = fs::read(&path).expect("read");
         let mut again = String::new();
         for r in read(&path) {
-            again.push_str(&keyplan::format::journal::encode(&r).expect("encode"));
+            again.push_str(&journal::encode(&r).expect("encode"));
             again.push('\n');
         }
-        assert!(again.as_bytes() == bytes, "{} is not written again as it was", path.display());
+        assert!(
+            again.as_bytes() == bytes,
+            "{} is not written again as it was",
+            path.display()
+        );
     }
     // A format 1 line becomes format 2 by its version alone: no field renamed, added or lost.
     for path in jsonl_files(&fixtures("v1")) {
         let text = fs::read_to_string(&path).expect("read");
         for (line, r) in text.lines().zip(read(&path)) {
-            let written = keyplan::format::journal::encode(&r).expect("encode");
-            assert_eq!(written, format!("{{\"format\":2,{}", &line[1..]), "{}", path.display());
+            let written = journal::encode(&r).expect("encode");
+            assert_eq!(
+                written,
+                format!("{{\"format\":2,{}", &line[1..]),
+                "{}",
+                path.display()
+            );
         }
     }
 }
@@ -244,7 +281,10 @@ fn assert_newer(err: &JournalError, path: &Path, line: usize) {
     let text = err.to_string();
     assert!(matches!(err, JournalError::Newer(_)), "{err:?}");
     assert!(
-        text.starts_with(&format!("{} line {line} is journal format 3, written by a newer keyplan", path.display())),
+        text.starts_with(&format!(
+            "{} line {line} is journal format 3, written by a newer keyplan",
+            path.display()
+        )),
         "{text}"
     );
     assert!(text.contains("reads journal formats up to 2"), "{text}");
@@ -257,12 +297,19 @@ fn a_newer_journal_is_refused_whole_or_without_its_newline_and_left_as_it_was() 
     let lines = v3.iter().filter(|b| **b == b'\n').count();
     // As written, and as a crash would leave its last record: whole but without its newline
     // (which a torn write would be cut off for).
-    for bytes in [v3.clone(), v3.strip_suffix(b"\n").expect("newline").to_vec()] {
+    for bytes in [
+        v3.clone(),
+        v3.strip_suffix(b"\n").expect("newline").to_vec(),
+    ] {
         let dir = state_dir(&bytes, None);
         let path = dir.path().join(journal::JOURNAL_FILE);
         assert_newer(&journal::read(dir.path()).expect_err("read"), &path, lines);
         assert_newer(&Journal::open(dir.path()).expect_err("open"), &path, lines);
-        assert_eq!(fs::read(&path).expect("journal"), bytes, "the journal was changed");
+        assert_eq!(
+            fs::read(&path).expect("journal"),
+            bytes,
+            "the journal was changed"
+        );
         assert_eq!(names(dir.path()), ["journal.jsonl"]);
     }
 }
@@ -292,18 +339,36 @@ fn compaction_and_the_audit_trail_refuse_newer_records_and_write_nothing() {
             pid: 1,
             host: "h".into(),
         },
-        Event::RunEnd { outcome: "success".into(), message: None },
+        Event::RunEnd {
+            outcome: "success".into(),
+            message: None,
+        },
     ] {
         j.append("late-run", event).expect("append");
     }
     let before = fs::read(dir.path().join(journal::JOURNAL_FILE)).expect("journal");
     let err = compact::compact(dir.path(), &mut j, &retention).expect_err("compact");
     assert_newer(&err, &history, 1);
-    assert_newer(&compact::read_with_history(dir.path()).expect_err("read"), &history, 1);
-    assert_eq!(fs::read(dir.path().join(journal::JOURNAL_FILE)).expect("journal"), before);
+    assert_newer(
+        &compact::read_with_history(dir.path()).expect_err("read"),
+        &history,
+        1,
+    );
+    assert_eq!(
+        fs::read(dir.path().join(journal::JOURNAL_FILE)).expect("journal"),
+        before
+    );
     assert_eq!(fs::read(&history).expect("history"), history_v3);
-    assert_eq!(names(dir.path()), ["history.jsonl", "journal.jsonl"], "no history set aside");
-    assert_eq!(names(archive.path()), Vec::<String>::new(), "nothing archived");
+    assert_eq!(
+        names(dir.path()),
+        ["history.jsonl", "journal.jsonl"],
+        "no history set aside"
+    );
+    assert_eq!(
+        names(archive.path()),
+        Vec::<String>::new(),
+        "nothing archived"
+    );
 
     // A newer record in the journal itself (appended behind an open handle): the compaction
     // refuses before it writes the history or the journal.
@@ -314,7 +379,11 @@ fn compaction_and_the_audit_trail_refuse_newer_records_and_write_nothing() {
     bytes.extend_from_slice(&history_v3);
     fs::write(&path, &bytes).expect("write");
     let line = journal_v2.iter().filter(|b| **b == b'\n').count() + 1;
-    assert_newer(&compact::compact(dir.path(), &mut j, &retention).expect_err("compact"), &path, line);
+    assert_newer(
+        &compact::compact(dir.path(), &mut j, &retention).expect_err("compact"),
+        &path,
+        line,
+    );
     assert_eq!(fs::read(&path).expect("journal"), bytes);
     assert_eq!(names(dir.path()), ["journal.jsonl"]);
     assert_eq!(names(archive.path()), Vec::<String>::new());
@@ -325,13 +394,21 @@ fn an_archive_holding_newer_records_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let archive = dir.path().join("archive.jsonl");
     let plan = "version: 1\nkms:\n  local: { provider: file, path: keys }\nkeys:\n  k: { kms: local }\ndevices:\n  a: { path: a.img, keys: [k] }\n";
-    let mut plan = keyplan::spec::load_str(plan, "keyplan.yaml", keyplan::spec::Format::Yaml, dir.path())
-        .expect("plan");
+    let mut plan = keyplan::spec::load_str(
+        plan,
+        "keyplan.yaml",
+        keyplan::spec::Format::Yaml,
+        dir.path(),
+    )
+    .expect("plan");
     plan.journal.archive = Some(archive.clone());
     let v3 = fs::read(fixtures("v3").join("history.jsonl")).expect("v3");
     fs::write(&archive, &v3).expect("archive");
     let err = compact::check_archive(&plan).expect_err("a newer archive");
-    assert!(err.contains(&format!("{} line 1 is journal format 3", archive.display())), "{err}");
+    assert!(
+        err.contains(&format!("{} line 1 is journal format 3", archive.display())),
+        "{err}"
+    );
     assert_eq!(fs::read(&archive).expect("archive"), v3);
     // An archive of format 1 or 2 is one to append to.
     for version in ["v1", "v2"] {
@@ -350,7 +427,11 @@ fn only_a_line_that_is_not_json_is_a_torn_write() {
     // Whole JSON of a newer format, with an event this keyplan does not know: refused.
     let newer = br#"{"format":3,"ts":2,"run":"r","event":"run_paused","until":9}"#;
     assert_newer(&parse(&[a, b"\n", newer]).expect_err("newer"), path, 2);
-    assert_newer(&parse(&[a, b"\n", newer, b"\n"]).expect_err("newer"), path, 2);
+    assert_newer(
+        &parse(&[a, b"\n", newer, b"\n"]).expect_err("newer"),
+        path,
+        2,
+    );
     // Whole JSON of a known format that is no record: corrupt, not skipped.
     let odd = br#"{"format":2,"ts":2,"run":"r","event":"run_paused"}"#;
     assert!(matches!(
