@@ -35,6 +35,9 @@ const LAYERS: &[&[&str]] = &[
         "runtime",
         "kube_client",
     ],
+    // The stored and published formats' frozen types (docs/formats.md): they name no engine
+    // type; the engine converts to and from them.
+    &["format"],
     // The plan file.
     &["spec"],
     // The doors to the world, and the step graph.
