@@ -156,8 +156,8 @@ pub fn journal_reader(data: &[u8]) {
 fn assert_round_trip(records: &[Record], path: &Path) {
     let mut text = Vec::new();
     for r in records {
-        match serde_json::to_vec(r) {
-            Ok(line) => text.extend_from_slice(&line),
+        match journal::encode(r) {
+            Ok(line) => text.extend_from_slice(line.as_bytes()),
             Err(e) => panic!("a parsed journal record cannot be written back: {e}"),
         }
         text.push(b'\n');

@@ -33,7 +33,11 @@ pub(super) fn cmd_journal(cli: &Cli, arg: &PlanArg, json: bool) -> Result<Exit> 
         let doc = serde_json::json!({
             "format_version": "1.0",
             "state_dir": plan.state_dir.display().to_string(),
-            "records": records,
+            "records": records
+                .iter()
+                .map(crate::journal::record_json)
+                .collect::<Result<Vec<_>, _>>()
+                .into_diagnostic()?,
             "runs": ops::journal::runs(&records),
         });
         outln!("{}", serde_json::to_string_pretty(&doc).into_diagnostic()?);

@@ -30,6 +30,7 @@ use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use super::{Checkpoint, Event, Journal, JournalError, Record, JOURNAL_FILE};
+use crate::format::journal::LineError;
 use crate::spec::JournalRetention;
 
 /// Audit-trail file name inside the state directory.
@@ -132,7 +133,8 @@ pub fn compact(
 /// `--journal-archive keyplan.yaml` or `--journal-archive /dev/sdb` appends to nothing. A file
 /// that does not exist yet must be in a directory that does: keyplan creates the file, not
 /// its directory, and an archive it cannot create would fail every compaction that expires a
-/// run, after the run, where `-q` hides it.
+/// run, after the run, where `-q` hides it. An archive whose first record is of a newer
+/// journal format ([`crate::format::journal`]) is refused with its [`crate::format::NewerFormat`].
 ///
 /// Errors: a text saying why the file is refused and what to do.
 pub fn check_archive(plan: &crate::spec::Plan) -> Result<(), String> {
@@ -192,10 +194,12 @@ pub fn check_archive(plan: &crate::spec::Plan) -> Result<(), String> {
     // An empty file is no archive (keyplan writes whole records into a new one): a lock file,
     // say.
     let first = head.split(|b| *b == b'\n').next().unwrap_or_default();
-    if serde_json::from_slice::<Record>(first).is_ok() {
-        Ok(())
-    } else {
-        refuse("it exists and is not a journal archive".into())
+    let document = || format!("{} line 1", path.display());
+    match super::decode(first, document) {
+        Ok(_) => Ok(()),
+        // Written by a newer keyplan: this one appends nothing to it.
+        Err(LineError::Newer(e)) => Err(format!("refusing --journal-archive: {e}")),
+        Err(_) => refuse("it exists and is not a journal archive".into()),
     }
 }
 
@@ -391,11 +395,11 @@ fn fold(old: Checkpoint, moved: &[&Record]) -> Checkpoint {
     }
 }
 
-/// One JSON line per record, redacted as [`Journal::append`] writes them.
+/// One JSON line per record (journal format 2), redacted as [`Journal::append`] writes them.
 fn lines(first: Option<&Record>, records: &[&Record]) -> Result<Vec<u8>, serde_json::Error> {
     let mut out = Vec::new();
     for r in first.into_iter().chain(records.iter().copied()) {
-        let text = serde_json::to_string(r)?;
+        let text = super::encode(r)?;
         out.extend_from_slice(crate::secret::redact::redact_json(&text).as_bytes());
         out.push(b'\n');
     }

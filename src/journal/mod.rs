@@ -2,7 +2,9 @@
 //!
 //! The journal is `<state_dir>/journal.jsonl`: one JSON object per line (JSON Lines), appended
 //! and `fsync`ed before the effect it announces (`step_start`) and after the effect
-//! (`step_done`). A crash can tear only the last line; [`read`] ignores a torn last line, and
+//! (`step_done`), as journal format 2 ([`crate::format::journal`], which also reads format 1
+//! and refuses newer ones). A crash can tear only the last line; [`read`] ignores a torn last
+//! line (one that is not JSON), and
 //! [`Journal::open`] cuts it off before appending (a whole record missing only its newline is
 //! kept and terminated). It never holds key material: steps name
 //! keys, versions, devices and keyslots only, and each line is redacted
@@ -15,6 +17,7 @@
 //! still needs from them, so reading the journal costs O(unfinished work), not O(all runs).
 
 pub mod compact;
+mod convert;
 mod lock;
 
 use std::collections::BTreeSet;
@@ -22,31 +25,31 @@ use std::fs;
 use std::io::{self, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
+use crate::format::journal::LineError;
 use crate::fsutil;
 use crate::graph::Step;
 
+pub use convert::{decode, encode, record_json};
 pub use lock::{lock_holder, StateLock, LOCK_FILE};
 
 /// Journal file name inside the state directory.
 pub const JOURNAL_FILE: &str = "journal.jsonl";
 
-/// One journal line.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+/// One journal line. Written as journal format 2 and read as format 1 or 2 by
+/// [`crate::format::journal`], which converts it to and from its own frozen types: this type
+/// may change freely, the journal only by a new format version there.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Record {
     /// Time of writing, seconds since the Unix epoch.
     pub ts: u64,
     /// Run id (`<unix seconds>-<pid>`).
     pub run: String,
     /// What happened.
-    #[serde(flatten)]
     pub event: Event,
 }
 
-/// Journal events.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(tag = "event", rename_all = "snake_case")]
+/// Journal events (on disk: [`crate::format::journal::EventV1`]).
+#[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// A run begins: the whole step graph, so an interrupted run can be finished.
     RunStart {
@@ -75,10 +78,8 @@ pub enum Event {
         /// What was done, e.g. `added keyslot 3` or `already done`.
         outcome: String,
         /// For `stage`: the version staged (or reused).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         staged_version: Option<u64>,
         /// For `verify`: the KDF salt of the keyslot that was verified.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         verified_salt: Option<String>,
     },
     /// A step failed; its effect may or may not have happened (it is idempotent).
@@ -98,7 +99,6 @@ pub enum Event {
         /// `success`, `failed` or `interrupted` (signal).
         outcome: String,
         /// Error summary when not successful.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         message: Option<String>,
     },
     /// The first record of a compacted journal ([`compact`]): what the finished runs moved out
@@ -108,8 +108,9 @@ pub enum Event {
 }
 
 /// What a compacted journal keeps of the runs it no longer holds ([`Event::Checkpoint`]).
-/// Every field is bounded by the plan's keys and devices, not by the number of runs.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+/// Every field is bounded by the plan's keys and devices, not by the number of runs. On disk:
+/// [`crate::format::journal::CheckpointV1`].
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Checkpoint {
     /// Runs moved out of the journal by all compactions so far.
     pub compacted_runs: u64,
@@ -118,21 +119,16 @@ pub struct Checkpoint {
     /// [`staged_versions`] of the runs moved out: `(key id, Some(version))` staged (at most
     /// [`compact::STAGED_PER_KEY`] highest per key), `(key id, None)` for a stage whose reply
     /// was lost and that no later run of the key's stage has since settled.
-    #[serde(default)]
     pub staged: Vec<(String, Option<u64>)>,
     /// [`unfinished_adds`] of the runs moved out.
-    #[serde(default)]
     pub unfinished_adds: Vec<UnfinishedAdd>,
     /// Keys whose KMS entry a step of a run moved out wrote or was to write
     /// ([`Step::kms_key`]), for [`planned_kms_keys`].
-    #[serde(default)]
     pub kms_keys: Vec<String>,
     /// Keys a run moved out committed a version of (or copied to another KMS), for
     /// [`committed_keys`].
-    #[serde(default)]
     pub committed: Vec<String>,
     /// When the last successful run moved out ended (Unix seconds), for [`last_success_at`].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_success_at: Option<u64>,
 }
 
@@ -169,6 +165,10 @@ pub enum JournalError {
         /// Parser message.
         message: String,
     },
+    /// A record was written in a newer journal format (by a newer keyplan): nothing is read
+    /// from or written to the file ([`crate::format::journal`]).
+    #[error(transparent)]
+    Newer(#[from] crate::format::NewerFormat),
     /// Another process holds the state-directory lock.
     #[error("another keyplan run holds the lock on {path}: {holder}; wait for it to finish (a lock of a dead process is released by the kernel)")]
     Locked {
@@ -188,9 +188,11 @@ pub struct Journal {
 
 impl Journal {
     /// Opens (creating, mode 0600, in a 0700 state directory) `<state_dir>/journal.jsonl` for
-    /// appending; a torn last line left by a crash (no final newline) is cut off first.
+    /// appending; a torn last line left by a crash (no final newline, not JSON) is cut off
+    /// first. Every record is read first ([`parse`]): a journal holding a record of a newer
+    /// format, or a corrupt one, is refused untouched.
     ///
-    /// Errors: [`JournalError::Io`].
+    /// Errors: [`JournalError::Io`], [`JournalError::Corrupt`], [`JournalError::Newer`].
     pub fn open(state_dir: &Path) -> Result<Journal, JournalError> {
         let (path, mut file) = open_state_file(state_dir, JOURNAL_FILE)?;
         let io_err = |what, source| JournalError::Io {
@@ -202,9 +204,13 @@ impl Journal {
         file.seek(SeekFrom::Start(0))
             .and_then(|_| io::Read::read_to_end(&mut file, &mut bytes))
             .map_err(|e| io_err("reading", e))?;
+        // Nothing is appended to a journal this keyplan does not read whole (a newer record
+        // anywhere, the last line included, is refused here, not cut off as torn).
+        parse(&bytes, &path)?;
         let keep = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
-        if keep < bytes.len() && serde_json::from_slice::<Record>(&bytes[keep..]).is_ok() {
-            // A whole record whose newline was not written: keep it, as `read` does.
+        let tail = &bytes[keep..];
+        if keep < bytes.len() && serde_json::from_slice::<serde::de::IgnoredAny>(tail).is_ok() {
+            // A whole record whose newline was not written (`parse` read it): keep it.
             file.write_all(b"\n")
                 .and_then(|()| file.sync_data())
                 .map_err(|e| io_err("repairing", e))?;
@@ -233,7 +239,7 @@ impl Journal {
             run: run.to_string(),
             event,
         };
-        let text = serde_json::to_string(&record).map_err(|e| JournalError::Io {
+        let text = encode(&record).map_err(|e| JournalError::Io {
             what: "encoding a record for",
             path: self.path.clone(),
             source: io::Error::other(e),
@@ -342,11 +348,13 @@ pub(crate) fn read_path(path: &Path) -> Result<Vec<Record>, JournalError> {
 /// names the file in errors.
 ///
 /// Same semantics as [`read`]: lines are separated by `\n` (a final `\n` ends the last line,
-/// it does not start an empty one); blank lines are skipped; a last line that does not parse is
-/// a torn write and is ignored; any other line that does not parse is an error. Never panics,
+/// it does not start an empty one); blank lines are skipped; a last line that is not JSON is a
+/// torn write and is ignored; any other line that is not a record of journal format 1 or 2
+/// ([`crate::format::journal::decode`]) is an error, the last one included. Never panics,
 /// whatever the bytes.
 ///
-/// Errors: [`JournalError::Corrupt`] with the 1-based line number of the first bad line.
+/// Errors: [`JournalError::Newer`] for the first record of a newer format (`<path> line <n>`),
+/// [`JournalError::Corrupt`] with the 1-based line number of the first bad line.
 pub fn parse(bytes: &[u8], path: &Path) -> Result<Vec<Record>, JournalError> {
     if bytes.is_empty() {
         return Ok(Vec::new());
@@ -358,14 +366,16 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<Vec<Record>, JournalError> {
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        match serde_json::from_slice::<Record>(line) {
+        let document = || format!("{} line {}", path.display(), i + 1);
+        match decode(line, document) {
             Ok(r) => out.push(r),
-            Err(_) if i + 1 == count => break,
-            Err(e) => {
+            Err(LineError::NotJson(_)) if i + 1 == count => break,
+            Err(LineError::Newer(e)) => return Err(e.into()),
+            Err(LineError::NotJson(message) | LineError::Invalid(message)) => {
                 return Err(JournalError::Corrupt {
                     path: path.to_path_buf(),
                     line: i + 1,
-                    message: e.to_string(),
+                    message,
                 })
             }
         }
@@ -510,7 +520,7 @@ pub fn committed_keys(records: &[Record]) -> BTreeSet<String> {
 /// An `add keyslot` step of some run of this state directory that started and never
 /// finished: its `luksAddKey` may have written the keyslot before the process died or the run
 /// failed, so the keyslot may open with `version` of `key` while no record names it.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct UnfinishedAdd {
     /// Device id in the run's plan.
     pub device: String,

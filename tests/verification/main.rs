@@ -19,6 +19,7 @@ mod model;
 #[path = "../sim/mod.rs"]
 mod sim;
 
+mod formats_journal;
 mod formats_state;
 mod fuzz_corpus;
 mod luks_door_differential;
