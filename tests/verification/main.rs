@@ -19,6 +19,7 @@ mod model;
 #[path = "../sim/mod.rs"]
 mod sim;
 
+mod formats_published;
 mod fuzz_corpus;
 mod luks_door_differential;
 mod protocol_model;
