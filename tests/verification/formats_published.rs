@@ -47,6 +47,16 @@ pub fn same_as_fixture(rel: &str, written: &str) {
     );
 }
 
+/// Prometheus text without its `# HELP` lines: the families' names, types and labels are the
+/// contract of the metrics (docs/formats.md), their help texts are for people.
+pub fn without_help(metrics: &str) -> String {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with("# HELP "))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
 fn keyslot(salt: &str, kdf: &str) -> Keyslot {
     Keyslot {
         bound: true,
@@ -365,4 +375,203 @@ fn a_node_report_of_a_newer_major_version_is_refused_not_misread() {
     minor["added_in_1_7"] = serde_json::json!({"x": 1});
     let read = node_report::parse("r", &minor.to_string()).unwrap();
     assert_eq!(read.node, "worker-1");
+}
+
+/// The plan the envelope fixture signs (`plan-signature/v1/keyplan.yaml`), for cluster
+/// `prod`, at 1700000000.
+const SIGNED_AT: u64 = 1_700_000_000;
+
+/// Makes the envelope fixture once (`KEYPLAN_WRITE_FIXTURES=1`): a fresh key signs the plan;
+/// only its public key is kept.
+fn make_signature_fixture() {
+    use keyplan::fleet::signature::SigningKey;
+    let dir = fixture("plan-signature/v1");
+    if dir.join("keyplan.yaml.sig").exists() || std::env::var_os("KEYPLAN_WRITE_FIXTURES").is_none()
+    {
+        return;
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("keyplan.yaml"),
+        "version: 1\nkms: {}\nkeys: {}\ndevices: {}\n",
+    )
+    .unwrap();
+    let key = SigningKey::generate().unwrap();
+    std::fs::write(
+        dir.join("public.pem"),
+        key.public().unwrap().to_pem().unwrap(),
+    )
+    .unwrap();
+    let plan = std::fs::read(dir.join("keyplan.yaml")).unwrap();
+    let sig = key.sign(&plan, "prod", SIGNED_AT).unwrap();
+    std::fs::write(dir.join("keyplan.yaml.sig"), sig.to_text()).unwrap();
+}
+
+fn policy() -> keyplan::fleet::signature::SignaturePolicy {
+    keyplan::fleet::signature::SignaturePolicy::load(
+        &[fixture("plan-signature/v1/public.pem")],
+        "prod",
+    )
+    .unwrap()
+}
+
+#[test]
+fn signature_envelope_v1_verifies_and_is_written_byte_for_byte() {
+    use keyplan::fleet::signature::Signature;
+    make_signature_fixture();
+    let plan = std::fs::read(fixture("plan-signature/v1/keyplan.yaml")).unwrap();
+    let text = std::fs::read_to_string(fixture("plan-signature/v1/keyplan.yaml.sig")).unwrap();
+    let sig = Signature::parse(text.as_bytes()).unwrap();
+    assert_eq!(sig.format, "keyplan-signature/v1");
+    assert_eq!(sig.cluster, "prod");
+    assert_eq!(sig.signed_at, SIGNED_AT);
+    assert_eq!(sig.plan_sha256, keyplan::saved::sha256_hex(&plan));
+    same_as_fixture("plan-signature/v1/keyplan.yaml.sig", &sig.to_text());
+    let verified = policy()
+        .verify(&plan, Some(text.as_bytes()), "keyplan.yaml.sig", None)
+        .unwrap();
+    assert_eq!(verified.signed_at, SIGNED_AT);
+}
+
+#[test]
+fn a_signature_envelope_of_a_newer_version_is_refused_as_written_by_a_newer_keyplan() {
+    use keyplan::fleet::signature::{Refusal, Signature};
+    let plan = std::fs::read(fixture("plan-signature/v1/keyplan.yaml")).unwrap();
+    let text = std::fs::read(fixture("plan-signature/v2/keyplan.yaml.sig")).unwrap();
+    let err = Signature::parse(&text).expect_err("a v2 envelope is not read");
+    let message = err.to_string();
+    assert!(
+        message
+            .contains("the signature file is plan-signature format 2, written by a newer keyplan"),
+        "{message}"
+    );
+    let refused = policy()
+        .verify(&plan, Some(&text), "keyplan.yaml.sig", None)
+        .expect_err("refused");
+    let Refusal::Malformed { reason } = &refused else {
+        panic!("not refused as unreadable: {refused:?}");
+    };
+    assert!(reason.contains("written by a newer keyplan"), "{reason}");
+    // An envelope that is not keyplan's is still said to be one.
+    let err = Signature::parse(br#"{"format": "something-else/v1"}"#).unwrap_err();
+    assert!(
+        err.to_string().contains("has format \"something-else/v1\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn fleet_status_json_is_written_byte_for_byte() {
+    use keyplan::fleet::status::{FleetCommitWait, FleetStatus, NodeStatus, SlotStatus, Totals};
+    let report = sample_report();
+    let status = FleetStatus {
+        format_version: keyplan::fleet::status::FORMAT_VERSION,
+        generated_at: 1_700_200_020,
+        namespace: "keyplan".into(),
+        nodes: vec![
+            NodeStatus {
+                node: "worker-1".into(),
+                state: "waiting".into(),
+                lost: false,
+                report_age_seconds: 10,
+                failure_counts: true,
+                report: Some(report),
+                problem: None,
+            },
+            NodeStatus {
+                node: "worker-2".into(),
+                state: "newer".into(),
+                lost: false,
+                report_age_seconds: 0,
+                failure_counts: false,
+                report: None,
+                problem: Some("node report ConfigMap keyplan-node-worker-2 is node-report format 2.0, written by a newer keyplan".into()),
+            },
+        ],
+        totals: Totals {
+            nodes: 2,
+            by_state: [("newer".to_string(), 1), ("waiting".to_string(), 1)].into(),
+            devices: 1,
+            drifted_devices: 1,
+            keys: 1,
+            overdue_keys: 0,
+            failures: 1,
+            refused_plans: 1,
+        },
+        halted: false,
+        paused: Some(keyplan::fleet::pause::Pause {
+            reason: "maintenance".into(),
+            by: "alice".into(),
+            since: 1_700_200_000,
+        }),
+        slots: vec![SlotStatus {
+            lease: "keyplan-rollout-0".into(),
+            holder: Some("worker-3".into()),
+        }],
+        commits_waiting: vec![FleetCommitWait {
+            key: "data".into(),
+            kms: "vault".into(),
+            version: 3,
+            waiting_for: vec!["worker-2".into()],
+            reported_by: vec!["worker-1".into()],
+        }],
+    };
+    let json = keyplan::fleet::render::json(&status).unwrap();
+    same_as_fixture("fleet-status-json/v1/status-1.2.json", &json);
+    let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(doc["format_version"], "1.2");
+    assert_eq!(doc["nodes"][0]["report"]["node"], "worker-1");
+    assert_eq!(doc["nodes"][1]["state"], "newer");
+    let metrics = keyplan::fleet::render::prometheus(&status).unwrap();
+    same_as_fixture(
+        "fleet-status-metrics/v1/metrics.prom",
+        &without_help(&metrics),
+    );
+    assert!(
+        metrics.contains("keyplan_fleet_nodes{state=\"newer\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn fleet_plan_json_is_written_byte_for_byte() {
+    use keyplan::fleet::report::Stored;
+    let plan = keyplan::spec::load_text(
+        "version: 1\nstate_dir: /var/lib/keyplan\nkms:\n  vault: { provider: file, path: /keys }\nkeys:\n  data: { kms: vault }\ndevices:\n  disk-a: { path: /dev/disk/by-id/disk-a, keys: [data], node: worker-1 }\n  disk-c: { path: /dev/disk/by-id/disk-c, keys: [data], node: worker-2 }\n",
+        Path::new("/fleet/keyplan.yaml"),
+    )
+    .unwrap();
+    let v1 = std::fs::read_to_string(fixture("node-report/v1/report.json")).unwrap();
+    let v2 = std::fs::read_to_string(fixture("node-report/v2/report.json")).unwrap();
+    let reports = vec![
+        Stored {
+            report: Some(node_report::parse("r", &v1).unwrap()),
+            newer: None,
+            name: "keyplan-node-worker-1".into(),
+            cleared: None,
+            object: Default::default(),
+        },
+        Stored {
+            report: None,
+            newer: match node_report::parse("node report ConfigMap keyplan-node-worker-2", &v2) {
+                Err(node_report::ReadError::Newer(n)) => Some(n),
+                other => panic!("{other:?}"),
+            },
+            name: "keyplan-node-worker-2".into(),
+            cleared: None,
+            object: Default::default(),
+        },
+    ];
+    let fp = keyplan::fleet::plan::compute(&plan, &reports, 1_700_200_020, None);
+    // The refusal names this keyplan's version: the fixture says `X.Y.Z`.
+    let json = keyplan::fleet::render::plan_json(&fp, "keyplan")
+        .unwrap()
+        .replace(&format!("({})", env!("CARGO_PKG_VERSION")), "(X.Y.Z)");
+    same_as_fixture("fleet-plan-json/v1/plan-1.0.json", &json);
+    let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(doc["nodes"][0]["node"], "worker-1");
+    assert_eq!(doc["nodes"][0]["observed"], true);
+    assert_eq!(doc["nodes"][1]["observed"], false);
+    let missing = doc["nodes"][1]["missing"].as_str().unwrap();
+    assert!(missing.contains("written by a newer keyplan"), "{missing}");
 }

@@ -10,7 +10,7 @@
 
 use std::path::Path;
 
-use super::formats_published::{fixture, same_as_fixture};
+use super::formats_published::{fixture, same_as_fixture, without_help};
 use crate::common::*;
 
 /// The scratch directory's path in every fixture.
@@ -31,14 +31,18 @@ settings:
 
 /// `text` with what varies between runs replaced: the scratch directory by [`EXAMPLE_DIR`],
 /// Unix times (ten digits from 1600000000) by 1700000000, run ids by `1700000000-1`, `"pid"`
-/// values by 1, the host name by `host`, KDF salts by `c2FsdA==`, ages by 0, and the first `"digest"` (the saved plan's digest of
+/// values by 1, the host name by `host`, this keyplan's version by `X.Y.Z`, KDF salts by `c2FsdA==`, ages by 0, and the first `"digest"` (the saved plan's digest of
 /// the state in `show --json`) by zeros.
 fn normalize(text: &str, dir: &Path) -> String {
     let host = gethostname::gethostname().to_string_lossy().into_owned();
     let text = text
         .replace(&dir.display().to_string(), EXAMPLE_DIR)
         .replace(&format!("\"{host}:"), "\"host:")
-        .replace(&format!("\"host\": \"{host}\""), "\"host\": \"host\"");
+        .replace(&format!("\"host\": \"{host}\""), "\"host\": \"host\"")
+        .replace(
+            &format!("\"keyplan_version\": \"{}\"", env!("CARGO_PKG_VERSION")),
+            "\"keyplan_version\": \"X.Y.Z\"",
+        );
     // The saved plan's digest of the state (`show --json`): it hashes the random LUKS UUID.
     let text = match text.split_once("\"digest\": \"") {
         Some((before, after)) if after.len() > 64 => {
@@ -143,6 +147,20 @@ fn stdout_documents_of_a_small_example_are_reproduced_byte_for_byte() {
     );
     let status = run(&["status", "--format", "json", "-f", "keyplan.yaml"]);
     same_as_fixture("status-json/v1/status-1.4.json", &status);
+    let metrics = run(&["status", "--format", "prometheus", "-f", "keyplan.yaml"]);
+    // A key's age: a second may pass between two commands.
+    let metrics: String = without_help(&metrics)
+        .lines()
+        .map(|l| match l.rsplit_once(' ') {
+            Some((name, _)) if l.starts_with("keyplan_key_age_seconds") => format!("{name} 0\n"),
+            _ => format!("{l}\n"),
+        })
+        .collect();
+    same_as_fixture("status-metrics/v1/metrics.prom", &metrics);
+    assert!(
+        metrics.contains("keyplan_key_current_version{key=\"k\",kms=\"local\"} 1"),
+        "{metrics}"
+    );
     let journal = run(&["journal", "--json", "-f", "keyplan.yaml"]);
     same_as_fixture("journal-json/v1/journal-1.0.json", &journal);
     let holders = run(&["key", "holders", "k", "--json", "-f", "keyplan.yaml"]);
