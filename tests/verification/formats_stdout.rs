@@ -94,7 +94,7 @@ fn values(text: &str, key: &str, end: char, with: &str) -> String {
     while let Some(at) = rest.find(key) {
         out.push_str(&rest[..at + key.len()]);
         rest = &rest[at + key.len()..];
-        let len = rest.find(|c| c == end || c == '\n').unwrap_or(rest.len());
+        let len = rest.find([end, '\n']).unwrap_or(rest.len());
         out.push_str(with);
         rest = &rest[len..];
     }

@@ -34,6 +34,8 @@ const LAYERS: &[&[&str]] = &[
         "child",
         "runtime",
         "kube_client",
+        // The format types (src/format/): data only, converted by the modules that use them.
+        "format",
     ],
     // The plan file.
     &["spec"],
