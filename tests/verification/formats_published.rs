@@ -343,7 +343,11 @@ fn node_report_v1_is_read_and_written_byte_for_byte() {
     assert_eq!(observed.now, 1_700_200_000);
     // The whole observation comes back as the engine's, the tokens' contents left out.
     let mut expected = sample_observed();
-    for d in expected.devices.values_mut().chain(expected.former.values_mut()) {
+    for d in expected
+        .devices
+        .values_mut()
+        .chain(expected.former.values_mut())
+    {
         for t in d.header.tokens.values_mut() {
             t.json = serde_json::Value::Null;
         }
@@ -582,4 +586,23 @@ fn fleet_plan_json_is_written_byte_for_byte() {
     assert_eq!(doc["nodes"][1]["observed"], false);
     let missing = doc["nodes"][1]["missing"].as_str().unwrap();
     assert!(missing.contains("written by a newer keyplan"), "{missing}");
+}
+
+#[test]
+fn pause_configmap_v1_is_read_and_written_byte_for_byte() {
+    use keyplan::fleet::pause::{configmap, Pause};
+    let written = serde_json::to_string_pretty(&configmap("change freeze", "alice", 1_700_000_000))
+        .unwrap()
+        + "\n";
+    same_as_fixture("fleet-pause/v1/configmap.json", &written);
+    let text = std::fs::read_to_string(fixture("fleet-pause/v1/configmap.json")).unwrap();
+    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        Pause::of(&cm),
+        Some(Pause {
+            reason: "change freeze".into(),
+            by: "alice".into(),
+            since: 1_700_000_000,
+        })
+    );
 }
