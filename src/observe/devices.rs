@@ -155,7 +155,13 @@ fn judge(
     let records = match records {
         Some(Ok(r)) => r,
         Some(Err(e)) => {
-            findings.push(Finding::bare(format!("device {id}: {e}"), None));
+            let e = e.on_device(id);
+            let message = if e.names_device() {
+                e.to_string()
+            } else {
+                format!("device {id}: {e}")
+            };
+            findings.push(Finding::bare(message, None));
             return Judged::Wrong;
         }
         None => return Judged::Wrong,

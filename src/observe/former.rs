@@ -36,7 +36,7 @@ pub(super) fn read(
             let f = Finding::bare(e.to_string(), Some("keyplan changed nothing".into()));
             findings.push(match e {
                 registry::RegistryError::Io { .. } => f.unreachable(),
-                registry::RegistryError::Corrupt { .. } => f,
+                registry::RegistryError::Corrupt { .. } | registry::RegistryError::Newer(_) => f,
             });
             return (former, unreadable);
         }

@@ -179,13 +179,13 @@ fn occupant(
 /// Errors: the file is corrupt or cannot be read; a KMS holding a kept entry cannot be read.
 pub(super) fn kept(plan: &Plan, world: &World) -> Result<Vec<Kept>, Vec<Finding>> {
     let copies = crate::world::kept::read(&plan.state_dir).map_err(|e| {
-        let f = Finding::bare(
-            e.to_string(),
-            Some("fix or restore the file, then run `keyplan plan` again".into()),
-        );
+        use crate::world::kept::KeptError;
+        let help = "fix or restore the file, then run `keyplan plan` again";
+        let help = (!matches!(e, KeptError::Newer(_))).then(|| help.to_string());
+        let f = Finding::bare(e.to_string(), help);
         vec![match e {
-            crate::world::kept::KeptError::Io { .. } => f.unreachable(),
-            crate::world::kept::KeptError::Corrupt { .. } => f,
+            KeptError::Io { .. } => f.unreachable(),
+            KeptError::Corrupt { .. } | KeptError::Newer(_) => f,
         }]
     })?;
     let mut out = Vec::new();

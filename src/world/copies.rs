@@ -12,6 +12,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::format::state::files::{CopiesV1, CopyV1};
+use crate::format::state::ReadError;
+use crate::format::NewerFormat;
 use crate::fsutil;
 
 /// File name of the copies record in the state directory.
@@ -54,17 +57,40 @@ impl RetiredCopy {
     }
 }
 
-/// `<state_dir>/copies.json`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CopiesFile {
-    format: u32,
-    copies: Vec<RetiredCopy>,
+impl From<CopyV1> for RetiredCopy {
+    fn from(c: CopyV1) -> RetiredCopy {
+        RetiredCopy {
+            uuid: c.uuid,
+            device: c.device,
+            slot: c.slot,
+            salt: c.salt,
+            key: c.key,
+            version: c.version,
+            found_at: c.found_at,
+        }
+    }
+}
+
+impl From<&RetiredCopy> for CopyV1 {
+    fn from(c: &RetiredCopy) -> CopyV1 {
+        CopyV1 {
+            uuid: c.uuid.clone(),
+            device: c.device.clone(),
+            slot: c.slot,
+            salt: c.salt.clone(),
+            key: c.key.clone(),
+            version: c.version,
+            found_at: c.found_at,
+        }
+    }
 }
 
 /// Errors reading or writing the copies record.
 #[derive(Debug, thiserror::Error)]
 pub enum CopiesError {
+    /// The file was written by a newer keyplan: refused, nothing written.
+    #[error(transparent)]
+    Newer(#[from] NewerFormat),
     /// The file cannot be parsed.
     #[error("{} is corrupt ({detail}); delete it: the next retirement of a key version tests the keyslots again", path.display())]
     Corrupt {
@@ -87,17 +113,25 @@ pub enum CopiesError {
 
 /// Every copy recorded in `state_dir` (none when there is no file).
 ///
-/// Errors: [`CopiesError`].
+/// Errors: [`CopiesError::Newer`] (a newer keyplan's file), [`CopiesError::Corrupt`],
+/// [`CopiesError::Io`].
 pub fn read(state_dir: &Path) -> Result<Vec<RetiredCopy>, CopiesError> {
     let path = state_dir.join(COPIES_FILE);
-    match fsutil::read_json::<CopiesFile>(&path) {
-        Ok(f) => Ok(f.map(|f| f.copies).unwrap_or_default()),
-        Err(fsutil::JsonFileError::Parse(detail)) => Err(CopiesError::Corrupt { path, detail }),
-        Err(fsutil::JsonFileError::Io(source)) => Err(CopiesError::Io {
-            what: "reading",
-            path,
-            source,
-        }),
+    let bytes = match crate::format::state::read_file(&path) {
+        Ok(Some(b)) => b,
+        Ok(None) => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(CopiesError::Io {
+                what: "reading",
+                path,
+                source,
+            })
+        }
+    };
+    match crate::format::state::files::read_copies(&path.display().to_string(), &bytes) {
+        Ok(f) => Ok(f.copies.into_iter().map(RetiredCopy::from).collect()),
+        Err(ReadError::Newer(n)) => Err(CopiesError::Newer(n)),
+        Err(ReadError::Corrupt(detail)) => Err(CopiesError::Corrupt { path, detail }),
     }
 }
 
@@ -118,7 +152,10 @@ pub fn record(
         copies.retain(|c| !(c.uuid == f.uuid && c.slot == f.slot && c.salt == f.salt));
         copies.push(f.clone());
     }
-    let file = CopiesFile { format: 1, copies };
+    let file = CopiesV1 {
+        format: 1,
+        copies: copies.iter().map(CopyV1::from).collect(),
+    };
     fsutil::write_json_private(state_dir, COPIES_FILE, &file).map_err(|source| CopiesError::Io {
         what: "writing",
         path: state_dir.join(COPIES_FILE),

@@ -13,8 +13,9 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
+use crate::format::state::files::{KeptCopyV1, KeptV1};
+use crate::format::state::ReadError;
+use crate::format::NewerFormat;
 use crate::fsutil;
 
 /// File name of the kept-copies record in the state directory.
@@ -23,8 +24,10 @@ pub const KEPT_FILE: &str = "kept.json";
 /// The format version this keyplan writes and reads.
 pub const KEPT_FORMAT: u32 = 1;
 
-/// One KMS entry a migration left in place for devices outside the move.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One KMS entry a migration left in place for devices outside the move. (Its serde shape is
+/// that of `observe::Kept` in node reports; the file's is
+/// [`crate::format::state::files::KeptCopyV1`].)
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KeptCopy {
     /// Key id (in the plan when the copy was kept).
@@ -46,18 +49,37 @@ impl KeptCopy {
     }
 }
 
-/// `<state_dir>/kept.json`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct KeptFile {
-    format: u32,
-    copies: Vec<KeptCopy>,
+impl From<KeptCopyV1> for KeptCopy {
+    fn from(c: KeptCopyV1) -> KeptCopy {
+        KeptCopy {
+            key: c.key,
+            kms: c.kms,
+            name: c.name,
+            versions: c.versions,
+            since: c.since,
+        }
+    }
+}
+
+impl From<&KeptCopy> for KeptCopyV1 {
+    fn from(c: &KeptCopy) -> KeptCopyV1 {
+        KeptCopyV1 {
+            key: c.key.clone(),
+            kms: c.kms.clone(),
+            name: c.name.clone(),
+            versions: c.versions.clone(),
+            since: c.since,
+        }
+    }
 }
 
 /// Errors reading or writing the kept-copies record.
 #[derive(Debug, thiserror::Error)]
 pub enum KeptError {
-    /// The file cannot be parsed, or has a format this keyplan does not know; keyplan never
+    /// The file was written by a newer keyplan: refused, nothing written.
+    #[error(transparent)]
+    Newer(#[from] NewerFormat),
+    /// The file cannot be parsed; keyplan never
     /// guesses at it: a lost entry would leave a key's old copy in its KMS for good.
     #[error("{} is corrupt ({detail}); keyplan will not guess which old KMS entries it kept, and changed nothing. Restore it from a backup, or fix it by hand: {{\"format\":1,\"copies\":[{{\"key\":\"<key id>\",\"kms\":\"<KMS instance>\",\"name\":\"<name there>\",\"versions\":[1],\"since\":0}}]}} (an empty list forgets every kept copy: each must then be removed from its KMS by hand)", path.display())]
     Corrupt {
@@ -80,25 +102,25 @@ pub enum KeptError {
 
 /// Every kept copy recorded in `state_dir` (none when there is no file).
 ///
-/// Errors: [`KeptError::Corrupt`] (not JSON of format 1), [`KeptError::Io`].
+/// Errors: [`KeptError::Newer`] (a newer keyplan's file), [`KeptError::Corrupt`] (not JSON
+/// of format 1), [`KeptError::Io`].
 pub fn read(state_dir: &Path) -> Result<Vec<KeptCopy>, KeptError> {
     let path = state_dir.join(KEPT_FILE);
-    match fsutil::read_json::<KeptFile>(&path) {
-        Ok(None) => Ok(Vec::new()),
-        Ok(Some(f)) if f.format == KEPT_FORMAT => Ok(f.copies),
-        Ok(Some(f)) => Err(KeptError::Corrupt {
-            path,
-            detail: format!(
-                "format {} is not one this keyplan knows ({KEPT_FORMAT}); written by a newer keyplan?",
-                f.format
-            ),
-        }),
-        Err(fsutil::JsonFileError::Parse(detail)) => Err(KeptError::Corrupt { path, detail }),
-        Err(fsutil::JsonFileError::Io(source)) => Err(KeptError::Io {
-            what: "reading",
-            path,
-            source,
-        }),
+    let bytes = match crate::format::state::read_file(&path) {
+        Ok(Some(b)) => b,
+        Ok(None) => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(KeptError::Io {
+                what: "reading",
+                path,
+                source,
+            })
+        }
+    };
+    match crate::format::state::files::read_kept(&path.display().to_string(), &bytes) {
+        Ok(f) => Ok(f.copies.into_iter().map(KeptCopy::from).collect()),
+        Err(ReadError::Newer(n)) => Err(KeptError::Newer(n)),
+        Err(ReadError::Corrupt(detail)) => Err(KeptError::Corrupt { path, detail }),
     }
 }
 
@@ -133,9 +155,9 @@ pub fn update(
     if copies == before {
         return Ok(());
     }
-    let file = KeptFile {
-        format: KEPT_FORMAT,
-        copies,
+    let file = KeptV1 {
+        format: u64::from(KEPT_FORMAT),
+        copies: copies.iter().map(KeptCopyV1::from).collect(),
     };
     fsutil::write_json_private(state_dir, KEPT_FILE, &file).map_err(|source| KeptError::Io {
         what: "writing",
@@ -222,11 +244,21 @@ mod tests {
     #[test]
     fn a_corrupt_or_unknown_file_is_an_error_naming_it() {
         let dir = tempfile::tempdir().expect("tempdir");
-        for text in ["{not json", r#"{"format":2,"copies":[]}"#] {
+        let cases = [
+            ("{not json", "kept.json is corrupt"),
+            (
+                r#"{"format":2,"copies":[]}"#,
+                "kept.json is kept-json format 2, written by a newer keyplan",
+            ),
+        ];
+        for (text, expect) in cases {
             std::fs::write(dir.path().join(KEPT_FILE), text).expect("write");
             let e = read(dir.path()).expect_err("corrupt").to_string();
-            assert!(e.contains("kept.json is corrupt"), "{e}");
-            assert!(e.contains("changed nothing"), "{e}");
+            assert!(e.contains(expect), "{e}");
+            assert!(
+                e.contains("changed nothing") || e.contains("Nothing was changed"),
+                "{e}"
+            );
             assert!(update(dir.path(), &[copy(&[1], 1)], &|_| false).is_err());
             assert_eq!(
                 std::fs::read_to_string(dir.path().join(KEPT_FILE)).expect("kept"),

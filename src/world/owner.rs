@@ -21,20 +21,18 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
+use crate::format::state::{files::OwnerV1, ReadError};
+use crate::format::NewerFormat;
 use crate::fsutil;
 use crate::spec::Plan;
 
 /// File name of the owner record in the state directory.
 pub const OWNER_FILE: &str = "owner.json";
 
-/// `<state_dir>/owner.json`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// `<state_dir>/owner.json` as the engine uses it (the file's format:
+/// [`crate::format::state::files::OwnerV1`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Owner {
-    /// Format version (1).
-    pub format: u32,
     /// The owning plan file: its directory made canonical, its own name kept (a ConfigMap
     /// volume's file is a symlink whose target changes with every update).
     pub plan: PathBuf,
@@ -43,16 +41,41 @@ pub struct Owner {
     /// This state directory, canonical, when it was last claimed: a directory moved or copied
     /// together with its plan file (the same place relative to each other) is still that
     /// plan's.
-    #[serde(default)]
     pub state_dir: PathBuf,
     /// The plan's holder id in KMS holder records when it last claimed the directory.
     pub holder: String,
     /// Holder ids this state directory had before (it moved, or its plan was given another
     /// `--state-dir` layout), oldest first: KMS holder records under them are this plan's own.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub former_holders: Vec<String>,
     /// When the directory was first claimed, Unix seconds.
     pub since: u64,
+}
+
+impl From<OwnerV1> for Owner {
+    fn from(f: OwnerV1) -> Owner {
+        Owner {
+            plan: f.plan,
+            node: f.node,
+            state_dir: f.state_dir,
+            holder: f.holder,
+            former_holders: f.former_holders,
+            since: f.since,
+        }
+    }
+}
+
+impl From<&Owner> for OwnerV1 {
+    fn from(o: &Owner) -> OwnerV1 {
+        OwnerV1 {
+            format: 1,
+            plan: o.plan.clone(),
+            node: o.node.clone(),
+            state_dir: o.state_dir.clone(),
+            holder: o.holder.clone(),
+            former_holders: o.former_holders.clone(),
+            since: o.since,
+        }
+    }
 }
 
 /// Why a plan may not use a state directory, or the owner record cannot be used.
@@ -79,6 +102,9 @@ pub enum OwnerError {
         /// The registry's devices, as `id (path)`.
         devices: Vec<String>,
     },
+    /// The owner file was written by a newer keyplan: refused, nothing read or written.
+    #[error(transparent)]
+    Newer(#[from] NewerFormat),
     /// The owner file cannot be parsed.
     #[error("{} is corrupt ({detail}); keyplan will not guess which plan owns this state directory. Restore it, or delete it to let the next `keyplan apply` of the plan that uses this directory claim it", path.display())]
     Corrupt {
@@ -148,7 +174,7 @@ impl OwnerError {
                 "{} is corrupt ({detail}), so which plan owns the state directory is not known; this command read the directory as it is and changed nothing. Restore it, or delete it to let the next `keyplan apply` of the plan that uses this directory claim it",
                 path.display()
             ),
-            OwnerError::Io { .. } => format!(
+            OwnerError::Newer(_) | OwnerError::Io { .. } => format!(
                 "{self}, so which plan owns the state directory is not known; this command read the directory as it is and changed nothing"
             ),
         }
@@ -175,17 +201,26 @@ fn plan_file(path: &Path) -> PathBuf {
 /// Reads `<state_dir>/owner.json`; `None` when there is none (a new directory, or one an older
 /// keyplan made).
 ///
-/// Errors: [`OwnerError::Corrupt`], [`OwnerError::Io`].
+/// Errors: [`OwnerError::Newer`] (a newer keyplan's file), [`OwnerError::Corrupt`],
+/// [`OwnerError::Io`].
 pub fn read(state_dir: &Path) -> Result<Option<Owner>, OwnerError> {
     let path = state_dir.join(OWNER_FILE);
-    fsutil::read_json(&path).map_err(|e| match e {
-        fsutil::JsonFileError::Parse(detail) => OwnerError::Corrupt { path, detail },
-        fsutil::JsonFileError::Io(source) => OwnerError::Io {
-            what: "reading",
-            path,
-            source,
-        },
-    })
+    let bytes = match crate::format::state::read_file(&path) {
+        Ok(Some(b)) => b,
+        Ok(None) => return Ok(None),
+        Err(source) => {
+            return Err(OwnerError::Io {
+                what: "reading",
+                path,
+                source,
+            })
+        }
+    };
+    match crate::format::state::files::read_owner(&path.display().to_string(), &bytes) {
+        Ok(f) => Ok(Some(f.into())),
+        Err(ReadError::Newer(n)) => Err(OwnerError::Newer(n)),
+        Err(ReadError::Corrupt(detail)) => Err(OwnerError::Corrupt { path, detail }),
+    }
 }
 
 /// Whether `plan` may use its state directory: yes when nobody owns it, when `plan` does, or
@@ -281,7 +316,6 @@ pub fn claim(plan: &Plan) -> Result<Owner, OwnerError> {
     let mut owner = match old.clone() {
         Some(o) => o,
         None => Owner {
-            format: 1,
             plan: file.clone(),
             node: node.clone(),
             state_dir: PathBuf::new(),
@@ -303,12 +337,12 @@ pub fn claim(plan: &Plan) -> Result<Owner, OwnerError> {
     if old.as_ref() == Some(&owner) {
         return Ok(owner);
     }
-    fsutil::write_json_private(&plan.state_dir, OWNER_FILE, &owner).map_err(|source| {
-        OwnerError::Io {
+    fsutil::write_json_private(&plan.state_dir, OWNER_FILE, &OwnerV1::from(&owner)).map_err(
+        |source| OwnerError::Io {
             what: "writing",
             path: plan.state_dir.join(OWNER_FILE),
             source,
-        }
-    })?;
+        },
+    )?;
     Ok(owner)
 }

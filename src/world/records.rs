@@ -12,13 +12,16 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::format::state::records::{self as format, Luks1SlotV1, Luks1V2, TokenV1};
+use crate::format::state::ReadError;
+use crate::format::NewerFormat;
 use crate::fsutil;
 use std::sync::Arc;
 
-use crate::luks::{Header, LuksDoor, LuksError, LuksVersion};
+use crate::luks::{Header, LuksDoor, LuksError, LuksVersion, Token};
 
-/// LUKS2 token type keyplan writes.
-pub const TOKEN_TYPE: &str = "keyplan";
+/// LUKS2 token type keyplan writes ([`format::TOKEN_TYPE`]).
+pub const TOKEN_TYPE: &str = format::TOKEN_TYPE;
 
 /// What keyplan recorded about one keyslot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -115,6 +118,22 @@ pub enum RecordError {
         /// Version.
         version: u64,
     },
+    /// A `keyplan` token or a LUKS1 record file was written by a newer keyplan: refused, never
+    /// taken for an unmanaged keyslot, nothing written.
+    #[error(transparent)]
+    Newer(#[from] NewerFormat),
+    /// A LUKS2 token of type `keyplan` that is not a token of a format this keyplan knows
+    /// (damaged, or hand-made): refused, never taken for an unmanaged keyslot.
+    #[error("{document} is a `keyplan` token this keyplan cannot read ({detail}); keyplan will neither take its keyslot for unmanaged (it could remove it) nor write over it, and changed nothing. Look at it with `cryptsetup token export --token-id {token} <device>`: if a newer keyplan wrote it, run that keyplan; if it is damaged, restore the LUKS header from a backup, or remove the token (`cryptsetup token remove --token-id {token} <device>`) so that keyplan adopts the keyslot again (`adopt`)")]
+    BadToken {
+        /// `keyslot <n> token <t>`, with `device <id> ` before it once the device is known
+        /// ([`RecordError::on_device`]).
+        document: String,
+        /// The token id.
+        token: u32,
+        /// The parser's message.
+        detail: String,
+    },
     /// A LUKS1 record file exists but is not valid JSON of the expected shape.
     #[error("LUKS1 record file {} is corrupt: {detail}", path.display())]
     Corrupt {
@@ -135,13 +154,88 @@ pub enum RecordError {
     },
 }
 
-/// `<state_dir>/luks1/<uuid>.json`.
-#[derive(Debug, Default, Serialize, Deserialize)]
+impl RecordError {
+    /// The error with the device named in it (`device <id> keyslot <n> token <t> ...`), for
+    /// the errors about one token ([`RecordError::Newer`], [`RecordError::BadToken`]) read by
+    /// [`RecordStore::read`], which knows only the header; others as they are.
+    pub fn on_device(self, id: &str) -> RecordError {
+        match self {
+            RecordError::Newer(mut n) if n.document.starts_with("keyslot ") => {
+                n.document = format!("device {id} {}", n.document);
+                RecordError::Newer(n)
+            }
+            RecordError::BadToken {
+                document,
+                token,
+                detail,
+            } => RecordError::BadToken {
+                document: format!("device {id} {document}"),
+                token,
+                detail,
+            },
+            other => other,
+        }
+    }
+
+    /// Whether the message names the device already ([`RecordError::on_device`]).
+    pub fn names_device(&self) -> bool {
+        match self {
+            RecordError::Newer(n) => n.document.starts_with("device "),
+            RecordError::BadToken { document, .. } => document.starts_with("device "),
+            _ => false,
+        }
+    }
+}
+
+/// `<state_dir>/luks1/<uuid>.json`, as the engine uses it (the file's format:
+/// [`crate::format::state::records::Luks1V2`]).
+#[derive(Debug, Default)]
 struct Luks1Records {
-    #[serde(default)]
     device: String,
-    #[serde(default)]
     slots: BTreeMap<u32, SlotRecord>,
+}
+
+impl From<Luks1SlotV1> for SlotRecord {
+    fn from(s: Luks1SlotV1) -> SlotRecord {
+        SlotRecord {
+            key: s.key,
+            version: s.version,
+            salt: s.salt,
+            entry: s.entry,
+            pbkdf: s.pbkdf,
+        }
+    }
+}
+
+impl From<&SlotRecord> for Luks1SlotV1 {
+    fn from(r: &SlotRecord) -> Luks1SlotV1 {
+        Luks1SlotV1 {
+            key: r.key.clone(),
+            version: r.version,
+            salt: r.salt.clone(),
+            entry: r.entry.clone(),
+            pbkdf: r.pbkdf.clone(),
+        }
+    }
+}
+
+impl From<Luks1V2> for Luks1Records {
+    fn from(f: Luks1V2) -> Luks1Records {
+        Luks1Records {
+            device: f.device,
+            slots: f.slots.into_iter().map(|(s, r)| (s, r.into())).collect(),
+        }
+    }
+}
+
+impl From<&Luks1Records> for Luks1V2 {
+    fn from(r: &Luks1Records) -> Luks1V2 {
+        Luks1V2 {
+            format: format::LUKS1_FORMAT,
+            device: r.device.clone(),
+            slots: r.slots.iter().map(|(s, r)| (*s, r.into())).collect(),
+        }
+    }
 }
 
 /// Reads and writes keyplan's records: LUKS2 tokens through cryptsetup, LUKS1 record files in
@@ -164,18 +258,20 @@ impl RecordStore {
     }
 
     /// Reads keyplan's records for a device whose header is `header`, each with its drift
-    /// status against that header. LUKS2 tokens that do not have keyplan's shape are ignored.
+    /// status against that header. Tokens of other types are not keyplan's; a token of type
+    /// `keyplan` that this keyplan cannot read is an error, never skipped: its keyslot would
+    /// look unmanaged (and `unmanaged_keyslots: remove` would remove it).
     ///
-    /// Errors: an unreadable or corrupt LUKS1 record file.
+    /// Errors: [`RecordError::Newer`] (a token or LUKS1 record file of a newer keyplan),
+    /// [`RecordError::BadToken`], an unreadable or corrupt LUKS1 record file.
     pub fn read(&self, header: &Header) -> Result<Vec<RecordObs>, RecordError> {
         let raw: Vec<(u32, SlotRecord, Option<u32>)> = match header.version {
             LuksVersion::Luks2 => header
                 .tokens
                 .values()
                 .filter(|t| t.token_type == TOKEN_TYPE)
-                .filter_map(|t| Some((token_record(&t.json)?, t.id)))
-                .map(|((slot, rec), id)| (slot, rec, Some(id)))
-                .collect(),
+                .map(|t| token_record(t).map(|(slot, rec)| (slot, rec, Some(t.id))))
+                .collect::<Result<_, _>>()?,
             LuksVersion::Luks1 => self
                 .read_luks1(&header.uuid)?
                 .slots
@@ -205,10 +301,11 @@ impl RecordStore {
     fn read_luks1(&self, uuid: &str) -> Result<Luks1Records, RecordError> {
         let path = self.luks1_file(uuid);
         match std::fs::read(&path) {
-            Ok(b) => serde_json::from_slice(&b).map_err(|e| RecordError::Corrupt {
-                path,
-                detail: e.to_string(),
-            }),
+            Ok(b) => match format::read_luks1(&path.display().to_string(), &b) {
+                Ok(f) => Ok(f.into()),
+                Err(ReadError::Newer(n)) => Err(RecordError::Newer(n)),
+                Err(ReadError::Corrupt(detail)) => Err(RecordError::Corrupt { path, detail }),
+            },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Luks1Records::default()),
             Err(source) => Err(RecordError::Io {
                 what: "reading",
@@ -225,12 +322,12 @@ impl RecordStore {
             path: self.luks1_dir.clone(),
             source,
         })?;
-        let mut text = serde_json::to_vec_pretty(recs).map_err(|e| RecordError::Io {
-            what: "encoding",
-            path: path.clone(),
-            source: std::io::Error::other(e),
-        })?;
-        text.push(b'\n');
+        let text =
+            crate::format::state::pretty(&Luks1V2::from(recs)).map_err(|e| RecordError::Io {
+                what: "encoding",
+                path: path.clone(),
+                source: std::io::Error::other(e),
+            })?;
         fsutil::write_atomic(&path, &text, 0o600).map_err(|source| RecordError::Io {
             what: "writing",
             path,
@@ -342,56 +439,79 @@ impl RecordStore {
     }
 }
 
-/// The `keyplan` token JSON recording `record` for `slot`. The keyslot number is stored in
-/// `slot` as well as in `keyslots`, because cryptsetup removes a killed keyslot from every
-/// token's `keyslots` list: `slot` lets keyplan recognize a token left behind after a keyslot
-/// was killed by hand.
+/// The `keyplan` token JSON recording `record` for `slot` ([`TokenV1`]). The keyslot number is
+/// stored in `slot` as well as in `keyslots`, because cryptsetup removes a killed keyslot from
+/// every token's `keyslots` list: `slot` lets keyplan recognize a token left behind after a
+/// keyslot was killed by hand.
 fn token_json(slot: u32, record: &SlotRecord) -> serde_json::Value {
-    let mut json = serde_json::json!({
-        "type": TOKEN_TYPE,
-        "keyslots": [slot.to_string()],
-        "keyplan_format": 1,
-        "slot": slot,
-        "key": record.key,
-        "version": record.version,
-        "salt": record.salt,
-    });
-    if let (Some((kms, name)), Some(m)) = (&record.entry, json.as_object_mut()) {
-        m.insert("kms".into(), kms.clone().into());
-        m.insert("name".into(), name.clone().into());
+    let (kms, name) = record.entry.clone().unzip();
+    TokenV1 {
+        token_type: TOKEN_TYPE.to_string(),
+        keyslots: vec![slot.to_string()],
+        keyplan_format: format::TOKEN_FORMAT,
+        slot,
+        key: record.key.clone(),
+        version: record.version,
+        salt: record.salt.clone(),
+        kms,
+        name,
+        pbkdf: record.pbkdf.clone(),
     }
-    if let (Some(pbkdf), Some(m)) = (&record.pbkdf, json.as_object_mut()) {
-        m.insert("pbkdf".into(), pbkdf.clone().into());
-    }
-    json
+    .to_json()
 }
 
-/// The `(keyslot, record)` a `keyplan` token's JSON holds; `None` when it lacks a field.
-fn token_record(json: &serde_json::Value) -> Option<(u32, SlotRecord)> {
-    let slot = u32::try_from(json.get("slot")?.as_u64()?).ok()?;
-    let entry = match (json.get("kms"), json.get("name")) {
-        (Some(k), Some(n)) => Some((k.as_str()?.to_string(), n.as_str()?.to_string())),
+/// The `(keyslot, record)` the `keyplan` token `t` holds.
+///
+/// Errors: [`RecordError::Newer`] for a token of a newer `keyplan_format`;
+/// [`RecordError::BadToken`] for one without the fields of its format (each naming the
+/// keyslot and token, without the device: [`RecordError::on_device`]).
+fn token_record(t: &Token) -> Result<(u32, SlotRecord), RecordError> {
+    let slot = t
+        .json
+        .get("slot")
+        .and_then(serde_json::Value::as_u64)
+        .or(t.keyslots.first().map(|s| u64::from(*s)));
+    let document = match slot {
+        Some(s) => format!("keyslot {s} token {}", t.id),
+        None => format!("keyslot (none named) token {}", t.id),
+    };
+    let token = format::read_token(&document, &t.json).map_err(|e| match e {
+        ReadError::Newer(n) => RecordError::Newer(n),
+        ReadError::Corrupt(detail) => RecordError::BadToken {
+            document: document.clone(),
+            token: t.id,
+            detail,
+        },
+    })?;
+    let entry = match (token.kms, token.name) {
+        (Some(k), Some(n)) => Some((k, n)),
         _ => None,
     };
-    let rec = SlotRecord {
-        key: json.get("key")?.as_str()?.to_string(),
-        version: json.get("version")?.as_u64()?,
-        salt: json.get("salt")?.as_str()?.to_string(),
+    let record = SlotRecord {
+        key: token.key,
+        version: token.version,
+        salt: token.salt,
         entry,
-        pbkdf: json
-            .get("pbkdf")
-            .and_then(serde_json::Value::as_str)
-            .map(str::to_string),
+        pbkdf: token.pbkdf,
     };
-    Some((slot, rec))
+    Ok((token.slot, record))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn token(id: u32, json: serde_json::Value) -> Token {
+        Token {
+            id,
+            token_type: TOKEN_TYPE.into(),
+            keyslots: vec![5],
+            json,
+        }
+    }
+
     #[test]
-    fn tokens_round_trip_and_odd_ones_are_ignored() {
+    fn tokens_round_trip_and_unreadable_ones_are_refused() {
         let rec = SlotRecord {
             key: "k".into(),
             version: 3,
@@ -401,7 +521,10 @@ mod tests {
         };
         let json = token_json(5, &rec);
         assert_eq!(json["keyslots"], serde_json::json!(["5"]));
-        assert_eq!(token_record(&json), Some((5, rec.clone())));
+        assert_eq!(
+            token_record(&token(0, json.clone())).ok(),
+            Some((5, rec.clone()))
+        );
         let mut old = json.clone();
         if let Some(m) = old.as_object_mut() {
             m.remove("kms");
@@ -413,11 +536,30 @@ mod tests {
             pbkdf: None,
             ..rec
         };
-        assert_eq!(token_record(&old), Some((5, expected)));
-        assert_eq!(token_record(&serde_json::json!({"type": "keyplan"})), None);
-        assert_eq!(
-            token_record(&serde_json::json!({"slot": -1, "key": "k", "version": 1, "salt": ""})),
-            None
+        assert_eq!(token_record(&token(0, old)).ok(), Some((5, expected)));
+        let bad = token_record(&token(2, serde_json::json!({"type": "keyplan"})))
+            .expect_err("no fields")
+            .on_device("d1")
+            .to_string();
+        assert!(
+            bad.starts_with("device d1 keyslot 5 token 2 is a `keyplan` token"),
+            "{bad}"
+        );
+        let negative = serde_json::json!({"keyplan_format": 1, "slot": -1, "key": "k", "version": 1, "salt": ""});
+        assert!(matches!(
+            token_record(&token(1, negative)),
+            Err(RecordError::BadToken { token: 1, .. })
+        ));
+        let mut newer = json.clone();
+        newer["keyplan_format"] = 2.into();
+        let err = token_record(&token(3, newer))
+            .expect_err("newer")
+            .on_device("d1");
+        assert!(matches!(err, RecordError::Newer(_)), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("device d1 keyslot 5 token 3 is luks2-token format 2"),
+            "{err}"
         );
     }
 }

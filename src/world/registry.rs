@@ -9,16 +9,16 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
+use crate::format::state::files::{DeviceV1, DevicesV1};
+use crate::format::state::ReadError;
+use crate::format::NewerFormat;
 use crate::fsutil;
 
 /// File name of the device registry in the state directory.
 pub const REGISTRY_FILE: &str = "devices.json";
 
 /// One device keyplan has worked on.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegistryEntry {
     /// Device id in the plan when keyplan last worked on it.
     pub id: String,
@@ -26,19 +26,70 @@ pub struct RegistryEntry {
     pub path: PathBuf,
 }
 
-/// `<state_dir>/devices.json`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// `<state_dir>/devices.json` as the engine uses it (the file's format:
+/// [`crate::format::state::files::DevicesV1`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Registry {
-    /// Format version (1).
-    pub format: u32,
     /// LUKS UUID (lower case) -> entry.
     pub devices: BTreeMap<String, RegistryEntry>,
+}
+
+impl From<DevicesV1> for Registry {
+    fn from(f: DevicesV1) -> Registry {
+        Registry {
+            devices: f
+                .devices
+                .into_iter()
+                .map(|(uuid, d)| {
+                    let entry = RegistryEntry {
+                        id: d.id,
+                        path: d.path,
+                    };
+                    (uuid, entry)
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<&Registry> for DevicesV1 {
+    fn from(r: &Registry) -> DevicesV1 {
+        DevicesV1 {
+            format: 1,
+            devices: r
+                .devices
+                .iter()
+                .map(|(uuid, e)| {
+                    let device = DeviceV1 {
+                        id: e.id.clone(),
+                        path: e.path.clone(),
+                    };
+                    (uuid.clone(), device)
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Writes `reg` to `<state_dir>/devices.json` (atomically, mode 0600, in a 0700 directory).
+///
+/// Errors: [`RegistryError::Io`].
+fn write(state_dir: &Path, reg: &Registry) -> Result<(), RegistryError> {
+    fsutil::write_json_private(state_dir, REGISTRY_FILE, &DevicesV1::from(reg)).map_err(|source| {
+        RegistryError::Io {
+            what: "writing",
+            path: state_dir.join(REGISTRY_FILE),
+            source,
+        }
+    })
 }
 
 /// Errors reading or writing the registry.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
+    /// The file was written by a newer keyplan: refused, nothing written.
+    #[error(transparent)]
+    Newer(#[from] NewerFormat),
     /// The file exists but cannot be parsed; keyplan never guesses at it, because a lost
     /// registry could let a rotation destroy a version an absent device still needs.
     #[error("{} is corrupt ({detail}); keyplan will not guess which devices it worked on. Restore it from a backup, or fix it by hand: {{\"format\":1,\"devices\":{{\"<LUKS UUID>\":{{\"id\":\"<device id>\",\"path\":\"<path>\"}}}}}}", path.display())]
@@ -62,21 +113,25 @@ pub enum RegistryError {
 
 /// Reads `<state_dir>/devices.json`; an empty registry when the file does not exist.
 ///
-/// Errors: [`RegistryError::Corrupt`], [`RegistryError::Io`].
+/// Errors: [`RegistryError::Newer`] (a newer keyplan's file), [`RegistryError::Corrupt`],
+/// [`RegistryError::Io`].
 pub fn read(state_dir: &Path) -> Result<Registry, RegistryError> {
     let path = state_dir.join(REGISTRY_FILE);
-    match fsutil::read_json(&path) {
-        Ok(Some(r)) => Ok(r),
-        Ok(None) => Ok(Registry {
-            format: 1,
-            devices: BTreeMap::new(),
-        }),
-        Err(fsutil::JsonFileError::Parse(detail)) => Err(RegistryError::Corrupt { path, detail }),
-        Err(fsutil::JsonFileError::Io(source)) => Err(RegistryError::Io {
-            what: "reading",
-            path,
-            source,
-        }),
+    let bytes = match crate::format::state::read_file(&path) {
+        Ok(Some(b)) => b,
+        Ok(None) => return Ok(Registry::default()),
+        Err(source) => {
+            return Err(RegistryError::Io {
+                what: "reading",
+                path,
+                source,
+            })
+        }
+    };
+    match crate::format::state::files::read_devices(&path.display().to_string(), &bytes) {
+        Ok(f) => Ok(f.into()),
+        Err(ReadError::Newer(n)) => Err(RegistryError::Newer(n)),
+        Err(ReadError::Corrupt(detail)) => Err(RegistryError::Corrupt { path, detail }),
     }
 }
 
@@ -89,7 +144,6 @@ pub fn remove(
     uuids: &[String],
 ) -> Result<Vec<(String, RegistryEntry)>, RegistryError> {
     let mut reg = read(state_dir)?;
-    reg.format = 1;
     let gone: Vec<(String, RegistryEntry)> = uuids
         .iter()
         .filter_map(|u| {
@@ -100,13 +154,7 @@ pub fn remove(
     if gone.is_empty() {
         return Ok(gone);
     }
-    fsutil::write_json_private(state_dir, REGISTRY_FILE, &reg).map_err(|source| {
-        RegistryError::Io {
-            what: "writing",
-            path: state_dir.join(REGISTRY_FILE),
-            source,
-        }
-    })?;
+    write(state_dir, &reg)?;
     Ok(gone)
 }
 
@@ -120,7 +168,6 @@ pub fn update<'a>(
     devices: impl IntoIterator<Item = (&'a str, &'a str, &'a Path)>,
 ) -> Result<(), RegistryError> {
     let mut reg = read(state_dir)?;
-    reg.format = 1;
     for (id, uuid, path) in devices {
         reg.devices.insert(
             uuid.to_lowercase(),
@@ -130,9 +177,5 @@ pub fn update<'a>(
             },
         );
     }
-    fsutil::write_json_private(state_dir, REGISTRY_FILE, &reg).map_err(|source| RegistryError::Io {
-        what: "writing",
-        path: state_dir.join(REGISTRY_FILE),
-        source,
-    })
+    write(state_dir, &reg)
 }

@@ -35,5 +35,6 @@ mod revocation;
 mod safety;
 mod saved_plan;
 mod shared_keys;
+mod state_formats;
 mod state_owner;
 mod status;

@@ -20,6 +20,7 @@ mod model;
 mod sim;
 
 mod formats_published;
+mod formats_state;
 mod formats_stdout;
 mod fuzz_corpus;
 mod luks_door_differential;

@@ -34,13 +34,14 @@ const LAYERS: &[&[&str]] = &[
         "child",
         "runtime",
         "kube_client",
-        // The format types (src/format/): data only, converted by the modules that use them.
-        "format",
     ],
     // The plan file.
     &["spec"],
     // The doors to the world, and the step graph.
     &["finding", "luks", "kms", "graph"],
+    // The stored and published formats (src/format/): data types with their versions, which
+    // the layers above convert their own types to and from.
+    &["format"],
     // The world as one object; the journal.
     &["world", "journal"],
     // The pipeline.

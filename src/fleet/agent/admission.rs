@@ -7,16 +7,20 @@ use crate::fleet::events::EventType;
 use crate::fleet::report::AgentState;
 use crate::fleet::signature::Refusal;
 use crate::fleet::source::PlanText;
+use crate::format::state::{signed_plan, ReadError};
 use crate::spec::Plan;
 
 /// The file in the state directory that keeps the last good signed plan across restarts.
 const GOOD_PLAN_FILE: &str = "agent-signed-plan.json";
 
-/// [`GOOD_PLAN_FILE`]'s content: the plan's text and its signature file's text.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct StoredGoodPlan {
-    plan: String,
-    signature: String,
+/// [`GOOD_PLAN_FILE`] as written by a newer keyplan (a rolled-back agent image), if it is:
+/// then it is neither run nor replaced.
+fn newer_good_plan(path: &std::path::Path) -> Option<crate::format::NewerFormat> {
+    let bytes = std::fs::read(path).ok()?;
+    match signed_plan::read_signed_plan(&path.display().to_string(), &bytes) {
+        Err(ReadError::Newer(n)) => Some(n),
+        _ => None,
+    }
 }
 
 impl Agent {
@@ -120,18 +124,20 @@ impl Agent {
             .is_none_or(|g| g.digest != c.digest || g.signature != c.signature);
         if new {
             tracing::info!(node = %self.opts.node, digest = %c.digest, key = %c.verified.key, signed_at = c.verified.signed_at, "signed plan accepted");
-            let stored = StoredGoodPlan {
-                plan: c.text.clone(),
-                signature: String::from_utf8_lossy(&c.signature).into_owned(),
-            };
+            let stored = signed_plan::SignedPlanV2::new(
+                c.text.clone(),
+                String::from_utf8_lossy(&c.signature).into_owned(),
+            );
             let path = self.opts.state_dir.join(GOOD_PLAN_FILE);
-            let written = serde_json::to_vec(&stored)
-                .map_err(|e| e.to_string())
-                .and_then(|bytes| {
-                    crate::fsutil::ensure_private_dir(&self.opts.state_dir)
-                        .and_then(|()| crate::fsutil::write_atomic(&path, &bytes, 0o600))
-                        .map_err(|e| e.to_string())
-                });
+            let written = match newer_good_plan(&path) {
+                Some(newer) => Err(newer.to_string()),
+                None => stored.to_bytes(),
+            };
+            let written = written.and_then(|bytes| {
+                crate::fsutil::ensure_private_dir(&self.opts.state_dir)
+                    .and_then(|()| crate::fsutil::write_atomic(&path, &bytes, 0o600))
+                    .map_err(|e| e.to_string())
+            });
             if let Err(e) = written {
                 tracing::warn!(node = %self.opts.node, "could not keep the signed plan in {} (a restarted agent then runs only a plan whose signature verifies): {e}", path.display());
             }
@@ -148,8 +154,8 @@ impl Agent {
         };
         self.health().plan_signed = Some(false);
         let path = self.opts.state_dir.join(GOOD_PLAN_FILE);
-        let stored: StoredGoodPlan = match std::fs::read(&path) {
-            Ok(bytes) => match serde_json::from_slice(&bytes) {
+        let stored = match std::fs::read(&path) {
+            Ok(bytes) => match signed_plan::read_signed_plan(&path.display().to_string(), &bytes) {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::warn!(node = %self.opts.node, "ignoring {}: {e}", path.display());
