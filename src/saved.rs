@@ -591,14 +591,11 @@ pub enum SavedError {
         /// What to do.
         advice: String,
     },
-    /// Its `format_version` is not 1.x.
-    #[error("saved plan {} has format_version {found:?}; this keyplan ({}) reads 1.x. Make the plan again with this keyplan", path.display(), env!("CARGO_PKG_VERSION"))]
-    Version {
-        /// The file.
-        path: PathBuf,
-        /// The version it names.
-        found: String,
-    },
+    /// Its `format_version` is a newer major version than this keyplan reads (or not a
+    /// version at all): nothing was applied. The message says which version and that a newer
+    /// keyplan reads it; making the plan again with this keyplan also works.
+    #[error("{0} Or make the plan again with this keyplan (`keyplan plan -o FILE`).")]
+    Newer(#[from] crate::format::NewerFormat),
     /// It has the right kind and version but does not parse as a saved plan.
     #[error("saved plan {} is damaged ({detail}); make it again with `keyplan plan -o FILE`", path.display())]
     Damaged {
@@ -688,16 +685,18 @@ pub fn read(path: &Path) -> Result<SavedPlan, SavedError> {
             "make one with `keyplan plan -o FILE`".into(),
         ));
     }
-    let fv = v
-        .get("format_version")
-        .and_then(|k| k.as_str())
-        .unwrap_or("");
-    if fv.split('.').next() != Some("1") {
-        return Err(SavedError::Version {
+    let Some(fv) = v.get("format_version").and_then(|k| k.as_str()) else {
+        return Err(SavedError::Damaged {
             path: path.to_path_buf(),
-            found: fv.to_string(),
+            detail: "no \"format_version\"".to_string(),
         });
-    }
+    };
+    crate::format::check_major(
+        crate::format::published::SAVED_PLAN,
+        format!("saved plan {}", path.display()),
+        fv,
+        crate::format::published::SAVED_PLAN_MAJOR,
+    )?;
     serde_json::from_value(v).map_err(|e| SavedError::Damaged {
         path: path.to_path_buf(),
         detail: e.to_string(),

@@ -22,6 +22,7 @@ pub mod error;
 pub mod events;
 pub mod pause;
 pub mod plan;
+mod published;
 pub mod render;
 pub mod report;
 pub mod signature;

@@ -72,6 +72,32 @@ impl Pause {
     }
 }
 
+/// The pause ConfigMap [`pause`] creates: [`PAUSE_NAME`], labelled `app.kubernetes.io/name=keyplan`
+/// and `app.kubernetes.io/component=`[`COMPONENT`], with data `reason`, `paused_by` and
+/// `paused_at` (`at`, Unix seconds, as decimal text) — what agents and `fleet status` read
+/// ([`Pause::of`]; docs/formats.md, "Pause").
+pub fn configmap(reason: &str, by: &str, at: u64) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(PAUSE_NAME.into()),
+            labels: Some(BTreeMap::from([
+                ("app.kubernetes.io/name".to_string(), "keyplan".to_string()),
+                (
+                    "app.kubernetes.io/component".to_string(),
+                    COMPONENT.to_string(),
+                ),
+            ])),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([
+            ("reason".to_string(), reason.to_string()),
+            ("paused_by".to_string(), by.to_string()),
+            ("paused_at".to_string(), at.to_string()),
+        ])),
+        ..ConfigMap::default()
+    }
+}
+
 /// What [`pause`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Paused {
@@ -91,28 +117,7 @@ pub fn pause(
     by: &str,
 ) -> Result<Paused, FleetError> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    let cm = ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(PAUSE_NAME.into()),
-            labels: Some(BTreeMap::from([
-                ("app.kubernetes.io/name".to_string(), "keyplan".to_string()),
-                (
-                    "app.kubernetes.io/component".to_string(),
-                    COMPONENT.to_string(),
-                ),
-            ])),
-            ..ObjectMeta::default()
-        },
-        data: Some(BTreeMap::from([
-            ("reason".to_string(), reason.to_string()),
-            ("paused_by".to_string(), by.to_string()),
-            (
-                "paused_at".to_string(),
-                crate::clock::now_unix().to_string(),
-            ),
-        ])),
-        ..ConfigMap::default()
-    };
+    let cm = configmap(reason, by, crate::clock::now_unix());
     let what = format!("creating ConfigMap {PAUSE_NAME} in namespace {namespace}");
     match block_on("fleet", api.create(&PostParams::default(), &cm))
         .map_err(|e| FleetError::Api(format!("{what}: {e}")))?

@@ -103,6 +103,13 @@ pub fn compute(plan: &Plan, reports: &[Stored], now: u64, max_age: Option<u64>) 
             .find(|s| s.report.as_ref().is_some_and(|r| r.node == node))
             .and_then(|s| s.report.clone())
     };
+    // A report of a newer format than this keyplan reads: not read, and said so.
+    let newer = |node: &str| {
+        reports
+            .iter()
+            .find(|s| s.name == super::report::report_name(node))
+            .and_then(|s| s.newer.clone())
+    };
     let mut out = Vec::new();
     for node in &nodes {
         let mut cut = plan.clone().for_node(node);
@@ -126,7 +133,10 @@ pub fn compute(plan: &Plan, reports: &[Stored], now: u64, max_age: Option<u64>) 
                 unobserved_devices: Vec::new(),
                 unobserved_keys: Vec::new(),
                 missing: Some(match report {
-                    None => "no report from its agent (not running, or not yet)".into(),
+                    None => match newer(node) {
+                        Some(n) => n.to_string(),
+                        None => "no report from its agent (not running, or not yet)".into(),
+                    },
                     Some(_) => "its agent has not published an observation yet (it could not observe, or runs an older keyplan)".into(),
                 }),
             });
@@ -134,7 +144,7 @@ pub fn compute(plan: &Plan, reports: &[Stored], now: u64, max_age: Option<u64>) 
         };
         cut.state_dir = PathBuf::from(&obs.state_dir);
         let age = now.saturating_sub(obs.observed_at);
-        let (observed, unobserved_devices, unobserved_keys) = align(&cut, obs.state);
+        let (observed, unobserved_devices, unobserved_keys) = align(&cut, obs.state.into());
         let result = crate::diff::diff(&cut, &observed, &DiffOptions::default())
             .map_err(|refusals| refusals.into_iter().map(|r| r.message).collect());
         out.push(NodePlan {

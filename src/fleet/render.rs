@@ -1,4 +1,5 @@
-//! `keyplan fleet status` and `keyplan fleet plan` output: text for people, JSON (`format_version` "1.0") and
+//! `keyplan fleet status` and `keyplan fleet plan` output: text for people, JSON (`format_version`
+//! [`super::status::FORMAT_VERSION`], and "1.0" for `fleet plan`) and
 //! Prometheus text exposition format (docs/fleet.md documents the fields and metrics).
 
 use std::fmt::Write as _;
@@ -119,9 +120,12 @@ fn node_row(out: &mut String, n: &NodeStatus) {
     let Some(r) = &n.report else {
         let _ = writeln!(
             out,
-            "{:<30} {:<9} (no readable report)",
+            "{:<30} {:<9} {}",
             clean(&n.node),
-            n.state
+            n.state,
+            n.problem
+                .as_deref()
+                .map_or_else(|| "(no readable report)".to_string(), clean)
         );
         return;
     };
@@ -225,7 +229,7 @@ pub fn prometheus(s: &FleetStatus) -> Result<String, std::fmt::Error> {
     );
     for state in [
         "in_sync", "waiting", "running", "failed", "halted", "paused", "refused", "error",
-        "stopped", "lost", "invalid",
+        "stopped", "lost", "invalid", "newer",
     ] {
         by_state.add(
             vec![("state", state.to_string())],

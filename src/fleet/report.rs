@@ -20,7 +20,6 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams, PostParams};
-use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
 use crate::runtime::block_on;
@@ -30,8 +29,10 @@ use crate::runtime::block_on;
 /// fleet client's own 30 s per-read timeout ([`crate::kms::REQUEST_TIMEOUT`]), a backstop.
 pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
-/// Version of the report document.
-pub const FORMAT_VERSION: &str = "1";
+pub use crate::format::published::node_report::{
+    AgentRun, AgentState, CommitWait, DeviceSummary, Failure, KeySummary, NodeReport, Observation,
+    PlanSignature, RefusedPlan, FORMAT_VERSION,
+};
 /// The data key of the report document.
 pub const DATA_KEY: &str = "report.json";
 /// Label every report carries (with `app.kubernetes.io/name=keyplan`).
@@ -39,280 +40,21 @@ pub const COMPONENT_LABEL: (&str, &str) = ("app.kubernetes.io/component", "node-
 /// Annotation `keyplan fleet clear` sets to the `at` of the failure it clears.
 pub const CLEARED_ANNOTATION: &str = "keyplan.io/failure-cleared";
 
-/// What a node's agent is doing, as of its last report.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AgentState {
-    /// Nothing to do: the node matches the plan.
-    InSync,
-    /// Has changes and waits for a rollout slot, or did its part of a shared key's rotation
-    /// and waits for other nodes to verify the new version before it is committed
-    /// (`commits_waiting`).
-    Waiting,
-    /// Applying (holds a rollout slot).
-    Running,
-    /// Its last run failed (see `failure`).
-    Failed,
-    /// Has changes but does not start: `max_failed_nodes` node runs failed fleet-wide.
-    Halted,
-    /// Has changes but does not start: an operator paused the rollout (`keyplan fleet
-    /// pause`).
-    Paused,
-    /// The plan was refused (invalid, or not allowed by the agent's configuration).
-    Refused,
-    /// Could not observe or plan (a device or KMS could not be read).
-    Error,
-    /// The agent stopped (SIGTERM).
-    Stopped,
-}
-
-impl AgentState {
-    /// The state's name as in the JSON document.
-    pub fn name(self) -> &'static str {
-        match self {
-            AgentState::InSync => "in_sync",
-            AgentState::Waiting => "waiting",
-            AgentState::Running => "running",
-            AgentState::Failed => "failed",
-            AgentState::Halted => "halted",
-            AgentState::Paused => "paused",
-            AgentState::Refused => "refused",
-            AgentState::Error => "error",
-            AgentState::Stopped => "stopped",
-        }
-    }
-}
-
-/// One node's report (the `report.json` document).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NodeReport {
-    /// Always [`FORMAT_VERSION`].
-    pub format_version: String,
-    /// The node.
-    pub node: String,
-    /// keyplan's version on the node.
-    pub agent_version: String,
-    /// When this report was written, Unix seconds: the agent's heartbeat.
-    pub updated_at: u64,
-    /// The agent's `--interval` in seconds (a report older than three intervals is lost).
-    pub interval_seconds: u64,
-    /// SHA-256 (hex) of the plan file the agent last read, if it could read one.
-    pub plan_digest: Option<String>,
-    /// What the agent is doing.
-    pub state: AgentState,
-    /// Why (a refused plan, what could not be observed, who holds the slots), if anything.
-    pub message: Option<String>,
-    /// Changes the last plan had for this node (0: in sync).
-    pub changes: usize,
-    /// This node's devices.
-    pub devices: Vec<DeviceSummary>,
-    /// The keys of this node's devices.
-    pub keys: Vec<KeySummary>,
-    /// Problems `status` found (overdue rotations, drift, unreadable KMS), one line each.
-    pub problems: Vec<String>,
-    /// What could not be checked, one line each.
-    pub unchecked: Vec<String>,
-    /// The last run this agent started or finished.
-    pub last_run: Option<AgentRun>,
-    /// When a run last succeeded, Unix seconds.
-    pub last_success_at: Option<u64>,
-    /// The failure that counts towards `max_failed_nodes`, until a later run succeeds or an
-    /// operator clears it.
-    pub failure: Option<Failure>,
-    /// Whether the agent saw the rollout halted (`max_failed_nodes` reached) at its last check.
-    pub halted: bool,
-    /// The plan the agent refuses (its signature did not verify), while it runs the last plan
-    /// whose signature did (`plan_digest`), or nothing (state `refused`) when it has none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub refused_plan: Option<RefusedPlan>,
-    /// The signature of the plan the agent runs, when the agent requires signed plans.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub plan_signature: Option<PlanSignature>,
-    /// Shared keys whose new version this node's last plan could not commit yet: other
-    /// nodes (holders) have not verified it (docs/fleet.md, "Keys on several nodes").
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub commits_waiting: Vec<crate::diff::CommitWait>,
-    /// When this node began to wait for a rollout slot, Unix seconds, while its state is
-    /// `waiting` for one (or `paused` with work to do: the place is kept through a pause): its
-    /// place in the queue of waiting nodes (earlier first, then by node name; docs/fleet.md,
-    /// "Waiting for a slot").
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub waiting_since: Option<u64>,
-    /// What the agent last observed on its node, for `keyplan fleet plan`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observation: Option<Observation>,
-}
-
-/// What an agent observed on its node ([`crate::observe::Observed`]): the input of the planner,
-/// published so that `keyplan fleet plan` can plan another plan file for the node without
-/// touching it. No key material: LUKS headers (keyslot numbers, KDF salts and parameters,
-/// token ids, types and keyslots; the tokens' contents are left out), keyplan's records (key
-/// ids, versions, KDF salts), the keys' KMS version metadata and holders, `enroll_with` file
-/// metadata and test outcomes.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Observation {
-    /// When it was observed, Unix seconds.
-    pub observed_at: u64,
-    /// The agent's state directory (its holder id is `<node>:<state dir>`).
-    pub state_dir: String,
-    /// SHA-256 of the plan it observed for (its adoption and `enroll_with` tests are that
-    /// plan's).
-    pub plan_digest: Option<String>,
-    /// The observed state.
-    pub state: crate::observe::Observed,
-}
-
-impl Observation {
-    /// The publishable copy of `observed`: the LUKS2 tokens' contents left out (a foreign
-    /// token, such as clevis's or systemd's, may hold wrapped key material).
-    pub fn of(
-        observed: &crate::observe::Observed,
-        state_dir: &std::path::Path,
-        plan_digest: Option<String>,
-    ) -> Observation {
-        let mut state = observed.clone();
-        for d in state.devices.values_mut().chain(state.former.values_mut()) {
-            for t in d.header.tokens.values_mut() {
-                t.json = serde_json::Value::Null;
-            }
-        }
-        Observation {
-            observed_at: observed.now,
-            state_dir: state_dir.display().to_string(),
-            plan_digest,
-            state,
-        }
-    }
-}
-
-/// A plan the agent refused because of its signature ([`super::signature::Refusal`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RefusedPlan {
-    /// SHA-256 (hex) of the refused plan file.
-    pub digest: String,
-    /// The reason's short name (`unsigned`, `malformed`, `other_cluster`, `untrusted_key`,
-    /// `tampered`, `older`).
-    pub reason: String,
-    /// What is wrong and what to do.
-    pub message: String,
-    /// Since when this plan is refused, Unix seconds.
-    pub since: u64,
-}
-
-/// The verified signature of the plan an agent runs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PlanSignature {
-    /// Fingerprint of the key that signed it (`SHA256:...`).
-    pub key: String,
-    /// When it was signed, Unix seconds.
-    pub signed_at: u64,
-}
-
-/// One device of the node.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DeviceSummary {
-    /// Device id from the plan.
-    pub id: String,
-    /// Device path on the node.
-    pub path: String,
-    /// Keyslots in use (LUKS header), ascending; empty when it could not be read.
-    pub keyslots: Vec<u32>,
-    /// Whether it drifted from the plan (or could not be read).
-    pub drifted: bool,
-}
-
-/// One key of the node.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct KeySummary {
-    /// Key id from the plan.
-    pub id: String,
-    /// Its KMS instance.
-    pub kms: String,
-    /// Current version, if the KMS could be read and holds one.
-    pub current_version: Option<u64>,
-    /// Every version the KMS holds material of: the current one and retained ones (numbers
-    /// only), ascending.
-    pub versions: Vec<u64>,
-    /// A staged version awaiting commit.
-    pub pending: Option<u64>,
-    /// When the current version reaches `rotate_after`, Unix seconds.
-    pub rotation_due_at: Option<u64>,
-    /// Whether that is past.
-    pub overdue: bool,
-}
-
-/// A run the agent started.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AgentRun {
-    /// The journal's run id, when the run got that far.
-    pub id: Option<String>,
-    /// Unix seconds.
-    pub started_at: u64,
-    /// Unix seconds; `None` while it runs.
-    pub ended_at: Option<u64>,
-    /// `running`, `success`, `failed`, `stopped`, or `not_started` (it could not plan because
-    /// a KMS could not be asked: nothing changed, and it does not count towards
-    /// `max_failed_nodes`).
-    pub outcome: String,
-    /// Steps this agent ran.
-    pub steps: usize,
-    /// PBKDF runs (key derivations) of the cycle.
-    pub pbkdf_runs: u64,
-    /// The error of a failed run (never key material).
-    pub error: Option<String>,
-}
-
-/// A failed node run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Failure {
-    /// When it failed, Unix seconds (what `fleet clear` names).
-    pub at: u64,
-    /// What failed.
-    pub message: String,
-}
-
 /// A report as read from the cluster, with what the operator set on it.
 #[derive(Debug, Clone)]
 pub struct Stored {
-    /// The document (`None` when the ConfigMap holds no valid one).
+    /// The document (`None` when the ConfigMap holds no valid one, or one written by a newer
+    /// keyplan: `newer`).
     pub report: Option<NodeReport>,
+    /// Set when the document is of a newer major version than this keyplan reads: it is not
+    /// read (never misread), and this says which version and which keyplan reads it.
+    pub newer: Option<crate::format::NewerFormat>,
     /// The ConfigMap's name.
     pub name: String,
     /// The [`CLEARED_ANNOTATION`], if set.
     pub cleared: Option<String>,
     /// The ConfigMap as read (for a conditional update).
     pub object: ConfigMap,
-}
-
-impl NodeReport {
-    /// A new agent's report for `node` (its interval in seconds, written at `now`, Unix
-    /// seconds): `in_sync`, nothing observed or run yet.
-    pub fn fresh(node: &str, interval_seconds: u64, now: u64) -> NodeReport {
-        NodeReport {
-            format_version: FORMAT_VERSION.to_string(),
-            node: node.to_string(),
-            agent_version: env!("CARGO_PKG_VERSION").to_string(),
-            updated_at: now,
-            interval_seconds,
-            plan_digest: None,
-            state: AgentState::InSync,
-            message: None,
-            changes: 0,
-            devices: Vec::new(),
-            keys: Vec::new(),
-            problems: Vec::new(),
-            unchecked: Vec::new(),
-            last_run: None,
-            last_success_at: None,
-            failure: None,
-            halted: false,
-            refused_plan: None,
-            commits_waiting: Vec::new(),
-            plan_signature: None,
-            observation: None,
-            waiting_since: None,
-        }
-    }
 }
 
 impl Stored {
@@ -550,7 +292,7 @@ impl Reports {
 /// quote material back).
 ///
 /// Errors: the report cannot be encoded.
-pub(crate) fn document(report: &NodeReport) -> Result<String, ReportError> {
+pub fn document(report: &NodeReport) -> Result<String, ReportError> {
     let doc = serde_json::to_string_pretty(report).map_err(|e| ReportError {
         message: format!("cannot encode the report: {e}"),
         code: None,
@@ -569,16 +311,26 @@ pub(crate) fn reports_and_pause_selector() -> String {
     )
 }
 
-/// The report a ConfigMap holds, as [`Stored`].
+/// The report a ConfigMap holds, as [`Stored`]: read with
+/// [`crate::format::published::node_report::parse`], so a report of a newer major version is
+/// not read but kept as [`Stored::newer`].
 pub(crate) fn stored(cm: ConfigMap) -> Stored {
-    let report = cm
+    use crate::format::published::node_report::{parse, ReadError};
+    let name = cm.metadata.name.clone().unwrap_or_default();
+    let parsed = cm
         .data
         .as_ref()
         .and_then(|d| d.get(DATA_KEY))
-        .and_then(|s| serde_json::from_str::<NodeReport>(s).ok());
+        .map(|s| parse(&format!("node report ConfigMap {name}"), s));
+    let (report, newer) = match parsed {
+        Some(Ok(r)) => (Some(r), None),
+        Some(Err(ReadError::Newer(n))) => (None, Some(n)),
+        Some(Err(ReadError::Invalid { .. })) | None => (None, None),
+    };
     Stored {
         report,
-        name: cm.metadata.name.clone().unwrap_or_default(),
+        newer,
+        name,
         cleared: cm
             .metadata
             .annotations

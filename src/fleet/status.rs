@@ -12,8 +12,9 @@ use crate::clock::now_unix;
 use crate::fleet::error::FleetError;
 use crate::runtime::block_on;
 
-/// Version of the `fleet status --format json` document.
-pub const FORMAT_VERSION: &str = "1.1";
+/// Version of the `fleet status --format json` document. 1.2 added the state `newer` and a
+/// node's `problem`.
+pub const FORMAT_VERSION: &str = "1.2";
 
 /// A report older than this many of its agent's intervals (and at least [`LOST_MIN_SECONDS`])
 /// means the node is lost: its agent stopped, or cannot reach the API.
@@ -66,8 +67,9 @@ pub struct FleetCommitWait {
 pub struct NodeStatus {
     /// The node.
     pub node: String,
-    /// The report's state, `lost`, or `invalid` (the ConfigMap holds no report, or one whose
-    /// `node` is not the node its name is for: not what an agent writes).
+    /// The report's state, `lost`, `invalid` (the ConfigMap holds no report, or one whose
+    /// `node` is not the node its name is for: not what an agent writes), or `newer` (the
+    /// report is of a newer format than this keyplan reads: `problem` says which; not read).
     pub state: String,
     /// Whether the report is too old ([`LOST_INTERVALS`]).
     pub lost: bool,
@@ -75,8 +77,13 @@ pub struct NodeStatus {
     pub report_age_seconds: u64,
     /// Whether the node's failure counts towards `max_failed_nodes` (not cleared).
     pub failure_counts: bool,
-    /// The report as written by the node's agent (`None` when the ConfigMap holds none).
+    /// The report as written by the node's agent (`None` when the ConfigMap holds none, or
+    /// one of a newer format).
     pub report: Option<NodeReport>,
+    /// Why the report could not be read, for the state `newer` ([`crate::format::NewerFormat`]'s
+    /// message); left out otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
 }
 
 /// Counts over the nodes.
@@ -114,11 +121,13 @@ pub struct SlotStatus {
 impl FleetStatus {
     /// Whether everything is fine: there are reports, and no node failed, is lost, refused
     /// (its plan, or the signature of a newer plan),
-    /// in error, halted, drifted or overdue, and no report is invalid (`fleet status` exits 0;
+    /// in error, halted, drifted or overdue, and no report is invalid or of a newer format (`fleet status` exits 0;
     /// else 1). No report at all is not fine: the agents are not running, or `--namespace`
     /// names another namespace.
     pub fn healthy(&self) -> bool {
-        let bad = ["failed", "lost", "refused", "error", "halted", "invalid"];
+        let bad = [
+            "failed", "lost", "refused", "error", "halted", "invalid", "newer",
+        ];
         self.totals.nodes > 0
             && !self.halted
             && self.totals.failures == 0
@@ -196,6 +205,21 @@ pub fn read(client: &kube::Client, namespace: &str) -> Result<FleetStatus, Fleet
 /// [`LOST_INTERVALS`] intervals, at least [`LOST_MIN_SECONDS`]), and whether the report is genuine
 /// (stored under its own node's name).
 fn node_status(s: &super::report::Stored, now: u64) -> NodeStatus {
+    if let Some(newer) = &s.newer {
+        // Not read, never misread: the node is shown by its ConfigMap's name, with why.
+        return NodeStatus {
+            node: s
+                .name
+                .strip_prefix("keyplan-node-")
+                .map_or_else(|| format!("(ConfigMap {})", s.name), str::to_string),
+            state: "newer".to_string(),
+            lost: false,
+            report_age_seconds: 0,
+            failure_counts: false,
+            report: None,
+            problem: Some(newer.to_string()),
+        };
+    }
     let age = s
         .report
         .as_ref()
@@ -229,6 +253,7 @@ fn node_status(s: &super::report::Stored, now: u64) -> NodeStatus {
         report_age_seconds: if age == u64::MAX { 0 } else { age },
         failure_counts: s.counts_as_failed(),
         report: s.report.clone(),
+        problem: None,
     }
 }
 
@@ -276,7 +301,7 @@ fn commits_waiting(nodes: &[NodeStatus]) -> Vec<FleetCommitWait> {
             if w.verified_here {
                 verified.insert((w.key.clone(), w.version, n.node.clone()));
             }
-            for b in w.blocking_nodes() {
+            for b in crate::diff::CommitWait::from(w.clone()).blocking_nodes() {
                 if !e.waiting_for.contains(&b) {
                     e.waiting_for.push(b);
                 }
@@ -351,4 +376,67 @@ fn clear_one(reports: &Reports, mut stored: super::report::Stored) -> Result<(),
         "the report ConfigMap {} kept changing while its failure was being cleared (409 Conflict five times)",
         stored.name
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    fn config_map(name: &str, report: &str) -> ConfigMap {
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some(name.to_string());
+        cm.data = Some(
+            [(
+                super::super::report::DATA_KEY.to_string(),
+                report.to_string(),
+            )]
+            .into(),
+        );
+        cm
+    }
+
+    #[test]
+    fn a_report_of_a_newer_format_shows_its_node_as_newer_and_the_rest_of_the_fleet_still_shows() {
+        let v1 = include_str!("../../tests/fixtures/formats/node-report/v1/report.json");
+        let v2 = include_str!("../../tests/fixtures/formats/node-report/v2/report.json")
+            .replace("worker-1", "worker-2");
+        let stored = [
+            super::super::report::stored(config_map("keyplan-node-worker-1", v1)),
+            super::super::report::stored(config_map("keyplan-node-worker-2", &v2)),
+        ];
+        assert!(stored[1].newer.is_some() && stored[1].report.is_none());
+        // The version-2 report says `failed`: not misread as a failure that counts.
+        assert!(!stored[1].counts_as_failed());
+        let now = 1_700_200_020;
+        let nodes: Vec<NodeStatus> = stored.iter().map(|s| node_status(s, now)).collect();
+        assert_eq!(nodes[0].node, "worker-1");
+        assert_eq!(nodes[0].state, "waiting");
+        assert!(nodes[0].report.is_some());
+        assert_eq!(nodes[1].node, "worker-2");
+        assert_eq!(nodes[1].state, "newer");
+        let problem = nodes[1].problem.as_deref().unwrap_or_default();
+        assert!(
+            problem.contains(
+                "keyplan-node-worker-2 is node-report format 2.0, written by a newer keyplan"
+            ),
+            "{problem}"
+        );
+        let (totals, _) = totals(&nodes);
+        assert_eq!(totals.by_state.get("newer"), Some(&1));
+        assert_eq!(totals.devices, 1);
+        let text = crate::fleet::render::text(&FleetStatus {
+            format_version: FORMAT_VERSION,
+            generated_at: now,
+            namespace: "keyplan".into(),
+            nodes,
+            totals,
+            halted: false,
+            paused: None,
+            slots: Vec::new(),
+            commits_waiting: Vec::new(),
+        });
+        assert!(text.contains("worker-2"), "{text}");
+        assert!(text.contains("written by a newer keyplan"), "{text}");
+    }
 }

@@ -16,6 +16,7 @@ mod common;
 mod agent;
 mod deploy_apply;
 mod deploy_manifests;
+mod formats;
 mod kube_cluster;
 mod kube_harness;
 mod plan;

@@ -20,7 +20,9 @@ mod model;
 mod sim;
 
 mod formats_journal;
+mod formats_published;
 mod formats_state;
+mod formats_stdout;
 mod fuzz_corpus;
 mod luks_door_differential;
 mod protocol_model;

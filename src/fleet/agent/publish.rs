@@ -43,6 +43,11 @@ impl Agent {
     }
 
     fn adopt(&mut self, stored: Stored) {
+        if let Some(newer) = &stored.newer {
+            // A newer keyplan ran on this node (this one was rolled back): its report is not
+            // read; this agent's own report replaces it at its next write.
+            tracing::warn!(node = %self.opts.node, "this node's previous report is not read: {newer}");
+        }
         if let Some(old) = stored.report {
             self.report.last_run = old.last_run;
             self.report.last_success_at = old.last_success_at;

@@ -315,7 +315,8 @@ impl Agent {
             let observed = crate::ops::plan::make(engine, &PlanRequest::default()).ok();
             if let Some(o) = &observed {
                 self.report.changes = change_count(&o.diff);
-                self.report.commits_waiting = o.diff.waiting.clone();
+                self.report.commits_waiting =
+                    o.diff.waiting.iter().cloned().map(Into::into).collect();
             }
             self.summarize(engine, observed.as_ref().map(|p| &p.observed));
             self.publish(false);
@@ -603,6 +604,7 @@ mod tests {
         report.waiting_since = Some(since);
         Stored {
             report: Some(report),
+            newer: None,
             name: report_name(node),
             cleared: None,
             object: ConfigMap::default(),

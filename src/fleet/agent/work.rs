@@ -127,6 +127,8 @@ impl Agent {
         }
         let text: Vec<String> = waiting.iter().map(|w| w.describe()).collect();
         let message = format!("node {}: {}", self.opts.node, text.join("; "));
+        let waiting: Vec<crate::fleet::report::CommitWait> =
+            waiting.into_iter().map(Into::into).collect();
         if self.report.commits_waiting != waiting {
             tracing::info!(node = %self.opts.node, event = "commit_waiting", "{message}");
             self.emit(EventType::Normal, "CommitWaiting", &message);

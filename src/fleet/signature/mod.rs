@@ -360,22 +360,35 @@ impl Signature {
         s
     }
 
-    /// Reads a signature file's text.
+    /// Reads a signature file's text. Its `format` is compared first
+    /// ([`crate::format::published::SIGNATURE`]): a newer envelope (`keyplan-signature/v2`) is
+    /// refused as written by a newer keyplan ([`crate::format::NewerFormat`]'s message), even
+    /// when it added fields.
     ///
-    /// Errors: a text saying what is wrong (not JSON of this shape, another format).
+    /// Errors: a text saying what is wrong (not JSON of this shape, another format, a newer
+    /// version).
     pub fn parse(text: &[u8]) -> Result<Signature, FleetError> {
-        let sig: Signature = serde_json::from_slice(text).map_err(|e| {
+        use crate::format::published::{SIGNATURE, SIGNATURE_PREFIX, SIGNATURE_VERSION};
+        let not_ours = |e: String| {
             FleetError::Signature(format!(
                 "the signature file is not a keyplan signature: {e}"
             ))
-        })?;
-        if sig.format != FORMAT {
-            return Err(FleetError::Signature(format!(
-                "the signature file has format {:?}; this keyplan reads {FORMAT:?}",
-                sig.format
-            )));
-        }
-        Ok(sig)
+        };
+        let value: serde_json::Value =
+            serde_json::from_slice(text).map_err(|e| not_ours(e.to_string()))?;
+        let format = value.get("format").and_then(|f| f.as_str()).unwrap_or("");
+        let version = format
+            .strip_prefix(SIGNATURE_PREFIX)
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|v| *v >= SIGNATURE_VERSION)
+            .ok_or_else(|| {
+                FleetError::Signature(format!(
+                    "the signature file has format {format:?}; this keyplan reads {FORMAT:?}"
+                ))
+            })?;
+        crate::format::check_version(&SIGNATURE, "the signature file", version, SIGNATURE_VERSION)
+            .map_err(|e| FleetError::Signature(e.to_string()))?;
+        serde_json::from_value(value).map_err(|e| not_ours(e.to_string()))
     }
 }
 
