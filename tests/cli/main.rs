@@ -1,4 +1,4 @@
-//! The command line: output snapshots, operator comfort, the plan file loader and its JSON Schema, validate, sign.
+//! The command line: output snapshots, operator comfort, the plan file loader and its JSON Schema, validate, sign, version.
 //!
 //! One test binary per area (`cargo test --test cli`), one module per file; the support
 //! code every area shares is tests/common/ (CONTRIBUTING.md, "Tests").
@@ -20,3 +20,4 @@ mod sign;
 mod snapshots;
 mod spec_load;
 mod validate_json;
+mod version;
