@@ -127,9 +127,10 @@ case $digest in sha256:*) ;; *) die "no image digest from buildah push: '$digest
 
 # --- 3. the SBOM --------------------------------------------------------------------------
 say "SBOM (cargo cyclonedx)"
-# The dependencies of the release build: no dev-dependencies, default features, this target.
-# cargo-cyclonedx writes keyplan.cdx.json beside Cargo.toml.
-cargo cyclonedx --format json --target "$target" --override-filename "$name.cdx"
+# Every dependency of the release build, direct and indirect, build scripts' included; no
+# dev-dependencies; default features; this target. CycloneDX 1.5.
+# cargo-cyclonedx writes <name>.cdx.json beside Cargo.toml.
+cargo cyclonedx --format json --spec-version 1.5 --all --target "$target" --override-filename "$name.cdx"
 mv "$root/$name.cdx.json" "$out/$name.cdx.json"
 
 # --- 4. the source ------------------------------------------------------------------------
