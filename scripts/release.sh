@@ -88,6 +88,13 @@ if [ -z "$source_url" ]; then
   source_url=$(git remote get-url origin 2>/dev/null || true)
 fi
 target=$(rustc -vV | sed -n 's/^host: //p')
+# What a published release needs and a trial may lack: said again at the end.
+notes=()
+[ -n "$upgrade_result" ] || notes+=("the upgrade test's result is not in the release notes (--upgrade-result FILE)")
+grep -q "^## \[$version\] - [0-9]" CHANGELOG.md \
+  || notes+=("CHANGELOG.md has no dated section '## [$version] - YYYY-MM-DD'")
+[ "$(git tag --points-at HEAD --list "v$version")" = "v$version" ] \
+  || notes+=("HEAD is not tagged v$version")
 created=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 mkdir -p "$out"
 out=$(realpath "$out")
@@ -219,4 +226,6 @@ chmod 0644 "$out/SHA256SUMS"
 
 say "done: $out"
 (cd "$out" && find . -type f -printf '%P\t%s\n' | LC_ALL=C sort | awk -F'\t' '{ printf "%12d  %s\n", $2, $1 }')
-[ -n "$upgrade_result" ] || echo "warning: the upgrade test's result is not in the release notes (--upgrade-result FILE)" >&2
+for note in "${notes[@]}"; do
+  echo "warning: not ready to publish: $note" >&2
+done
