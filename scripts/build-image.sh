@@ -15,8 +15,15 @@
 # its own (~/.cache/keyplan/image/storage), and chroot isolation: no daemon, no overlay
 # mounts, no user namespaces, no registry. Needs root (debootstrap, cryptsetup, chroot).
 #
-# Usage: scripts/build-image.sh [--tag NAME] [--push DEST] [--refresh-base]
+# Usage: scripts/build-image.sh [--tag NAME] [--push DEST] [--binary FILE] [--label KEY=VALUE]...
+#                               [--digestfile FILE] [--refresh-base]
 #   --tag NAME      the image's name (default localhost/keyplan:<version in Cargo.toml>)
+#   --binary FILE   put FILE in the image as /usr/local/bin/keyplan instead of building one
+#                   (scripts/release.sh passes its stripped release binary, so the image holds
+#                   the very binary the release ships)
+#   --label K=V     one more label on the image, besides org.opencontainers.image.version and
+#                   .revision set here and .title, .description, .licenses in deploy/Containerfile
+#   --digestfile F  with --push, write the digest of the pushed manifest (sha256:...) to F
 #   --push DEST     after the smoke test, `buildah push` the image to DEST, any destination
 #                   buildah takes: docker://registry.example.com/storage/keyplan:0.1.0 (log in
 #                   first with `buildah login registry.example.com`), oci-archive:FILE,
@@ -35,10 +42,16 @@ version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1)
 tag=localhost/keyplan:$version
 push=
 refresh=0
+binary=
+labels=()
+digestfile=
 while [ $# -gt 0 ]; do
   case $1 in
     --tag) tag=$2; shift 2 ;;
     --push) push=$2; shift 2 ;;
+    --binary) binary=$(realpath "$2"); shift 2 ;;
+    --label) labels+=(--label "$2"); shift 2 ;;
+    --digestfile) digestfile=$2; shift 2 ;;
     --refresh-base) refresh=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 64 ;;
@@ -175,19 +188,25 @@ else
 fi
 
 # --- 3. release build -------------------------------------------------------------------
-say "cargo build --release --locked"
 t=$(now)
-# Run from `cargo test` (tests/engine/image.rs), the environment holds the test's CARGO_PKG_*,
-# CARGO_MANIFEST_DIR and the like; build scripts that watch them (ring's) would make every
-# nested build a rebuild of half the release tree.
-for v in $(compgen -e | grep -E '^(CARGO_(PKG|MANIFEST|CRATE|BIN|PRIMARY|TARGET_TMPDIR)|OUT_DIR$)' || true); do
-  unset "$v"
-done
-cargo build --release --locked
-# cargo puts the binary under CARGO_TARGET_DIR when set (relative to where cargo ran: $root).
-target_dir=${CARGO_TARGET_DIR:-$root/target}
-case $target_dir in /*) ;; *) target_dir="$root/$target_dir" ;; esac
-phase "release build" "$t"
+if [ -n "$binary" ]; then
+  [ -x "$binary" ] || { echo "--binary $binary: not an executable file" >&2; exit 1; }
+  phase "release build" "$t" "given: $binary"
+else
+  say "cargo build --release --locked"
+  # Run from `cargo test` (tests/engine/image.rs), the environment holds the test's CARGO_PKG_*,
+  # CARGO_MANIFEST_DIR and the like; build scripts that watch them (ring's) would make every
+  # nested build a rebuild of half the release tree.
+  for v in $(compgen -e | grep -E '^(CARGO_(PKG|MANIFEST|CRATE|BIN|PRIMARY|TARGET_TMPDIR)|OUT_DIR$)' || true); do
+    unset "$v"
+  done
+  cargo build --release --locked
+  # cargo puts the binary under CARGO_TARGET_DIR when set (relative to where cargo ran: $root).
+  target_dir=${CARGO_TARGET_DIR:-$root/target}
+  case $target_dir in /*) ;; *) target_dir="$root/$target_dir" ;; esac
+  binary=$target_dir/release/keyplan
+  phase "release build" "$t"
+fi
 codename=$(sed -n 's/^VERSION_CODENAME=//p' /etc/os-release 2>/dev/null || true)
 if [ "$codename" != bookworm ]; then
   echo "warning: this host is not Debian 12 (bookworm): a binary built here may need a newer glibc than the image's (Debian 12)" >&2
@@ -205,12 +224,13 @@ trap cleanup EXIT
 say "buildah bud --target prebuilt -f deploy/Containerfile -t $tag"
 t=$(now)
 mkdir "$work/context"
-install -m 0755 "$target_dir/release/keyplan" "$work/context/keyplan"
+install -m 0755 "$binary" "$work/context/keyplan"
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 bh bud --isolation chroot --pull=never --target prebuilt \
   --build-arg BASE="$base_image" \
   --label org.opencontainers.image.version="$version" \
   --label org.opencontainers.image.revision="$revision" \
+  "${labels[@]}" \
   -f "$root/deploy/Containerfile" -t "$tag" "$work/context"
 phase "image build" "$t"
 
@@ -298,7 +318,7 @@ compressed=$(du -sb "$work/oci" | awk '{ printf "%.1f MB", $1 / 1e6 }')
 if [ -n "$push" ]; then
   say "buildah push $tag $push"
   t=$(now)
-  bh push "$tag" "$push"
+  bh push ${digestfile:+--digestfile "$digestfile"} "$tag" "$push"
   phase push "$t" "$push"
 fi
 

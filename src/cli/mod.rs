@@ -71,6 +71,7 @@ mod sign;
 mod status;
 mod validate;
 mod verify;
+mod version;
 
 use agent::AgentArgs;
 pub use exit::Exit;
@@ -80,7 +81,7 @@ use sign::SignArgs;
 
 /// keyplan: declarative, crash-safe rotation of LUKS keyslots whose passphrases live in a KMS.
 #[derive(Debug, Parser)]
-#[command(name = "keyplan", version, about, long_about = None)]
+#[command(name = "keyplan", version = version::version_line(), about, long_about = None)]
 pub struct Cli {
     /// State directory (journal, lock, LUKS1 records); overrides the plan's `state_dir`.
     #[arg(long, global = true, value_name = "DIR")]
@@ -249,6 +250,11 @@ pub enum Command {
     Completions(docs::CompletionsArgs),
     /// Print the man page (roff) to stdout, or write one page per command into a directory.
     Man(docs::ManArgs),
+    /// Show the release, the commit it was built from, and the formats it writes and reads.
+    ///
+    /// Also the target triple, the compiler and the profile; `--json` prints one document for
+    /// programs. Each format's versions and compatibility rule: docs/formats.md.
+    Version(version::VersionArgs),
 }
 
 fn parse_parallelism(s: &str) -> std::result::Result<usize, String> {
@@ -261,7 +267,7 @@ fn parse_parallelism(s: &str) -> std::result::Result<usize, String> {
 /// Global options each command ignores, hidden from its help and man page: the command still
 /// takes them (a script that passes them to every command keeps working), but they mean nothing
 /// to it. `fleet` works on the cluster, `sign` on a file; `validate` always checks the whole
-/// plan; `completions` and `man` only print.
+/// plan; `completions`, `man` and `version` only print.
 const IGNORED_GLOBALS: &[(&str, &[&str])] = &[
     ("validate", &["node"]),
     ("sign", &["state_dir", "node"]),
@@ -272,6 +278,10 @@ const IGNORED_GLOBALS: &[(&str, &[&str])] = &[
     ),
     (
         "man",
+        &["state_dir", "node", "log_format", "verbose", "quiet"],
+    ),
+    (
+        "version",
         &["state_dir", "node", "log_format", "verbose", "quiet"],
     ),
 ];
@@ -475,5 +485,6 @@ fn run(cli: &Cli) -> Result<Exit> {
         Command::Fleet(args) => fleet::run(args),
         Command::Completions(args) => docs::cmd_completions(args.shell),
         Command::Man(args) => docs::cmd_man(args.out_dir.as_deref()),
+        Command::Version(args) => version::run(args),
     }
 }

@@ -93,6 +93,12 @@ pub const FORMATS: &[Format] = &[
         home: "core/v1 Events (reasons)",
     },
     SIGNATURE,
+    Format {
+        name: "version-json",
+        writes: "1.0",
+        reads: "-",
+        home: "stdout of `keyplan version --json` (src/cli/version.rs)",
+    },
 ];
 
 /// The signed-plan envelope `<plan>.sig`: its `format` is `keyplan-signature/v<N>`

@@ -1,4 +1,4 @@
-//! The command line: output snapshots, operator comfort, the plan file loader and its JSON Schema, validate, sign.
+//! The command line: output snapshots, operator comfort, the plan file loader and its JSON Schema, validate, sign, version, the release script.
 //!
 //! One test binary per area (`cargo test --test cli`), one module per file; the support
 //! code every area shares is tests/common/ (CONTRIBUTING.md, "Tests").
@@ -15,8 +15,10 @@ mod common;
 
 mod comfort;
 mod reference;
+mod release_script;
 mod schema;
 mod sign;
 mod snapshots;
 mod spec_load;
 mod validate_json;
+mod version;
