@@ -126,7 +126,10 @@ mod tests {
         assert!(check_version(&F, "x", 2, 2).is_ok());
         let err = check_version(&F, "/s/journal.jsonl line 3", 3, 2).unwrap_err();
         let text = err.to_string();
-        assert!(text.contains("/s/journal.jsonl line 3 is example format 3"), "{text}");
+        assert!(
+            text.contains("/s/journal.jsonl line 3 is example format 3"),
+            "{text}"
+        );
         assert!(text.contains("up to 2"), "{text}");
         assert!(check_major(&F, "x", "1.9", 1).is_ok());
         assert!(check_major(&F, "x", "2.0", 1).is_err());

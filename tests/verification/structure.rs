@@ -35,6 +35,9 @@ const LAYERS: &[&[&str]] = &[
         "runtime",
         "kube_client",
     ],
+    // Every stored and published format (data types, their versions and the refusal of a
+    // newer one), below every reader and writer of them.
+    &["format"],
     // The plan file.
     &["spec"],
     // The doors to the world, and the step graph.

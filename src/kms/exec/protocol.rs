@@ -5,12 +5,13 @@
 use serde::{Deserialize, Serialize};
 use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
-use crate::kms::VersionInfo;
+use crate::format::kms::VersionEntry;
 
 /// The protocol version keyplan speaks (the `protocol_version` field of every request and
-/// response). Responses carrying another version are refused with
+/// response; its home is src/format/kms/exec.rs). A response of a newer version is refused
+/// with [`KmsError::NewerFormat`](crate::kms::KmsError::NewerFormat), an older one with
 /// [`KmsError::Config`](crate::kms::KmsError::Config).
-pub const PROTOCOL_VERSION: u64 = 1;
+pub const PROTOCOL_VERSION: u64 = crate::format::kms::exec::VERSION;
 
 /// The operation of one request, with its fields (serialized next to `operation`).
 #[derive(Serialize)]
@@ -162,7 +163,7 @@ pub(super) struct ErrorBody {
 pub(super) struct ReadResult {
     pub(super) current: Option<u64>,
     pub(super) pending: Option<u64>,
-    pub(super) versions: Vec<VersionInfo>,
+    pub(super) versions: Vec<VersionEntry>,
     /// The plans holding the key (holder id -> since, Unix seconds); absent: none.
     #[serde(default)]
     pub(super) holders: std::collections::BTreeMap<String, u64>,
