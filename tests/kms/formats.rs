@@ -12,6 +12,7 @@
 use crate::common::kube::Cluster;
 use crate::common::moto::Moto;
 use crate::common::openbao::OpenBao;
+use crate::common::pykmip::PyKmip;
 
 use std::path::{Path, PathBuf};
 
@@ -493,4 +494,103 @@ fn aws_record_of_a_newer_version_is_refused_and_left_alone() {
     assert_eq!(server.get("fmt/k", None), None, "the key was written");
     assert_eq!(server.versions(AWS_RECORD), record_versions);
     assert_eq!(server.get(AWS_RECORD, None), Some(v2));
+}
+
+// ---- KMIP: object attributes ---------------------------------------------------------------
+
+fn kmip(server: &PyKmip) -> keyplan::kms::kmip::KmipKms {
+    keyplan::kms::kmip::KmipKms::new(
+        "hsm",
+        &server.endpoint(),
+        &server.file("ca.crt"),
+        &server.file("client.crt"),
+        &server.file("client.key"),
+    )
+    .expect("open kmip KMS")
+}
+
+/// Today's objects as keyplan writes them: v1 deactivated (previous), v2 active (current), v3
+/// pre-active (pending), a holder record.
+fn write_kmip_fixture(server: &PyKmip) {
+    let kms = kmip(server);
+    let mut current = None;
+    for p in ["passphrase-1", "passphrase-2"] {
+        let v = kms.stage("k", &pass(p), 1).expect("stage");
+        kms.commit("k", current, v).expect("commit");
+        current = Some(v);
+    }
+    kms.hold("k", "node-a:/var/lib/keyplan").expect("hold");
+    kms.stage("k", &pass("passphrase-3"), 1).expect("stage");
+    let objs = server.layout_dump();
+    let text = serde_json::to_vec_pretty(&objs).expect("json");
+    write_fixture("kms-kmip", 2, "objects.json", &text);
+}
+
+/// Loads version `version`'s objects into a fresh server and reads them with today's keyplan.
+fn kmip_read(version: u32) -> Option<(PyKmip, keyplan::kms::kmip::KmipKms)> {
+    let server = PyKmip::start()?;
+    server.layout_load(&fixture_json("kms-kmip", version, "objects.json"));
+    let kms = kmip(&server);
+    let st = kms.read("k").expect("read the fixture");
+    assert_eq!((st.current, st.pending), (Some(2), Some(3)), "{st:?}");
+    assert_eq!(st.versions[&1].state, VersionState::Previous);
+    assert!(st.holders.contains_key("node-a:/var/lib/keyplan"), "{st:?}");
+    assert_eq!(kms.get("k", 3).expect("v3").expose(), b"passphrase-3");
+    Some((server, kms))
+}
+
+#[test]
+fn kmip_layout_v2_reads_and_writes_today_s_attributes() {
+    if writing() {
+        let Some(server) = PyKmip::start() else {
+            return;
+        };
+        write_kmip_fixture(&server);
+    }
+    let Some((server, kms)) = kmip_read(2) else {
+        return;
+    };
+    // A new holder record and a new version are written with today's attributes.
+    kms.hold("k", PASSING).expect("hold");
+    let objs = server.layout_dump();
+    let by_name = |n: &str| {
+        objs.as_array()
+            .expect("objects")
+            .iter()
+            .find(|o| o["name"] == n)
+            .unwrap_or_else(|| panic!("no object {n}: {objs}"))
+            .clone()
+    };
+    let holder = by_name(&format!("k/holder/{PASSING}"));
+    let info = holder["info"].as_str().expect("info");
+    assert!(info.starts_with("format=2;since="), "{info}");
+    // The fixture's own objects are as the server keeps them, attribute for attribute.
+    let want = fixture_json("kms-kmip", 2, "objects.json");
+    for o in want.as_array().expect("objects") {
+        assert_eq!(&by_name(o["name"].as_str().expect("name")), o);
+    }
+}
+
+/// Version 1 (keyplan up to commit c322096: no `format=` pair) reads.
+#[test]
+fn kmip_layout_v1_reads() {
+    let v1 = fixture_json("kms-kmip", 1, "objects.json");
+    assert!(v1.to_string().contains("created=") && !v1.to_string().contains("format="));
+    let _ = kmip_read(1);
+}
+
+#[test]
+fn kmip_layout_of_a_newer_version_is_refused_and_left_alone() {
+    let Some(server) = PyKmip::start() else {
+        return;
+    };
+    server.layout_load(&fixture_json("kms-kmip", 3, "objects.json"));
+    let before = server.layout_dump();
+    let kms = kmip(&server);
+    assert_newer(kms.read("k"), "kms-kmip", "3");
+    assert_newer(kms.stage("k", &pass("new"), 1), "kms-kmip", "3");
+    assert_newer(kms.commit("k", Some(2), 3), "kms-kmip", "3");
+    assert_newer(kms.hold("k", PASSING), "kms-kmip", "3");
+    assert_newer(kms.retire("k", 1), "kms-kmip", "3");
+    assert_eq!(server.layout_dump(), before, "an object was written");
 }
