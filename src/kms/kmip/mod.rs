@@ -11,7 +11,8 @@
 //! Name                              "K/v<N>"           which key and version this is
 //! Object Group                      "keyplan:K"        Locate finds every version of K by it
 //! Application Specific Information  namespace "keyplan",
-//!                                   data "created=<unix>;history=1@<unix>,2@<unix>"
+//!                                   data "format=2;created=<unix>;history=1@<unix>,2@<unix>"
+//!                                   (format: the layout's version, src/format/kms/kmip.rs)
 //!                                   when keyplan staged this version (seconds since the
 //!                                   epoch, keyplan's clock), and every version of K known
 //!                                   then, with its creation time

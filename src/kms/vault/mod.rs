@@ -11,6 +11,7 @@
 //! <mount>/data/<name>                     the CURRENT version: the latest KV version holds
 //!     <basename>          the passphrase (field named after the last path component of <name>,
 //!                         as Rook stores its KEKs, so `bao kv get -field=<basename>` reads it)
+//!     keyplan_format      the layout's version, "2" (src/format/kms/vault.rs; absent: 1)
 //!     keyplan_version     keyplan's version number, decimal string
 //!     keyplan_created_at  creation time of that version, Unix seconds, decimal string
 //!     keyplan_history     compact JSON text: [[keyplan_version, kv_version, created_at], ...]
@@ -18,7 +19,7 @@
 //!     keyplan_holders     compact JSON text {"<holder>": since, ...}: the plans holding the
 //!                         key (Kms::hold; absent: none)
 //! <mount>/data/<name>.keyplan-pending     the PENDING version (only during a rotation)
-//!     passphrase, keyplan_version, keyplan_created_at,
+//!     passphrase, keyplan_format, keyplan_version, keyplan_created_at,
 //!     keyplan_base_kv_version  KV version of the main path it was staged on (0: none)
 //!     keyplan_base_version     keyplan version current then (0: none)
 //! ```
