@@ -8,7 +8,7 @@
 //! nothing then. Fixtures of every version are under `tests/fixtures/formats/kms-*/`, read back
 //! by tests/kms/formats.rs.
 //!
-//! - [`file`]: the file KMS's `meta.json`;
+//! - [`file`](mod@file): the file KMS's `meta.json`;
 //! - [`vault`]: the Vault / OpenBao KV v2 fields;
 //! - [`kubernetes`]: the `keyplan.io/versions` annotation;
 //! - [`kmip`]: the Application Specific Information of KMIP objects;
