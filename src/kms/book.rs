@@ -94,20 +94,15 @@ pub fn unverified_holders<'h>(
 }
 
 /// The id of `holder`'s vote for `version` in the key's holder records: `<holder> verified
-/// v<version>`. A plan records it ([`super::Kms::hold`]) once every one of its devices that
-/// lists the key holds the pending `version` and opened with it; [`check_holders`] lets a
-/// commit of `version` through only when every other holder has voted so (the two-phase
-/// commit of a key shared by several plans or nodes, docs/fleet.md "Keys on several nodes").
-pub fn vote_id(holder: &str, version: u64) -> String {
-    format!("{holder} verified v{version}")
-}
+/// v<version>`, an id of the stored holder records ([`crate::format::kms::holders`]). A plan
+/// records it ([`super::Kms::hold`]) once every one of its devices that lists the key holds the
+/// pending `version` and opened with it; [`check_holders`] lets a commit of `version` through
+/// only when every other holder has voted so (the two-phase commit of a key shared by several
+/// plans or nodes, docs/fleet.md "Keys on several nodes").
+pub use crate::format::kms::holders::vote_id;
 
 /// `(holder, version)` of a vote id ([`vote_id`]); `None` for a holder record.
-pub fn parse_vote(id: &str) -> Option<(&str, u64)> {
-    let (holder, v) = id.rsplit_once(" verified v")?;
-    let version = v.parse().ok()?;
-    Some((holder, version))
-}
+pub use crate::format::kms::holders::parse_vote;
 
 /// What the version rules need to know of a key: its current and pending version and the
 /// highest version number known (0: none). Built by each provider from what it read.

@@ -26,24 +26,45 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
 use super::book::{self, Commit, Destroy, VersionBook};
 use super::{KeyState, Kms, KmsError, VersionInfo, VersionState};
+use crate::format::kms::file::FileMeta;
+use crate::format::kms::VersionEntry;
 use crate::fsutil;
 use crate::secret::Passphrase;
 
-/// On-disk `meta.json`.
-#[derive(Debug, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// `meta.json` as the provider works on it; stored as [`FileMeta`]
+/// (src/format/kms/file.rs, the layout and its version).
+#[derive(Debug, Default)]
 struct Meta {
-    format: u32,
     current: Option<u64>,
     pending: Option<u64>,
     versions: Vec<VersionInfo>,
     /// The plans holding the key ([`Kms::hold`]): holder id -> since (Unix seconds).
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     holders: std::collections::BTreeMap<String, u64>,
+}
+
+impl From<FileMeta> for Meta {
+    fn from(m: FileMeta) -> Meta {
+        Meta {
+            current: m.current,
+            pending: m.pending,
+            versions: m.versions.into_iter().map(VersionInfo::from).collect(),
+            holders: m.holders,
+        }
+    }
+}
+
+impl From<&Meta> for FileMeta {
+    fn from(m: &Meta) -> FileMeta {
+        FileMeta {
+            format: crate::format::kms::file::VERSION,
+            current: m.current,
+            pending: m.pending,
+            versions: m.versions.iter().cloned().map(VersionEntry::from).collect(),
+            holders: m.holders.clone(),
+        }
+    }
 }
 
 /// A file KMS rooted at a directory.
@@ -78,30 +99,25 @@ impl FileKms {
     fn read_meta(&self, key: &str) -> Result<Meta, KmsError> {
         let path = self.key_dir(key).join("meta.json");
         match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| KmsError::Corrupt {
-                kms: self.describe(),
-                key: key.to_string(),
-                detail: format!(
-                    "{} is not valid: {e}; restore it from a backup or fix it by hand (see docs/operations.md, file KMS layout)",
-                    path.display()
-                ),
-            }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Meta {
-                format: 1,
-                ..Meta::default()
-            }),
+            Ok(bytes) => {
+                let document = KmsError::document(self, key, &path.display().to_string());
+                FileMeta::parse(&bytes, &document)
+                    .map(Meta::from)
+                    .map_err(|e| {
+                        KmsError::of_read(self, key, e, |why| format!(
+                            "{} is not valid: {why}; nothing was changed. Restore it from a backup or fix it by hand (see docs/operations.md, file KMS layout)",
+                            path.display()
+                        ))
+                    })
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Meta::default()),
             Err(e) => Err(self.io(format!("reading {}", path.display()), e)),
         }
     }
 
     fn write_meta(&self, key: &str, meta: &Meta) -> Result<(), KmsError> {
         let path = self.key_dir(key).join("meta.json");
-        let mut text = serde_json::to_vec_pretty(meta).map_err(|e| KmsError::Corrupt {
-            kms: self.describe(),
-            key: key.to_string(),
-            detail: format!("cannot encode metadata: {e}"),
-        })?;
-        text.push(b'\n');
+        let text = FileMeta::from(meta).to_bytes();
         fsutil::write_atomic(&path, &text, 0o600)
             .map_err(|e| self.io(format!("writing {}", path.display()), e))
     }
@@ -207,7 +223,6 @@ impl Kms for FileKms {
                 .map_err(|e| self.io(format!("writing {}", key_path.display()), e))?;
             crate::failpoint::check("kms.file.stage.after_material")
                 .map_err(|e| self.io("staging".into(), io::Error::other(e)))?;
-            meta.format = 1;
             meta.pending = Some(version);
             meta.versions.push(VersionInfo {
                 version,

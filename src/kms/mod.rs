@@ -61,6 +61,50 @@ pub struct VersionInfo {
     pub state: VersionState,
 }
 
+impl From<crate::format::kms::StoredState> for VersionState {
+    fn from(s: crate::format::kms::StoredState) -> VersionState {
+        use crate::format::kms::StoredState as S;
+        match s {
+            S::Pending => VersionState::Pending,
+            S::Current => VersionState::Current,
+            S::Previous => VersionState::Previous,
+            S::Retired => VersionState::Retired,
+        }
+    }
+}
+
+impl From<VersionState> for crate::format::kms::StoredState {
+    fn from(s: VersionState) -> crate::format::kms::StoredState {
+        use crate::format::kms::StoredState as S;
+        match s {
+            VersionState::Pending => S::Pending,
+            VersionState::Current => S::Current,
+            VersionState::Previous => S::Previous,
+            VersionState::Retired => S::Retired,
+        }
+    }
+}
+
+impl From<crate::format::kms::VersionEntry> for VersionInfo {
+    fn from(e: crate::format::kms::VersionEntry) -> VersionInfo {
+        VersionInfo {
+            version: e.version,
+            created_at: e.created_at,
+            state: e.state.into(),
+        }
+    }
+}
+
+impl From<VersionInfo> for crate::format::kms::VersionEntry {
+    fn from(v: VersionInfo) -> crate::format::kms::VersionEntry {
+        crate::format::kms::VersionEntry {
+            version: v.version,
+            created_at: v.created_at,
+            state: v.state.into(),
+        }
+    }
+}
+
 /// What a KMS holds for one key.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KeyState {
@@ -208,6 +252,12 @@ pub enum KmsError {
         /// What is wrong and what to do.
         detail: String,
     },
+    /// What the store holds for a key was written in a newer version of its layout than this
+    /// keyplan reads (a newer keyplan wrote it: a downgrade, or an older agent in a fleet that
+    /// is half upgraded). Nothing was changed or written; the message says which version and
+    /// which keyplan reads it ([`crate::format::kms`]).
+    #[error(transparent)]
+    NewerFormat(#[from] crate::format::NewerFormat),
     /// The provider named in the plan is not available in this build.
     #[error("KMS {name:?}: provider {provider:?} is not implemented yet; use provider \"file\"")]
     Unsupported {
@@ -259,6 +309,30 @@ impl KmsError {
                 config.provider()
             ),
         }
+    }
+
+    /// The error for a stored document of key `key` of `kms` that could not be read
+    /// ([`crate::format::kms::ReadError`]): [`KmsError::NewerFormat`] for a newer version,
+    /// else [`KmsError::Corrupt`] with `invalid` applied to the parser's words (to say where
+    /// and what to do).
+    pub fn of_read(
+        kms: &dyn Kms,
+        key: &str,
+        e: crate::format::kms::ReadError,
+        invalid: impl FnOnce(String) -> String,
+    ) -> KmsError {
+        match e {
+            crate::format::kms::ReadError::Newer(n) => KmsError::NewerFormat(n),
+            crate::format::kms::ReadError::Invalid(why) => {
+                KmsError::corrupt(kms, key, invalid(why))
+            }
+        }
+    }
+
+    /// How a refusal of a newer layout ([`crate::format::NewerFormat::document`]) names key
+    /// `key` of `kms` at `place` (a path, Secret or object): `<kms> key "<key>" (<place>)`.
+    pub fn document(kms: &dyn Kms, key: &str, place: &str) -> String {
+        format!("{} key {key:?} ({place})", kms.describe())
     }
 
     /// A [`KmsError::Corrupt`] for key `key` of `kms`; `detail` says what is wrong and where

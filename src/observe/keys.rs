@@ -66,6 +66,7 @@ fn kms_finding(id: &str, e: &crate::kms::KmsError) -> Finding {
         KmsError::Corrupt { .. }
         | KmsError::NoSuchVersion { .. }
         | KmsError::Config { .. }
+        | KmsError::NewerFormat(_)
         | KmsError::Unsupported { .. } => f,
         _ => f.unreachable(),
     }

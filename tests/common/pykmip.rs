@@ -107,6 +107,61 @@ with c:
     print(uid)
 "#;
 
+/// PyKMIP client script for the layout fixtures (tests/kms/formats.rs). `dump` prints every
+/// object as `{"name","group","state","info","value"}` (`info`: the Application Specific
+/// Information data of namespace `keyplan`; `value`: base64), sorted by name; `load` registers
+/// each object of such a list (read from stdin) as keyplan does (HMAC-SHA256 Symmetric Key)
+/// with its Name, Object Group and Application Specific Information, and brings it to its
+/// state (`ACTIVE`: activated; `DEACTIVATED`: activated, then revoked).
+const LAYOUT_IO: &str = r#"
+import sys, json, base64, logging, warnings
+warnings.simplefilter("ignore")
+logging.disable(logging.CRITICAL)
+from kmip.pie.client import ProxyKmipClient
+from kmip.pie import objects
+from kmip.core import enums, objects as cobjects
+from kmip.core.factories import attributes as af
+host, port, cert, key, ca, mode = sys.argv[1:7]
+c = ProxyKmipClient(hostname=host, port=int(port), cert=cert, key=key, ca=ca,
+                    config_file="/dev/null", kmip_version=enums.KMIPVersion.KMIP_1_2)
+f = af.AttributeFactory()
+with c:
+    if mode == "dump":
+        out = []
+        for uid in c.locate():
+            _, attrs = c.get_attributes(uid, ["Name", "State", "Object Group", "Application Specific Information"])
+            o = {"name": None, "group": None, "state": None, "info": None}
+            for a in attrs:
+                n = a.attribute_name.value
+                if n == "Name": o["name"] = a.attribute_value.name_value.value
+                elif n == "Object Group": o["group"] = a.attribute_value.value
+                elif n == "State": o["state"] = a.attribute_value.value.name
+                elif n == "Application Specific Information":
+                    if a.attribute_value.application_namespace == "keyplan":
+                        o["info"] = a.attribute_value.application_data
+            o["value"] = base64.b64encode(c.get(uid).value).decode()
+            out.append(o)
+        out.sort(key=lambda o: o["name"])
+        print(json.dumps(out))
+    else:
+        for o in json.load(sys.stdin):
+            value = base64.b64decode(o["value"])
+            k = objects.SymmetricKey(enums.CryptographicAlgorithm.HMAC_SHA256, 8 * len(value), value)
+            template = cobjects.TemplateAttribute(attributes=[
+                f.create_attribute(enums.AttributeType.NAME, o["name"]),
+                f.create_attribute(enums.AttributeType.OBJECT_GROUP, o["group"]),
+                f.create_attribute(enums.AttributeType.APPLICATION_SPECIFIC_INFORMATION,
+                    {"application_namespace": "keyplan", "application_data": o["info"]}),
+            ])
+            r = c.proxy.register(enums.ObjectType.SYMMETRIC_KEY, template, c.object_factory.convert(k))
+            assert r.result_status.value == enums.ResultStatus.SUCCESS, r.result_message
+            if o["state"] in ("ACTIVE", "DEACTIVATED"):
+                c.activate(r.uuid)
+            if o["state"] == "DEACTIVATED":
+                c.revoke(enums.RevocationReasonCode.CESSATION_OF_OPERATION, r.uuid)
+        print("null")
+"#;
+
 /// PyKMIP client script: revokes object `uid` (reason Cessation of Operation), as an operator.
 const REVOKER: &str = r#"
 import sys, logging, warnings
@@ -467,6 +522,17 @@ impl PyKmip {
         self.python(WRITER, &[name, group], value)
             .trim()
             .to_string()
+    }
+
+    /// Every object with the attributes of keyplan's layout, read with PyKMIP's client
+    /// (`LAYOUT_IO`'s `dump`): what the layout fixtures hold.
+    pub fn layout_dump(&self) -> serde_json::Value {
+        serde_json::from_str(&self.python(LAYOUT_IO, &["dump"], b"")).expect("dump JSON")
+    }
+
+    /// Registers the objects of `objs` (a [`PyKmip::layout_dump`]) with PyKMIP's client.
+    pub fn layout_load(&self, objs: &serde_json::Value) {
+        self.python(LAYOUT_IO, &["load"], objs.to_string().as_bytes());
     }
 
     /// As an operator with PyKMIP's client: revokes object `uid` (it becomes Deactivated).

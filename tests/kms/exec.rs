@@ -335,13 +335,23 @@ fn helper_answers_map_onto_kms_errors() {
         kms.commit("k", None, 1),
         Err(KmsError::Unavailable { .. })
     ));
-    // Another protocol major version is refused as a configuration problem.
+    // A newer protocol version is refused as a newer format (src/format/kms/exec.rs), an
+    // older one as a configuration problem.
     let kms = answering(d, "v2", r#"{"protocol_version":2,"ok":true,"result":{}}"#);
+    match kms.commit("k", None, 1) {
+        Err(e @ KmsError::NewerFormat(_)) => {
+            let text = e.to_string();
+            assert!(text.contains("kms-exec-protocol format 2"), "{text}");
+            assert!(text.contains("up to 1"), "{text}");
+            assert!(text.contains("Nothing was changed"), "{text}");
+        }
+        other => panic!("expected NewerFormat, got {other:?}"),
+    }
+    let kms = answering(d, "v0", r#"{"protocol_version":0,"ok":true,"result":{}}"#);
     match kms.commit("k", None, 1) {
         Err(e @ KmsError::Config { .. }) => {
             let text = e.to_string();
-            assert!(text.contains("protocol_version 2"), "{text}");
-            assert!(text.contains("version 1"), "{text}");
+            assert!(text.contains("protocol_version 0"), "{text}");
         }
         other => panic!("expected Config, got {other:?}"),
     }

@@ -20,6 +20,7 @@ mod destroy_matrix;
 mod exec;
 mod faults;
 mod file;
+mod formats;
 mod ibm;
 mod kmip;
 mod kubernetes;

@@ -4,9 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
 use super::client::Listed;
+use crate::format::kms::aws::Record;
 use crate::kms::book::VersionBook;
 use crate::kms::{KeyState, VersionInfo, VersionState};
 
@@ -44,25 +43,45 @@ fn label_number(label: &str) -> Option<u64> {
     label.strip_prefix(VERSION_LABEL)?.parse().ok()
 }
 
-/// keyplan's record of a key, the JSON value of the secret `<secret>.keyplan` (no material).
-/// Every change is a compare-and-swap: a new version, then `AWSCURRENT` moved to it off the
-/// version read ([`super::AwsKms`]'s `write_meta`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// keyplan's record of a key, the JSON value of the secret `<secret>.keyplan` (no material),
+/// as the provider works on it; stored as [`Record`] (src/format/kms/aws.rs, the layout and
+/// its version). Every change is a compare-and-swap: a new version, then `AWSCURRENT` moved to
+/// it off the version read ([`super::AwsKms`]'s `write_meta`).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Meta {
-    /// Layout version, 1.
-    #[serde(default)]
-    pub format: u32,
     /// The plans holding the key and their votes ([`crate::kms::KeyState::holders`]).
-    #[serde(default)]
     pub holders: BTreeMap<String, u64>,
     /// Retired versions and their creation times (Unix seconds); their secret versions carry
     /// no label any more, or are gone.
-    #[serde(default)]
     pub retired: BTreeMap<u64, u64>,
     /// A first version staged but not committed: Secrets Manager puts `AWSCURRENT` on a
     /// secret's first version itself, so until the commit this record says it is pending.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uncommitted: Option<u64>,
+    /// Fields of the record this keyplan does not know, written back as they were.
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+impl From<Record> for Meta {
+    fn from(r: Record) -> Meta {
+        Meta {
+            holders: r.holders,
+            retired: r.retired,
+            uncommitted: r.uncommitted,
+            extra: r.extra,
+        }
+    }
+}
+
+impl From<&Meta> for Record {
+    fn from(m: &Meta) -> Record {
+        Record {
+            format: crate::format::kms::aws::VERSION,
+            holders: m.holders.clone(),
+            retired: m.retired.clone(),
+            uncommitted: m.uncommitted,
+            extra: m.extra.clone(),
+        }
+    }
 }
 
 /// One version keyplan knows: its number, version id, labels and creation time.

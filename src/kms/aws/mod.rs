@@ -48,6 +48,7 @@ use self::client::CallError;
 use self::layout::{Meta, View, CURRENT, META_NEXT, META_SUFFIX, PENDING, PREVIOUS};
 use super::book::{self, Commit, Destroy};
 use super::{block_on, with_retries, Credential, KeyState, Kms, KmsError};
+use crate::format::kms::aws::Record;
 use crate::secret::Passphrase;
 use crate::spec::{aws_names, KmsConfig};
 
@@ -217,17 +218,18 @@ impl AwsKms {
         let (meta, meta_vid) = match record {
             None => (Meta::default(), None),
             Some((vid, bytes)) => {
-                let meta: Meta = serde_json::from_slice(&bytes).map_err(|e| {
-                    KmsError::corrupt(
-                        self,
-                        key,
-                        format!(
-                            "keyplan's record {:?} is not the JSON keyplan writes ({e}); restore it from an earlier version (`aws secretsmanager list-secret-version-ids`) or delete it to start the record afresh",
-                            self.meta_secret(key)
-                        ),
-                    )
+                let document = KmsError::document(
+                    self,
+                    key,
+                    &format!("record secret {:?}", self.meta_secret(key)),
+                );
+                let record = Record::parse(&bytes, &document).map_err(|e| {
+                    KmsError::of_read(self, key, e, |why| format!(
+                        "keyplan's record {:?} is not the JSON keyplan writes ({why}); nothing was changed. Restore it from an earlier version (`aws secretsmanager list-secret-version-ids`) or delete it to start the record afresh",
+                        self.meta_secret(key)
+                    ))
                 })?;
-                (meta, Some(vid))
+                (Meta::from(record), Some(vid))
             }
         };
         let view = View::of(listing, meta, meta_vid);
@@ -254,11 +256,7 @@ impl AwsKms {
     ///
     /// Errors: [`KmsError::Conflict`] when the record changed since `view` was read.
     async fn write_meta(&self, key: &str, view: &View, meta: &Meta) -> Result<(), KmsError> {
-        let mut meta = meta.clone();
-        meta.format = 1;
-        let text = serde_json::to_string(&meta).map_err(|e| {
-            KmsError::corrupt(self, key, format!("cannot encode keyplan's record: {e}"))
-        })?;
+        let text = Record::from(meta).to_text();
         let id = self.meta_secret(key);
         let token = format!("keyplan-record-{}", random_hex());
         let conflict = |what: &str, e: CallError| match e {

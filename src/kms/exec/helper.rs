@@ -446,6 +446,15 @@ fn parse_response<R: DeserializeOwned>(
     })?;
     match head.protocol_version {
         Some(serde_json::Value::Number(n)) if n.as_u64() == Some(PROTOCOL_VERSION) => {}
+        Some(serde_json::Value::Number(n)) if n.as_u64().is_some_and(|v| v > PROTOCOL_VERSION) => {
+            let document = format!("{}: the helper's answer to {}", ctx.kms.describe(), ctx.what());
+            let found = n.as_u64().unwrap_or_default();
+            if let Err(crate::format::kms::ReadError::Newer(newer)) =
+                crate::format::kms::exec::check(found, &document)
+            {
+                return Err(KmsError::NewerFormat(newer));
+            }
+        }
         Some(other) => {
             return Err(KmsError::Config {
                 kms: ctx.kms.describe(),

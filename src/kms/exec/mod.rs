@@ -127,7 +127,7 @@ impl ExecKms {
                 return Err(self.corrupt(key, "version 0 listed (versions start at 1)".into()));
             }
             let number = v.version;
-            if state.versions.insert(number, v).is_some() {
+            if state.versions.insert(number, v.into()).is_some() {
                 return Err(self.corrupt(key, format!("version {number} listed twice")));
             }
         }

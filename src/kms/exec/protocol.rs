@@ -5,12 +5,13 @@
 use serde::{Deserialize, Serialize};
 use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
-use crate::kms::VersionInfo;
+use crate::format::kms::VersionEntry;
 
 /// The protocol version keyplan speaks (the `protocol_version` field of every request and
-/// response). Responses carrying another version are refused with
+/// response; its home is src/format/kms/exec.rs). A response of a newer version is refused
+/// with [`KmsError::NewerFormat`](crate::kms::KmsError::NewerFormat), an older one with
 /// [`KmsError::Config`](crate::kms::KmsError::Config).
-pub const PROTOCOL_VERSION: u64 = 1;
+pub const PROTOCOL_VERSION: u64 = crate::format::kms::exec::VERSION;
 
 /// The operation of one request, with its fields (serialized next to `operation`).
 #[derive(Serialize)]
@@ -162,7 +163,7 @@ pub(super) struct ErrorBody {
 pub(super) struct ReadResult {
     pub(super) current: Option<u64>,
     pub(super) pending: Option<u64>,
-    pub(super) versions: Vec<VersionInfo>,
+    pub(super) versions: Vec<VersionEntry>,
     /// The plans holding the key (holder id -> since, Unix seconds); absent: none.
     #[serde(default)]
     pub(super) holders: std::collections::BTreeMap<String, u64>,
@@ -272,11 +273,27 @@ mod tests {
                 serde_json::json!({"protocol_version":1,"operation":"destroy_key","kms":"c","key":"k","expected_current":4}),
             ),
             (
+                Op::Get { version: 2 },
+                Some("k"),
+                serde_json::json!({"protocol_version":1,"operation":"get","kms":"c","key":"k","version":2}),
+            ),
+            (
+                Op::Retire { version: 1 },
+                Some("k"),
+                serde_json::json!({"protocol_version":1,"operation":"retire","kms":"c","key":"k","version":1}),
+            ),
+            (
+                Op::Lingering,
+                Some("k"),
+                serde_json::json!({"protocol_version":1,"operation":"lingering","kms":"c","key":"k"}),
+            ),
+            (
                 Op::Credentials,
                 None,
                 serde_json::json!({"protocol_version":1,"operation":"credentials","kms":"c"}),
             ),
         ];
+        check_requests_fixture(&cases);
         for (op, key, want) in cases {
             let buf = encode_request(&Request {
                 protocol_version: 1,
@@ -287,6 +304,95 @@ mod tests {
             .expect("encode");
             let got: serde_json::Value = serde_json::from_slice(&buf).expect("json");
             assert_eq!(got, want);
+        }
+    }
+
+    /// `tests/fixtures/formats/kms-exec-protocol/v1/<file>`.
+    fn fixture_path(file: &str) -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/formats/kms-exec-protocol/v1")
+            .join(file)
+    }
+
+    /// The requests of `cases`, as keyplan writes them (one line each), are the version-1
+    /// fixture `requests.jsonl` byte for byte (`KEYPLAN_WRITE_FIXTURES=1` writes it afresh).
+    fn check_requests_fixture(cases: &[(Op<'_>, Option<&str>, serde_json::Value)]) {
+        let mut bytes = Vec::new();
+        for (op, key, _) in cases {
+            let buf = encode_request(&Request {
+                protocol_version: PROTOCOL_VERSION,
+                op,
+                kms: "c",
+                key: *key,
+            })
+            .expect("encode");
+            bytes.extend_from_slice(&buf);
+        }
+        let path = fixture_path("requests.jsonl");
+        if std::env::var_os("KEYPLAN_WRITE_FIXTURES").is_some_and(|v| v == "1") {
+            std::fs::write(&path, &bytes).expect("write fixture");
+        }
+        let want = std::fs::read(&path).expect("requests.jsonl");
+        assert_eq!(
+            String::from_utf8_lossy(&bytes),
+            String::from_utf8_lossy(&want),
+            "today's requests differ from the protocol's version-1 fixture"
+        );
+    }
+
+    /// Every response of the version-1 fixture `responses.json` (one per operation, as
+    /// docs/kms/exec.md gives them) reads with today's types.
+    #[test]
+    fn version_1_responses_read() {
+        let text = std::fs::read(fixture_path("responses.json")).expect("responses.json");
+        let all: Vec<serde_json::Value> = serde_json::from_slice(&text).expect("JSON list");
+        for r in all {
+            let op = r["operation"].as_str().expect("operation");
+            let bytes = serde_json::to_vec(&r["response"]).expect("json");
+            let head: Head = serde_json::from_slice(&bytes).expect("head");
+            assert_eq!(
+                head.protocol_version,
+                Some(serde_json::Value::from(PROTOCOL_VERSION))
+            );
+            let ok = match op {
+                "read" => {
+                    let e: Envelope<ReadResult> = serde_json::from_slice(&bytes).expect(op);
+                    let read = e.result.expect("result");
+                    assert_eq!(read.versions.len(), 2);
+                    assert!(read.holders.contains_key("node-a:/var/lib/keyplan"));
+                    e.ok
+                }
+                "stage" => {
+                    let e: Envelope<StageResult> = serde_json::from_slice(&bytes).expect(op);
+                    assert_eq!(e.result.expect("result").version, 3);
+                    e.ok
+                }
+                "get" => {
+                    let e: Envelope<GetResult> = serde_json::from_slice(&bytes).expect(op);
+                    assert!(!e.result.expect("result").material_base64.is_empty());
+                    e.ok
+                }
+                "credentials" => {
+                    let e: Envelope<CredentialsResult> = serde_json::from_slice(&bytes).expect(op);
+                    assert_eq!(e.result.expect("result").credentials.len(), 1);
+                    e.ok
+                }
+                "lingering" => {
+                    let e: Envelope<LingeringResult> = serde_json::from_slice(&bytes).expect(op);
+                    assert_eq!(e.result.expect("result").versions, [1]);
+                    e.ok
+                }
+                "error" => {
+                    let e: Envelope<serde_json::Value> = serde_json::from_slice(&bytes).expect(op);
+                    assert_eq!(e.error.expect("error").kind, "conflict");
+                    e.ok
+                }
+                _ => {
+                    let e: Envelope<serde_json::Value> = serde_json::from_slice(&bytes).expect(op);
+                    e.ok
+                }
+            };
+            assert_eq!(ok, op != "error", "{op}");
         }
     }
 }

@@ -12,19 +12,15 @@ use super::session::{KmipKms, Session};
 use super::ttlv::Fail;
 use crate::kms::{KeyState, Kms, KmsError, VersionInfo, VersionState};
 
-/// Prefix of the Object Group attribute that gathers the versions of one key.
-const GROUP_PREFIX: &str = "keyplan:";
-/// Object Group prefix of a key's holder records ([`Kms::hold`]): one small Symmetric Key
-/// object per holder, Name `"<key>/holder/<holder id>"`, Application Specific Information
-/// `since=<unix>`. Never Activated; destroyed by [`Kms::release`]. Its material is the holder
-/// id's bytes (KMIP has no object without material that PyKMIP registers; nothing secret).
-pub(super) const HOLDER_GROUP_PREFIX: &str = "keyplan-holders:";
-/// Application Specific Information namespace of keyplan's records.
-pub(super) const APP_NAMESPACE: &str = "keyplan";
-/// Field of the Application Specific Information data holding the staging time.
-pub(super) const CREATED_FIELD: &str = "created";
-/// Field of the Application Specific Information data listing earlier versions.
-pub(super) const HISTORY_FIELD: &str = "history";
+// The names, groups and Application Specific Information of keyplan's objects, and their
+// version: src/format/kms/kmip.rs. A holder record is one small Symmetric Key object per
+// holder ([`Kms::hold`]), Name `"<key>/holder/<holder id>"`, never Activated, destroyed by
+// [`Kms::release`]; its material is the holder id's bytes (KMIP has no object without
+// material that PyKMIP registers; nothing secret).
+use crate::format::kms::kmip::AppInfo;
+pub(super) use crate::format::kms::kmip::{
+    GROUP_PREFIX, HOLDER_GROUP_PREFIX, NAMESPACE as APP_NAMESPACE,
+};
 
 impl KmipKms {
     /// Every object of Object Group `group_name` with its attributes (Locate, then Get
@@ -56,6 +52,20 @@ impl KmipKms {
         Ok(out)
     }
 
+    /// The Application Specific Information `data` of object `uid` of key `key`, its version
+    /// checked (src/format/kms/kmip.rs).
+    ///
+    /// Errors: [`KmsError::NewerFormat`] for data of a newer version (the caller writes
+    /// nothing); [`KmsError::Corrupt`] for a version that is not a number.
+    fn app_info(&self, key: &str, uid: &str, data: &str) -> Result<AppInfo, KmsError> {
+        let document = KmsError::document(self, key, &format!("object {uid}"));
+        AppInfo::parse(data, &document).map_err(|e| {
+            KmsError::of_read(self, key, e, |why| format!(
+                "object {uid}: Application Specific Information {data:?}: {why}; nothing was changed"
+            ))
+        })
+    }
+
     /// Every object of key `key` that the server lists (Locate by Object Group, then Get
     /// Attributes of each).
     pub(super) fn objects(&self, s: &mut Session<'_>, key: &str) -> Result<Vec<Obj>, KmsError> {
@@ -77,13 +87,9 @@ impl KmipKms {
                     AttributeValue::ApplicationSpecificInformation(ns, data)
                         if ns.0 == APP_NAMESPACE =>
                     {
-                        for (field, value) in data.0.split(';').filter_map(|f| f.split_once('=')) {
-                            match field.trim() {
-                                CREATED_FIELD => created_at = value.trim().parse().unwrap_or(0),
-                                HISTORY_FIELD => history.extend(parse_history(value)),
-                                _ => {}
-                            }
-                        }
+                        let info = self.app_info(key, &uid, &data.0)?;
+                        created_at = info.created_at;
+                        history = info.history;
                     }
                     _ => {}
                 }
@@ -162,11 +168,7 @@ impl KmipKms {
                     AttributeValue::ApplicationSpecificInformation(ns, data)
                         if ns.0 == APP_NAMESPACE =>
                     {
-                        for (field, value) in data.0.split(';').filter_map(|f| f.split_once('=')) {
-                            if field.trim() == "since" {
-                                since = value.trim().parse().unwrap_or(0);
-                            }
-                        }
+                        since = self.app_info(key, &uid, &data.0)?.since;
                     }
                     _ => {}
                 }
@@ -259,15 +261,4 @@ pub(super) fn parse_name(key: &str, name: &str) -> Option<u64> {
         return None;
     }
     n.parse().ok().filter(|&v| v > 0)
-}
-
-/// `"1@1790000000,2@1795000000"` as (version, created_at) pairs; malformed entries are skipped.
-pub(super) fn parse_history(list: &str) -> Vec<(u64, u64)> {
-    list.split(',')
-        .filter_map(|e| {
-            let (v, t) = e.split_once('@')?;
-            Some((v.trim().parse().ok()?, t.trim().parse().ok()?))
-        })
-        .filter(|&(v, _)| v > 0)
-        .collect()
 }

@@ -11,7 +11,8 @@
 //! Name                              "K/v<N>"           which key and version this is
 //! Object Group                      "keyplan:K"        Locate finds every version of K by it
 //! Application Specific Information  namespace "keyplan",
-//!                                   data "created=<unix>;history=1@<unix>,2@<unix>"
+//!                                   data "format=2;created=<unix>;history=1@<unix>,2@<unix>"
+//!                                   (format: the layout's version, src/format/kms/kmip.rs)
 //!                                   when keyplan staged this version (seconds since the
 //!                                   epoch, keyplan's clock), and every version of K known
 //!                                   then, with its creation time
@@ -60,11 +61,10 @@ use kmip_protocol::types::response::ResultReason;
 
 use super::book::{show, Commit, Destroy, VersionBook};
 use super::{with_retries, Credential, KeyState, Kms, KmsError, VersionState};
+use crate::format::kms::kmip::AppInfo;
 use crate::secret::Passphrase;
 use crate::spec::KmsConfig;
-use layout::{
-    group, state_of, Obj, APP_NAMESPACE, CREATED_FIELD, HISTORY_FIELD, HOLDER_GROUP_PREFIX,
-};
+use layout::{group, state_of, Obj, APP_NAMESPACE, HOLDER_GROUP_PREFIX};
 use session::Session;
 use ttlv::Fail;
 
@@ -226,21 +226,17 @@ impl Kms for KmipKms {
                     material.len()
                 ),
             })?;
-        let history: Vec<String> = st
+        let history: Vec<(u64, u64)> = st
             .versions
             .values()
-            .map(|v| format!("{}@{}", v.version, v.created_at))
+            .map(|v| (v.version, v.created_at))
             .collect();
         let attributes = vec![
             Attribute::Name(format!("{name}/v{version}")),
             Attribute::ObjectGroup(group(name)),
             Attribute::ApplicationSpecificInformation(
                 ApplicationNamespace(APP_NAMESPACE.into()),
-                ApplicationData(format!(
-                    "{CREATED_FIELD}={};{HISTORY_FIELD}={}",
-                    crate::clock::now_unix(),
-                    history.join(",")
-                )),
+                ApplicationData(AppInfo::version_text(crate::clock::now_unix(), &history)),
             ),
         ];
         let uid = s
@@ -378,7 +374,7 @@ impl Kms for KmipKms {
             Attribute::ObjectGroup(format!("{HOLDER_GROUP_PREFIX}{name}")),
             Attribute::ApplicationSpecificInformation(
                 ApplicationNamespace(APP_NAMESPACE.into()),
-                ApplicationData(format!("since={}", crate::clock::now_unix())),
+                ApplicationData(AppInfo::holder_text(crate::clock::now_unix())),
             ),
         ];
         s.register(attributes, holder.as_bytes(), bits)

@@ -1,10 +1,11 @@
 //! Unit tests of the `kmip` provider that need no server: the Register mirror's encoding,
 //! names, history and endpoints, and the state mapping.
 
-use super::layout::{key_state, parse_history, parse_name};
+use super::layout::{key_state, parse_name};
 use super::session::split_endpoint;
 use super::ttlv::wire;
 use super::*;
+use crate::format::kms::kmip::parse_history;
 use kmip_protocol::types::common::{CryptographicAlgorithm, CryptographicLength, ObjectType};
 use kmip_protocol::types::common::{KeyFormatType, KeyMaterial};
 use kmip_protocol::types::request as rq;

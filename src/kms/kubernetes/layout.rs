@@ -5,9 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
 use super::client::{KubernetesKms, SecretObj};
+use crate::format::kms::kubernetes::{VersionRecord, Versions};
 use crate::kms::book::{self, show, VersionBook};
 use crate::kms::{KeyState, Kms, KmsError, VersionInfo, VersionState};
 use crate::secret::Passphrase;
@@ -134,27 +133,19 @@ impl KubernetesKms {
     }
 
     fn parse_meta(&self, key: &str, secret: &str, text: &str) -> Result<Meta, KmsError> {
-        let meta: Meta = serde_json::from_str(text).map_err(|e| {
-            KmsError::corrupt(
-                self,
-                key,
-                format!(
-                    "{}: annotation {VERSIONS_ANNOTATION} is not valid: {e}; nothing was changed. Restore the annotation from a backup or fix it by hand (docs/kms/kubernetes.md)",
+        let document = KmsError::document(
+            self,
+            key,
+            &format!("annotation {VERSIONS_ANNOTATION} of {}", self.label(secret)),
+        );
+        let meta: Meta = Versions::parse(text, &document)
+            .map(Meta::from)
+            .map_err(|e| {
+                KmsError::of_read(self, key, e, |why| format!(
+                    "{}: annotation {VERSIONS_ANNOTATION} is not valid: {why}; nothing was changed. Restore the annotation from a backup or fix it by hand (docs/kms/kubernetes.md)",
                     self.label(secret)
-                ),
-            )
-        })?;
-        if meta.format != 1 {
-            return Err(KmsError::corrupt(
-                self,
-                key,
-                format!(
-                    "{}: annotation {VERSIONS_ANNOTATION} has format {}, this keyplan reads format 1; nothing was changed. Use a keyplan release that knows it",
-                    self.label(secret),
-                    meta.format
-                ),
-            ));
-        }
+                ))
+            })?;
         let consistent = |v: Option<u64>, state: VersionState| {
             v.is_none_or(|n| {
                 meta.versions
@@ -219,17 +210,12 @@ impl KubernetesKms {
                     .and_then(|t| u64::try_from(t.0.as_second()).ok())
                     .unwrap_or(0);
                 Ok(Meta {
-                    format: 1,
                     current: Some(1),
-                    pending: None,
                     versions: vec![VersionMeta {
-                        version: 1,
                         created_at,
-                        state: VersionState::Current,
-                        secret: None,
-                        data_key: None,
+                        ..VersionMeta::new(1, VersionState::Current)
                     }],
-                    holders: BTreeMap::new(),
+                    ..Meta::empty()
                 })
             }
             None => Ok(Meta::empty()),
@@ -327,28 +313,76 @@ impl View {
     }
 }
 
-/// The `keyplan.io/versions` annotation.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// The `keyplan.io/versions` annotation as the provider works on it; stored as [`Versions`]
+/// (src/format/kms/kubernetes.rs, the layout and its version).
+#[derive(Debug, Clone)]
 pub(super) struct Meta {
-    format: u32,
     pub(super) current: Option<u64>,
     pub(super) pending: Option<u64>,
     pub(super) versions: Vec<VersionMeta>,
     /// The plans holding the key ([`Kms::hold`]): holder id -> since (Unix seconds).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub(super) holders: BTreeMap<String, u64>,
+    /// Fields of the annotation this keyplan does not know, written back as they were.
+    extra: BTreeMap<String, serde_json::Value>,
 }
 
 /// One version in [`Meta`]; `secret`/`data_key` only in the secret-per-version layout.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub(super) struct VersionMeta {
     version: u64,
     created_at: u64,
     pub(super) state: VersionState,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) secret: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) data_key: Option<String>,
+    /// Fields of the entry this keyplan does not know, written back as they were.
+    extra: BTreeMap<String, serde_json::Value>,
+}
+
+impl From<Versions> for Meta {
+    fn from(v: Versions) -> Meta {
+        Meta {
+            current: v.current,
+            pending: v.pending,
+            versions: v
+                .versions
+                .into_iter()
+                .map(|r| VersionMeta {
+                    version: r.version,
+                    created_at: r.created_at,
+                    state: r.state.into(),
+                    secret: r.secret,
+                    data_key: r.data_key,
+                    extra: r.extra,
+                })
+                .collect(),
+            holders: v.holders,
+            extra: v.extra,
+        }
+    }
+}
+
+impl From<&Meta> for Versions {
+    fn from(m: &Meta) -> Versions {
+        Versions {
+            format: crate::format::kms::kubernetes::VERSION,
+            current: m.current,
+            pending: m.pending,
+            versions: m
+                .versions
+                .iter()
+                .map(|v| VersionRecord {
+                    version: v.version,
+                    created_at: v.created_at,
+                    state: v.state.into(),
+                    secret: v.secret.clone(),
+                    data_key: v.data_key.clone(),
+                    extra: v.extra.clone(),
+                })
+                .collect(),
+            holders: m.holders.clone(),
+            extra: m.extra.clone(),
+        }
+    }
 }
 
 impl book::Entry for VersionMeta {
@@ -369,6 +403,7 @@ impl VersionMeta {
             state,
             secret: None,
             data_key: None,
+            extra: BTreeMap::new(),
         }
     }
 }
@@ -376,11 +411,11 @@ impl VersionMeta {
 impl Meta {
     fn empty() -> Meta {
         Meta {
-            format: 1,
             current: None,
             pending: None,
             versions: Vec::new(),
             holders: BTreeMap::new(),
+            extra: BTreeMap::new(),
         }
     }
 
@@ -394,10 +429,10 @@ impl Meta {
         VersionBook::of_entries(self.current, self.pending, &self.versions)
     }
 
-    /// The annotation's text: compact JSON.
+    /// The annotation's text: compact JSON ([`Versions::to_text`]), the fields this keyplan
+    /// does not know kept.
     pub(super) fn to_json(&self) -> String {
-        // Plain numbers, strings and enums only: encoding cannot fail.
-        serde_json::to_string(self).unwrap_or_default()
+        Versions::from(self).to_text()
     }
 
     /// The record as a [`KeyState`].

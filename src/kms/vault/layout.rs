@@ -16,27 +16,11 @@ use crate::secret::Passphrase;
 
 /// Suffix of the sibling path holding the pending version: `<name>.keyplan-pending`.
 pub const PENDING_SUFFIX: &str = ".keyplan-pending";
-/// Data field with keyplan's version number (decimal string).
-pub const FIELD_VERSION: &str = "keyplan_version";
-/// Data field with the version's creation time (Unix seconds, decimal string).
-pub const FIELD_CREATED_AT: &str = "keyplan_created_at";
-/// Data field with the earlier versions, compact JSON `[[version, kv_version, created_at], ...]`.
-pub const FIELD_HISTORY: &str = "keyplan_history";
-/// Data field with the plans holding the key ([`Kms::hold`]), compact JSON
-/// `{"<holder id>": <since, Unix seconds>, ...}`; absent when there is none.
-pub const FIELD_HOLDERS: &str = "keyplan_holders";
-/// Data field of the tombstone `destroy_key` writes before deleting the key (Unix seconds).
-pub const FIELD_DESTROYED_AT: &str = "keyplan_destroyed_at";
-/// Data field of the pending secret holding the passphrase.
-pub const FIELD_PASSPHRASE: &str = "passphrase";
-/// Data field of the pending secret: the KV version of the main path it was staged on (`0`:
-/// none). A commit requires the main path to be still at that KV version.
-pub const FIELD_BASE: &str = "keyplan_base_kv_version";
-/// Data field of the pending secret: the keyplan version that was current when it was staged
-/// (`0`: none). A commit on a main path whose KV version moved on since (a holder record was
-/// written, [`FIELD_HOLDERS`]) is still allowed when its current keyplan version and creation
-/// time are this version's: the current version did not change.
-pub const FIELD_BASE_VERSION: &str = "keyplan_base_version";
+// keyplan's data fields and their version: src/format/kms/vault.rs.
+pub use crate::format::kms::vault::{
+    FIELD_BASE, FIELD_BASE_VERSION, FIELD_CREATED_AT, FIELD_DESTROYED_AT, FIELD_FORMAT,
+    FIELD_HISTORY, FIELD_HOLDERS, FIELD_PASSPHRASE, FIELD_VERSION,
+};
 /// How many older readable KV versions are searched for a keyplan-written one when the latest
 /// version has no keyplan fields (a foreign write on a managed key, or a secret to adopt).
 const FOREIGN_SCAN: usize = 20;
@@ -139,6 +123,29 @@ impl VaultKms {
         }
     }
 
+    /// Checks the layout version of `data`, KV version `kv_version` of `path` (key `name`'s
+    /// main or pending path): version 1 (no [`FIELD_FORMAT`]) or 2 (src/format/kms/vault.rs).
+    ///
+    /// Errors: [`KmsError::NewerFormat`] for a newer version (the caller writes nothing);
+    /// [`KmsError::Corrupt`] for a version that is not a number.
+    fn check_format(
+        &self,
+        name: &str,
+        path: &str,
+        kv_version: u64,
+        data: &serde_json::Map<String, Value>,
+    ) -> Result<(), KmsError> {
+        let document =
+            KmsError::document(self, name, &format!("KV version {kv_version} of {path}"));
+        crate::format::kms::vault::check(data, &document)
+            .map(|_| ())
+            .map_err(|e| {
+                KmsError::of_read(self, name, e, |why| format!(
+                    "KV version {kv_version} of {path}: {why}; nothing was changed. Restore a good version with `bao kv rollback` (see docs/kms/vault.md)"
+                ))
+            })
+    }
+
     /// The main path's latest version; `None` if the path does not exist.
     pub(super) fn read_main(&self, name: &str) -> Result<Option<Main>, KmsError> {
         let resp = match self.read_secret(name, None)? {
@@ -167,6 +174,7 @@ impl VaultKms {
                 ),
             ));
         };
+        self.check_format(name, &self.data_path(name), kv_version, &data)?;
         if data.contains_key(FIELD_DESTROYED_AT) {
             return Ok(Some(Main {
                 kv_version,
@@ -250,6 +258,7 @@ impl VaultKms {
         };
         let extra_fields = data.keys().any(|k| {
             ![
+                FIELD_FORMAT,
                 FIELD_VERSION,
                 FIELD_CREATED_AT,
                 FIELD_HISTORY,
@@ -403,6 +412,7 @@ impl VaultKms {
             Value::Object(m) => m,
             _ => return Err(bad("has no data")),
         };
+        self.check_format(name, &self.data_path(&path), kv_version, &data)?;
         let passphrase = take_string(&mut data, FIELD_PASSPHRASE)
             .ok_or_else(|| bad("has no string field \"passphrase\""))?;
         let version = number(&data, FIELD_VERSION)

@@ -11,6 +11,7 @@
 //! <mount>/data/<name>                     the CURRENT version: the latest KV version holds
 //!     <basename>          the passphrase (field named after the last path component of <name>,
 //!                         as Rook stores its KEKs, so `bao kv get -field=<basename>` reads it)
+//!     keyplan_format      the layout's version, "2" (src/format/kms/vault.rs; absent: 1)
 //!     keyplan_version     keyplan's version number, decimal string
 //!     keyplan_created_at  creation time of that version, Unix seconds, decimal string
 //!     keyplan_history     compact JSON text: [[keyplan_version, kv_version, created_at], ...]
@@ -18,7 +19,7 @@
 //!     keyplan_holders     compact JSON text {"<holder>": since, ...}: the plans holding the
 //!                         key (Kms::hold; absent: none)
 //! <mount>/data/<name>.keyplan-pending     the PENDING version (only during a rotation)
-//!     passphrase, keyplan_version, keyplan_created_at,
+//!     passphrase, keyplan_format, keyplan_version, keyplan_created_at,
 //!     keyplan_base_kv_version  KV version of the main path it was staged on (0: none)
 //!     keyplan_base_version     keyplan version current then (0: none)
 //! ```
@@ -75,10 +76,14 @@ use layout::{
 pub use auth::{DEFAULT_JWT_FILE, DEFAULT_TOKEN_ENV};
 pub use client::VaultKms;
 pub use layout::{
-    FIELD_BASE, FIELD_BASE_VERSION, FIELD_CREATED_AT, FIELD_DESTROYED_AT, FIELD_HISTORY,
-    FIELD_HOLDERS, FIELD_PASSPHRASE, FIELD_VERSION, PENDING_SUFFIX,
+    FIELD_BASE, FIELD_BASE_VERSION, FIELD_CREATED_AT, FIELD_DESTROYED_AT, FIELD_FORMAT,
+    FIELD_HISTORY, FIELD_HOLDERS, FIELD_PASSPHRASE, FIELD_VERSION, PENDING_SUFFIX,
 };
 pub use setup::{open, DEFAULT_MOUNT};
+
+/// The layout version keyplan writes into every KV version, as [`FIELD_FORMAT`]'s value
+/// (src/format/kms/vault.rs).
+const LAYOUT_VERSION: &str = crate::format::kms::vault::VERSION_TEXT;
 
 impl Kms for VaultKms {
     /// `vault KMS "<instance>" (<address>, mount <mount>)`.
@@ -136,6 +141,7 @@ impl Kms for VaultKms {
             .to_string();
         let data = BTreeMap::from([
             (FIELD_PASSPHRASE, text),
+            (FIELD_FORMAT, LAYOUT_VERSION),
             (FIELD_VERSION, version_text.as_str()),
             (FIELD_CREATED_AT, created_text.as_str()),
             (FIELD_BASE, base_text.as_str()),
@@ -320,7 +326,10 @@ impl Kms for VaultKms {
             }
             let kv_version = main.as_ref().map_or(0, |m| m.kv_version);
             let at = crate::clock::now_unix().to_string();
-            let tombstone = BTreeMap::from([(FIELD_DESTROYED_AT, at.as_str())]);
+            let tombstone = BTreeMap::from([
+                (FIELD_FORMAT, LAYOUT_VERSION),
+                (FIELD_DESTROYED_AT, at.as_str()),
+            ]);
             if self.write(name, &tombstone, kv_version)?.is_none() {
                 return Err(KmsError::conflict(
                     self,
@@ -461,6 +470,7 @@ impl VaultKms {
         let holders_text = live.map(|l| holders_json(&l.holders)).unwrap_or_default();
         let mut data = BTreeMap::from([
             (basename(name), p.passphrase.as_str()),
+            (FIELD_FORMAT, LAYOUT_VERSION),
             (FIELD_VERSION, version_text.as_str()),
             (FIELD_CREATED_AT, created_text.as_str()),
             (FIELD_HISTORY, history_text.as_str()),
@@ -548,6 +558,7 @@ impl VaultKms {
         let holders_text = holders_json(&holders);
         let mut data = BTreeMap::from([
             (basename(name), live.passphrase.as_str()),
+            (FIELD_FORMAT, LAYOUT_VERSION),
             (FIELD_VERSION, version_text.as_str()),
             (FIELD_CREATED_AT, created_text.as_str()),
             (FIELD_HISTORY, history_text.as_str()),

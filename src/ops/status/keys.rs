@@ -70,6 +70,7 @@ pub(super) fn key_report(
                         e,
                         crate::kms::KmsError::Corrupt { .. }
                             | crate::kms::KmsError::NoSuchVersion { .. }
+                            | crate::kms::KmsError::NewerFormat(_)
                     );
                     (e.to_string(), damaged)
                 })
