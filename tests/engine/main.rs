@@ -37,3 +37,4 @@ mod saved_plan;
 mod shared_keys;
 mod state_owner;
 mod status;
+mod upgrade;
