@@ -4,6 +4,7 @@
 # must finish (tests/engine/upgrade.rs).
 #
 #   scripts/make-upgrade-fixtures.sh --bin OLD_KEYPLAN --commit COMMIT [--out DIR]
+#       [--random N --seed S]
 #
 # OLD_KEYPLAN is a `--features failpoints` build of COMMIT (scripts/upgrade-test.sh builds one
 # in a worktree). For each scenario (rotation, enrollment, migration, PBKDF re-wrap) it
@@ -21,6 +22,11 @@
 # its own and replaces ROOT by that directory's path in every file but the images (the one
 # edit it makes; see DIR/README.md).
 #
+# With --random N (scripts/upgrade-test.sh), each scenario is instead interrupted N times at
+# random (seeded by S): at a random hit of a random point, or by SIGKILL after a random delay;
+# the cases (`<scenario>/random-<i>-<how>/`, same layout) go to DIR, which the test reads
+# when KEYPLAN_UPGRADE_FIXTURES names it.
+#
 # Released fixtures are never edited or regenerated: a new previous release gets a directory
 # of its own (DIR defaults to tests/fixtures/upgrade/<COMMIT>).
 set -euo pipefail
@@ -28,13 +34,15 @@ export PATH="$PATH:/usr/sbin:/sbin"
 export LC_ALL=C NO_COLOR=1 NODE_NAME=fixture-node
 
 ROOT=/tmp/keyplan-upgrade-fixture.root
-bin="" commit="" out=""
+bin="" commit="" out="" random=0 seed=47
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin="$2"; shift 2 ;;
     --commit) commit="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    --random) random="$2"; shift 2 ;;
+    --seed) seed="$2"; shift 2 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -42,6 +50,7 @@ done
 [ -n "$commit" ] || { echo "--commit names the commit the binary was built from" >&2; exit 2; }
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 out="${out:-$repo/tests/fixtures/upgrade/$commit}"
+RANDOM="$seed"
 if [ -e "$out" ] && [ -n "$(ls -A "$out" 2>/dev/null)" ]; then
   echo "$out exists: released fixtures are never regenerated (remove it only if it was never committed)" >&2
   exit 1
@@ -114,11 +123,8 @@ save_case() { # DIR: ROOT's state into DIR, images content-addressed
   done
 }
 
-# scenario NAME ARGS DEVICES_JSON KMS BEFORE_JSON: the interrupted runs of NAME; the setup is
-# already in ROOT and its plan file holds the plan of the interrupted run. scenario.json says
-# what the test checks: the run's arguments, the devices with the keys the run's plan gives
-# them (`devices`) and those they held before it (`before`), and the file KMS directory that
-# holds the keys once the run is finished (`kms`).
+# matrix NAME ARGS: the interrupted runs of NAME; the setup is already in ROOT and its plan
+# file holds the plan of the interrupted run.
 #
 # One run of the old keyplan is held at every hit of every point in turn (`return(wait:GATE)`
 # of src/failpoint.rs, one gate file per hit: `1*return(wait:G.1)->1*return(wait:G.2)->...`),
@@ -127,14 +133,11 @@ save_case() { # DIR: ROOT's state into DIR, images content-addressed
 # images. The held run's own lock file content is saved as it is (the flock dies with it).
 # The torn records (`journal.torn_append`, which crashes at once) are runs of their own from
 # the setup, for the first hits only (no image has changed yet).
-scenario() {
-  local name="$1" args="$2" devices="$3" kms="$4" before="$5" golden gates point i fp="" chain pid marker gate
+matrix() {
+  local name="$1" args="$2" golden gates point i fp="" chain pid marker gate
   local seq=0 code=0 argv
   golden="$(mktemp -d)"; cp -a "$ROOT" "$golden/root"
   gates="$(mktemp -d)"
-  mkdir -p "$out/$name"
-  printf '{\n  "scenario": "%s",\n  "args": [%s],\n  "devices": %s,\n  "before": %s,\n  "kms": "%s"\n}\n' \
-    "$name" "$args" "$devices" "$before" "$kms" >"$out/$name/scenario.json"
   argv="$(printf '%s' "$args" | tr -d '",')"
   for point in "${POINTS[@]}"; do
     chain=""
@@ -176,6 +179,53 @@ scenario() {
   done
   rm -rf "$golden" "$gates"
   echo "$name: $seq held instants, $TORN torn records"
+}
+
+# random_cases NAME ARGS: RANDOM_N runs of NAME from its setup (in ROOT), each interrupted at
+# random: a random hit of a random point, or SIGKILL after a random delay.
+random_cases() {
+  local name="$1" args="$2" golden i how code pid argv point hit ms
+  golden="$(mktemp -d)"; cp -a "$ROOT" "$golden/root"
+  argv="$(printf '%s' "$args" | tr -d '",')"
+  for i in $(seq 1 "$random"); do
+    restore "$golden/root"; code=0
+    if [ $((RANDOM % 2)) = 0 ]; then
+      point="${POINTS[$((RANDOM % ${#POINTS[@]}))]}"; hit=$((RANDOM % 6))
+      [ "$point" != journal.after_append ] || hit=$((RANDOM % 30))
+      [ $((RANDOM % 4)) != 0 ] || { point=journal.torn_append; hit=$((RANDOM % 30)); }
+      how="$point-$((hit + 1))"
+      # shellcheck disable=SC2086
+      { (cd "$ROOT" && FAILPOINTS="$point=${hit}*off->return" exec "$bin" apply \
+        --auto-approve $argv >"$ROOT.log" 2>&1); } 2>/dev/null || code=$?
+    else
+      ms=$((RANDOM % 800)); how="sigkill-${ms}ms"
+      # shellcheck disable=SC2086
+      (cd "$ROOT" && exec "$bin" apply --auto-approve $argv) >"$ROOT.log" 2>&1 &
+      pid=$!
+      sleep "$(printf '%d.%03d' $((ms / 1000)) $((ms % 1000)))"
+      kill -KILL "$pid" 2>/dev/null || true
+      { wait "$pid"; } 2>/dev/null || code=$?
+    fi
+    case "$code" in
+      0) how="$how-finished" ;; # the point has fewer hits, or the run ended before the kill
+      137) ;;
+      *) cat "$ROOT.log" >&2; echo "$name: random run $i ($how): exit $code" >&2; exit 1 ;;
+    esac
+    save_case "$out/$name/random-$(printf '%03d' "$i")-$how"
+  done
+  rm -rf "$golden"
+  echo "$name: $random random interruptions"
+}
+
+# scenario NAME ARGS DEVICES_JSON KMS BEFORE_JSON: the cases of NAME. scenario.json says what
+# the test checks: the run's arguments, the devices with the keys the run's plan gives them
+# (`devices`) and those they held before it (`before`), and the file KMS directory that holds
+# the keys once the run is finished (`kms`).
+scenario() {
+  mkdir -p "$out/$1"
+  printf '{\n  "scenario": "%s",\n  "args": [%s],\n  "devices": %s,\n  "before": %s,\n  "kms": "%s"\n}\n' \
+    "$1" "$2" "$3" "$5" "$4" >"$out/$1/scenario.json"
+  if [ "$random" -gt 0 ]; then random_cases "$1" "$2"; else matrix "$1" "$2"; fi
 }
 
 dev() { # ID LUKS KEYS...: one device of scenario.json
