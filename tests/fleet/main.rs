@@ -18,6 +18,7 @@ mod deploy_apply;
 mod deploy_manifests;
 mod kube_cluster;
 mod kube_harness;
+mod mixed_version;
 mod plan;
 mod real_cluster;
 mod slots;
