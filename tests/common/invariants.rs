@@ -90,7 +90,10 @@ pub fn check_converged(
                 cur.iter().map(|c| &c.0).collect::<Vec<_>>()
             );
             let (kms, cur, pending) = &cur[0];
-            assert!(!pending, "{when}: {k} has a leftover pending version in {kms}");
+            assert!(
+                !pending,
+                "{when}: {k} has a leftover pending version in {kms}"
+            );
             assert!(
                 opens(&dev, cur, None),
                 "{when}: current {k} does not open {}",

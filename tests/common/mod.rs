@@ -653,8 +653,7 @@ pub fn file_kms_state_in(keys: &Path, key: &str) -> (Option<Vec<u8>>, bool) {
     };
     let json: serde_json::Value = serde_json::from_slice(&bytes).expect("meta.json");
     let current = json["current"].as_u64().map(|v| {
-        std::fs::read(keys.join(key).join(format!("v{v}.key")))
-            .expect("current version's material")
+        std::fs::read(keys.join(key).join(format!("v{v}.key"))).expect("current version's material")
     });
     (current, !json["pending"].is_null())
 }

@@ -18,7 +18,9 @@
 //! keyplan gave its files, which git does not keep). The runs were made with
 //! `NODE_NAME=fixture-node`, as are this test's.
 //!
-//! Reports SKIPPED only when tests/fixtures/upgrade/ holds no fixtures.
+//! Reports SKIPPED only when tests/fixtures/upgrade/ holds no fixtures. With
+//! `KEYPLAN_UPGRADE_FIXTURES=DIR` it finishes the cases under DIR instead (scripts/upgrade-test.sh
+//! makes random interruptions of the previous release there).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt as _;
@@ -51,9 +53,14 @@ struct ScenarioFile {
     kms: String,
 }
 
-/// Every release's fixtures directory (`tests/fixtures/upgrade/<commit>/`, with `COMMIT`).
+/// Every release's fixtures directory (`tests/fixtures/upgrade/<commit>/`, with `COMMIT`), or
+/// those under `KEYPLAN_UPGRADE_FIXTURES` when it is set (the random interruptions of
+/// scripts/upgrade-test.sh, in the same layout).
 fn releases() -> Vec<PathBuf> {
-    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/upgrade");
+    let base = match std::env::var_os("KEYPLAN_UPGRADE_FIXTURES") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/upgrade"),
+    };
     let mut out: Vec<PathBuf> = std::fs::read_dir(&base)
         .map(|rd| {
             rd.flatten()
@@ -147,8 +154,7 @@ fn restore_tree(from: &Path, to: &Path, root: &Path) -> usize {
         };
         std::fs::write(&dst, bytes).expect("write");
         if private(&dst) {
-            std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o600))
-                .expect("chmod");
+            std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o600)).expect("chmod");
         }
     }
     named
@@ -231,7 +237,11 @@ fn finish_case(release: &Path, case: &Path, sc: &ScenarioFile, images: &mut Imag
     let j: serde_json::Value = serde_json::from_str(&text).expect("journal --json");
     let runs = j["runs"].as_array().expect("runs");
     let outcomes: Vec<&str> = runs.iter().filter_map(|r| r["outcome"].as_str()).collect();
-    assert_eq!(outcomes.last(), Some(&"success"), "{when}: runs {outcomes:?}");
+    assert_eq!(
+        outcomes.last(),
+        Some(&"success"),
+        "{when}: runs {outcomes:?}"
+    );
     assert!(
         !outcomes.contains(&"unfinished"),
         "{when}: a run is left unfinished: {outcomes:?}"
@@ -242,6 +252,10 @@ fn finish_case(release: &Path, case: &Path, sc: &ScenarioFile, images: &mut Imag
 fn finish_all(scenario: &str) -> usize {
     let releases = releases();
     if releases.is_empty() {
+        assert!(
+            std::env::var_os("KEYPLAN_UPGRADE_FIXTURES").is_none(),
+            "KEYPLAN_UPGRADE_FIXTURES names a directory without fixtures"
+        );
         eprintln!("SKIPPED: no upgrade fixtures under tests/fixtures/upgrade/");
         return 0;
     }

@@ -439,7 +439,12 @@ fn state(fake: &impl FleetApi, node: &str) -> String {
 }
 
 /// Waits up to `secs` for `cond`, polling every 200 ms; panics with `what` and `dump()`.
-pub(crate) fn wait_for(secs: u64, what: &str, mut cond: impl FnMut() -> bool, dump: impl Fn() -> String) {
+pub(crate) fn wait_for(
+    secs: u64,
+    what: &str,
+    mut cond: impl FnMut() -> bool,
+    dump: impl Fn() -> String,
+) {
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(secs) {
         if cond() {

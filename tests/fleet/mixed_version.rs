@@ -55,10 +55,16 @@ fn tokens(img: &Path) -> usize {
 #[test]
 fn mixed_version_fleet_rolls_out_a_shared_key() {
     let Some(old_bin) = std::env::var_os("KEYPLAN_PREVIOUS_BIN").map(PathBuf::from) else {
-        eprintln!("SKIPPED: set KEYPLAN_PREVIOUS_BIN to an older keyplan (scripts/upgrade-test.sh)");
+        eprintln!(
+            "SKIPPED: set KEYPLAN_PREVIOUS_BIN to an older keyplan (scripts/upgrade-test.sh)"
+        );
         return;
     };
-    assert!(old_bin.is_file(), "KEYPLAN_PREVIOUS_BIN: {}", old_bin.display());
+    assert!(
+        old_bin.is_file(),
+        "KEYPLAN_PREVIOUS_BIN: {}",
+        old_bin.display()
+    );
     let _turn = MANY_AGENTS.lock().unwrap_or_else(|e| e.into_inner());
     let s = Scratch::new();
     let Some(fake) = Real::new("fleet-mixed") else {
@@ -126,8 +132,12 @@ fn mixed_version_fleet_rolls_out_a_shared_key() {
             let r = report(&fake, n);
             out += &format!(
                 "{n}: {} {}\n",
-                r.as_ref().map(|r| r["state"].to_string()).unwrap_or_default(),
-                r.as_ref().map(|r| r["message"].to_string()).unwrap_or_default()
+                r.as_ref()
+                    .map(|r| r["state"].to_string())
+                    .unwrap_or_default(),
+                r.as_ref()
+                    .map(|r| r["message"].to_string())
+                    .unwrap_or_default()
             );
         }
         out + &format!("meta {}\n", meta())
@@ -149,7 +159,12 @@ fn mixed_version_fleet_rolls_out_a_shared_key() {
     };
 
     // 1. Enrollment by old and new agents together.
-    wait_for(300, "enrollment on four nodes, two old agents", converged, dump);
+    wait_for(
+        300,
+        "enrollment on four nodes, two old agents",
+        converged,
+        dump,
+    );
     let v_enrolled = current();
 
     // The witness: the KMS's current version opens every device at every instant.
@@ -196,7 +211,12 @@ fn mixed_version_fleet_rolls_out_a_shared_key() {
     let replaced_while_pending = !meta()["pending"].is_null();
     agents[0].kill9();
     agents[0].spawn();
-    wait_for(240, "the rotation's commit", || current() > v_enrolled, dump);
+    wait_for(
+        240,
+        "the rotation's commit",
+        || current() > v_enrolled,
+        dump,
+    );
     let rotated_in = t.elapsed();
     cm.write(&plan(None));
     wait_for(300, "convergence after the rotation", converged, dump);
@@ -204,7 +224,11 @@ fn mixed_version_fleet_rolls_out_a_shared_key() {
     stop.store(true, Ordering::SeqCst);
     witness.join().expect("witness");
     let (checks, violations) = seen.lock().unwrap().clone();
-    assert!(violations.is_empty(), "lock-out: {violations:?}\n{}", dump());
+    assert!(
+        violations.is_empty(),
+        "lock-out: {violations:?}\n{}",
+        dump()
+    );
     assert!(checks > 20, "only {checks} witness checks");
     for (node, img) in &images {
         assert_eq!(keyslots(img).len(), 2, "{node}: keyslots\n{}", dump());
@@ -212,10 +236,7 @@ fn mixed_version_fleet_rolls_out_a_shared_key() {
     }
     let mut holders: Vec<String> = holder_ids();
     holders.sort();
-    let nodes: BTreeSet<&str> = holders
-        .iter()
-        .filter_map(|h| h.split(':').next())
-        .collect();
+    let nodes: BTreeSet<&str> = holders.iter().filter_map(|h| h.split(':').next()).collect();
     assert_eq!(holders.len(), 4, "holder records {holders:?}");
     assert_eq!(nodes.len(), 4, "holder records {holders:?}");
     let v = current();
