@@ -46,6 +46,8 @@ row() { # NAME RESULT DETAIL
 prev="$work/prev-$commit"
 if [ ! -d "$prev" ]; then
   git worktree add --detach "$prev" "$commit" >/dev/null || exit 1
+  # A warm start: this checkout's dependencies, built already (cargo rebuilds what differs).
+  [ ! -d target/debug ] || { mkdir -p "$prev/target" && cp -a target/debug "$prev/target/"; }
 fi
 echo "== building the previous release $commit (failpoints) in $prev"
 (cd "$prev" && cargo build --quiet --features failpoints --bin keyplan) || exit 1
