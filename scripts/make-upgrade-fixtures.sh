@@ -72,7 +72,7 @@ luks2() { # FILE: small LUKS2 image, 128-bit key (64 KiB keyslots), room for 3 k
   printf '%s' "$PASS" | cryptsetup luksFormat --batch-mode --type luks2 \
     --cipher aes-cbc-essiv:sha256 --key-size 128 --luks2-metadata-size 16k \
     --luks2-keyslots-size 192k --pbkdf pbkdf2 --pbkdf-force-iterations 1000 \
-    --key-file=- "$1" 2>/dev/null
+    --key-file=- "$1" >/dev/null 2>&1
 }
 luks1() { # FILE: small LUKS1 image, 128-bit key
   truncate -s 2M "$1"

@@ -65,8 +65,8 @@ if scripts/make-upgrade-fixtures.sh --bin "$old" --commit "$commit" --out "$rand
   for sc in rotation enrollment migration pbkdf-rewrap; do
     n="$(find "$rand/$commit/$sc" -mindepth 1 -maxdepth 1 -type d | wc -l)"
     kinds="$(find "$rand/$commit/$sc" -mindepth 1 -maxdepth 1 -type d -printf '%f\n' \
-      | sed -E 's/^random-[0-9]+-//; s/-[0-9]+(ms)?(-finished)?$//; s/(-finished)$//' | sort | uniq -c \
-      | awk '{printf "%s%s x%s", sep, $2, $1; sep=", "}')"
+      | sed -E 's/^random-[0-9]+-//; s/.*-finished$/ended before the interruption/; s/-[0-9]+(ms)?$//' \
+      | sort | uniq -c | awk '{n=$1; $1=""; printf "%s%s x%s", sep, substr($0, 2), n; sep=", "}')"
     test="upgrade_finishes_interrupted_${sc//-/_}"
     if KEYPLAN_UPGRADE_FIXTURES="$rand" cargo test --quiet --features failpoints --test engine \
         "upgrade::$test" -- --exact >"$work/$sc.log" 2>&1; then
@@ -89,7 +89,7 @@ saved_plan() { # NAME SETUP_KMS PLAN_KMS ARGS...
   truncate -s 2M "$d/a.img"
   printf 'initial passphrase' | cryptsetup luksFormat --batch-mode --type luks2 \
     --luks2-metadata-size 16k --luks2-keyslots-size 192k --cipher aes-cbc-essiv:sha256 \
-    --key-size 128 --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file=- "$d/a.img" 2>/dev/null
+    --key-size 128 --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file=- "$d/a.img" >/dev/null 2>&1
   planfile() { printf 'version: 1\nkms:\n  old: { provider: file, path: keys-old }\n  new: { provider: file, path: keys-new }\nkeys:\n  k: { kms: %s }\ndevices:\n  a: { path: a.img, keys: [k], enroll_with: initial.pass }\nsettings:\n  pbkdf: { type: pbkdf2, iterations: 1000 }\n' "$1" >"$d/keyplan.yaml"; }
   planfile "$from"
   (cd "$d" && "$old" apply --auto-approve >/dev/null 2>&1) || { row "saved plan: $name" FAIL "setup apply by $commit failed"; return; }
@@ -98,10 +98,11 @@ saved_plan() { # NAME SETUP_KMS PLAN_KMS ARGS...
   code=0; out="$(cd "$d" && "$new" apply saved.json 2>&1)" || code=$?
   if [ "$code" = 0 ]; then
     local meta="$d/keys-$to/k/meta.json" v
-    v="$(sed -E 's/.*"current": *([0-9]+).*/\1/' "$meta")"
+    v="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["current"])' "$meta")"
     if (cd "$d" && "$new" plan --detailed-exitcode >/dev/null 2>&1) \
-        && cryptsetup open --test-passphrase --key-file="$d/keys-$to/k/v$v.key" "$d/a.img"; then
-      row "saved plan: $name" pass "applied by $current; end state checked (k v$v in KMS $to opens the device, plan: no changes)"
+        && cryptsetup open --test-passphrase --key-file="$d/keys-$to/k/v$v.key" "$d/a.img" \
+        && { [ "$from" = "$to" ] || [ ! -e "$d/keys-$from/k/v1.key" ]; }; then
+      row "saved plan: $name" pass "applied by $current; end state checked (k v$v in KMS $to opens the device, plan: no changes$([ "$from" = "$to" ] || echo ", KMS $from holds no material"))"
     else
       row "saved plan: $name" FAIL "applied, but the end state is wrong ($d)"
     fi
