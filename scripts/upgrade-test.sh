@@ -17,7 +17,8 @@
 #       shown);
 #   (c) the mixed-version fleet: tests/fleet/mixed_version.rs with KEYPLAN_PREVIOUS_BIN set to
 #       the old keyplan, on the real control plane (scripts/test-env.sh).
-# Prints a summary table; exits non-zero if anything failed.
+# UPGRADE_PARTS (default "a b c") runs only the parts it lists. Prints a summary table; exits
+# non-zero if anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 previous=c322096
@@ -30,6 +31,8 @@ while [ $# -gt 0 ]; do
 done
 export PATH="$PATH:/usr/sbin:/sbin" NO_COLOR=1
 iterations="${UPGRADE_ITERATIONS:-8}"
+parts="${UPGRADE_PARTS:-a b c}"
+part() { case " $parts " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 seed="${UPGRADE_SEED:-47}"
 work="$PWD/target/upgrade"
 mkdir -p "$work"
@@ -57,6 +60,7 @@ cargo build --quiet --features failpoints --bin keyplan || exit 1
 new="$PWD/target/debug/keyplan"
 
 # (a) Interrupted runs.
+if part a; then
 echo "== (a) $commit interrupted at random ($iterations per scenario, seed $seed), finished by $current"
 rand="$work/random-$commit-$seed"
 rm -rf "$rand"
@@ -79,11 +83,16 @@ if scripts/make-upgrade-fixtures.sh --bin "$old" --commit "$commit" --out "$rand
 else
   row "interrupted runs" FAIL "the old keyplan's runs could not be made"
 fi
+fi
 
 # (b) Saved plans.
 echo "== (b) saved plans made by $commit, applied by $current"
-saved_plan() { # NAME SETUP_KMS PLAN_KMS ARGS...
-  local name="$1" from="$2" to="$3" d out code; shift 3
+# saved_run MAKER FROM TO ARGS...: a device enrolled into KMS FROM by MAKER, the plan moved
+# to KMS TO, `plan ARGS -o saved.json` by MAKER, `apply saved.json` by the new keyplan. Prints
+# the directory; $d/apply.out, $d/apply.rc and $d/next-plan (the new keyplan's plan after
+# it, the directory's name replaced by DIR) tell what happened.
+saved_run() {
+  local maker="$1" from="$2" to="$3" d; shift 3
   d="$(mktemp -d)"
   printf 'initial passphrase' >"$d/initial.pass"
   truncate -s 2M "$d/a.img"
@@ -92,28 +101,51 @@ saved_plan() { # NAME SETUP_KMS PLAN_KMS ARGS...
     --key-size 128 --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file=- "$d/a.img" >/dev/null 2>&1
   planfile() { printf 'version: 1\nkms:\n  old: { provider: file, path: keys-old }\n  new: { provider: file, path: keys-new }\nkeys:\n  k: { kms: %s }\ndevices:\n  a: { path: a.img, keys: [k], enroll_with: initial.pass }\nsettings:\n  pbkdf: { type: pbkdf2, iterations: 1000 }\n' "$1" >"$d/keyplan.yaml"; }
   planfile "$from"
-  (cd "$d" && "$old" apply --auto-approve >/dev/null 2>&1) || { row "saved plan: $name" FAIL "setup apply by $commit failed"; return; }
-  planfile "$to"
-  (cd "$d" && "$old" plan "$@" -o saved.json >/dev/null 2>&1) || { row "saved plan: $name" FAIL "plan -o by $commit failed"; return; }
-  code=0; out="$(cd "$d" && "$new" apply saved.json 2>&1)" || code=$?
-  if [ "$code" = 0 ]; then
-    local meta="$d/keys-$to/k/meta.json" v
-    v="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["current"])' "$meta")"
-    if (cd "$d" && "$new" plan --detailed-exitcode >/dev/null 2>&1) \
-        && cryptsetup open --test-passphrase --key-file="$d/keys-$to/k/v$v.key" "$d/a.img" \
-        && { [ "$from" = "$to" ] || [ ! -e "$d/keys-$from/k/v1.key" ]; }; then
-      row "saved plan: $name" pass "applied by $current; end state checked (k v$v in KMS $to opens the device, plan: no changes$([ "$from" = "$to" ] || echo ", KMS $from holds no material"))"
-    else
-      row "saved plan: $name" FAIL "applied, but the end state is wrong ($d)"
-    fi
-  else
-    row "saved plan: $name" pass "refused by $current (exit $code): $(printf '%s' "$out" | grep -m1 -i 'error' | cut -c1-160)"
-  fi
+  (cd "$d" && "$maker" apply --auto-approve >/dev/null 2>&1 && { planfile "$to"; "$maker" plan "$@" -o saved.json >/dev/null 2>&1; }) || echo "setup" >"$d/apply.rc"
+  [ -e "$d/apply.rc" ] && { echo "$d"; return; }
+  local code=0
+  (cd "$d" && "$new" apply saved.json >"$d/apply.out" 2>&1) || code=$?
+  echo "$code" >"$d/apply.rc"
+  (cd "$d" && "$new" plan 2>&1 | sed "s|$d|DIR|g" | grep -v '^$' >"$d/next-plan")
+  echo "$d"
 }
+
+# saved_plan NAME FROM TO ARGS...: a plan saved by the old keyplan, applied by the new one;
+# compared with the same made by the new keyplan (its own saved plan: the baseline).
+saved_plan() {
+  local name="$1" from="$2" to="$3" d base rc v note; shift 3
+  d="$(saved_run "$old" "$from" "$to" "$@")"
+  base="$(saved_run "$new" "$from" "$to" "$@")"
+  rc="$(cat "$d/apply.rc")"
+  if [ "$rc" = setup ]; then row "saved plan: $name" FAIL "setup or plan -o by $commit failed ($d)"; return; fi
+  if [ "$rc" != 0 ]; then
+    row "saved plan: $name" pass "refused by $current (exit $rc): $(grep -m1 -i 'error' "$d/apply.out" | cut -c1-160)"
+    return
+  fi
+  v="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["current"])' "$d/keys-$to/k/meta.json")"
+  if ! cryptsetup open --test-passphrase --key-file="$d/keys-$to/k/v$v.key" "$d/a.img" \
+      || { [ "$from" != "$to" ] && [ -e "$d/keys-$from/k/v1.key" ]; }; then
+    row "saved plan: $name" FAIL "applied, but the device does not open with k v$v of KMS $to, or KMS $from kept material ($d)"
+    return
+  fi
+  if ! cmp -s "$d/next-plan" "$base/next-plan"; then
+    diff "$base/next-plan" "$d/next-plan"
+    row "saved plan: $name" FAIL "applied, but the next plan differs from the one after $current's own saved plan ($d, $base)"
+    return
+  fi
+  note="next plan: no changes"
+  grep -q "No changes" "$d/next-plan" || note="next plan as after $current's own saved plan: $(grep -m1 '^  [~+-]' "$d/next-plan" | sed 's/^ *//' | cut -c1-90)..."
+  (cd "$d" && "$new" apply --auto-approve >/dev/null 2>&1 && "$new" plan --detailed-exitcode >/dev/null 2>&1) \
+    || { row "saved plan: $name" FAIL "a second apply does not converge ($d)"; return; }
+  row "saved plan: $name" pass "applied by $current: k v$v in KMS $to opens the device; $note"
+}
+if part b; then
 saved_plan "rotation (--rotate k)" old old --rotate k
 saved_plan "migration (old -> new KMS)" old new
+fi
 
 # (c) The mixed-version fleet.
+if part c; then
 echo "== (c) the mixed-version fleet ($commit and $current agents)"
 # shellcheck disable=SC1091 # the control plane and servers the fleet tests use
 source scripts/test-env.sh >"$work/test-env.log" 2>&1
@@ -123,6 +155,7 @@ if KEYPLAN_PREVIOUS_BIN="$old" cargo test --quiet --features failpoints --test f
 else
   tail -40 "$work/fleet.log"
   row "mixed-version fleet" FAIL "see $work/fleet.log"
+fi
 fi
 
 echo
