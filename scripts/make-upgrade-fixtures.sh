@@ -23,7 +23,8 @@
 # edit it makes; see DIR/README.md).
 #
 # With --random N (scripts/upgrade-test.sh), each scenario is instead interrupted N times at
-# random (seeded by S): at a random hit of a random point, or by SIGKILL after a random delay;
+# random (seeded by S): at a random hit of a random point, or by SIGKILL after a random delay
+# within the time an uninterrupted run takes;
 # the cases (`<scenario>/random-<i>-<how>/`, same layout) go to DIR, which the test reads
 # when KEYPLAN_UPGRADE_FIXTURES names it.
 #
@@ -187,6 +188,12 @@ random_cases() {
   local name="$1" args="$2" golden i how code pid argv point hit ms
   golden="$(mktemp -d)"; cp -a "$ROOT" "$golden/root"
   argv="$(printf '%s' "$args" | tr -d '",')"
+  # The SIGKILL delays fall within an uninterrupted run's time (ms), measured here.
+  local t0 span
+  t0="$(date +%s%N)"
+  # shellcheck disable=SC2086
+  (cd "$ROOT" && "$bin" apply --auto-approve $argv >"$ROOT.log" 2>&1) || { cat "$ROOT.log" >&2; exit 1; }
+  span=$((($(date +%s%N) - t0) / 1000000 + 1))
   for i in $(seq 1 "$random"); do
     restore "$golden/root"; code=0
     if [ $((RANDOM % 2)) = 0 ]; then
@@ -198,7 +205,7 @@ random_cases() {
       { (cd "$ROOT" && FAILPOINTS="$point=${hit}*off->return" exec "$bin" apply \
         --auto-approve $argv >"$ROOT.log" 2>&1); } 2>/dev/null || code=$?
     else
-      ms=$((RANDOM % 800)); how="sigkill-${ms}ms"
+      ms=$((RANDOM % span)); how="sigkill-${ms}ms"
       # shellcheck disable=SC2086
       (cd "$ROOT" && exec "$bin" apply --auto-approve $argv) >"$ROOT.log" 2>&1 &
       pid=$!
@@ -214,7 +221,7 @@ random_cases() {
     save_case "$out/$name/random-$(printf '%03d' "$i")-$how"
   done
   rm -rf "$golden"
-  echo "$name: $random random interruptions"
+  echo "$name: $random random interruptions (an uninterrupted run: $span ms)"
 }
 
 # scenario NAME ARGS DEVICES_JSON KMS BEFORE_JSON: the cases of NAME. scenario.json says what

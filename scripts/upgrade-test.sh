@@ -13,8 +13,9 @@
 #       --random), each finished by the new keyplan and checked as the committed upgrade
 #       fixtures are (tests/engine/upgrade.rs: I1 as left, end state, journal);
 #   (b) saved plans: `plan -o` by the old keyplan (a rotation, a migration), `apply FILE` by
-#       the new one: applied (then the end state is checked) or refused (the message is
-#       shown);
+#       the new one: refused (the message is shown), or applied: then the device opens with
+#       the key's current version in its KMS, the next plan is the one that follows the same
+#       plan saved by the new keyplan, and one more apply converges;
 #   (c) the mixed-version fleet: tests/fleet/mixed_version.rs with KEYPLAN_PREVIOUS_BIN set to
 #       the old keyplan, on the real control plane (scripts/test-env.sh).
 # UPGRADE_PARTS (default "a b c") runs only the parts it lists. Prints a summary table; exits
@@ -25,7 +26,7 @@ previous=c322096
 while [ $# -gt 0 ]; do
   case "$1" in
     --previous) previous="$2"; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
