@@ -5,6 +5,7 @@
 
 pub mod azure;
 pub mod ibm_standin;
+pub mod invariants;
 pub mod kms_contract;
 pub mod kube;
 pub mod kube_proxy;
@@ -641,14 +642,18 @@ pub fn real_cryptsetup() -> PathBuf {
 /// keyplan): the current version's passphrase of `key` (if any) and whether a version is
 /// pending.
 pub fn file_kms_state(root: &Path, key: &str) -> (Option<Vec<u8>>, bool) {
-    let meta = root.join("keys").join(key).join("meta.json");
+    file_kms_state_in(&root.join("keys"), key)
+}
+
+/// [`file_kms_state`] of the file KMS whose `path:` is `keys` (a plan with several file KMSs).
+pub fn file_kms_state_in(keys: &Path, key: &str) -> (Option<Vec<u8>>, bool) {
+    let meta = keys.join(key).join("meta.json");
     let Ok(bytes) = std::fs::read(&meta) else {
         return (None, false);
     };
     let json: serde_json::Value = serde_json::from_slice(&bytes).expect("meta.json");
     let current = json["current"].as_u64().map(|v| {
-        std::fs::read(root.join("keys").join(key).join(format!("v{v}.key")))
-            .expect("current version's material")
+        std::fs::read(keys.join(key).join(format!("v{v}.key"))).expect("current version's material")
     });
     (current, !json["pending"].is_null())
 }

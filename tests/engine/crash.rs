@@ -121,88 +121,26 @@ pub(crate) mod matrix {
         plan_text(&dummy, devices, &keys, remove)
     }
 
-    /// See [`file_kms_state`].
-    pub fn kms_state(root: &Path, key: &str) -> (Option<Vec<u8>>, bool) {
-        file_kms_state(root, key)
+    /// The scenario's devices as tests/common/invariants.rs takes them.
+    fn devices(sc: &Scenario) -> Vec<invariants::Device> {
+        sc.devices
+            .iter()
+            .map(|d| invariants::Device {
+                file: d.file.into(),
+                luks: d.luks.into(),
+                keys: d.keys.iter().map(|k| k.to_string()).collect(),
+            })
+            .collect()
     }
 
-    /// I1: for every device and every key the plan gives it, the KMS's current version (if
-    /// any) opens a bound keyslot; and some passphrase opens every device.
+    /// I1 ([`invariants::check_i1`]) with the file KMS `keys`.
     pub fn check_i1(root: &Path, sc: &Scenario, when: &str) {
-        for d in sc.devices {
-            let dev = root.join(d.file);
-            let mut any = opens(&dev, INITIAL, None);
-            for k in d.keys {
-                if let (Some(cur), _) = kms_state(root, k) {
-                    let ok = opens(&dev, &cur, None);
-                    assert!(
-                        ok,
-                        "{when}: I1 broken: current {k} does not open {}",
-                        d.file
-                    );
-                    any = true;
-                }
-            }
-            assert!(any, "{when}: nothing known opens {}", d.file);
-        }
+        invariants::check_i1(root, &["keys"], &devices(sc), when);
     }
 
-    /// The end state after convergence.
+    /// The end state after convergence ([`invariants::check_converged`]).
     pub fn check_converged(root: &Path, sc: &Scenario, when: &str) {
-        for d in sc.devices {
-            let dev = root.join(d.file);
-            let slots = keyslots(&dev);
-            let expected = d.keys.len() + usize::from(!sc.remove);
-            assert_eq!(
-                slots.len(),
-                expected,
-                "{when}: {} has keyslots {slots:?}, expected {expected} (orphan or missing keyslot)",
-                d.file
-            );
-            assert_eq!(
-                opens(&dev, INITIAL, None),
-                !sc.remove,
-                "{when}: initial passphrase on {} (remove={})",
-                d.file,
-                sc.remove
-            );
-            for k in d.keys {
-                let (cur, pending) = kms_state(root, k);
-                assert!(!pending, "{when}: {k} has a leftover pending version");
-                let cur = cur.unwrap_or_else(|| panic!("{when}: {k} has no current version"));
-                assert!(
-                    opens(&dev, &cur, None),
-                    "{when}: current {k} does not open {}",
-                    d.file
-                );
-            }
-            if d.luks == "luks2" {
-                let json = luks2_json(&dev);
-                let tokens: Vec<&serde_json::Value> = json["tokens"]
-                    .as_object()
-                    .expect("tokens")
-                    .values()
-                    .filter(|t| t["type"] == "keyplan")
-                    .collect();
-                assert_eq!(
-                    tokens.len(),
-                    d.keys.len(),
-                    "{when}: tokens of {}: {tokens:?}",
-                    d.file
-                );
-                for t in tokens {
-                    for ks in t["keyslots"].as_array().expect("keyslots") {
-                        let n: u32 = ks.as_str().and_then(|s| s.parse().ok()).expect("slot");
-                        assert!(
-                            slots.contains(&n),
-                            "{when}: orphan token for keyslot {n} on {}",
-                            d.file
-                        );
-                        assert!(bound(&dev, n), "{when}: keyslot {n} of {} unbound", d.file);
-                    }
-                }
-            }
-        }
+        invariants::check_converged(root, &["keys"], &devices(sc), sc.remove, when);
     }
 
     fn copy_tree(from: &Path, to: &Path) {

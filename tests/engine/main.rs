@@ -38,3 +38,4 @@ mod shared_keys;
 mod state_formats;
 mod state_owner;
 mod status;
+mod upgrade;

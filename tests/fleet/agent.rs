@@ -68,18 +68,18 @@ const NS: &str = "keyplan";
 /// The two tests that run many agents at once (`simulated_fleet`, `shared_key_on_three_nodes`)
 /// take turns: side by side on a 2-core CI machine, the second one's load made the first
 /// one's timing assumptions fail.
-static MANY_AGENTS: Mutex<()> = Mutex::new(());
+pub(crate) static MANY_AGENTS: Mutex<()> = Mutex::new(());
 
 /// A directory laid out as the kubelet lays out a ConfigMap volume: `..<ts>/plan.yaml`,
 /// `..data -> ..<ts>`, `plan.yaml -> ..data/plan.yaml`; [`ConfigMapDir::write`] swaps it as
 /// the kubelet's atomic writer does (new directory, new link renamed over `..data`).
-struct ConfigMapDir {
+pub(crate) struct ConfigMapDir {
     dir: PathBuf,
     n: usize,
 }
 
 impl ConfigMapDir {
-    fn new(dir: PathBuf, text: &str) -> ConfigMapDir {
+    pub(crate) fn new(dir: PathBuf, text: &str) -> ConfigMapDir {
         std::fs::create_dir_all(&dir).expect("mkdir");
         let mut c = ConfigMapDir { dir, n: 0 };
         c.write(text);
@@ -87,11 +87,11 @@ impl ConfigMapDir {
         c
     }
 
-    fn plan(&self) -> PathBuf {
+    pub(crate) fn plan(&self) -> PathBuf {
         self.dir.join("plan.yaml")
     }
 
-    fn write(&mut self, text: &str) {
+    pub(crate) fn write(&mut self, text: &str) {
         self.write_signed(text, None);
     }
 
@@ -118,7 +118,7 @@ impl ConfigMapDir {
 
 /// Where the reports and slots of a test live: a fresh namespace of
 /// the real control plane (tests/common/kube.rs) read as admin.
-trait FleetApi {
+pub(crate) trait FleetApi {
     fn configmap_of(&self, name: &str) -> Option<Value>;
     /// Every ConfigMap of the namespace, from one list request.
     fn configmaps(&self) -> Vec<Value>;
@@ -140,10 +140,10 @@ impl<T: FleetApi> FleetApi for Arc<T> {
 /// A test's fleet namespace on the real control plane, deploy/kubernetes/rbac.yaml applied
 /// to it (namespace `keyplan` moved to `ns`, `rook-ceph` to `rook_ns`), and a logging proxy
 /// in front of the API server for the agents.
-struct Real {
+pub(crate) struct Real {
     c: &'static kube::Cluster,
     proxy: kube_proxy::KubeProxy,
-    ns: String,
+    pub(crate) ns: String,
     rook_ns: String,
     /// `system:serviceaccount:<ns>:keyplan`, the agents' user.
     agent_user: String,
@@ -153,11 +153,11 @@ struct Real {
 }
 
 /// Each node's kubeconfig from [`Real::agent_kubeconfig`].
-struct Kubeconfigs(BTreeMap<String, PathBuf>);
+pub(crate) struct Kubeconfigs(BTreeMap<String, PathBuf>);
 
 impl Kubeconfigs {
     /// Node `node`'s kubeconfig (its own node-bound token).
-    fn of(&self, node: &str) -> &Path {
+    pub(crate) fn of(&self, node: &str) -> &Path {
         self.0
             .get(node)
             .unwrap_or_else(|| panic!("no kubeconfig for node {node}"))
@@ -178,7 +178,7 @@ impl FleetApi for Real {
 
 impl Real {
     /// `None` (the test is skipped) when the control plane's binaries are missing.
-    fn new(prefix: &str) -> Option<Real> {
+    pub(crate) fn new(prefix: &str) -> Option<Real> {
         Some(Real::on(kube::Cluster::get()?, prefix))
     }
 
@@ -203,7 +203,7 @@ impl Real {
     /// `slots` slots; each node's kubeconfig (through the proxy) reads its token from a file, a
     /// TokenRequest token of ServiceAccount `keyplan` bound to a Pod on that Node, so it
     /// carries the node's name as the kubelet's projected token does.
-    fn agent_kubeconfig(&self, nodes: &[String], slots: Option<usize>) -> Kubeconfigs {
+    pub(crate) fn agent_kubeconfig(&self, nodes: &[String], slots: Option<usize>) -> Kubeconfigs {
         self.apply_agent_rbac(nodes, slots);
         self.apply_admission_policy(&[]);
         Kubeconfigs(
@@ -345,17 +345,17 @@ impl Real {
     }
 }
 
-struct Agent {
-    args: Vec<String>,
-    env: Vec<(String, String)>,
-    log: PathBuf,
-    child: Option<Child>,
+pub(crate) struct Agent {
+    pub(crate) args: Vec<String>,
+    pub(crate) env: Vec<(String, String)>,
+    pub(crate) log: PathBuf,
+    pub(crate) child: Option<Child>,
     /// Unix seconds of the last (re)start.
-    started: u64,
+    pub(crate) started: u64,
 }
 
 impl Agent {
-    fn spawn(&mut self) {
+    pub(crate) fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -374,7 +374,7 @@ impl Agent {
         self.started = now();
     }
 
-    fn kill9(&mut self) {
+    pub(crate) fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -382,7 +382,7 @@ impl Agent {
     }
 
     /// SIGTERM, then wait up to `secs` for the exit; its exit status.
-    fn term(&mut self, secs: u64) -> Option<i32> {
+    pub(crate) fn term(&mut self, secs: u64) -> Option<i32> {
         let mut c = self.child.take()?;
         unsafe {
             libc::kill(c.id() as i32, libc::SIGTERM);
@@ -406,7 +406,7 @@ impl Drop for Agent {
     }
 }
 
-fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -414,7 +414,7 @@ fn now() -> u64 {
 }
 
 /// The report document of `node`, if any.
-fn report(fake: &impl FleetApi, node: &str) -> Option<Value> {
+pub(crate) fn report(fake: &impl FleetApi, node: &str) -> Option<Value> {
     let cm = fake.configmap_of(&format!("keyplan-node-{node}"))?;
     serde_json::from_str(cm["data"]["report.json"].as_str()?).ok()
 }
@@ -439,7 +439,12 @@ fn state(fake: &impl FleetApi, node: &str) -> String {
 }
 
 /// Waits up to `secs` for `cond`, polling every 200 ms; panics with `what` and `dump()`.
-fn wait_for(secs: u64, what: &str, mut cond: impl FnMut() -> bool, dump: impl Fn() -> String) {
+pub(crate) fn wait_for(
+    secs: u64,
+    what: &str,
+    mut cond: impl FnMut() -> bool,
+    dump: impl Fn() -> String,
+) {
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(secs) {
         if cond() {
@@ -451,7 +456,7 @@ fn wait_for(secs: u64, what: &str, mut cond: impl FnMut() -> bool, dump: impl Fn
 }
 
 /// The live holders of the rollout slot Leases now.
-fn holders(fake: &impl FleetApi) -> Vec<String> {
+pub(crate) fn holders(fake: &impl FleetApi) -> Vec<String> {
     fake.leases()
         .iter()
         .filter_map(|l| {
@@ -1358,7 +1363,7 @@ fn fleet_plan_of_a_pull_request() {
 /// `enroll_with` files from the scratch directory).
 /// The agents' configuration for the file KMS at `keys` (`enroll_with` files anywhere in the
 /// scratch directory).
-fn file_agent_config(s: &Scratch, keys: &Path) -> PathBuf {
+pub(crate) fn file_agent_config(s: &Scratch, keys: &Path) -> PathBuf {
     let config = s.path("agent.yaml");
     std::fs::write(
         &config,
@@ -1388,7 +1393,7 @@ fn vault_agent_config(s: &Scratch, addr: &str) -> PathBuf {
 /// One agent per node of `names` (not started), each with its state directory and log under
 /// `<scratch>/<node>/`; `paths` are the plan and the agent configuration, `kubeconfigs` the
 /// nodes' kubeconfigs.
-fn vault_agents(
+pub(crate) fn vault_agents(
     s: &Scratch,
     names: &[String],
     paths: &[&Path; 2],
@@ -2162,7 +2167,7 @@ fn line_count(log: &Path) -> usize {
 }
 
 /// The file KMS's `meta.json` of key `k` under `root/keys`.
-fn file_meta(root: &Path, key: &str) -> Value {
+pub(crate) fn file_meta(root: &Path, key: &str) -> Value {
     std::fs::read(root.join("keys").join(key).join("meta.json"))
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())

@@ -19,6 +19,7 @@ mod deploy_manifests;
 mod formats;
 mod kube_cluster;
 mod kube_harness;
+mod mixed_version;
 mod plan;
 mod real_cluster;
 mod slots;
