@@ -25,7 +25,7 @@
 #                   .revision set here and .title, .description, .licenses in deploy/Containerfile
 #   --digestfile F  with --push, write the digest of the pushed manifest (sha256:...) to F
 #   --push DEST     after the smoke test, `buildah push` the image to DEST, any destination
-#                   buildah takes: docker://registry.example.com/storage/keyplan:0.1.0 (log in
+#                   buildah takes: docker://registry.example.com/storage/keyplan:1.0.0 (log in
 #                   first with `buildah login registry.example.com`), oci-archive:FILE,
 #                   docker-archive:FILE (for `docker load`)
 #   --refresh-base  debootstrap again (the cached base has the packages of the day it was made;
