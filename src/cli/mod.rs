@@ -193,7 +193,7 @@ impl ColorChoice {
 pub enum StatusFormat {
     /// For people.
     Text,
-    /// One JSON document (`format_version` "1.0").
+    /// One JSON document (`format_version` "1.x", docs/formats.md).
     Json,
     /// node_exporter textfile metrics (Prometheus text exposition format).
     Prometheus,

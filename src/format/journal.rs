@@ -14,9 +14,10 @@
 //! layer below the engine).
 //!
 //! [`decode`] reads one line of either: a record without `format` is format 1. A line that is
-//! JSON with a `format` above [`WRITES`] (or one that is not a positive integer) is refused
+//! JSON with a `format` above [`WRITES`] (or a string) is refused
 //! with [`NewerFormat`] before its fields are looked at: a newer record is never taken for a
-//! torn write nor skipped, whatever its events or steps. A journal may mix the two (a run
+//! torn write nor skipped, whatever its events or steps; a `format` of 0, negative,
+//! fractional or not a number is an invalid record (refused as well, as corrupt). A journal may mix the two (a run
 //! started by an older keyplan and finished by this one); compaction rewrites format 1 records
 //! as format 2, which holds the same fields.
 
@@ -154,11 +155,20 @@ pub fn decode(line: &[u8], document: impl FnOnce() -> String) -> Result<RecordV1
     let mut value: serde_json::Value =
         serde_json::from_slice(line).map_err(|e| LineError::NotJson(e.to_string()))?;
     if let Some(v) = value.as_object_mut().and_then(|m| m.remove("format")) {
-        match v.as_u64() {
-            Some(n) if (1..=WRITES).contains(&n) => {}
-            Some(0) => return Err(LineError::Invalid("\"format\" is 0".into())),
-            // Above WRITES, or not a positive integer, which no keyplan this one knows writes.
-            _ => return Err(LineError::Newer(newer(document, v.to_string()))),
+        match (v.as_u64(), v.is_string()) {
+            (Some(n), _) if (1..=WRITES).contains(&n) => {}
+            // Above WRITES, or a version written as a string: no keyplan this one knows writes
+            // either, so a newer one did.
+            (Some(n), _) if n > WRITES => {
+                return Err(LineError::Newer(newer(document, v.to_string())));
+            }
+            (None, true) => return Err(LineError::Newer(newer(document, v.to_string()))),
+            // 0, negative, fractional, null, a boolean...: no keyplan writes that.
+            _ => {
+                return Err(LineError::Invalid(format!(
+                    "\"format\" is {v}, not a journal format version"
+                )));
+            }
         }
     }
     serde_json::from_value(value).map_err(|e| LineError::Invalid(e.to_string()))
@@ -223,5 +233,13 @@ mod tests {
             decode(br#"{"format":2,"event":"teleport"}"#, doc),
             Err(LineError::Invalid(_))
         ));
+        for odd in ["0", "-1", "1.5", "null", "true", "1e23"] {
+            let line =
+                format!(r#"{{"format":{odd},"ts":1,"run":"r","event":"run_resumed","pid":7}}"#);
+            assert!(
+                matches!(decode(line.as_bytes(), doc), Err(LineError::Invalid(_))),
+                "{odd}"
+            );
+        }
     }
 }

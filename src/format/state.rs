@@ -108,7 +108,7 @@ pub fn version_in(value: &serde_json::Value, field: &str) -> Result<Option<u64>,
     };
     match object.get(field) {
         None => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+        Some(v) => v.as_u64().filter(|n| *n > 0).map(Some).ok_or_else(|| {
             ReadError::Corrupt(format!("`{field}` is {v}, not a format version number"))
         }),
     }

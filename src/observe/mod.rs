@@ -260,7 +260,9 @@ pub fn observe(plan: &Plan, world: &World, testing: Testing) -> Result<Observed,
     }
     rename::apply(plan, &mut devices);
     let origins = keys::origins(plan, world, &devices, &keys)?;
-    retired_copies(plan, &mut devices);
+    if let Err(f) = retired_copies(plan, &mut devices) {
+        return Err(vec![f]);
+    }
     if testing == Testing::HeadersOnly {
         for (id, st) in devices.iter_mut() {
             if let Some(dev) = plan.devices.get(id) {
@@ -318,14 +320,22 @@ pub fn observe(plan: &Plan, world: &World, testing: Testing) -> Result<Observed,
 }
 
 /// Attaches to each device the copies of retired versions the state directory recorded
-/// (`world::copies`) whose keyslot is still there with the same salt. An unreadable record is
-/// logged and skipped: it only ever adds a report.
-fn retired_copies(plan: &Plan, devices: &mut BTreeMap<String, DeviceState>) {
+/// (`world::copies`) whose keyslot is still there with the same salt. A corrupt record is
+/// logged and skipped: it only ever adds a report. A record of a newer format is a [`Finding`]:
+/// `apply` would write it (a rotation's copy search), so nothing may run before a keyplan that
+/// reads it does (docs/formats.md).
+fn retired_copies(plan: &Plan, devices: &mut BTreeMap<String, DeviceState>) -> Result<(), Finding> {
     let copies = match crate::world::copies::read(&plan.state_dir) {
         Ok(c) => c,
+        Err(e @ crate::world::copies::CopiesError::Newer(_)) => {
+            return Err(Finding::bare(
+                e.to_string(),
+                Some("keyplan changed nothing; plan and apply stop until a keyplan that reads this file runs".into()),
+            ));
+        }
         Err(e) => {
             tracing::warn!("{e}");
-            return;
+            return Ok(());
         }
     };
     for st in devices.values_mut() {
@@ -342,6 +352,7 @@ fn retired_copies(plan: &Plan, devices: &mut BTreeMap<String, DeviceState>) {
             .cloned()
             .collect();
     }
+    Ok(())
 }
 
 /// `devices.<id>` as a path into the plan document.

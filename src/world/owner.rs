@@ -175,7 +175,8 @@ impl OwnerError {
                 path.display()
             ),
             OwnerError::Newer(_) | OwnerError::Io { .. } => format!(
-                "{self}, so which plan owns the state directory is not known; this command read the directory as it is and changed nothing"
+                "{}. Which plan owns the state directory is not known; this command read the directory as it is and changed nothing",
+                self.to_string().trim_end_matches(['.', ','])
             ),
         }
     }

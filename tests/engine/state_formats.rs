@@ -144,3 +144,77 @@ fn unreadable_keyplan_tokens_are_refused_not_removed() {
         ],
     );
 }
+
+/// A token whose `keyplan_format` is 0 (which no keyplan writes) is refused as unreadable, not
+/// read as format 1 (found by a new-user trial).
+#[test]
+fn a_token_of_format_zero_is_refused_not_read() {
+    let (s, d, id, mut json, slot) = enrolled();
+    json["keyplan_format"] = 0.into();
+    replace_token(&d, id, &json);
+    let document = format!("device d1 keyslot {slot} token {id} is a `keyplan` token");
+    refused(&s, &d, id, &json, slot, &[&document, "cannot read"]);
+}
+
+/// Every file under `dir` with its bytes: the state a refusal must leave as it was.
+fn snapshot(dir: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut files: Vec<_> = walk(dir)
+        .into_iter()
+        .filter(|p| p.file_name().is_some_and(|n| n != "lock"))
+        .map(|p| {
+            let bytes = std::fs::read(&p).expect("read");
+            (p, bytes)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// A `copies.json` of a newer format stops `plan` and `apply` before anything is staged or
+/// added: a rotation's copy search would have to write it. Before, `plan` only warned and
+/// `apply` staged a version and added a keyslot before failing (found by a new-user trial).
+#[test]
+fn a_newer_copies_file_stops_plan_and_apply_before_anything_changes() {
+    let s = Scratch::new();
+    s.initial_pass();
+    let d = s.image("d1.img", "luks2");
+    // The initial passphrase's keyslot stays (unmanaged, kept): retiring a version then
+    // searches it for copies, which writes copies.json.
+    s.plan(
+        "keyplan.yaml",
+        &one_key_plan("  d1: { path: d1.img, keys: [k], enroll_with: initial.pass }"),
+    );
+    s.ok(&["apply", "--auto-approve"], 0);
+    s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
+    s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
+    let copies = s.path(".keyplan/copies.json");
+    let mut doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&copies).expect("a rotation wrote copies.json"))
+            .expect("JSON");
+    doc["format"] = 2.into();
+    std::fs::write(&copies, doc.to_string()).expect("write");
+    let (keys, state) = (snapshot(&s.path("keys")), snapshot(&s.path(".keyplan")));
+    let (slots, key) = (keyslots(&d), s.key_get("k", None));
+    for args in [
+        &["plan"][..],
+        &["apply", "--auto-approve", "--rotate", "k"][..],
+    ] {
+        let out = s.ok(args, 1);
+        assert!(
+            out.contains("copies-json format 2, written by a newer keyplan"),
+            "{args:?}: {out}"
+        );
+        assert!(!out.contains("staged"), "{args:?}: {out}");
+    }
+    assert_eq!(snapshot(&s.path("keys")), keys, "the KMS is untouched");
+    assert_eq!(
+        snapshot(&s.path(".keyplan")),
+        state,
+        "the state directory is untouched"
+    );
+    assert_eq!(keyslots(&d), slots, "no keyslot added or removed");
+    assert!(
+        opens(&d, &key, None),
+        "the current version still opens the device"
+    );
+}
