@@ -100,8 +100,8 @@ pub enum ReadError {
 /// The version in field `field` of the JSON object `value`: `None` when there is no such
 /// field (a document of a version before the field existed).
 ///
-/// Errors: [`ReadError::Corrupt`] when the field is not a non-negative integer, or `value` is
-/// not an object.
+/// Errors: [`ReadError::Corrupt`] when the field is not a positive integer (no keyplan writes
+/// 0), or `value` is not an object.
 pub fn version_in(value: &serde_json::Value, field: &str) -> Result<Option<u64>, ReadError> {
     let Some(object) = value.as_object() else {
         return Err(ReadError::Corrupt("not a JSON object".into()));
@@ -129,6 +129,20 @@ pub fn checked(
 ) -> Result<(serde_json::Value, u64), ReadError> {
     let value: serde_json::Value =
         serde_json::from_slice(bytes).map_err(|e| ReadError::Corrupt(e.to_string()))?;
+    checked_value(format, document, value, field, default, newest)
+}
+
+/// [`checked`] of a document already parsed (a LUKS2 token as cryptsetup exported it).
+///
+/// Errors: as [`checked`], but for the parse.
+pub fn checked_value(
+    format: &Format,
+    document: &str,
+    value: serde_json::Value,
+    field: &str,
+    default: Option<u64>,
+    newest: u64,
+) -> Result<(serde_json::Value, u64), ReadError> {
     let version = version_in(&value, field)?
         .or(default)
         .ok_or_else(|| ReadError::Corrupt(format!("no `{field}` (format version)")))?;

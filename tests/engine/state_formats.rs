@@ -7,18 +7,27 @@ use crate::common::*;
 use std::path::Path;
 use std::process::Command;
 
-/// A LUKS2 image `d1.img` enrolled by `apply` with key `k` under `unmanaged_keyslots: remove`
-/// (the initial passphrase removed): the scratch, the image, and its keyplan token's id, JSON
-/// and keyslot.
-fn enrolled() -> (Scratch, std::path::PathBuf, u32, serde_json::Value, u32) {
+/// A scratch with LUKS2 image `d1.img` enrolled by `apply` with key `k` (`options` added to the
+/// device's plan entry): the scratch and the image.
+fn enrolled_with(options: &str) -> (Scratch, std::path::PathBuf) {
     let s = Scratch::new();
     s.initial_pass();
     let d = s.image("d1.img", "luks2");
     s.plan(
         "keyplan.yaml",
-        &one_key_plan("  d1: { path: d1.img, keys: [k], enroll_with: initial.pass, unmanaged_keyslots: remove }"),
+        &one_key_plan(&format!(
+            "  d1: {{ path: d1.img, keys: [k], enroll_with: initial.pass{options} }}"
+        )),
     );
     s.ok(&["apply", "--auto-approve"], 0);
+    (s, d)
+}
+
+/// A LUKS2 image `d1.img` enrolled by `apply` with key `k` under `unmanaged_keyslots: remove`
+/// (the initial passphrase removed): the scratch, the image, and its keyplan token's id, JSON
+/// and keyslot.
+fn enrolled() -> (Scratch, std::path::PathBuf, u32, serde_json::Value, u32) {
+    let (s, d) = enrolled_with(", unmanaged_keyslots: remove");
     let (id, json) = (0..32)
         .find_map(|id| {
             let json = export(&d, id)?;
@@ -175,16 +184,9 @@ fn snapshot(dir: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
 /// `apply` staged a version and added a keyslot before failing (found by a new-user trial).
 #[test]
 fn a_newer_copies_file_stops_plan_and_apply_before_anything_changes() {
-    let s = Scratch::new();
-    s.initial_pass();
-    let d = s.image("d1.img", "luks2");
     // The initial passphrase's keyslot stays (unmanaged, kept): retiring a version then
     // searches it for copies, which writes copies.json.
-    s.plan(
-        "keyplan.yaml",
-        &one_key_plan("  d1: { path: d1.img, keys: [k], enroll_with: initial.pass }"),
-    );
-    s.ok(&["apply", "--auto-approve"], 0);
+    let (s, d) = enrolled_with("");
     s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
     s.ok(&["apply", "--auto-approve", "--rotate", "k"], 0);
     let copies = s.path(".keyplan/copies.json");

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{checked, typed, ReadError};
+use super::{checked, checked_value, typed, ReadError};
 
 /// The `type` of keyplan's LUKS2 tokens.
 pub const TOKEN_TYPE: &str = "keyplan";
@@ -64,11 +64,10 @@ impl TokenV1 {
 /// [`ReadError::Corrupt`] for a token without `keyplan_format` or without the fields of its
 /// version.
 pub fn read_token(document: &str, json: &serde_json::Value) -> Result<TokenV1, ReadError> {
-    let bytes = serde_json::to_vec(json).map_err(|e| ReadError::Corrupt(e.to_string()))?;
-    let (value, _) = checked(
+    let (value, _) = checked_value(
         &super::LUKS2_TOKEN,
         document,
-        &bytes,
+        json.clone(),
         "keyplan_format",
         None,
         TOKEN_FORMAT,
